@@ -1,0 +1,1 @@
+"""The ``fleetlet`` command: assembles the agent's and the hub's command trees."""

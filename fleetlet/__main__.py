@@ -1,0 +1,3 @@
+from fleetlet.cli import main
+
+raise SystemExit(main())

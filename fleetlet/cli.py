@@ -1,0 +1,81 @@
+"""Entry point of the ``fleetlet`` command.
+
+Builds one argparse tree from the agent's and the hub's subcommands, runs the chosen handler and
+turns every :class:`~agent.errors.FleetletError` into one line on stderr and a non-zero exit code.
+Configuration is read here, at the edge, and passed down explicitly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from agent import __version__
+from agent import cli as agent_cli
+from agent.errors import FleetletError, NotImplementedYetError, TemporaryError
+from hub import cli as hub_cli
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_NOT_IMPLEMENTED = 3
+
+
+def _demo(args: argparse.Namespace) -> int:
+    raise NotImplementedYetError(
+        "fleetlet demo is not implemented yet (see README: status of each part)"
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fleetlet",
+        description=(
+            "GitOps pull system for fleets of Kubernetes clusters. The hub publishes one signed, "
+            "digest-pinned BundleDeployment set per cluster to git; an agent in each cluster "
+            "pulls and verifies its own set, applies it group by group, and rolls a failed "
+            "group back to its previous healthy state."
+        ),
+    )
+    parser.add_argument("--version", action="version", version=f"fleetlet {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    hub_cli.register(sub)
+    agent_cli.register(sub)
+    hub_cli.register_installations(sub)
+    demo = sub.add_parser(
+        "demo",
+        help="run a local demo fleet: clusters, git server, registry, Sigstore, hub, agents",
+        description=(
+            "Start three local Kubernetes clusters, a git server, an OCI registry and a local "
+            "Sigstore on loopback, publish fleet-examples/ and run one agent per cluster."
+        ),
+    )
+    demo.add_argument("--scenario", choices=["install", "failed-upgrade"], default="install")
+    demo.add_argument(
+        "--exit-when-ready",
+        action="store_true",
+        help="exit 0 once every installation is Ready (non-zero on failure or timeout)",
+    )
+    demo.set_defaults(handler=_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        code: int = args.handler(args)
+    except NotImplementedYetError as exc:
+        print(f"fleetlet: {exc}", file=sys.stderr)
+        return EXIT_NOT_IMPLEMENTED
+    except TemporaryError as exc:
+        print(f"fleetlet: {exc} (temporary; retrying may help)", file=sys.stderr)
+        return EXIT_FAILED
+    except FleetletError as exc:
+        print(f"fleetlet: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        print("fleetlet: interrupted", file=sys.stderr)
+        return 130
+    return code

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs everything fleetlet's tests and demo need on a fresh Debian machine of this kind:
+# Debian packages, the project with its extras, and the Kubernetes/etcd/kwok binaries
+# (taken from KUBEBUILDER_ASSETS or the cache, else built once from the Go module proxy).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+log() { printf '[install] %s\n' "$*" >&2; }
+
+need_apt=()
+command -v docker-registry >/dev/null || need_apt+=(docker-registry)
+command -v htpasswd >/dev/null || need_apt+=(apache2-utils)
+command -v git >/dev/null || need_apt+=(git)
+[ -x /usr/lib/git-core/git-http-backend ] || need_apt+=(git)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  log "apt-get install ${need_apt[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+fi
+
+log "pip install -e .[hub,test]"
+python3 -m pip install -q --disable-pip-version-check -e '.[hub,test]'
+
+log "Kubernetes control-plane binaries (a cold build from the Go module proxy takes 15-30 minutes)"
+python3 -m tests.realenv.binaries
