@@ -1,0 +1,144 @@
+"""The mini Sigstore's HTTP front: Fulcio, Rekor v1/v2 and TSA endpoints on one loopback port."""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import threading
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+
+from tests.realenv.sigstore.ca import FulcioCA
+from tests.realenv.sigstore.errors import ServiceError
+from tests.realenv.sigstore.oidc import TokenMinter
+from tests.realenv.sigstore.rekor import TransparencyLog
+from tests.realenv.sigstore.tsa import TimestampAuthority
+
+FULCIO_PATH = "/api/v2/signingCert"
+REKOR_V1_PATH = "/api/v1/log/entries"
+REKOR_V2_PATH = "/api/v2/log/entries"
+TSA_PATH = "/api/v1/timestamp"
+_MAX_BODY = 1 << 20
+
+_logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Services:
+    """What the server fronts."""
+
+    minter: TokenMinter
+    ca: FulcioCA
+    log: TransparencyLog
+    tsa: TimestampAuthority
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        _logger.debug("mini-sigstore: " + format, *args)
+
+    def do_POST(self) -> None:
+        try:
+            length = int(self.headers.get("Content-Length", "0"))
+            if length > _MAX_BODY:
+                raise ServiceError("request too large", status=413)
+            body = self.rfile.read(length)
+            services = self.server.services
+            if self.path == FULCIO_PATH:
+                self._json(201, self._signing_cert(services, body))
+            elif self.path == REKOR_V1_PATH:
+                self._json(201, services.log.add_v1(_load_json(body)))
+            elif self.path == REKOR_V2_PATH:
+                self._json(201, services.log.add_v2(_load_json(body)))
+            elif self.path == TSA_PATH:
+                self._reply(200, "application/timestamp-reply", services.tsa.respond(body))
+            else:
+                raise ServiceError(f"no such endpoint {self.path}", status=404)
+        except ServiceError as exc:
+            self._json(exc.status, {"code": exc.status, "message": str(exc)})
+
+    def _signing_cert(self, services: Services, body: bytes) -> dict[str, Any]:
+        auth = self.headers.get("Authorization", "")
+        if not auth.startswith("Bearer "):
+            raise ServiceError("missing bearer token", status=401)
+        claims = services.minter.verify(auth.removeprefix("Bearer ").strip())
+        try:
+            pem = base64.b64decode(_load_json(body)["certificateSigningRequest"])
+            csr = x509.load_pem_x509_csr(pem)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ServiceError(f"malformed certificate request: {exc}") from exc
+        leaf = services.ca.issue(csr, claims)
+        chain = [leaf, *services.ca.chain]
+        pems = [c.public_bytes(serialization.Encoding.PEM).decode() for c in chain]
+        return {"signedCertificateEmbeddedSct": {"chain": {"certificates": pems}}}
+
+    def _json(self, status: int, doc: dict[str, Any]) -> None:
+        self._reply(status, "application/json", json.dumps(doc).encode())
+
+    def _reply(self, status: int, content_type: str, payload: bytes) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+
+def _load_json(body: bytes) -> dict[str, Any]:
+    try:
+        doc = json.loads(body)
+    except ValueError as exc:
+        raise ServiceError(f"request is not JSON: {exc}") from exc
+    if not isinstance(doc, dict):
+        raise ServiceError("request is not a JSON object")
+    return doc
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, services: Services) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.services = services
+
+
+class SigstoreServer:
+    """Serves `services` on 127.0.0.1 (free port) from a background thread."""
+
+    def __init__(self, services: Services) -> None:
+        self._httpd = _Server(services)
+        self._thread = threading.Thread(
+            # A short poll interval keeps stop() quick (shutdown waits for the next poll).
+            target=self._httpd.serve_forever,
+            kwargs={"poll_interval": 0.05},
+            name="mini-sigstore",
+            daemon=True,
+        )
+        self._started = False
+
+    @property
+    def url(self) -> str:
+        """Base URL, e.g. http://127.0.0.1:41234."""
+        host, port = self._httpd.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    def start(self) -> None:
+        """Start serving."""
+        self._thread.start()
+        self._started = True
+
+    def stop(self) -> None:
+        """Stop serving and close the socket (idempotent)."""
+        if self._started:
+            # shutdown() waits for serve_forever(), so only call it when that runs.
+            self._httpd.shutdown()
+            self._thread.join(timeout=5)
+            self._started = False
+        self._httpd.server_close()
