@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from agent.errors import NotImplementedYetError
@@ -15,6 +16,16 @@ def _not_yet(what: str, issue: str) -> Any:
         raise NotImplementedYetError(f"{what} is not implemented yet ({issue})")
 
     return handler
+
+
+def _render(args: argparse.Namespace) -> int:
+    # Imported here: rendering pulls in YAML and format plugins the other commands never need.
+    from agent.render.command import run_render
+
+    sys.stdout.write(
+        run_render(bundle_dir=args.bundle_dir, format=args.format, namespace=args.namespace)
+    )
+    return 0
 
 
 def _add_agent_connection(p: argparse.ArgumentParser) -> None:
@@ -50,7 +61,7 @@ def register(sub: Any) -> None:
     render.add_argument("bundle_dir", metavar="BUNDLE_DIR")
     render.add_argument("--format", default="plain", help="plain|kustomize|helm|registry+v1")
     render.add_argument("--namespace", help="target namespace for namespaced objects")
-    render.set_defaults(handler=_not_yet("fleetlet render", "the agent inbound issue"))
+    render.set_defaults(handler=_render)
 
     health = sub.add_parser(
         "health",

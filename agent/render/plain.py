@@ -1,0 +1,222 @@
+"""The ``plain`` format: a directory tree of YAML/JSON manifests, and the finishing every
+format's output gets (target namespace, ownership labels).
+
+Files ending in ``.yaml``, ``.yml`` or ``.json`` are read (hidden files and directories are
+skipped), in a stable order: each path component is ordered by its numeric prefix (``01_``,
+``2-``, ``10.``; so ``01_namespace.yaml`` comes before ``02_app.yaml`` and ``9_`` before
+``10_``), unnumbered components after the numbered ones, then by name. Documents keep their
+order inside a file. Symlinks are followed only when they stay inside the tree.
+
+:func:`finish` then gives namespaced objects without a namespace the target namespace (scope
+from a :data:`~agent.render.scope.ScopeLookup`, the bundle's own CRDs first), and adds the
+ownership labels ``fleetlet.io/bundle``, ``fleetlet.io/group`` and the annotation
+``fleetlet.io/revision``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agent.render.manifests import InvalidManifestError, Manifest, ParseLimits, parse_manifests
+from agent.render.scope import ScopeLookup, builtin_scope, with_bundle_crds
+
+BUNDLE_LABEL = "fleetlet.io/bundle"
+GROUP_LABEL = "fleetlet.io/group"
+REVISION_ANNOTATION = "fleetlet.io/revision"
+
+_SUFFIXES = (".yaml", ".yml", ".json")
+_PREFIX = re.compile(r"^(\d+)(?=[_.\-])")
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+_UNNUMBERED = 1 << 62
+
+
+@dataclass(frozen=True, kw_only=True)
+class Ownership:
+    """Who owns rendered objects: bundle and group names (label values), the revision."""
+
+    bundle: str
+    group: str
+    revision: str
+
+    def __post_init__(self) -> None:
+        for what, value in (("bundle", self.bundle), ("group", self.group)):
+            if len(value) > 63 or not _LABEL_VALUE.match(value):
+                raise ValueError(f"{what} name {value!r} is not a valid label value")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RenderLimits:
+    """Caps for one bundle tree (per file caps are in ``parse``)."""
+
+    max_files: int = 5_000
+    max_total_bytes: int = 64 * 1024 * 1024
+    max_objects: int = 10_000
+    parse: ParseLimits = field(default_factory=ParseLimits)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RenderRequest:
+    """What a format renders for: ``source`` names the bundle in messages; ``options`` are the
+    format's options from the BundleDeployment (the plain format has none)."""
+
+    source: str = "bundle"
+    namespace: str | None = None
+    scope: ScopeLookup = builtin_scope
+    ownership: Ownership | None = None
+    options: Mapping[str, Any] = field(default_factory=dict)
+    limits: RenderLimits = field(default_factory=RenderLimits)
+
+
+def order_key(relative: str) -> tuple[tuple[int, str], ...]:
+    """Sort key of a relative path: per component, numeric prefix first, then name."""
+    key = []
+    for part in relative.split("/"):
+        match = _PREFIX.match(part)
+        key.append((int(match.group(1)) if match else _UNNUMBERED, part))
+    return tuple(key)
+
+
+def manifest_files(tree: Path, *, source: str, limits: RenderLimits) -> list[str]:
+    """The manifest files under ``tree`` (relative POSIX paths), in render order.
+
+    Raises InvalidManifestError (SymlinkEscapes, TooManyFiles).
+    """
+    root = os.path.realpath(tree)
+    found: list[str] = []
+    for dirpath, dirnames, filenames in os.walk(tree, followlinks=False):
+        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+        for d in list(dirnames):
+            full = os.path.join(dirpath, d)
+            if os.path.islink(full):
+                _inside(full, root, tree, source)
+        for name in filenames:
+            if name.startswith(".") or not name.endswith(_SUFFIXES):
+                continue
+            full = os.path.join(dirpath, name)
+            if os.path.islink(full):
+                _inside(full, root, tree, source)
+            found.append(Path(full).relative_to(tree).as_posix())
+            if len(found) > limits.max_files:
+                raise InvalidManifestError(
+                    f"more than {limits.max_files} manifest files",
+                    source=source,
+                    file=found[-1],
+                    rule="TooManyFiles",
+                )
+    # Symlinked directories are not walked (they could loop); their files are not read.
+    return sorted(found, key=order_key)
+
+
+def _inside(full: str, root: str, tree: Path, source: str) -> None:
+    real = os.path.realpath(full)
+    if real != root and not real.startswith(root + os.sep):
+        raise InvalidManifestError(
+            "symlink points outside the bundle",
+            source=source,
+            file=Path(full).relative_to(tree).as_posix(),
+            rule="SymlinkEscapes",
+        )
+
+
+def load_tree(tree: Path, request: RenderRequest) -> list[Manifest]:
+    """Every object of the tree's manifest files, in render order (not yet finished).
+
+    Raises InvalidManifestError.
+    """
+    limits = request.limits
+    objects: list[Manifest] = []
+    total = 0
+    for relative in manifest_files(tree, source=request.source, limits=limits):
+        path = tree / relative
+        size = path.stat().st_size
+        total += size
+        if total > limits.max_total_bytes:
+            raise InvalidManifestError(
+                f"manifests exceed {limits.max_total_bytes} bytes in total",
+                source=request.source,
+                file=relative,
+                rule="TooManyBytes",
+            )
+        if size > limits.parse.max_file_bytes:
+            raise InvalidManifestError(
+                f"{size} bytes, more than the limit of {limits.parse.max_file_bytes}",
+                source=request.source,
+                file=relative,
+                rule="FileTooLarge",
+            )
+        objects.extend(
+            parse_manifests(
+                path.read_bytes(), source=request.source, file=relative, limits=limits.parse
+            )
+        )
+        if len(objects) > limits.max_objects:
+            raise InvalidManifestError(
+                f"more than {limits.max_objects} objects",
+                source=request.source,
+                file=relative,
+                rule="TooManyObjects",
+            )
+    return objects
+
+
+def _identity(obj: Manifest) -> tuple[str, str, str, str]:
+    api_version = str(obj["apiVersion"])
+    group = api_version.rsplit("/", 1)[0] if "/" in api_version else ""
+    meta = obj["metadata"]
+    return (group, str(obj["kind"]), str(meta.get("namespace") or ""), str(meta["name"]))
+
+
+def finish(objects: list[Manifest], request: RenderRequest) -> list[Manifest]:
+    """Default namespaces, add ownership, refuse duplicates; returns the same objects.
+
+    A namespaced object without a namespace gets ``request.namespace`` (when set); a kind the
+    lookup does not know is left as written (applying it will say what is wrong).
+    Raises InvalidManifestError (DuplicateObject).
+    """
+    scope = with_bundle_crds(objects, request.scope)
+    seen: dict[tuple[str, str, str, str], int] = {}
+    for index, obj in enumerate(objects):
+        meta = obj["metadata"]
+        if (
+            request.namespace
+            and not meta.get("namespace")
+            and scope(str(obj["apiVersion"]), str(obj["kind"]))
+        ):
+            meta["namespace"] = request.namespace
+        identity = _identity(obj)
+        if identity in seen:
+            group, kind, namespace, name = identity
+            where = f"{namespace}/{name}" if namespace else name
+            raise InvalidManifestError(
+                f"{kind}{'.' + group if group else ''} {where} appears twice "
+                f"(objects {seen[identity] + 1} and {index + 1})",
+                source=request.source,
+                file=f"object {index + 1}",
+                rule="DuplicateObject",
+            )
+        seen[identity] = index
+        owner = request.ownership
+        if owner is not None:
+            labels = meta.get("labels") or {}
+            labels[BUNDLE_LABEL] = owner.bundle
+            labels[GROUP_LABEL] = owner.group
+            meta["labels"] = labels
+            annotations = meta.get("annotations") or {}
+            annotations[REVISION_ANNOTATION] = owner.revision
+            meta["annotations"] = annotations
+    return objects
+
+
+class PlainFormat:
+    """The built-in ``plain`` format."""
+
+    name = "plain"
+
+    def render(self, tree: Path, request: RenderRequest) -> list[Manifest]:
+        """The tree's objects in order. Raises InvalidManifestError."""
+        return load_tree(tree, request)
