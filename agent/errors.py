@@ -126,3 +126,9 @@ class ExpiredError(VerificationError):
     """The publication has expired (or is not valid yet beyond the clock-skew allowance)."""
 
     reason = "PublicationExpired"
+
+
+class StatementMismatchError(VerificationError):
+    """The set disagrees with the signed statement (source, or a longer life than signed)."""
+
+    reason = "StatementMismatch"

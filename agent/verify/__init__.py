@@ -1,0 +1,37 @@
+"""Verification of what the hub publishes: the Merkle tree and the signed publication.
+
+``agent.verify.merkle`` is the RFC 6962 tree both sides share; ``agent.verify.publication``
+holds the statement and proof formats, the branch file names and :func:`verify_publication`;
+the trust configuration (:class:`TrustPolicy`, :class:`IdentityPolicy`) is the only part that
+touches sigstore-python.
+"""
+
+from agent.verify._sigstore import IdentityPolicy, SignerIdentity, TrustPolicy
+from agent.verify.publication import (
+    BRANCH_FILES,
+    BUNDLE_FILE,
+    DEFAULT_CLOCK_SKEW,
+    PROOF_FILE,
+    SET_FILE,
+    STATEMENT_FILE,
+    ClusterProof,
+    PublicationStatement,
+    VerifiedPublication,
+    verify_publication,
+)
+
+__all__ = [
+    "BRANCH_FILES",
+    "BUNDLE_FILE",
+    "DEFAULT_CLOCK_SKEW",
+    "PROOF_FILE",
+    "SET_FILE",
+    "STATEMENT_FILE",
+    "ClusterProof",
+    "IdentityPolicy",
+    "PublicationStatement",
+    "SignerIdentity",
+    "TrustPolicy",
+    "VerifiedPublication",
+    "verify_publication",
+]
