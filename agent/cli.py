@@ -28,6 +28,20 @@ def _render(args: argparse.Namespace) -> int:
     return 0
 
 
+def _health(args: argparse.Namespace) -> int:
+    from agent.health.command import run_health
+
+    text, code = run_health(
+        filename=args.filename,
+        output=args.output,
+        kubeconfig=args.kubeconfig,
+        context=args.context,
+        offline=args.offline,
+    )
+    print(text)
+    return code
+
+
 def _add_agent_connection(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repo", required=True, metavar="GIT_URL", help="desired-state git repo")
     p.add_argument("--cluster", required=True, metavar="NAME", help="this cluster's name")
@@ -70,4 +84,9 @@ def register(sub: Any) -> None:
     )
     health.add_argument("-f", "--filename", required=True, metavar="FILE")
     health.add_argument("-o", "--output", choices=_OUTPUTS, default="table")
-    health.set_defaults(handler=_not_yet("fleetlet health", "the agent outbound issue"))
+    health.add_argument("--kubeconfig", metavar="FILE", help="assess the live objects here")
+    health.add_argument("--context", metavar="NAME", help="kubeconfig context")
+    health.add_argument(
+        "--offline", action="store_true", help="assess the objects as written in FILE"
+    )
+    health.set_defaults(handler=_health)

@@ -1,0 +1,658 @@
+"""The agent's one door to a Kubernetes API server (the only module importing ``kubernetes``).
+
+:class:`KubeClient` wraps the ``kubernetes`` package's ``ApiClient`` and dynamic client: API
+discovery (cached on disk and in memory), get/list, server-side apply (with server-side dry
+run), delete, and impersonation of a ServiceAccount. Objects go in and come out as plain dicts.
+
+Every failure is converted once, here: the API server's refusals become :class:`KubeApiError`
+subclasses (:class:`ConflictError`, :class:`ForbiddenError`, :class:`InvalidError`,
+:class:`NotFoundError`, :class:`ApiNotServedError`) that keep the server's own message, and an
+unreachable, overloaded or slow server becomes :class:`ApiUnavailableError`, a
+:class:`~agent.errors.TemporaryError`. Every request has a bounded timeout.
+
+``kubernetes`` is imported lazily, when a client is first built: importing it costs ~26 MB of
+resident memory, which commands that never talk to a cluster should not pay.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import hashlib
+import json
+import re
+import tempfile
+import threading
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Protocol
+
+from agent.errors import FleetletError, PermanentError, TemporaryError
+
+Object = dict[str, Any]
+Objects = list[Object]
+
+# Connect quickly or not at all; a read may legitimately take a while (large lists, apply of a
+# big object through admission), but never forever.
+DEFAULT_CONNECT_TIMEOUT = 5.0
+DEFAULT_READ_TIMEOUT = 30.0
+_LIST_PAGE = 500
+_MANAGER_IN_CAUSE = re.compile(r'conflict with "([^"]+)"')
+
+
+# --- errors ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Cause:
+    """One cause in the API server's ``Status.details.causes`` (e.g. a field manager conflict)."""
+
+    reason: str
+    message: str
+    field: str
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.message}" if self.field else self.message
+
+
+class KubeError(FleetletError):
+    """Root of the errors of talking to a Kubernetes API server.
+
+    ``reason`` is a CamelCase word for conditions; ``target`` names the object or request
+    (e.g. ``Deployment apps/v1 shop/web``); ``status`` is the HTTP status (None: no answer).
+    """
+
+    reason: str = "KubeError"
+    target: str = ""
+    status: int | None = None
+
+
+class ApiUnavailableError(KubeError, TemporaryError):
+    """The API server did not answer in time, could not be reached, or asked us to come back
+    later (429/5xx). ``delay`` carries the server's Retry-After when it sent one."""
+
+    reason = "ApiUnavailable"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        target: str = "",
+        status: int | None = None,
+        delay: float | None = None,
+    ) -> None:
+        TemporaryError.__init__(self, message, delay=delay)
+        self.target = target
+        self.status = status
+
+
+class KubeconfigError(KubeError, PermanentError):
+    """The kubeconfig (or in-cluster configuration) cannot be loaded."""
+
+    reason = "KubeconfigInvalid"
+
+
+class KubeApiError(KubeError, PermanentError):
+    """The API server refused a request. ``server_message`` is its message, verbatim;
+    ``causes`` its detailed causes; ``reason`` the server's CamelCase reason when the class has
+    none of its own (BadRequest, Unauthorized, Gone, ...)."""
+
+    reason = "ApiError"
+
+    def __init__(
+        self,
+        server_message: str,
+        *,
+        target: str = "",
+        status: int | None = None,
+        reason: str | None = None,
+        causes: tuple[Cause, ...] = (),
+    ) -> None:
+        super().__init__(f"{target}: {server_message}" if target else server_message)
+        self.server_message = server_message
+        self.target = target
+        self.status = status
+        self.causes = causes
+        if reason and type(self) is KubeApiError:
+            self.reason = reason
+
+
+class ConflictError(KubeApiError):
+    """409: fields owned by other field managers (``managers`` names them), or a stale write."""
+
+    reason = "Conflict"
+
+    @property
+    def managers(self) -> list[str]:
+        """The other field managers named by the conflict, in the server's order."""
+        found: list[str] = []
+        for cause in self.causes:
+            for name in _MANAGER_IN_CAUSE.findall(cause.message):
+                if name not in found:
+                    found.append(name)
+        if not found:
+            found = list(dict.fromkeys(_MANAGER_IN_CAUSE.findall(self.server_message)))
+        return found
+
+
+class ForbiddenError(KubeApiError):
+    """403: RBAC (or an admission policy) does not allow this user the request."""
+
+    reason = "Forbidden"
+
+
+class InvalidError(KubeApiError):
+    """422: the object does not validate; ``causes`` lists each invalid field."""
+
+    reason = "Invalid"
+
+
+class NotFoundError(KubeApiError):
+    """404: the object (or its namespace) does not exist."""
+
+    reason = "NotFound"
+
+
+class ApiNotServedError(KubeApiError):
+    """The API server does not serve this apiVersion/kind (no CRD installed, API disabled)."""
+
+    reason = "ApiNotServed"
+
+
+_BY_STATUS: dict[int, type[KubeApiError]] = {
+    403: ForbiddenError,
+    404: NotFoundError,
+    409: ConflictError,
+    422: InvalidError,
+}
+# Worth a retry: throttled, server errors, gateway problems. 0: the client library's code for
+# a failure below HTTP (TLS handshake interrupted, request not sendable).
+_TEMPORARY = {0, 429, 500, 502, 503, 504}
+
+
+def _retry_after(headers: Any) -> float | None:
+    try:
+        value = headers.get("Retry-After") if headers is not None else None
+        return float(value) if value is not None else None
+    except (TypeError, ValueError, AttributeError):
+        return None
+
+
+def _from_api_exception(exc: Any, target: str) -> KubeError:
+    """Convert a ``kubernetes`` ApiException (or dynamic-client subclass) to our errors."""
+    status = int(getattr(exc, "status", 0) or 0)
+    body = getattr(exc, "body", None)
+    document: dict[str, Any] = {}
+    if isinstance(body, bytes):
+        body = body.decode("utf-8", errors="replace")
+    if isinstance(body, str) and body.strip():
+        with contextlib.suppress(ValueError):
+            loaded = json.loads(body)
+            if isinstance(loaded, dict):
+                document = loaded
+    message = str(document.get("message") or body or getattr(exc, "reason", "") or "no message")
+    if status in _TEMPORARY:
+        return ApiUnavailableError(
+            f"{target}: API server answered {status or 'nothing usable'}: {message}",
+            target=target,
+            status=status or None,
+            delay=_retry_after(getattr(exc, "headers", None)),
+        )
+    details = document.get("details")
+    raw_causes = details.get("causes") if isinstance(details, dict) else None
+    causes = tuple(
+        Cause(
+            reason=str(c.get("reason") or ""),
+            message=str(c.get("message") or ""),
+            field=str(c.get("field") or ""),
+        )
+        for c in (raw_causes if isinstance(raw_causes, list) else [])
+        if isinstance(c, dict)
+    )
+    cls = _BY_STATUS.get(status, KubeApiError)
+    return cls(
+        message,
+        target=target,
+        status=status,
+        reason=str(document.get("reason") or "") or None,
+        causes=causes,
+    )
+
+
+@contextlib.contextmanager
+def _converted(target: str) -> Iterator[None]:
+    """Turn the ``kubernetes``/urllib3/socket exceptions raised inside into KubeErrors."""
+    from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import HTTPError
+
+    try:
+        yield
+    except KubeError:
+        raise
+    except ApiException as exc:
+        raise _from_api_exception(exc, target) from exc
+    except (HTTPError, OSError) as exc:
+        raise ApiUnavailableError(
+            f"{target}: API server unreachable: {exc}", target=target
+        ) from exc
+
+
+def _bound_requests(api: Any, timeout: tuple[float, float]) -> None:
+    """Give every request of ``api`` a timeout unless it brings its own.
+
+    The dynamic client's discovery requests take no timeout argument, and the REST layer then
+    passes ``timeout=None`` (wait forever) to urllib3: a server that accepts the connection
+    and never answers would hang the agent.
+    """
+    rest = api.rest_client
+    unbounded = rest.request
+
+    def request(*args: Any, _request_timeout: Any = None, **kwargs: Any) -> Any:
+        return unbounded(*args, _request_timeout=_request_timeout or timeout, **kwargs)
+
+    rest.request = request
+
+
+# --- object references -------------------------------------------------------------------------
+
+
+class RefLike(Protocol):
+    """Anything naming one object (e.g. :class:`agent.api.models.ObjectReference`)."""
+
+    @property
+    def api_version(self) -> str: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def namespace(self) -> str | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectRef:
+    """One object: apiVersion, kind, name and (namespaced kinds) namespace."""
+
+    api_version: str
+    kind: str
+    name: str
+    namespace: str | None = None
+
+    @classmethod
+    def of(cls, obj: Mapping[str, Any] | RefLike) -> ObjectRef:
+        """The reference of a manifest (a dict) or of any reference-like object.
+
+        Raises InvalidError when a manifest lacks apiVersion, kind or metadata.name.
+        """
+        if not isinstance(obj, Mapping):
+            return cls(obj.api_version, obj.kind, obj.name, obj.namespace or None)
+        meta = obj.get("metadata")
+        meta = meta if isinstance(meta, Mapping) else {}
+        api_version, kind, name = obj.get("apiVersion"), obj.get("kind"), meta.get("name")
+        if not (isinstance(api_version, str) and isinstance(kind, str) and isinstance(name, str)):
+            raise InvalidError(
+                "an object needs apiVersion, kind and metadata.name",
+                target=f"{kind or '?'} {name or '?'}",
+            )
+        namespace = meta.get("namespace")
+        return cls(api_version, kind, name, namespace if isinstance(namespace, str) else None)
+
+    def __str__(self) -> str:
+        where = f"{self.namespace}/{self.name}" if self.namespace else self.name
+        return f"{self.kind} {self.api_version} {where}"
+
+
+# --- the client --------------------------------------------------------------------------------
+
+
+class KubeClient:
+    """A connection to one API server, as one user (optionally impersonating another).
+
+    ``kubeconfig=None`` uses the in-cluster configuration (the pod's ServiceAccount);
+    ``context`` picks a kubeconfig context; ``impersonate`` is a user name sent as
+    ``Impersonate-User``. Discovery is cached in ``discovery_cache_dir`` (default: a directory
+    under the system temp dir), keyed by server URL and CA so clusters never share a cache.
+    Nothing touches the network before the first request. Thread-safe; use as a context
+    manager or call :meth:`close`.
+
+    Raises KubeconfigError when the configuration cannot be loaded.
+    """
+
+    def __init__(
+        self,
+        *,
+        kubeconfig: str | Path | None = None,
+        context: str | None = None,
+        impersonate: str | None = None,
+        discovery_cache_dir: str | Path | None = None,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        read_timeout: float = DEFAULT_READ_TIMEOUT,
+        max_connections: int = 16,
+    ) -> None:
+        self.kubeconfig = str(kubeconfig) if kubeconfig is not None else None
+        self.context = context
+        self.impersonate = impersonate
+        self._cache_dir = Path(
+            discovery_cache_dir or Path(tempfile.gettempdir()) / "fleetlet-discovery"
+        )
+        self._timeout = (connect_timeout, read_timeout)
+        self._max_connections = max_connections
+        self._configuration = self._load_configuration()
+        self._api_client: Any = None
+        self._dynamic: Any = None
+        self._resources: dict[tuple[str, str], Any] = {}
+        self._lock = threading.RLock()
+        self._impersonated: dict[str, KubeClient] = {}
+
+    # -- set-up -------------------------------------------------------------------------------
+
+    def _load_configuration(self) -> Any:
+        from kubernetes.client.configuration import Configuration
+        from kubernetes.config.config_exception import ConfigException
+
+        configuration = Configuration()
+        try:
+            if self.kubeconfig is None:
+                from kubernetes.config.incluster_config import load_incluster_config
+
+                load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+            else:
+                from kubernetes.config.kube_config import load_kube_config
+
+                load_kube_config(  # type: ignore[no-untyped-call]
+                    config_file=self.kubeconfig,
+                    context=self.context,
+                    client_configuration=configuration,
+                    persist_config=False,
+                )
+        except (ConfigException, OSError, ValueError, TypeError) as exc:
+            where = self.kubeconfig or "in-cluster configuration"
+            raise KubeconfigError(f"cannot load {where}: {exc}") from exc
+        self._tune(configuration)
+        return configuration
+
+    def _tune(self, configuration: Any) -> None:
+        from urllib3.util.retry import Retry
+
+        # Retry connection set-up once (a dropped keep-alive connection), never a read: a
+        # read retry would double the wait on a hung server, and writes are not idempotent.
+        configuration.retries = Retry(
+            total=1, connect=1, read=0, status=0, other=0, redirect=0, backoff_factor=0.2
+        )
+        configuration.connection_pool_maxsize = self._max_connections
+
+    def _client(self) -> Any:
+        with self._lock:
+            if self._dynamic is None:
+                from kubernetes.client.api_client import ApiClient
+                from kubernetes.dynamic import DynamicClient
+
+                api = ApiClient(self._configuration)
+                api.user_agent = "fleetlet-agent"
+                if self.impersonate:
+                    api.set_default_header("Impersonate-User", self.impersonate)  # type: ignore[no-untyped-call]
+                _bound_requests(api, self._timeout)
+                # Without a writable cache directory discovery still works, uncached.
+                with contextlib.suppress(OSError):
+                    self._cache_dir.mkdir(parents=True, exist_ok=True)
+                try:
+                    with _converted("API discovery"):
+                        dynamic = DynamicClient(api, cache_file=str(self._cache_file()))  # type: ignore[no-untyped-call]
+                except BaseException:
+                    api.close()  # type: ignore[no-untyped-call]
+                    raise
+                self._api_client, self._dynamic = api, dynamic
+            return self._dynamic
+
+    def _cache_file(self) -> Path:
+        # Keyed by server and CA: test clusters reuse loopback ports, and a stale discovery of
+        # another cluster would answer scope questions wrongly.
+        digest = hashlib.sha256(str(self._configuration.host).encode())
+        ca = self._configuration.ssl_ca_cert
+        if ca:
+            with contextlib.suppress(OSError):
+                digest.update(Path(ca).read_bytes())
+        return self._cache_dir / f"discovery-{digest.hexdigest()[:24]}.json"
+
+    @property
+    def server(self) -> str:
+        """The API server's URL."""
+        return str(self._configuration.host)
+
+    def close(self) -> None:
+        """Close connections (and those of impersonating clients made from this one)."""
+        with self._lock:
+            clients, self._impersonated = list(self._impersonated.values()), {}
+            api, self._api_client, self._dynamic = self._api_client, None, None
+            self._resources.clear()
+        for client in clients:
+            client.close()
+        if api is not None:
+            with contextlib.suppress(Exception):
+                api.close()
+
+    def __enter__(self) -> KubeClient:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def impersonating(self, service_account: str, namespace: str) -> KubeClient:
+        """A client with the same connection settings acting as ServiceAccount
+        ``namespace/service_account`` (``system:serviceaccount:<ns>:<name>``); cached, closed
+        with this one. Requests it makes raise ForbiddenError when this client's user may not
+        impersonate that ServiceAccount, or the ServiceAccount may not do the request."""
+        user = f"system:serviceaccount:{namespace}:{service_account}"
+        with self._lock:
+            client = self._impersonated.get(user)
+            if client is None:
+                # Same configuration (credentials, timeouts, cache dir), own connections.
+                client = copy.copy(self)
+                client.impersonate = user
+                client._api_client = client._dynamic = None
+                client._resources = {}
+                client._lock = threading.RLock()
+                client._impersonated = {}
+                self._impersonated[user] = client
+            return client
+
+    # -- discovery ----------------------------------------------------------------------------
+
+    def resource_for(self, api_version: str, kind: str) -> Any:
+        """The dynamic client's ``Resource`` for apiVersion/kind (memoized).
+
+        Raises ApiNotServedError when the server does not serve it, ApiUnavailableError.
+        """
+        key = (api_version, kind)
+        with self._lock:
+            found = self._resources.get(key)
+            if found is not None:
+                return found
+            from kubernetes.dynamic.exceptions import (
+                ResourceNotFoundError,
+                ResourceNotUniqueError,
+            )
+
+            dynamic = self._client()
+            target = f"{kind} {api_version}"
+            try:
+                # A miss makes the dynamic client re-discover once (a CRD created since the
+                # cache was written) before giving up.
+                with _converted(target):
+                    resource = dynamic.resources.get(api_version=api_version, kind=kind)
+            except (ResourceNotFoundError, ResourceNotUniqueError) as exc:
+                raise ApiNotServedError(
+                    f"the API server does not serve kind {kind} in {api_version}",
+                    target=target,
+                ) from exc
+            self._resources[key] = resource
+            return resource
+
+    def is_namespaced(self, api_version: str, kind: str) -> bool:
+        """Whether the kind is namespaced. Raises ApiNotServedError, ApiUnavailableError."""
+        return bool(self.resource_for(api_version, kind).namespaced)
+
+    def scope(self, api_version: str, kind: str) -> bool | None:
+        """:data:`agent.render.scope.ScopeLookup` of this server: like :meth:`is_namespaced`,
+        but None for a kind not served (the renderer then leaves the object as written).
+        Raises ApiUnavailableError."""
+        try:
+            return self.is_namespaced(api_version, kind)
+        except ApiNotServedError:
+            return None
+
+    def forget_discovery(self) -> None:
+        """Drop memoized resources (e.g. after installing CRDs); the next lookups re-discover."""
+        with self._lock:
+            self._resources.clear()
+
+    # -- requests -----------------------------------------------------------------------------
+
+    def _locate(self, ref: ObjectRef) -> tuple[Any, str | None]:
+        resource = self.resource_for(ref.api_version, ref.kind)
+        if not resource.namespaced:
+            return resource, None
+        if not ref.namespace:
+            raise InvalidError("a namespaced object needs metadata.namespace", target=str(ref))
+        return resource, ref.namespace
+
+    def _json(self, response: Any) -> Object:
+        data = response.data if hasattr(response, "data") else response
+        loaded = json.loads(data) if data else {}
+        return loaded if isinstance(loaded, dict) else {}
+
+    def get(self, obj: Mapping[str, Any] | RefLike) -> Object | None:
+        """The live object, or None when it does not exist.
+
+        Raises ApiNotServedError, ForbiddenError, KubeApiError, ApiUnavailableError.
+        """
+        ref = ObjectRef.of(obj)
+        resource, namespace = self._locate(ref)
+        try:
+            with _converted(str(ref)):
+                response = self._client().get(
+                    resource,
+                    name=ref.name,
+                    namespace=namespace,
+                    serialize=False,
+                    _request_timeout=self._timeout,
+                )
+        except NotFoundError:
+            return None
+        return self._json(response)
+
+    def list(
+        self,
+        api_version: str,
+        kind: str,
+        *,
+        namespace: str | None = None,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+    ) -> Objects:
+        """Every object of a kind (in ``namespace``, or in all namespaces), page by page; each
+        item carries its apiVersion and kind.
+
+        Raises ApiNotServedError, ForbiddenError, KubeApiError, ApiUnavailableError.
+        """
+        resource = self.resource_for(api_version, kind)
+        target = f"{kind} {api_version} list" + (f" in {namespace}" if namespace else "")
+        items: Objects = []
+        token: str | None = None
+        while True:
+            with _converted(target):
+                response = self._client().get(
+                    resource,
+                    namespace=namespace if resource.namespaced else None,
+                    label_selector=label_selector,
+                    field_selector=field_selector,
+                    limit=_LIST_PAGE,
+                    _continue=token,
+                    serialize=False,
+                    _request_timeout=self._timeout,
+                )
+            page = self._json(response)
+            for item in page.get("items") or []:
+                item.setdefault("apiVersion", api_version)
+                item.setdefault("kind", kind)
+                items.append(item)
+            token = (page.get("metadata") or {}).get("continue") or None
+            if not token:
+                return items
+
+    def apply(
+        self,
+        obj: Mapping[str, Any],
+        *,
+        field_manager: str,
+        force: bool = False,
+        dry_run: bool = False,
+    ) -> Object:
+        """Server-side apply ``obj`` as ``field_manager``; returns the object the server has (or,
+        with ``dry_run``, would have: nothing is persisted). ``force`` takes over fields other
+        managers own.
+
+        Raises ConflictError (naming the other managers), ForbiddenError, InvalidError,
+        NotFoundError (e.g. its namespace is missing), ApiNotServedError, ApiUnavailableError.
+        """
+        ref = ObjectRef.of(obj)
+        resource, namespace = self._locate(ref)
+        with _converted(str(ref)):
+            response = self._client().server_side_apply(
+                resource,
+                body=dict(obj),
+                name=ref.name,
+                namespace=namespace,
+                field_manager=field_manager,
+                force_conflicts=True if force else None,
+                dry_run="All" if dry_run else None,
+                serialize=False,
+                _request_timeout=self._timeout,
+            )
+        return self._json(response)
+
+    def delete(
+        self,
+        obj: Mapping[str, Any] | RefLike,
+        *,
+        propagation: str = "Background",
+        uid: str | None = None,
+        dry_run: bool = False,
+    ) -> bool:
+        """Delete the object; True when the server accepted, False when it was already gone.
+        ``uid`` makes the deletion conditional on the object still being that very object.
+
+        Raises ConflictError (uid precondition failed), ForbiddenError, ApiNotServedError,
+        ApiUnavailableError.
+        """
+        ref = ObjectRef.of(obj)
+        resource, namespace = self._locate(ref)
+        body: Object = {
+            "apiVersion": "v1",
+            "kind": "DeleteOptions",
+            "propagationPolicy": propagation,
+        }
+        if uid:
+            body["preconditions"] = {"uid": uid}
+        if dry_run:
+            body["dryRun"] = ["All"]
+        try:
+            with _converted(str(ref)):
+                self._client().delete(
+                    resource,
+                    name=ref.name,
+                    namespace=namespace,
+                    body=body,
+                    serialize=False,
+                    _request_timeout=self._timeout,
+                )
+        except NotFoundError:
+            return False
+        return True
