@@ -1,0 +1,6 @@
+"""The fleet repo: loading and validation (:mod:`hub.fleet.model`), label selectors
+(:mod:`hub.fleet.selectors`), and per-cluster rendering (:mod:`hub.fleet.render`)."""
+
+from hub.fleet.model import Bundle, Cluster, Fleet, Settings, SourceRef, load_fleet
+
+__all__ = ["Bundle", "Cluster", "Fleet", "Settings", "SourceRef", "load_fleet"]

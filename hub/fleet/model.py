@@ -1,0 +1,625 @@
+"""Loading and validating a fleet repo (the format is documented in ``docs/fleet-repo.md``).
+
+Layout::
+
+    FLEET_DIR/fleet.yaml        settings (signing identity, expiry and refresh windows, repo)
+    FLEET_DIR/clusters/*.yaml   clusters with labels: one cluster per file, or ``clusters: [...]``
+    FLEET_DIR/bundles/*.yaml    one bundle per file: sources, format, targets, overrides, ...
+
+:func:`load_fleet` reads everything and reports every problem in one
+:class:`~hub.errors.FleetRepoError`, each naming the file, the field and what is wrong.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from agent.errors import FieldProblem
+from hub.errors import FleetRepoError
+from hub.fleet.selectors import LabelSelector, label_key_ok, label_value_ok, parse_selector
+
+# Cluster and bundle names end up in branch names and Kubernetes object names.
+_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_DURATION = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_OCI_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+_GIT_SHA = re.compile(r"^[0-9a-f]{40}$")
+_IMAGE_URI = re.compile(r"^[A-Za-z0-9.-]+(:[0-9]+)?(/[a-z0-9]+([._-][a-z0-9]+)*)+$")
+
+SOURCE_KINDS = ("image", "git", "http")
+APPROVALS = ("none", "manual")
+# Which reference fields each source kind takes; the pinned one comes first.
+_REF_FIELDS: dict[str, tuple[str, ...]] = {
+    "image": ("digest", "tag"),
+    "git": ("commit", "tag", "branch"),
+    "http": ("sha256",),
+}
+_SOURCE_PASSTHROUGH = ("directory", "destination", "auth")
+# Keys of a bundle file the hub consumes itself; every other key is passed to the
+# BundleDeployment spec unchanged (the agent's API validates it).
+_BUNDLE_OWN_KEYS = ("name", "sources", "targets", "overrides")
+_OVERRIDE_KEYS = ("clusters", "clusterSelector", "values", "paused", "approval", "namespace")
+
+DEFAULT_EXPIRES_AFTER = timedelta(days=7)
+DEFAULT_REFRESH_BEFORE = timedelta(days=2)
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """``fleet.yaml``: what the whole fleet shares."""
+
+    name: str
+    repo: str | None
+    expires_after: timedelta
+    refresh_before: timedelta
+    identity: str | None
+    issuer: str | None
+    insecure_registries: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Cluster:
+    name: str
+    labels: Mapping[str, str]
+    file: str
+
+
+@dataclass(frozen=True, slots=True)
+class SourceRef:
+    """One source of a bundle as written: ``ref_field`` is tag/branch/digest/commit/sha256, or
+    ``url`` for an http source without a hash (to be downloaded and hashed)."""
+
+    kind: str
+    uri: str
+    ref_field: str
+    ref: str
+    extra: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def pinned(self) -> bool:
+        return self.ref_field in ("digest", "commit", "sha256")
+
+    def describe(self) -> str:
+        if self.kind == "http":
+            return f"http {self.uri}"
+        sep = "@" if self.ref_field in ("digest", "commit") else ":"
+        return f"{self.kind} {self.uri}{sep}{self.ref} ({self.ref_field})"
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """Clusters named in ``clusters`` and/or matched by ``clusterSelector`` (both, if both given)."""
+
+    names: frozenset[str] | None
+    selector: LabelSelector | None
+
+    def matches(self, cluster: Cluster) -> bool:
+        if self.names is not None and cluster.name not in self.names:
+            return False
+        return self.selector is None or self.selector.matches(cluster.labels)
+
+
+@dataclass(frozen=True, slots=True)
+class Override:
+    """Per-target changes. ``by_name`` overrides (with ``clusters``) apply after selector ones."""
+
+    index: int
+    target: Target
+    values: Mapping[str, Any] | None
+    paused: bool | None
+    approval: str | None
+    namespace: str | None
+
+    @property
+    def by_name(self) -> bool:
+        return self.target.names is not None
+
+
+@dataclass(frozen=True, slots=True)
+class Bundle:
+    name: str
+    file: str
+    sources: tuple[SourceRef, ...]
+    spec: Mapping[str, Any]
+    targets: tuple[Target, ...]
+    overrides: tuple[Override, ...]
+
+    def applied_overrides(self, cluster: Cluster) -> tuple[Override, ...]:
+        """The overrides that apply to ``cluster``, in application order: selector overrides in
+        file order, then name overrides in file order (the more specific one wins)."""
+        hits = [o for o in self.overrides if o.target.matches(cluster)]
+        return tuple(sorted(hits, key=lambda o: (o.by_name, o.index)))
+
+
+@dataclass(frozen=True, slots=True)
+class Fleet:
+    root: Path
+    settings: Settings
+    clusters: tuple[Cluster, ...]
+    bundles: tuple[Bundle, ...]
+    files: tuple[str, ...] = field(default=())
+
+    def cluster(self, name: str) -> Cluster | None:
+        for c in self.clusters:
+            if c.name == name:
+                return c
+        return None
+
+
+def parse_duration(text: object) -> timedelta | None:
+    """``"7d"``, ``"36h"``, ``"1h30m"``, ``"90s"`` -> timedelta; None if malformed or zero."""
+    if not isinstance(text, str) or not text:
+        return None
+    m = _DURATION.match(text)
+    if not m:
+        return None
+    d, h, mi, s = (int(g) if g else 0 for g in m.groups())
+    delta = timedelta(days=d, hours=h, minutes=mi, seconds=s)
+    return delta if delta > timedelta(0) else None
+
+
+class _Problems:
+    """Collects problems as ``FILE: FIELD`` paths."""
+
+    def __init__(self) -> None:
+        self.items: list[FieldProblem] = []
+
+    def add(self, file: str, where: str, expected: str, found: object) -> None:
+        path = f"{file}: {where}" if where else file
+        self.items.append(FieldProblem(path=path, expected=expected, found=_show(found)))
+
+    def extend(self, file: str, problems: list[FieldProblem]) -> None:
+        for p in problems:
+            self.items.append(
+                FieldProblem(path=f"{file}: {p.path}", expected=p.expected, found=p.found)
+            )
+
+
+def _show(value: object) -> str:
+    if isinstance(value, str) and value.startswith("\x00"):
+        return value[1:]  # already phrased
+    text = f'"{value}"' if isinstance(value, str) else repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _found(text: str) -> str:
+    return "\x00" + text
+
+
+_MAX_FILE_BYTES = 16 * 1024 * 1024
+
+
+def _load_yaml(path: Path, rel: str, problems: _Problems) -> Any:
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        problems.add(rel, "", "a readable file", _found(str(exc.strerror or exc)))
+        return None
+    if len(data) > _MAX_FILE_BYTES:
+        problems.add(rel, "", f"at most {_MAX_FILE_BYTES} bytes", _found(f"{len(data)} bytes"))
+        return None
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    try:
+        return yaml.load(data, Loader=loader)  # a safe loader (C if available)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        problems.add(rel, where, "valid YAML", _found(str(problem)))
+        return None
+
+
+def load_fleet(root: str | Path) -> Fleet:
+    """Load and validate the fleet repo in ``root``.
+
+    Raises FleetRepoError listing every problem found (file, field, expected, found).
+    """
+    root = Path(root)
+    problems = _Problems()
+    if not root.is_dir():
+        problems.add(str(root), "", "a fleet directory", _found("not a directory"))
+        raise FleetRepoError(problems.items, origin=str(root))
+    settings = _load_settings(root, problems)
+    files: list[str] = ["fleet.yaml"]
+    clusters: dict[str, Cluster] = {}
+    for path in _yaml_files(root / "clusters"):
+        rel = path.relative_to(root).as_posix()
+        files.append(rel)
+        for c in _load_cluster_file(path, rel, problems):
+            if c.name in clusters:
+                problems.add(
+                    rel,
+                    "name",
+                    "a unique cluster name",
+                    _found(f'"{c.name}" (also in {clusters[c.name].file})'),
+                )
+            else:
+                clusters[c.name] = c
+    if not (root / "clusters").is_dir():
+        problems.add("clusters/", "", "a directory of cluster files", _found("missing"))
+    bundles: dict[str, Bundle] = {}
+    for path in _yaml_files(root / "bundles"):
+        rel = path.relative_to(root).as_posix()
+        files.append(rel)
+        b = _load_bundle_file(path, rel, clusters, problems)
+        if b is None:
+            continue
+        if b.name in bundles:
+            problems.add(
+                rel,
+                "name",
+                "a unique bundle name",
+                _found(f'"{b.name}" (also in {bundles[b.name].file})'),
+            )
+        else:
+            bundles[b.name] = b
+    if not (root / "bundles").is_dir():
+        problems.add("bundles/", "", "a directory of bundle files", _found("missing"))
+    if problems.items:
+        raise FleetRepoError(problems.items, origin=str(root))
+    assert settings is not None
+    return Fleet(
+        root=root,
+        settings=settings,
+        clusters=tuple(clusters[n] for n in sorted(clusters)),
+        bundles=tuple(bundles[n] for n in sorted(bundles)),
+        files=tuple(sorted(files)),
+    )
+
+
+def _yaml_files(directory: Path) -> list[Path]:
+    if not directory.is_dir():
+        return []
+    return sorted(p for p in directory.iterdir() if p.suffix in (".yaml", ".yml") and p.is_file())
+
+
+def _load_settings(root: Path, problems: _Problems) -> Settings | None:
+    rel = "fleet.yaml"
+    path = root / rel
+    if not path.is_file():
+        problems.add(rel, "", "a fleet settings file", _found("missing"))
+        return None
+    raw = _load_yaml(path, rel, problems)
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        problems.add(rel, "", "a mapping", raw)
+        return None
+    known = {"apiVersion", "kind", "name", "repo", "publication", "signing", "insecureRegistries"}
+    for key in sorted(set(raw) - known, key=str):
+        problems.add(rel, str(key), "one of " + ", ".join(sorted(known)), _found("unknown field"))
+    if raw.get("apiVersion", "fleetlet.io/v1alpha1") != "fleetlet.io/v1alpha1":
+        problems.add(rel, "apiVersion", '"fleetlet.io/v1alpha1"', raw.get("apiVersion"))
+    if raw.get("kind", "Fleet") != "Fleet":
+        problems.add(rel, "kind", '"Fleet"', raw.get("kind"))
+    name = raw.get("name", "fleet")
+    if not isinstance(name, str) or not _NAME.match(name):
+        problems.add(rel, "name", "a lowercase DNS label", name)
+    repo = raw.get("repo")
+    if repo is not None and (not isinstance(repo, str) or not repo):
+        problems.add(rel, "repo", "the fleet repo URL (a string)", repo)
+    pub = raw.get("publication", {}) or {}
+    expires_after, refresh_before = DEFAULT_EXPIRES_AFTER, DEFAULT_REFRESH_BEFORE
+    if not isinstance(pub, dict):
+        problems.add(rel, "publication", "a mapping", pub)
+        pub = {}
+    for key in sorted(set(pub) - {"expiresAfter", "refreshBefore"}, key=str):
+        problems.add(rel, f"publication.{key}", "expiresAfter or refreshBefore", _found("unknown"))
+    if "expiresAfter" in pub:
+        d = parse_duration(pub["expiresAfter"])
+        if d is None:
+            problems.add(
+                rel,
+                "publication.expiresAfter",
+                'a duration like "7d" or "36h"',
+                pub["expiresAfter"],
+            )
+        else:
+            expires_after = d
+    if "refreshBefore" in pub:
+        d = parse_duration(pub["refreshBefore"])
+        if d is None:
+            problems.add(
+                rel,
+                "publication.refreshBefore",
+                'a duration like "2d" or "12h"',
+                pub["refreshBefore"],
+            )
+        else:
+            refresh_before = d
+    if refresh_before >= expires_after:
+        problems.add(
+            rel,
+            "publication.refreshBefore",
+            f"less than expiresAfter ({expires_after})",
+            _found(str(refresh_before)),
+        )
+    signing = raw.get("signing", {}) or {}
+    if not isinstance(signing, dict):
+        problems.add(rel, "signing", "a mapping", signing)
+        signing = {}
+    for key in sorted(set(signing) - {"identity", "issuer"}, key=str):
+        problems.add(rel, f"signing.{key}", "identity or issuer", _found("unknown"))
+    identity, issuer = signing.get("identity"), signing.get("issuer")
+    for key, value in (("identity", identity), ("issuer", issuer)):
+        if value is not None and (not isinstance(value, str) or not value):
+            problems.add(rel, f"signing.{key}", "a non-empty string", value)
+    insecure = raw.get("insecureRegistries", []) or []
+    if not isinstance(insecure, list) or not all(isinstance(h, str) and h for h in insecure):
+        problems.add(rel, "insecureRegistries", "a list of registry hosts (host:port)", insecure)
+        insecure = []
+    return Settings(
+        name=name if isinstance(name, str) else "fleet",
+        repo=repo if isinstance(repo, str) else None,
+        expires_after=expires_after,
+        refresh_before=refresh_before,
+        identity=identity if isinstance(identity, str) else None,
+        issuer=issuer if isinstance(issuer, str) else None,
+        insecure_registries=tuple(sorted(insecure)),
+    )
+
+
+def _load_cluster_file(path: Path, rel: str, problems: _Problems) -> list[Cluster]:
+    raw = _load_yaml(path, rel, problems)
+    if raw is None:
+        return []
+    if isinstance(raw, dict) and "clusters" in raw and "name" not in raw:
+        entries = raw["clusters"]
+        if not isinstance(entries, list):
+            problems.add(rel, "clusters", "a list of clusters", entries)
+            return []
+        for key in sorted(set(raw) - {"clusters"}, key=str):
+            problems.add(rel, str(key), "only the field clusters", _found("unknown field"))
+        prefix = "clusters"
+    else:
+        entries = [raw]
+        prefix = ""
+    out: list[Cluster] = []
+    for i, entry in enumerate(entries):
+        where = f"{prefix}[{i}]." if prefix else ""
+        if not isinstance(entry, dict):
+            problems.add(rel, where.rstrip(".") or "", "a cluster mapping (name, labels)", entry)
+            continue
+        for key in sorted(set(entry) - {"name", "labels"}, key=str):
+            problems.add(rel, f"{where}{key}", "name or labels", _found("unknown field"))
+        name = entry.get("name")
+        ok = True
+        if not isinstance(name, str) or not _NAME.match(name):
+            problems.add(rel, f"{where}name", "a lowercase DNS label (cluster name)", name)
+            ok = False
+        labels = entry.get("labels", {}) or {}
+        if not isinstance(labels, dict):
+            problems.add(rel, f"{where}labels", "a mapping of label key to value", labels)
+            ok = False
+            labels = {}
+        for k, v in labels.items():
+            if not label_key_ok(k):
+                problems.add(rel, f"{where}labels.{k}", "a label key", k)
+                ok = False
+            elif not label_value_ok(v):
+                problems.add(rel, f"{where}labels.{k}", "a label value (string)", v)
+                ok = False
+        if ok:
+            out.append(Cluster(name=str(name), labels=dict(labels), file=rel))
+    return out
+
+
+def _load_bundle_file(
+    path: Path, rel: str, clusters: Mapping[str, Cluster], problems: _Problems
+) -> Bundle | None:
+    raw = _load_yaml(path, rel, problems)
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        problems.add(rel, "", "a bundle mapping", raw)
+        return None
+    start = len(problems.items)
+    name = raw.get("name")
+    if not isinstance(name, str) or not _NAME.match(name):
+        problems.add(rel, "name", "a lowercase DNS label (bundle name)", name)
+    sources = _load_sources(raw.get("sources"), rel, problems)
+    targets_raw = raw.get("targets")
+    targets: list[Target] = []
+    if not isinstance(targets_raw, list) or not targets_raw:
+        problems.add(
+            rel,
+            "targets",
+            "a non-empty list of targets (clusters and/or clusterSelector)",
+            targets_raw,
+        )
+    else:
+        for i, t in enumerate(targets_raw):
+            target = _load_target(
+                t, f"targets[{i}]", ("clusters", "clusterSelector"), rel, clusters, problems
+            )
+            if target is not None:
+                targets.append(target)
+    overrides: list[Override] = []
+    overrides_raw = raw.get("overrides", []) or []
+    if not isinstance(overrides_raw, list):
+        problems.add(rel, "overrides", "a list of overrides", overrides_raw)
+        overrides_raw = []
+    for i, o in enumerate(overrides_raw):
+        ov = _load_override(o, i, rel, clusters, problems)
+        if ov is not None:
+            overrides.append(ov)
+    spec = {k: v for k, v in raw.items() if k not in _BUNDLE_OWN_KEYS}
+    if len(problems.items) > start:
+        return None
+    return Bundle(
+        name=str(name),
+        file=rel,
+        sources=tuple(sources),
+        spec=spec,
+        targets=tuple(targets),
+        overrides=tuple(overrides),
+    )
+
+
+def _load_sources(raw: Any, rel: str, problems: _Problems) -> list[SourceRef]:
+    if not isinstance(raw, list) or not raw:
+        problems.add(rel, "sources", "a non-empty list of sources", raw)
+        return []
+    out: list[SourceRef] = []
+    for i, s in enumerate(raw):
+        where = f"sources[{i}]"
+        if not isinstance(s, dict):
+            problems.add(rel, where, "a source mapping (kind, uri, ...)", s)
+            continue
+        kind = s.get("kind")
+        if kind not in SOURCE_KINDS:
+            problems.add(rel, f"{where}.kind", " | ".join(SOURCE_KINDS), kind)
+            continue
+        ref_fields = _REF_FIELDS[kind]
+        allowed = {"kind", "uri", *ref_fields, *_SOURCE_PASSTHROUGH}
+        for key in sorted(set(s) - allowed, key=str):
+            problems.add(
+                rel,
+                f"{where}.{key}",
+                f"one of {', '.join(sorted(allowed))} for {kind}",
+                _found("unknown field"),
+            )
+        uri = s.get("uri")
+        if not isinstance(uri, str) or not uri or any(c.isspace() for c in uri):
+            problems.add(rel, f"{where}.uri", "a URI without spaces", uri)
+            continue
+        if kind == "http" and not uri.startswith(("http://", "https://")):
+            problems.add(rel, f"{where}.uri", "an http:// or https:// URL", uri)
+            continue
+        if kind == "image" and not _IMAGE_URI.match(uri):
+            problems.add(
+                rel,
+                f"{where}.uri",
+                "REGISTRY/REPOSITORY without scheme, tag or digest (they go in tag/digest)",
+                uri,
+            )
+            continue
+        given = [f for f in ref_fields if f in s]
+        if kind == "http":
+            given = given or ["url"]
+        if len(given) != 1:
+            problems.add(
+                rel,
+                where,
+                f"exactly one of {', '.join(ref_fields)}",
+                _found(", ".join(given) if given else "none"),
+            )
+            continue
+        ref_field = given[0]
+        ref = uri if ref_field == "url" else s[ref_field]
+        if not _ref_ok(ref_field, ref):
+            problems.add(rel, f"{where}.{ref_field}", _REF_EXPECTED[ref_field], ref)
+            continue
+        extra = tuple((k, s[k]) for k in _SOURCE_PASSTHROUGH if k in s)
+        out.append(SourceRef(kind=kind, uri=uri, ref_field=ref_field, ref=str(ref), extra=extra))
+    return out
+
+
+_REF_EXPECTED = {
+    "digest": "sha256:<64 lowercase hex>",
+    "commit": "a full 40-hex commit SHA",
+    "sha256": "64 lowercase hex",
+    "tag": "a tag name",
+    "branch": "a branch name",
+    "url": "a URL",
+}
+_TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")
+_GIT_REF = re.compile(r"^(?!/)(?!.*\.\.)(?!.*//)[A-Za-z0-9._/-]+(?<![/.])$")
+
+
+def _ref_ok(ref_field: str, ref: object) -> bool:
+    if not isinstance(ref, str):
+        return False
+    if ref_field == "digest":
+        return bool(_OCI_DIGEST.match(ref))
+    if ref_field == "commit":
+        return bool(_GIT_SHA.match(ref))
+    if ref_field == "sha256":
+        return bool(_HEX64.match(ref))
+    if ref_field in ("tag", "branch"):
+        return bool(_GIT_REF.match(ref)) and not ref.endswith(".lock")
+    return True
+
+
+def _load_target(
+    raw: Any,
+    where: str,
+    allowed: tuple[str, ...],
+    rel: str,
+    clusters: Mapping[str, Cluster],
+    problems: _Problems,
+) -> Target | None:
+    if not isinstance(raw, dict):
+        problems.add(rel, where, "a mapping with clusters and/or clusterSelector", raw)
+        return None
+    start = len(problems.items)
+    if "clusters" not in raw and "clusterSelector" not in raw:
+        problems.add(rel, where, "clusters and/or clusterSelector", _found("neither"))
+    for key in sorted(set(raw) - set(allowed), key=str):
+        problems.add(rel, f"{where}.{key}", "one of " + ", ".join(allowed), _found("unknown field"))
+    names: frozenset[str] | None = None
+    if "clusters" in raw:
+        lst = raw["clusters"]
+        if not isinstance(lst, list) or not lst:
+            problems.add(rel, f"{where}.clusters", "a non-empty list of cluster names", lst)
+        else:
+            for j, n in enumerate(lst):
+                if not isinstance(n, str) or n not in clusters:
+                    problems.add(rel, f"{where}.clusters[{j}]", "the name of a defined cluster", n)
+            names = frozenset(n for n in lst if isinstance(n, str))
+    selector = None
+    if "clusterSelector" in raw:
+        sel_problems: list[FieldProblem] = []
+        selector = parse_selector(raw["clusterSelector"], f"{where}.clusterSelector", sel_problems)
+        problems.extend(rel, sel_problems)
+    if len(problems.items) > start:
+        return None
+    return Target(names=names, selector=selector)
+
+
+def _load_override(
+    raw: Any, index: int, rel: str, clusters: Mapping[str, Cluster], problems: _Problems
+) -> Override | None:
+    where = f"overrides[{index}]"
+    target = _load_target(raw, where, _OVERRIDE_KEYS, rel, clusters, problems)
+    if target is None or not isinstance(raw, dict):
+        return None
+    ok = True
+    values = raw.get("values")
+    if values is not None and not isinstance(values, dict):
+        problems.add(rel, f"{where}.values", "a mapping (merged into the bundle's values)", values)
+        ok = False
+    paused = raw.get("paused")
+    if paused is not None and not isinstance(paused, bool):
+        problems.add(rel, f"{where}.paused", "true or false", paused)
+        ok = False
+    approval = raw.get("approval")
+    if approval is not None and approval not in APPROVALS:
+        problems.add(rel, f"{where}.approval", " | ".join(APPROVALS), approval)
+        ok = False
+    namespace = raw.get("namespace")
+    if namespace is not None and (not isinstance(namespace, str) or not _NAME.match(namespace)):
+        problems.add(rel, f"{where}.namespace", "a namespace name (DNS label)", namespace)
+        ok = False
+    if not any(k in raw for k in ("values", "paused", "approval", "namespace")):
+        problems.add(
+            rel, where, "at least one of values, paused, approval, namespace", _found("none")
+        )
+        ok = False
+    if not ok:
+        return None
+    return Override(
+        index=index,
+        target=target,
+        values=values,
+        paused=paused,
+        approval=approval,
+        namespace=namespace,
+    )

@@ -1,0 +1,342 @@
+"""Turning a loaded fleet and its pins into one BundleDeploymentSet per cluster.
+
+Deterministic by construction: clusters, bundles and groups are taken in sorted order, overrides
+in their documented order, and the sets are serialised by the agent's canonical encoder, so the
+same fleet commit with the same pins gives the same bytes.
+
+Override order (for one bundle on one cluster): the bundle's own fields, then every override
+selected by ``clusterSelector`` only, in file order, then every override naming the cluster in
+``clusters``, in file order. ``values`` are deep-merged (mappings merge key by key, anything else
+is replaced, ``null`` removes a key); ``paused``, ``approval`` and ``namespace`` are replaced.
+"""
+
+from __future__ import annotations
+
+import copy
+import heapq
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from agent.api import (
+    BundleDeploymentEntry,
+    BundleDeploymentSet,
+    BundleDeploymentSpec,
+    SetSource,
+    from_dict,
+)
+from agent.errors import FieldProblem, ValidationError
+from hub.errors import FleetRepoError
+from hub.fleet.model import Bundle, Cluster, Fleet, Override, SourceRef
+
+# Where an override's fields land in a BundleDeployment spec (agent.api field names).
+VALUES_PATH = ("formatOptions", "values")
+NAMESPACE_PATH = ("formatOptions", "targetNamespace")
+
+
+@dataclass(frozen=True, slots=True)
+class Header:
+    """The per-set fields that are not content: serial, validity period, fleet source."""
+
+    serial: int
+    issued_at: datetime
+    expires_at: datetime
+    source_repo: str
+    source_commit: str
+
+
+def group_of(bundle: Bundle) -> str:
+    group = bundle.spec.get("group")
+    return group if isinstance(group, str) and group else bundle.name
+
+
+def depends_of(bundle: Bundle) -> list[str]:
+    deps = bundle.spec.get("dependsOn") or []
+    return [d for d in deps if isinstance(d, str)] if isinstance(deps, list) else []
+
+
+def check_graph(fleet: Fleet) -> None:
+    """Every dependsOn names a group that exists, and groups do not depend on themselves in a
+    cycle. Raises FleetRepoError listing every problem."""
+    groups: dict[str, list[Bundle]] = {}
+    for b in fleet.bundles:
+        groups.setdefault(group_of(b), []).append(b)
+    problems: list[FieldProblem] = []
+    edges: dict[str, set[str]] = {g: set() for g in groups}
+    for b in fleet.bundles:
+        g = group_of(b)
+        for i, dep in enumerate(depends_of(b)):
+            where = f"{b.file}: dependsOn[{i}]"
+            if dep not in groups:
+                problems.append(
+                    FieldProblem(path=where, expected="the name of a group", found=f'"{dep}"')
+                )
+            elif dep == g:
+                problems.append(
+                    FieldProblem(
+                        path=where, expected="another group than the bundle's own", found=f'"{dep}"'
+                    )
+                )
+            else:
+                edges[g].add(dep)
+    cycle = _find_cycle(edges)
+    if cycle:
+        first = groups[cycle[0]][0]
+        problems.append(
+            FieldProblem(
+                path=f"{first.file}: dependsOn",
+                expected="no dependency cycle between groups",
+                found=" -> ".join([*cycle, cycle[0]]),
+            )
+        )
+    if problems:
+        raise FleetRepoError(problems, origin=str(fleet.root))
+
+
+def _find_cycle(edges: Mapping[str, set[str]]) -> list[str]:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str]:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt) :]
+            if nxt not in state:
+                found = visit(nxt)
+                if found:
+                    return found
+        stack.pop()
+        state[node] = 2
+        return []
+
+    for node in sorted(edges):
+        if node not in state:
+            found = visit(node)
+            if found:
+                return found
+    return []
+
+
+def order_groups(members: Mapping[str, list[str]]) -> list[str]:
+    """Topological order of groups (dependencies first), ties broken by name.
+
+    ``members`` maps each group to the groups it depends on (all present; acyclic).
+    """
+    indegree = {g: 0 for g in members}
+    dependents: dict[str, list[str]] = {g: [] for g in members}
+    for g, deps in members.items():
+        for d in set(deps):
+            indegree[g] += 1
+            dependents[d].append(g)
+    ready = [g for g, n in indegree.items() if n == 0]
+    heapq.heapify(ready)
+    out: list[str] = []
+    while ready:
+        g = heapq.heappop(ready)
+        out.append(g)
+        for nxt in dependents[g]:
+            indegree[nxt] -= 1
+            if indegree[nxt] == 0:
+                heapq.heappush(ready, nxt)
+    return out
+
+
+def merge_values(base: Any, override: Any) -> Any:
+    """Deep merge: mappings merge key by key, ``None`` removes a key, the rest is replaced."""
+    if not isinstance(base, dict) or not isinstance(override, dict):
+        return copy.deepcopy(override)
+    out = dict(base)
+    for k, v in override.items():
+        if v is None:
+            out.pop(k, None)
+        elif k in out:
+            out[k] = merge_values(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+def _set_path(spec: dict[str, Any], path: tuple[str, ...], value: Any, *, merge: bool) -> None:
+    node = spec
+    for key in path[:-1]:
+        child = node.get(key)
+        child = dict(child) if isinstance(child, dict) else {}
+        node[key] = child
+        node = child
+    node[path[-1]] = merge_values(node.get(path[-1]) or {}, value) if merge else value
+
+
+def source_dict(src: SourceRef, pin: str) -> dict[str, Any]:
+    field = {"image": "digest", "git": "commit", "http": "sha256"}[src.kind]
+    out: dict[str, Any] = {"kind": src.kind, "uri": src.uri, field: pin}
+    out.update(dict(src.extra))
+    return out
+
+
+def bundle_spec(
+    bundle: Bundle, pins: Mapping[SourceRef, str], overrides: Iterable[Override]
+) -> dict[str, Any]:
+    """The BundleDeployment spec (as a dict) of ``bundle`` with ``overrides`` applied in order."""
+    spec: dict[str, Any] = copy.deepcopy(dict(bundle.spec))
+    spec["sources"] = [source_dict(s, pins[s]) for s in bundle.sources]
+    for o in overrides:
+        if o.values is not None:
+            _set_path(spec, VALUES_PATH, o.values, merge=True)
+        if o.paused is not None:
+            spec["paused"] = o.paused
+        if o.approval is not None:
+            spec["approval"] = o.approval
+        if o.namespace is not None:
+            _set_path(spec, NAMESPACE_PATH, o.namespace, merge=False)
+    return spec
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterPlan:
+    """What one cluster receives: its entries (shared between clusters) and the group order."""
+
+    cluster: Cluster
+    entries: tuple[BundleDeploymentEntry, ...]
+    groups: tuple[str, ...]
+
+
+def plan_clusters(
+    fleet: Fleet,
+    pins: Mapping[SourceRef, str],
+    *,
+    only: Iterable[str] | None = None,
+) -> dict[str, ClusterPlan]:
+    """Target every bundle, apply overrides, order groups: cluster name -> ClusterPlan.
+
+    Each distinct (bundle, applied overrides) spec is built and validated by the agent's API
+    once, and its entry object shared by every cluster that receives it. Clusters with the same
+    labels (and the same memberships in name lists) share one computation, so a fleet of
+    10,000 clusters with a few label combinations costs a few evaluations.
+
+    Raises FleetRepoError listing every problem: a spec the API refuses (named by bundle file
+    and field), a cluster receiving a bundle without the group it depends on.
+    """
+    check_graph(fleet)
+    wanted = set(only) if only is not None else None
+    clusters = [c for c in fleet.clusters if wanted is None or c.name in wanted]
+    group_deps: dict[str, set[str]] = {}
+    for b in fleet.bundles:
+        group_deps.setdefault(group_of(b), set()).update(depends_of(b))
+    # Name lists that can make two clusters with the same labels differ.
+    name_lists = sorted(
+        {
+            t.names
+            for b in fleet.bundles
+            for t in (*b.targets, *(o.target for o in b.overrides))
+            if t.names is not None
+        },
+        key=sorted,
+    )
+    entries: dict[tuple[str, tuple[int, ...]], BundleDeploymentEntry | None] = {}
+    shapes: dict[tuple[Any, ...], tuple[tuple[BundleDeploymentEntry, ...], tuple[str, ...], str]]
+    shapes = {}
+    problems: list[FieldProblem] = []
+    plans: dict[str, ClusterPlan] = {}
+    for cluster in clusters:
+        shape_key = (
+            tuple(sorted(cluster.labels.items())),
+            tuple(cluster.name in names for names in name_lists),
+        )
+        shape = shapes.get(shape_key)
+        if shape is None:
+            shape = _shape(fleet, cluster, pins, entries, group_deps, problems)
+            shapes[shape_key] = shape
+        chosen, groups, missing = shape
+        if missing:
+            problems.append(
+                FieldProblem(
+                    path=f"{cluster.file}: {cluster.name}",
+                    expected=missing,
+                    found="groups " + ", ".join(groups),
+                )
+            )
+        elif all(e is not None for e in chosen):
+            plans[cluster.name] = ClusterPlan(cluster=cluster, entries=chosen, groups=groups)
+    if problems:
+        # The same spec problem in several override combinations is reported once.
+        unique = list({str(p): p for p in problems}.values())
+        raise FleetRepoError(unique, origin=str(fleet.root))
+    return plans
+
+
+def _shape(
+    fleet: Fleet,
+    cluster: Cluster,
+    pins: Mapping[SourceRef, str],
+    entries: dict[tuple[str, tuple[int, ...]], BundleDeploymentEntry | None],
+    group_deps: Mapping[str, set[str]],
+    problems: list[FieldProblem],
+) -> tuple[tuple[BundleDeploymentEntry, ...], tuple[str, ...], str]:
+    """(entries, group order, missing-dependency text) of one cluster."""
+    chosen: list[BundleDeploymentEntry] = []
+    present: dict[str, list[str]] = {}
+    broken = False
+    for b in fleet.bundles:
+        if not any(t.matches(cluster) for t in b.targets):
+            continue
+        applied = b.applied_overrides(cluster)
+        key = (b.name, tuple(o.index for o in applied))
+        if key not in entries:
+            entries[key] = _entry(b, pins, applied, problems)
+        entry = entries[key]
+        if entry is None:
+            broken = True
+            continue
+        chosen.append(entry)
+        present.setdefault(group_of(b), []).append(b.name)
+    deps: dict[str, list[str]] = {}
+    missing: list[str] = []
+    for g, names in sorted(present.items()):
+        deps[g] = sorted(group_deps.get(g, set()))
+        missing += [
+            f"group {d!r} too ({', '.join(names)} depend on it)"
+            for d in deps[g]
+            if d not in present
+        ]
+    if broken:
+        return (), (), ""
+    if missing:
+        return tuple(chosen), tuple(sorted(present)), "; ".join(missing)
+    return tuple(chosen), tuple(order_groups(deps)), ""
+
+
+def _entry(
+    bundle: Bundle,
+    pins: Mapping[SourceRef, str],
+    applied: tuple[Override, ...],
+    problems: list[FieldProblem],
+) -> BundleDeploymentEntry | None:
+    spec = bundle_spec(bundle, pins, applied)
+    try:
+        return BundleDeploymentEntry(name=bundle.name, spec=from_dict(BundleDeploymentSpec, spec))
+    except ValidationError as exc:
+        for p in exc.problems:
+            path = p.path
+            problems.append(
+                FieldProblem(path=f"{bundle.file}: {path}", expected=p.expected, found=p.found)
+            )
+        return None
+
+
+def build_set(plan: ClusterPlan, header: Header) -> BundleDeploymentSet:
+    """The typed set of one cluster (cheap: entries are already validated).
+
+    Raises ValidationError if the header is invalid (e.g. expiry before issue).
+    """
+    return BundleDeploymentSet(
+        cluster=plan.cluster.name,
+        serial=header.serial,
+        issued_at=header.issued_at,
+        expires_at=header.expires_at,
+        source=SetSource(repo=header.source_repo, commit=header.source_commit),
+        bundle_deployments=plan.entries,
+        groups=plan.groups,
+    )

@@ -1,0 +1,356 @@
+"""Pin every source of a fleet to an immutable digest, once per reference per run.
+
+- OCI tag -> the manifest (or index) digest: one HEAD on ``/v2/<repo>/manifests/<tag>`` through
+  oras-py's registry client, with oras' own ~131 s retry loop replaced by a bounded one;
+- git branch or tag -> commit SHA: one ref listing (``Remote.list_heads``) per repository, no
+  clone; annotated tags are peeled to their commit;
+- http URL -> sha256 of the content, downloaded once with a size cap;
+- already-pinned references are kept (their syntax was checked when the fleet was loaded).
+
+Results are cached in the :class:`Resolver`, so a tag used by 10,000 clusters costs one request.
+Failures are collected over all references and raised together, each naming the bundle and the
+reference: :class:`~hub.errors.ResolveError` (the reference does not exist) or
+:class:`~hub.errors.SourceUnavailableError` (the server did not answer; a retry may help).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import re
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import oras.provider
+import pygit2
+import requests
+
+from hub.errors import ResolveError, SourceUnavailableError
+from hub.fleet.model import Bundle, SourceRef
+
+_OCI_ACCEPT = ", ".join(
+    (
+        "application/vnd.oci.image.manifest.v1+json",
+        "application/vnd.oci.image.index.v1+json",
+        "application/vnd.docker.distribution.manifest.v2+json",
+        "application/vnd.docker.distribution.manifest.list.v2+json",
+    )
+)
+_OCI_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+_GIT_SHA = re.compile(r"^[0-9a-f]{40}$")
+_UNBOUNDED_DO_REQUEST = oras.provider.Registry.do_request.__wrapped__  # type: ignore[attr-defined]
+_LOOPBACK = ("127.0.0.1", "localhost", "[::1]")
+
+
+class _NotFound(Exception):
+    """The server answered: this reference does not exist."""
+
+
+class _Unavailable(Exception):
+    """The server did not answer usefully; a retry may help."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ResolveSettings:
+    """Bounds of the resolver. ``insecure_registries`` are spoken to over plain HTTP (loopback
+    registries always are); ``registry_credentials`` maps a registry host to (user, password)."""
+
+    timeout: float = 10.0
+    attempts: int = 3
+    backoff: float = 0.5
+    max_download_bytes: int = 256 * 1024 * 1024
+    insecure_registries: tuple[str, ...] = ()
+    registry_credentials: Mapping[str, tuple[str, str]] | None = None
+    user_agent: str = "fleetlet-hub"
+
+
+class _TimeoutSession(requests.Session):
+    """requests has no default timeout; every request of this session gets one."""
+
+    def __init__(self, timeout: float, user_agent: str) -> None:
+        super().__init__()
+        self._timeout = timeout
+        self.headers["User-Agent"] = user_agent
+
+    def request(self, *args: Any, **kwargs: Any) -> requests.Response:  # type: ignore[override]
+        kwargs.setdefault("timeout", self._timeout)
+        return super().request(*args, **kwargs)
+
+
+class _Registry(oras.provider.Registry):  # type: ignore[misc]
+    """oras-py's client with timeouts and a bounded retry instead of its two-minute loop."""
+
+    def __init__(self, *, host: str, insecure: bool, settings: ResolveSettings) -> None:
+        creds = (settings.registry_credentials or {}).get(host)
+        super().__init__(
+            hostname=host, insecure=insecure, auth_backend="basic" if creds else "token"
+        )
+        self.settings = settings
+        self.session = _TimeoutSession(settings.timeout, settings.user_agent)
+        self.auth.session = self.session
+        if creds:
+            self.auth.set_basic_auth(*creds)
+
+    def do_request(
+        self,
+        url: str,
+        method: str = "GET",
+        data: dict[str, Any] | bytes | None = None,
+        headers: dict[str, str] | None = None,
+        json: dict[str, Any] | None = None,
+        stream: bool = False,
+    ) -> requests.Response:
+        """Raises _Unavailable when every attempt failed to get a non-5xx answer."""
+        failure = ""
+        for attempt in range(self.settings.attempts):
+            if attempt:
+                time.sleep(self.settings.backoff * 2 ** (attempt - 1))
+            try:
+                response: requests.Response = _UNBOUNDED_DO_REQUEST(
+                    self, url, method, data, dict(headers or {}), json, stream
+                )
+            except (requests.ConnectionError, requests.Timeout) as exc:
+                failure = type(exc).__name__
+                continue
+            except ValueError as exc:  # oras: "Cannot respond to request for authentication."
+                raise _NotFound(f"registry refused access: {exc}") from exc
+            except requests.RequestException as exc:  # malformed URL, bad redirects...
+                raise _NotFound(f"{type(exc).__name__}: {exc}") from exc
+            if response.status_code >= 500:
+                failure = f"HTTP {response.status_code}"
+                continue
+            return response
+        raise _Unavailable(
+            f"registry unreachable after {self.settings.attempts} attempts ({failure})"
+        )
+
+
+def split_oci_uri(uri: str, insecure_hosts: Iterable[str] = ()) -> tuple[str, str, bool]:
+    """``[oci://|http://|https://]host/repo`` -> (host, repository, plain_http).
+
+    ``http://`` forces plain HTTP, ``https://`` TLS; otherwise loopback hosts and
+    ``insecure_hosts`` use plain HTTP. Raises ValueError if host or repository is missing.
+    """
+    rest, plain = uri, None
+    for prefix, is_plain in (("oci://", None), ("http://", True), ("https://", False)):
+        if rest.startswith(prefix):
+            rest, plain = rest[len(prefix) :], is_plain
+            break
+    host, _, repo = rest.partition("/")
+    if not host or not repo or "@" in repo or ":" in repo.rsplit("/", 1)[-1]:
+        raise ValueError("expected [oci://]REGISTRY/REPOSITORY (tag and digest go in their field)")
+    if plain is None:
+        plain = host.split(":")[0] in ("127.0.0.1", "localhost") or host in set(insecure_hosts)
+    return host, repo, plain
+
+
+class Resolver:
+    """Resolves source references to pins, caching every answer for the life of the object.
+
+    ``progress(done, total, what)`` is called as references are resolved.
+    """
+
+    def __init__(
+        self,
+        *,
+        settings: ResolveSettings | None = None,
+        progress: Callable[[int, int, str], None] | None = None,
+    ) -> None:
+        self.settings = settings or ResolveSettings()
+        self.progress = progress
+        self._cache: dict[tuple[str, str, str, str], str] = {}
+        self._heads: dict[str, dict[str, str]] = {}
+        self._registries: dict[tuple[str, bool], _Registry] = {}
+        self._scratch: tempfile.TemporaryDirectory[str] | None = None
+        self._scratch_repo: pygit2.Repository | None = None
+        self.requests = {"image": 0, "git": 0, "http": 0}
+
+    def close(self) -> None:
+        if self._scratch is not None:
+            self._scratch.cleanup()
+            self._scratch = None
+            self._scratch_repo = None
+
+    def __enter__(self) -> Resolver:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def resolve_bundles(self, bundles: Iterable[Bundle]) -> dict[SourceRef, str]:
+        """Pin every source of ``bundles``: SourceRef -> pin (digest, commit or sha256 hex).
+
+        Raises ResolveError if any reference does not exist (all failures listed), otherwise
+        SourceUnavailableError if any server did not answer.
+        """
+        users: dict[SourceRef, list[str]] = {}
+        for b in bundles:
+            for s in b.sources:
+                users.setdefault(s, []).append(b.name)
+        pins: dict[SourceRef, str] = {}
+        missing: list[tuple[str, str, str]] = []
+        down: list[tuple[str, str, str]] = []
+        total = len(users)
+        for done, (src, names) in enumerate(sorted(users.items(), key=lambda kv: _key(kv[0]))):
+            try:
+                pins[src] = self.resolve(src)
+            except _NotFound as exc:
+                missing.extend((n, src.describe(), str(exc)) for n in sorted(set(names)))
+            except _Unavailable as exc:
+                down.extend((n, src.describe(), str(exc)) for n in sorted(set(names)))
+            if self.progress is not None:
+                self.progress(done + 1, total, src.describe())
+        if missing:
+            raise ResolveError(missing + down)
+        if down:
+            raise SourceUnavailableError(down)
+        return pins
+
+    def resolve(self, src: SourceRef) -> str:
+        """The pin of one reference (cached). Raises _NotFound or _Unavailable (internal)."""
+        key = _key(src)
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit
+        if src.pinned:
+            pin = src.ref
+        elif src.kind == "image":
+            pin = self._oci_tag(src.uri, src.ref)
+        elif src.kind == "git":
+            pin = self._git_ref(src.uri, src.ref_field, src.ref)
+        else:
+            pin = self._http_sha256(src.uri)
+        self._cache[key] = pin
+        return pin
+
+    # --- OCI ------------------------------------------------------------------------------
+
+    def _oci_tag(self, uri: str, tag: str) -> str:
+        try:
+            host, repo, plain = split_oci_uri(uri, self.settings.insecure_registries)
+        except ValueError as exc:
+            raise _NotFound(str(exc)) from exc
+        client = self._registries.get((host, plain))
+        if client is None:
+            client = _Registry(host=host, insecure=plain, settings=self.settings)
+            self._registries[(host, plain)] = client
+        url = f"{'http' if plain else 'https'}://{host}/v2/{repo}/manifests/{tag}"
+        self.requests["image"] += 1
+        response = client.do_request(url, "HEAD", headers={"Accept": _OCI_ACCEPT})
+        if response.status_code == 404:
+            raise _NotFound(f"tag not found in {host}/{repo}")
+        if response.status_code in (401, 403):
+            raise _NotFound(f"registry refused access (HTTP {response.status_code})")
+        if response.status_code != 200:
+            raise _NotFound(f"HEAD {url}: HTTP {response.status_code}")
+        digest = response.headers.get("Docker-Content-Digest", "")
+        if not _OCI_DIGEST.match(digest):
+            raise _NotFound(f"registry gave no sha256 Docker-Content-Digest (got {digest!r})")
+        return digest
+
+    # --- git ------------------------------------------------------------------------------
+
+    def _git_ref(self, uri: str, ref_field: str, ref: str) -> str:
+        heads = self._heads.get(uri)
+        if heads is None:
+            heads = self._list_heads(uri)
+            self._heads[uri] = heads
+        if ref_field == "branch":
+            candidates = [f"refs/heads/{ref}"]
+        else:
+            # An annotated tag's listing has a peeled "^{}" entry: the commit it points to.
+            candidates = [f"refs/tags/{ref}^{{}}", f"refs/tags/{ref}"]
+        for name in candidates:
+            if name in heads:
+                return heads[name]
+        raise _NotFound(f"no {ref_field} {ref!r} in {uri}")
+
+    def _list_heads(self, uri: str) -> dict[str, str]:
+        if self._scratch_repo is None:
+            self._scratch = tempfile.TemporaryDirectory(prefix="fleetlet-resolve-")
+            self._scratch_repo = pygit2.init_repository(self._scratch.name, bare=True)
+        remote = self._scratch_repo.remotes.create_anonymous(uri)
+        self.requests["git"] += 1
+        failure = ""
+        for attempt in range(self.settings.attempts):
+            if attempt:
+                time.sleep(self.settings.backoff * 2 ** (attempt - 1))
+            try:
+                listing = remote.list_heads()
+            except (pygit2.GitError, OSError) as exc:
+                failure = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
+                if _git_not_found(failure):
+                    raise _NotFound(f"git repository refused or not found: {failure}") from exc
+                continue
+            out: dict[str, str] = {}
+            for head in listing:
+                oid = getattr(head, "oid", None)
+                if oid is not None:
+                    out[str(head.name)] = str(oid)
+            return out
+        raise _Unavailable(
+            f"git server unreachable after {self.settings.attempts} attempts: {failure}"
+        )
+
+    # --- http -----------------------------------------------------------------------------
+
+    def _http_sha256(self, url: str) -> str:
+        failure = ""
+        limit = self.settings.max_download_bytes
+        for attempt in range(self.settings.attempts):
+            if attempt:
+                time.sleep(self.settings.backoff * 2 ** (attempt - 1))
+            self.requests["http"] += 1
+            request = urllib.request.Request(url, headers={"User-Agent": self.settings.user_agent})
+            try:
+                with urllib.request.urlopen(request, timeout=self.settings.timeout) as response:
+                    length = response.headers.get("Content-Length")
+                    if length is not None and length.isdigit() and int(length) > limit:
+                        raise _NotFound(f"content is {length} bytes, more than the {limit} allowed")
+                    digest = hashlib.sha256()
+                    size = 0
+                    while chunk := response.read(1 << 16):
+                        size += len(chunk)
+                        if size > limit:
+                            raise _NotFound(f"content exceeds the {limit} bytes allowed")
+                        digest.update(chunk)
+                    return digest.hexdigest()
+            except urllib.error.HTTPError as exc:
+                if exc.code >= 500:
+                    failure = f"HTTP {exc.code}"
+                    continue
+                raise _NotFound(f"HTTP {exc.code} {exc.reason}") from exc
+            except (urllib.error.URLError, TimeoutError, OSError, http.client.HTTPException) as exc:
+                reason = getattr(exc, "reason", exc)
+                failure = str(reason) or type(exc).__name__
+                continue
+            except ValueError as exc:  # http.client.InvalidURL and other malformed URLs
+                raise _NotFound(f"invalid URL: {exc}") from exc
+        raise _Unavailable(f"unreachable after {self.settings.attempts} attempts ({failure})")
+
+
+def _git_not_found(message: str) -> bool:
+    lowered = message.lower()
+    return any(
+        word in lowered
+        for word in (
+            "not found",
+            "does not exist",
+            "not exported",
+            "access denied",
+            "no such",
+            "status code: 404",
+            "status code: 401",
+            "status code: 403",
+            "authentication",
+        )
+    )
+
+
+def _key(src: SourceRef) -> tuple[str, str, str, str]:
+    return (src.kind, src.uri, src.ref_field, src.ref)
