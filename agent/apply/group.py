@@ -1,0 +1,312 @@
+"""Apply one lockstep group: a server-side dry run of every object, then the stages.
+
+:func:`apply_group` first dry-runs every object of the group (each bundle as its own identity:
+impersonating its ServiceAccount when it names one), so nothing is written when any object is
+refused. Objects that cannot be dry-run before the group's own CRDs and Namespaces exist (a
+custom resource of a CRD of the group, an object in a Namespace of the group) are dry-run right
+after stages 1 and 2, before anything of stage 3 is written. Then the stages are applied, the
+objects of a stage concurrently (a bounded pool), all with one field manager.
+
+The action per object comes from comparing, as Flux does, the live object with the dry run's
+answer (ignoring status, resourceVersion, generation and other managers' bookkeeping): the same
+means ``unchanged`` and the object is not applied at all; no live object means ``created``.
+When the bundle's identity may not read the object, it is applied and the resourceVersions
+before and after decide.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from agent.apply.plan import (
+    STAGE_CRDS,
+    STAGE_NAMES,
+    ApplyError,
+    BundleInput,
+    Plan,
+    PlannedObject,
+    Skipped,
+    plan_group,
+)
+from agent.errors import TemporaryError
+from agent.kube import (
+    ApiNotServedError,
+    ConflictError,
+    ForbiddenError,
+    KubeApiError,
+    KubeClient,
+    NotFoundError,
+    ObjectRef,
+)
+
+FIELD_MANAGER = "fleetlet"
+DEFAULT_WORKERS = 8
+DEFAULT_ESTABLISH_TIMEOUT = 60.0
+_COMPARE_ATTEMPTS = 3
+
+Object = dict[str, Any]
+Action = Literal["created", "configured", "unchanged"]
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ObjectResult:
+    """What applying one object did; ``uid`` and ``resource_version`` are the live object's."""
+
+    bundle: str
+    ref: ObjectRef
+    action: Action
+    uid: str
+    resource_version: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class GroupResult:
+    """The outcome of :func:`apply_group`: per object, in plan order, and the skipped ones."""
+
+    objects: tuple[ObjectResult, ...]
+    skipped: tuple[Skipped, ...] = ()
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """Objects per action (created, configured, unchanged) and skipped."""
+        counts = {"created": 0, "configured": 0, "unchanged": 0, "skipped": len(self.skipped)}
+        for result in self.objects:
+            counts[result.action] += 1
+        return counts
+
+    def for_bundle(self, bundle: str) -> list[ObjectResult]:
+        """The results of one bundle's objects."""
+        return [r for r in self.objects if r.bundle == bundle]
+
+
+class CrdNotEstablishedError(TemporaryError):
+    """A CustomResourceDefinition of the group did not become Established in time."""
+
+    reason = "CRDNotEstablished"
+
+
+@dataclass(kw_only=True)
+class _Work:
+    planned: PlannedObject
+    force: bool
+    client: KubeClient
+    existed: bool | None = None
+    version_before: str = ""
+    unchanged: Object | None = None
+
+
+def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    meta = obj.get("metadata")
+    return meta if isinstance(meta, Mapping) else {}
+
+
+def _as_apply_error(exc: KubeApiError, planned: PlannedObject, *, dry_run: bool) -> ApplyError:
+    when = "dry run refused" if dry_run else "apply refused"
+    managers = exc.managers if isinstance(exc, ConflictError) else []
+    message = exc.server_message
+    if managers:
+        message = (
+            f"{message} (fields owned by field manager(s) {', '.join(managers)}; set "
+            f"takeOwnership to take them over)"
+        )
+    return ApplyError(
+        f"{when}: {message}",
+        bundle=planned.bundle,
+        target=planned.target,
+        reason=exc.reason,
+        managers=managers,
+    )
+
+
+def _comparable(obj: Mapping[str, Any]) -> Object:
+    """What an apply of ours can change: the object without status and server bookkeeping,
+    with only our own field manager's field set."""
+    meta = dict(_meta(obj))
+    ours = [
+        m.get("fieldsV1")
+        for m in meta.pop("managedFields", None) or []
+        if m.get("manager") == FIELD_MANAGER and m.get("operation") == "Apply"
+    ]
+    for key in ("resourceVersion", "generation"):
+        meta.pop(key, None)
+    rest = {k: v for k, v in obj.items() if k not in ("status", "metadata")}
+    return {**rest, "metadata": meta, "ours": ours}
+
+
+def _dry_run(work: _Work) -> None:
+    """Dry-run the apply of one object; remember whether it exists, its resourceVersion, and
+    (reading the live object, only when it exists) whether the apply would change it.
+
+    Raises ApplyError, ApiUnavailableError.
+    """
+    planned = work.planned
+    # A controller writing to the object between the dry run and the read (a new Deployment's
+    # status) makes them incomparable: try again a few times, then count it as changed.
+    for _attempt in range(_COMPARE_ATTEMPTS):
+        try:
+            answer = work.client.apply(
+                planned.manifest, field_manager=FIELD_MANAGER, force=work.force, dry_run=True
+            )
+        except KubeApiError as exc:
+            raise _as_apply_error(exc, planned, dry_run=True) from exc
+        version = str(_meta(answer).get("resourceVersion") or "")
+        work.existed = bool(version)
+        work.version_before = version
+        if not version:
+            return  # a creation: nothing to compare
+        try:
+            live = work.client.get(planned.ref)
+        except (ForbiddenError, NotFoundError):
+            return  # the bundle's ServiceAccount may write but not read: the apply decides
+        if live is None or str(_meta(live).get("resourceVersion")) != version:
+            continue
+        if _comparable(live) == _comparable(answer):
+            work.unchanged = live
+        return
+
+
+def _apply(work: _Work) -> ObjectResult:
+    planned = work.planned
+    if work.unchanged is not None:
+        meta = _meta(work.unchanged)
+        return ObjectResult(
+            bundle=planned.bundle,
+            ref=planned.ref,
+            action="unchanged",
+            uid=str(meta.get("uid") or ""),
+            resource_version=str(meta.get("resourceVersion") or ""),
+        )
+    try:
+        answer = work.client.apply(planned.manifest, field_manager=FIELD_MANAGER, force=work.force)
+    except KubeApiError as exc:
+        raise _as_apply_error(exc, planned, dry_run=False) from exc
+    meta = _meta(answer)
+    version = str(meta.get("resourceVersion") or "")
+    action: Action
+    if not work.existed:
+        action = "created"
+    elif version == work.version_before:
+        action = "unchanged"
+    else:
+        action = "configured"
+    return ObjectResult(
+        bundle=planned.bundle,
+        ref=planned.ref,
+        action=action,
+        uid=str(meta.get("uid") or ""),
+        resource_version=version,
+    )
+
+
+def _run_all(
+    pool: ThreadPoolExecutor, task: Callable[[_Work], Any], works: Sequence[_Work]
+) -> list[Any]:
+    """Run ``task`` on every work item concurrently; results in order. The first error (in
+    order) is raised after every started task has finished, so nothing runs on behind us."""
+    futures = [pool.submit(task, w) for w in works]
+    errors = [f.exception() for f in futures]
+    for error in errors:
+        if error is not None:
+            raise error
+    return [f.result() for f in futures]
+
+
+def _wait_established(crds: Sequence[_Work], timeout: float) -> None:
+    """Wait until every CRD has condition Established=True (read as the identity that applied
+    it: the agent's own role need not read every CRD).
+
+    Raises CrdNotEstablishedError, ForbiddenError, ApiUnavailableError.
+    """
+    deadline = time.monotonic() + timeout
+    pending = list(crds)
+    delay = 0.05
+    while pending:
+        still: list[_Work] = []
+        for work in pending:
+            live = work.client.get(work.planned.ref)
+            conditions = ((live or {}).get("status") or {}).get("conditions") or []
+            if not any(
+                c.get("type") == "Established" and c.get("status") == "True" for c in conditions
+            ):
+                still.append(work)
+        pending = still
+        if not pending:
+            return
+        if time.monotonic() > deadline:
+            names = ", ".join(w.planned.ref.name for w in pending)
+            raise CrdNotEstablishedError(
+                f"CustomResourceDefinition(s) {names} not Established after {timeout:.0f}s"
+            )
+        time.sleep(delay)
+        delay = min(delay * 2, 1.0)
+
+
+def apply_group(
+    kube: KubeClient,
+    bundles: Sequence[BundleInput],
+    *,
+    agent_namespace: str,
+    workers: int = DEFAULT_WORKERS,
+    establish_timeout: float = DEFAULT_ESTABLISH_TIMEOUT,
+    on_progress: Progress | None = None,
+    plan: Plan | None = None,
+) -> GroupResult:
+    """Dry-run, then apply, every object of a group (see the module docstring).
+
+    ``kube`` is the agent's client; a bundle with ``serviceAccountName`` is dry-run and applied
+    through ``kube.impersonating(name, agent_namespace)``. ``on_progress`` is called with a
+    short message before each step. ``plan`` may be given when already computed.
+
+    Raises PlanError (an object's API is not served and it is not optional), ApplyError (the
+    first object refused, by the dry run or by the apply: bundle, object and server message;
+    a conflict names the other field managers), CrdNotEstablishedError, ApiUnavailableError.
+    """
+    say = on_progress or (lambda _message: None)
+    plan = plan if plan is not None else plan_group(bundles, kube)
+    settings = {b.name: b.settings for b in bundles}
+
+    def client_of(bundle: str) -> KubeClient:
+        account = settings[bundle].service_account_name
+        return kube.impersonating(account, agent_namespace) if account else kube
+
+    works = [
+        _Work(planned=p, force=settings[p.bundle].take_ownership, client=client_of(p.bundle))
+        for p in plan.objects
+    ]
+    later: list[_Work] = []
+
+    def first_dry_run(work: _Work) -> bool:
+        try:
+            _dry_run(work)
+        except ApplyError as exc:
+            cause = exc.__cause__
+            if work.planned.deferred and isinstance(cause, NotFoundError | ApiNotServedError):
+                return False  # its CRD or Namespace comes with this group: try after stage 2
+            raise
+        return True
+
+    with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="apply") as pool:
+        say(f"dry run of {len(works)} objects")
+        done = _run_all(pool, first_dry_run, works)
+        later = [w for w, ok in zip(works, done, strict=True) if not ok]
+        results: list[ObjectResult] = []
+        for stage, name in enumerate(STAGE_NAMES):
+            stage_works = [w for w in works if w.planned.stage == stage]
+            if later and stage == len(STAGE_NAMES) - 1:
+                say(f"dry run of {len(later)} objects that needed the group's CRDs/Namespaces")
+                _run_all(pool, _dry_run, later)
+            if not stage_works:
+                continue
+            say(f"applying {len(stage_works)} {name} ({stage + 1}/{len(STAGE_NAMES)})")
+            results.extend(_run_all(pool, _apply, stage_works))
+            if stage == STAGE_CRDS:
+                say(f"waiting for {len(stage_works)} CustomResourceDefinitions to be Established")
+                _wait_established(stage_works, establish_timeout)
+                for client in {id(w.client): w.client for w in works}.values():
+                    client.forget_discovery()
+    return GroupResult(objects=tuple(results), skipped=plan.skipped)

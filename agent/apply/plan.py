@@ -1,0 +1,236 @@
+"""Turn a lockstep group's rendered objects (per bundle) into an apply plan.
+
+Stages: 1 CustomResourceDefinitions (the applier waits until they are Established), 2
+Namespaces, 3 everything else. Inside a stage objects keep the group's order: bundles in the
+order given, each bundle's objects in the renderer's order (numeric file prefixes honoured).
+
+Every object's API must be served, or be served once stage 1 is done (a CRD of the same group
+defines it). An object matched by its bundle's ``optional`` selectors whose API is not served
+is skipped and listed; any other object of a kind not served fails the plan (:class:`PlanError`
+naming the object).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from agent.api.models import BundleDeploymentSpec, ManifestSelector
+from agent.errors import PermanentError
+from agent.kube import ApiNotServedError, ObjectRef
+
+Manifest = dict[str, Any]
+
+STAGE_CRDS = 0
+STAGE_NAMESPACES = 1
+STAGE_REST = 2
+STAGE_NAMES = ("CustomResourceDefinitions", "Namespaces", "objects")
+
+
+class ApplyError(PermanentError):
+    """Applying a group failed on one object. ``bundle`` and ``target`` (``Kind ns/name``) name
+    it, ``server_message`` is the API server's message (or ours), ``reason`` a CamelCase word
+    (ApplyFailed, Conflict, Forbidden, Invalid, ApiNotServed, ...), ``managers`` the other field
+    managers of a conflict."""
+
+    reason = "ApplyFailed"
+
+    def __init__(
+        self,
+        server_message: str,
+        *,
+        bundle: str,
+        target: str,
+        reason: str | None = None,
+        managers: Sequence[str] = (),
+    ) -> None:
+        super().__init__(f"bundle {bundle}: {target}: {server_message}")
+        self.bundle = bundle
+        self.target = target
+        self.server_message = server_message
+        self.managers = tuple(managers)
+        if reason:
+            self.reason = reason
+
+
+class PlanError(ApplyError):
+    """The group cannot be applied as rendered (an object's API is not served)."""
+
+    reason = "ApiNotServed"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ApplySettings:
+    """The parts of a BundleDeploymentSpec the applier and pruner use."""
+
+    optional: tuple[ManifestSelector, ...] = ()
+    service_account_name: str | None = None
+    take_ownership: bool = False
+    keep_crds: bool = True
+
+    @classmethod
+    def from_spec(cls, spec: BundleDeploymentSpec) -> ApplySettings:
+        """The settings of a BundleDeployment's spec."""
+        return cls(
+            optional=spec.optional,
+            service_account_name=spec.service_account_name,
+            take_ownership=spec.take_ownership,
+            keep_crds=spec.keep_crds,
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class BundleInput:
+    """One bundle of a group: its name, its rendered (finished) objects, its settings."""
+
+    name: str
+    objects: Sequence[Manifest]
+    settings: ApplySettings = field(default_factory=ApplySettings)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlannedObject:
+    """One object to apply. ``deferred``: it cannot be dry-run before the group's CRDs or
+    Namespaces exist (its kind comes from a CRD of the group, or its namespace from a
+    Namespace of the group), so its dry run runs after stages 1 and 2, before stage 3."""
+
+    bundle: str
+    ref: ObjectRef
+    manifest: Manifest
+    stage: int
+    deferred: bool = False
+
+    @property
+    def target(self) -> str:
+        """``Kind namespace/name`` for messages."""
+        where = f"{self.ref.namespace}/{self.ref.name}" if self.ref.namespace else self.ref.name
+        return f"{self.ref.kind} {where}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Skipped:
+    """An optional object left out because its API is not served."""
+
+    bundle: str
+    ref: ObjectRef
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.bundle}: {self.ref} ({self.reason})"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    """The stages (each a tuple of objects in order) and the skipped optional objects."""
+
+    stages: tuple[tuple[PlannedObject, ...], ...]
+    skipped: tuple[Skipped, ...] = ()
+
+    @property
+    def objects(self) -> list[PlannedObject]:
+        """Every object, stage by stage."""
+        return [obj for stage in self.stages for obj in stage]
+
+
+class Discovery(Protocol):
+    """What planning needs of a client (:class:`agent.kube.KubeClient` has it)."""
+
+    def resource_for(self, api_version: str, kind: str) -> Any: ...
+
+
+def api_group(api_version: str) -> str:
+    """The API group of an apiVersion (``""`` for the core group)."""
+    return api_version.rsplit("/", 1)[0] if "/" in api_version else ""
+
+
+def is_crd(obj: Mapping[str, Any]) -> bool:
+    """Whether a manifest is a CustomResourceDefinition."""
+    return (
+        obj.get("kind") == "CustomResourceDefinition"
+        and api_group(str(obj.get("apiVersion", ""))) == "apiextensions.k8s.io"
+    )
+
+
+def _stage(obj: Mapping[str, Any]) -> int:
+    if is_crd(obj):
+        return STAGE_CRDS
+    if obj.get("kind") == "Namespace" and obj.get("apiVersion") == "v1":
+        return STAGE_NAMESPACES
+    return STAGE_REST
+
+
+def _crd_kinds(objects: Iterable[Mapping[str, Any]]) -> set[tuple[str, str]]:
+    """(group/version, kind) served once the given CRDs are established."""
+    served: set[tuple[str, str]] = set()
+    for obj in objects:
+        if not is_crd(obj):
+            continue
+        spec = obj.get("spec") or {}
+        group, kind = spec.get("group"), (spec.get("names") or {}).get("kind")
+        for version in spec.get("versions") or []:
+            if isinstance(version, Mapping) and version.get("served", True):
+                served.add((f"{group}/{version.get('name')}", str(kind)))
+    return served
+
+
+def matches(selector: ManifestSelector, ref: ObjectRef) -> bool:
+    """Whether an optional-manifest selector matches the object."""
+    return (
+        selector.api_group == api_group(ref.api_version)
+        and selector.kind == ref.kind
+        and (selector.name is None or selector.name == ref.name)
+    )
+
+
+def plan_group(bundles: Sequence[BundleInput], discovery: Discovery) -> Plan:
+    """The apply plan of a group.
+
+    Raises PlanError (a non-optional object whose API is not served, naming it),
+    ApplyError (an object without apiVersion/kind/name), ApiUnavailableError.
+    """
+    everything = [obj for bundle in bundles for obj in bundle.objects]
+    from_crds = _crd_kinds(everything)
+    new_namespaces = {
+        str((obj.get("metadata") or {}).get("name"))
+        for obj in everything
+        if _stage(obj) == STAGE_NAMESPACES
+    }
+    served: dict[tuple[str, str], str | None] = {}
+    stages: list[list[PlannedObject]] = [[], [], []]
+    skipped: list[Skipped] = []
+    for bundle in bundles:
+        for obj in bundle.objects:
+            try:
+                ref = ObjectRef.of(obj)
+            except Exception as exc:  # InvalidError: no apiVersion/kind/name
+                raise ApplyError(str(exc), bundle=bundle.name, target="object") from exc
+            key = (ref.api_version, ref.kind)
+            if key not in served:
+                try:
+                    discovery.resource_for(*key)
+                    served[key] = None
+                except ApiNotServedError as exc:
+                    served[key] = exc.server_message
+            from_group_crd = key in from_crds
+            problem = served[key]
+            if problem is not None and not from_group_crd:
+                if any(matches(s, ref) for s in bundle.settings.optional):
+                    skipped.append(Skipped(bundle=bundle.name, ref=ref, reason=problem))
+                    continue
+                planned = PlannedObject(bundle=bundle.name, ref=ref, manifest=obj, stage=0)
+                raise PlanError(
+                    f"{problem} (install the API first, or mark the manifest optional)",
+                    bundle=bundle.name,
+                    target=planned.target,
+                )
+            stage = _stage(obj)
+            deferred = stage == STAGE_REST and (
+                (problem is not None and from_group_crd) or ref.namespace in new_namespaces
+            )
+            stages[stage].append(
+                PlannedObject(
+                    bundle=bundle.name, ref=ref, manifest=obj, stage=stage, deferred=deferred
+                )
+            )
+    return Plan(stages=tuple(tuple(s) for s in stages), skipped=tuple(skipped))

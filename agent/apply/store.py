@@ -1,0 +1,315 @@
+"""The revision store: each bundle's last healthy revisions, kept in the cluster.
+
+A revision (rendered manifests, inventory, free-form ``info`` such as the set serial) is
+serialised as canonical JSON, compressed with zlib and cut into chunks of at most
+:data:`CHUNK_BYTES`, each in its own Secret in the agent's namespace (a Secret holds at most
+1 MiB). Chunk Secrets are named ``fleetlet-rev-<bundle>-<number>-<index>`` and labelled
+``fleetlet.io/revision-of=<bundle>``, ``fleetlet.io/revision=<number>``, ``fleetlet.io/chunk``
+and ``fleetlet.io/chunks``, and annotated with the content's sha256.
+
+A small index Secret per bundle (``fleetlet-rev-<bundle>``) lists the kept revisions, newest
+first, each with its chunk count, size and sha256. A save writes the new chunks first, then the
+index, and only then deletes chunks no revision in the index uses: a crash at any moment leaves
+the index pointing at complete revisions. :meth:`RevisionStore.load` reassembles and checks the
+sha256, so a rollback needs only this store (no hub, git server or registry).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import zlib
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from agent.apply.group import FIELD_MANAGER
+from agent.apply.inventory import Inventory
+from agent.errors import PermanentError
+from agent.kube import InvalidError, KubeClient, ObjectRef
+
+CHUNK_BYTES = 900 * 1024
+DEFAULT_HISTORY = 3
+REVISION_OF_LABEL = "fleetlet.io/revision-of"
+REVISION_LABEL = "fleetlet.io/revision"
+CHUNK_LABEL = "fleetlet.io/chunk"
+CHUNKS_LABEL = "fleetlet.io/chunks"
+SHA256_ANNOTATION = "fleetlet.io/sha256"
+SECRET_TYPE = "fleetlet.io/revision"
+INDEX_KEY = "index.json"
+CHUNK_KEY = "chunk"
+_FORMAT = 1
+
+
+class RevisionStoreError(PermanentError):
+    """A stored revision cannot be read back (chunk missing, content does not match its
+    sha256, unreadable index or content)."""
+
+    reason = "RevisionCorrupt"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Revision:
+    """One stored revision of a bundle. ``number`` grows by one per save."""
+
+    bundle: str
+    number: int
+    manifests: tuple[dict[str, Any], ...]
+    inventory: Inventory
+    info: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StoredRevision:
+    """An index entry: a revision's number, chunk count, compressed size and sha256."""
+
+    number: int
+    chunks: int
+    size: int
+    sha256: str
+
+    def to_json(self) -> dict[str, Any]:
+        """As JSON."""
+        return {
+            "number": self.number,
+            "chunks": self.chunks,
+            "size": self.size,
+            "sha256": self.sha256,
+        }
+
+
+def _canonical(value: Any) -> bytes:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+class RevisionStore:
+    """Revisions of bundles, as Secrets in ``namespace`` written through ``kube``.
+
+    ``history`` is how many revisions per bundle are kept (the newest is the last healthy one).
+    """
+
+    def __init__(
+        self,
+        kube: KubeClient,
+        *,
+        namespace: str,
+        history: int = DEFAULT_HISTORY,
+        chunk_bytes: int = CHUNK_BYTES,
+    ) -> None:
+        if history < 1 or chunk_bytes < 1:
+            raise ValueError("history and chunk_bytes must be positive")
+        self.kube = kube
+        self.namespace = namespace
+        self.history = history
+        self.chunk_bytes = chunk_bytes
+
+    # -- names ------------------------------------------------------------------------------
+
+    def _index_name(self, bundle: str) -> str:
+        return f"fleetlet-rev-{bundle}"
+
+    def _chunk_name(self, bundle: str, number: int, index: int) -> str:
+        return f"fleetlet-rev-{bundle}-{number}-{index}"
+
+    def _secret(
+        self,
+        name: str,
+        *,
+        labels: Mapping[str, str],
+        data: Mapping[str, bytes],
+        annotations: Mapping[str, str] | None = None,
+    ) -> dict[str, Any]:
+        return {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "type": SECRET_TYPE,
+            "metadata": {
+                "name": name,
+                "namespace": self.namespace,
+                "labels": dict(labels),
+                "annotations": dict(annotations or {}),
+            },
+            "data": {k: base64.b64encode(v).decode("ascii") for k, v in data.items()},
+        }
+
+    def _ref(self, name: str) -> ObjectRef:
+        return ObjectRef("v1", "Secret", name, self.namespace)
+
+    # -- index ------------------------------------------------------------------------------
+
+    def entries(self, bundle: str) -> list[StoredRevision]:
+        """The kept revisions of a bundle, newest first (empty when none).
+
+        Raises RevisionStoreError (unreadable index), ApiUnavailableError, KubeApiError.
+        """
+        live = self.kube.get(self._ref(self._index_name(bundle)))
+        if live is None:
+            return []
+        try:
+            raw = base64.b64decode((live.get("data") or {})[INDEX_KEY])
+            document = json.loads(raw)
+            return [
+                StoredRevision(
+                    number=int(e["number"]),
+                    chunks=int(e["chunks"]),
+                    size=int(e["size"]),
+                    sha256=str(e["sha256"]),
+                )
+                for e in document["revisions"]
+            ]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise RevisionStoreError(
+                f"revision index of bundle {bundle} is unreadable: {exc}"
+            ) from exc
+
+    def bundles(self) -> list[str]:
+        """Bundles with stored revisions. Raises ApiUnavailableError, KubeApiError."""
+        found = self.kube.list(
+            "v1", "Secret", namespace=self.namespace, label_selector=REVISION_OF_LABEL
+        )
+        return sorted({str(s["metadata"]["labels"][REVISION_OF_LABEL]) for s in found})
+
+    # -- save -------------------------------------------------------------------------------
+
+    def save(
+        self,
+        bundle: str,
+        *,
+        manifests: Sequence[Mapping[str, Any]],
+        inventory: Inventory,
+        info: Mapping[str, Any] | None = None,
+    ) -> Revision:
+        """Store a new (healthy) revision of ``bundle`` as its latest; older ones beyond
+        ``history`` are deleted. Returns it with its number.
+
+        Raises RevisionStoreError (unreadable index), ApiUnavailableError, KubeApiError.
+        """
+        kept = self.entries(bundle)
+        number = (kept[0].number + 1) if kept else 1
+        content = _canonical(
+            {
+                "format": _FORMAT,
+                "bundle": bundle,
+                "number": number,
+                "manifests": list(manifests),
+                "inventory": inventory.to_json(),
+                "info": dict(info or {}),
+            }
+        )
+        packed = zlib.compress(content, 6)
+        digest = hashlib.sha256(packed).hexdigest()
+        pieces = [
+            packed[i : i + self.chunk_bytes] for i in range(0, len(packed), self.chunk_bytes)
+        ] or [b""]
+        base_labels = {REVISION_OF_LABEL: bundle, REVISION_LABEL: str(number)}
+        secrets = [
+            self._secret(
+                self._chunk_name(bundle, number, index),
+                labels={**base_labels, CHUNK_LABEL: str(index), CHUNKS_LABEL: str(len(pieces))},
+                annotations={SHA256_ANNOTATION: digest},
+                data={CHUNK_KEY: piece},
+            )
+            for index, piece in enumerate(pieces)
+        ]
+        with ThreadPoolExecutor(max_workers=4, thread_name_prefix="store") as pool:
+            for done in [pool.submit(self._write, s) for s in secrets]:
+                done.result()
+        entry = StoredRevision(number=number, chunks=len(pieces), size=len(packed), sha256=digest)
+        history = [entry, *[e for e in kept if e.number != number]][: self.history]
+        index = {"format": _FORMAT, "bundle": bundle, "revisions": [e.to_json() for e in history]}
+        self._write(
+            self._secret(
+                self._index_name(bundle),
+                labels={REVISION_OF_LABEL: bundle, REVISION_LABEL: "index"},
+                data={INDEX_KEY: _canonical(index)},
+            )
+        )
+        self._clean(bundle, {e.number: e.chunks for e in history})
+        return Revision(
+            bundle=bundle,
+            number=number,
+            manifests=tuple(dict(m) for m in manifests),
+            inventory=inventory,
+            info=dict(info or {}),
+        )
+
+    def _write(self, secret: Mapping[str, Any]) -> None:
+        # The store's Secrets are ours alone: take over any field someone else touched.
+        try:
+            self.kube.apply(secret, field_manager=FIELD_MANAGER, force=True)
+        except InvalidError:
+            # A leftover under that name that cannot be updated into ours (another Secret
+            # type is immutable): replace it.
+            self.kube.delete(secret)
+            self.kube.apply(secret, field_manager=FIELD_MANAGER, force=True)
+
+    def _clean(self, bundle: str, keep: Mapping[int, int]) -> None:
+        """Delete chunk Secrets of the bundle that no kept revision uses."""
+        for secret in self.kube.list(
+            "v1", "Secret", namespace=self.namespace, label_selector=f"{REVISION_OF_LABEL}={bundle}"
+        ):
+            labels = secret["metadata"].get("labels") or {}
+            if labels.get(REVISION_LABEL) == "index":
+                continue
+            try:
+                number, index = int(labels[REVISION_LABEL]), int(labels[CHUNK_LABEL])
+            except (KeyError, ValueError):
+                continue
+            if index < keep.get(number, 0):
+                continue
+            self.kube.delete(self._ref(secret["metadata"]["name"]))
+
+    # -- load -------------------------------------------------------------------------------
+
+    def load(self, bundle: str, number: int | None = None) -> Revision | None:
+        """The latest revision of ``bundle`` (or revision ``number``), None when not stored.
+
+        Raises RevisionStoreError (a chunk missing, content not matching its sha256, content
+        unreadable), ApiUnavailableError, KubeApiError.
+        """
+        kept = self.entries(bundle)
+        chosen = next((e for e in kept if number is None or e.number == number), None)
+        if chosen is None:
+            return None
+        what = f"revision {chosen.number} of bundle {bundle}"
+        pieces: list[bytes] = []
+        for index in range(chosen.chunks):
+            name = self._chunk_name(bundle, chosen.number, index)
+            live = self.kube.get(self._ref(name))
+            if live is None:
+                raise RevisionStoreError(f"{what}: chunk Secret {self.namespace}/{name} is missing")
+            try:
+                pieces.append(base64.b64decode((live.get("data") or {}).get(CHUNK_KEY, "")))
+            except ValueError as exc:
+                raise RevisionStoreError(f"{what}: chunk {name} is not base64") from exc
+        packed = b"".join(pieces)
+        digest = hashlib.sha256(packed).hexdigest()
+        if digest != chosen.sha256 or len(packed) != chosen.size:
+            raise RevisionStoreError(
+                f"{what}: content sha256 {digest} does not match the recorded {chosen.sha256}"
+            )
+        try:
+            document = json.loads(zlib.decompress(packed))
+            return Revision(
+                bundle=bundle,
+                number=chosen.number,
+                manifests=tuple(document["manifests"]),
+                inventory=Inventory.from_json(document["inventory"]),
+                info=dict(document.get("info") or {}),
+            )
+        except (zlib.error, ValueError, KeyError, TypeError) as exc:
+            raise RevisionStoreError(f"{what}: content unreadable: {exc}") from exc
+
+    def delete(self, bundle: str) -> int:
+        """Delete every stored revision of ``bundle`` (index first); returns Secrets deleted.
+
+        Raises ApiUnavailableError, KubeApiError.
+        """
+        deleted = int(self.kube.delete(self._ref(self._index_name(bundle))))
+        for secret in self.kube.list(
+            "v1", "Secret", namespace=self.namespace, label_selector=f"{REVISION_OF_LABEL}={bundle}"
+        ):
+            deleted += int(self.kube.delete(self._ref(secret["metadata"]["name"])))
+        return deleted
