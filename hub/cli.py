@@ -20,6 +20,8 @@ from typing import Any
 import yaml
 
 from agent.errors import NotImplementedYetError, PermanentError
+from hub import installations as inst_handlers
+from hub.serve import add_serve_arguments
 
 _OUTPUTS = ["table", "json", "yaml"]
 TOKEN_ENV = "SIGSTORE_ID_TOKEN"
@@ -403,10 +405,13 @@ def register(sub: Any) -> None:
     )
     diff.set_defaults(handler=_diff)
 
-    serve = hub_sub.add_parser("serve", help="API, dashboard and status aggregation")
-    serve.add_argument("--repo", required=True, metavar="GIT_URL")
-    serve.add_argument("--listen", default="127.0.0.1:8080", metavar="ADDR")
-    serve.set_defaults(handler=_not_yet("fleetlet hub serve", "the status issue"))
+    serve = hub_sub.add_parser(
+        "serve",
+        help="API and status aggregation",
+        description="Aggregate the agents' status branches (one listing, fetch what moved) "
+        "and serve them over HTTP/JSON with bearer tokens; OpenAPI at /api/v1/openapi.json.",
+    )
+    add_serve_arguments(serve)
 
 
 def register_installations(sub: Any) -> None:
@@ -416,14 +421,20 @@ def register_installations(sub: Any) -> None:
         description="Porter-style view of what each cluster runs, from the hub API or git.",
     )
     inst_sub = inst.add_subparsers(dest="inst_command", metavar="COMMAND", required=True)
+    handlers = {"list": inst_handlers.installations_list, "show": inst_handlers.installations_show}
     for name, helptext in [("list", "list installations"), ("show", "show one installation")]:
         p = inst_sub.add_parser(name, help=helptext)
         if name == "show":
             p.add_argument("installation", metavar="CLUSTER/BUNDLE")
+        else:
+            p.add_argument("--cluster", metavar="NAME", help="only this cluster")
+            p.add_argument("--bundle", metavar="NAME", help="only this bundle")
+            p.add_argument("--state", metavar="STATE", help="Ready, Progressing, Degraded, ...")
         p.add_argument("--hub", metavar="URL")
         p.add_argument("--repo", metavar="GIT_URL")
         p.add_argument("-o", "--output", choices=_OUTPUTS, default="table")
-        p.set_defaults(handler=_not_yet(f"fleetlet installations {name}", "the status issue"))
+        inst_handlers.add_source_arguments(p)
+        p.set_defaults(handler=handlers[name])
     for group in ("runs", "outputs"):
         g = inst_sub.add_parser(group, help=f"{group} of an installation")
         g_sub = g.add_subparsers(dest=f"{group}_command", metavar="COMMAND", required=True)
@@ -434,8 +445,9 @@ def register_installations(sub: Any) -> None:
         lst.add_argument("--hub", metavar="URL")
         lst.add_argument("--repo", metavar="GIT_URL")
         lst.add_argument("-o", "--output", choices=_OUTPUTS, default="table")
+        inst_handlers.add_source_arguments(lst)
         lst.set_defaults(
-            handler=_not_yet(f"fleetlet installations {group} list", "the status issue")
+            handler=inst_handlers.runs_list if group == "runs" else inst_handlers.outputs_list
         )
 
     for verb in ("approve", "deny"):

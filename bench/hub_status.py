@@ -1,0 +1,286 @@
+"""Hub status aggregation: 10,000 clusters' status branches, cold and after 1% moved.
+
+Starts a local ``git daemon`` (the test environment's), writes a bare repository with
+``--clusters`` branches ``fleetlet/status/<cluster>`` (each a commit holding one
+``status.json`` of ``--bundles`` bundles with ``--runs`` runs each, as agents push them),
+written as one pack plus ``packed-refs`` (no 10,000 pushes), then times
+:meth:`hub.status.FleetStatus.refresh`:
+
+- cold: an empty cache directory (one ref listing, one fetch of every branch, every document
+  parsed), ``--repeat`` times;
+- incremental: a warm hub after ``--moved`` percent of the clusters pushed a new document,
+  ``--repeat`` times (a different set of clusters each round).
+
+Baselines in the same run: ``git clone --mirror`` of the same repository (the transfer alone,
+by the git CLI) and ``git ls-remote`` (one listing). Prints a markdown table and writes the
+section "Hub status aggregation" of ``docs/benchmarks.md``. Run from the repository root::
+
+    python -m bench.hub_status
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pygit2
+import rfc8785
+
+from hub.publish.pack import PackWriter
+from hub.status import FleetStatus
+from tests.realenv.gitserver import GitDaemon
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs" / "benchmarks.md"
+SECTION = "## Hub status aggregation"
+HEADER = """# Benchmarks
+
+Each benchmark runs its baseline in the same run, on the same machine, and reports medians and
+ratios. Commands reproduce the figures from the repository root. Sections are written by the
+scripts in `bench/`.
+"""
+AUTHOR = "fleetlet agent <agent@fleetlet.invalid>"
+PREFIX = "refs/heads/fleetlet/status/"
+
+
+def document(cluster: str, *, sequence: int, bundles: int, runs: int) -> bytes:
+    """A status document as an agent writes it: bundles with runs, conditions, outputs."""
+    now = datetime.now(UTC)
+    beat = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+    def run(bundle: str, serial: int) -> dict[str, Any]:
+        return {
+            "id": f"{cluster}.{bundle}.{serial}.1",
+            "operation": "upgrade" if serial > 1 else "install",
+            "serial": serial,
+            "sourceDigests": [f"sha256:{os.urandom(32).hex()}"],
+            "startedAt": beat,
+            "finishedAt": beat,
+            "result": "succeeded",
+            "message": "applied and healthy",
+            "counts": {"created": 1, "configured": 2, "unchanged": 12, "pruned": 0},
+            "outputs": {"endpoint": {"value": f"10.0.{serial % 256}.1"}},
+        }
+
+    body: dict[str, Any] = {
+        f"bundle-{b}": {
+            "group": "apps",
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": "True",
+                    "reason": "Healthy",
+                    "message": "all objects Current",
+                    "lastTransitionTime": beat,
+                    "observedGeneration": sequence,
+                }
+            ],
+            "appliedRevision": {"serial": sequence + runs, "sources": ["sha256:" + "ab" * 32]},
+            "health": {"status": "Current", "message": ""},
+            "runs": [run(f"bundle-{b}", sequence + runs - i) for i in range(runs)],
+        }
+        for b in range(bundles)
+    }
+    return rfc8785.dumps(
+        {
+            "apiVersion": "fleetlet.io/v1alpha1",
+            "kind": "ClusterStatus",
+            "schemaVersion": 1,
+            "cluster": cluster,
+            "agentVersion": "0.1.0",
+            "heartbeat": beat,
+            "sequence": sequence,
+            "lastAcceptedSerial": sequence + runs,
+            "bundles": body,
+        }
+    )
+
+
+class Fleet:
+    """The status repository: writes commits as one pack and the refs as ``packed-refs``."""
+
+    def __init__(self, path: Path, *, clusters: int, bundles: int, runs: int) -> None:
+        self.path = path
+        self.bundles = bundles
+        self.runs = runs
+        self.names = [f"cluster-{i:05d}" for i in range(clusters)]
+        self.tips: dict[str, str] = {}
+        self.sequence: dict[str, int] = {}
+        pygit2.init_repository(str(path), bare=True)
+        self.bytes = 0
+
+    def push(self, names: list[str]) -> None:
+        """New documents for ``names``, as if each agent pushed once."""
+        pack = PackWriter()
+        stamp = int(time.time())
+        for name in names:
+            seq = self.sequence.get(name, 0) + 1
+            data = document(name, sequence=seq, bundles=self.bundles, runs=self.runs)
+            self.bytes = len(data)
+            tree = pack.tree({"status.json": pack.blob(data)})
+            parents = [self.tips[name]] if name in self.tips else []
+            self.tips[name] = pack.commit(
+                tree=tree, parents=parents, author=AUTHOR, timestamp=stamp, message="status\n"
+            )
+            self.sequence[name] = seq
+        pack.write(self.path)
+        lines = ["# pack-refs with: peeled fully-peeled sorted"]
+        lines += [f"{self.tips[n]} {PREFIX}{n}" for n in sorted(self.tips)]
+        (self.path / "packed-refs").write_text("\n".join(lines) + "\n")
+
+
+def timed(action: Any) -> tuple[float, Any]:
+    began = time.perf_counter()
+    result = action()
+    return time.perf_counter() - began, result
+
+
+def git(*args: str) -> None:
+    subprocess.run(["git", *args], check=True, capture_output=True, timeout=600)
+
+
+def write_docs(section: str, path: Path = DOCS) -> None:
+    """Replace (or append) this benchmark's section of ``path``; leave other sections alone."""
+    text = path.read_text() if path.exists() else HEADER
+    pattern = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.M | re.S)
+    if pattern.search(text):
+        text = pattern.sub(lambda _: section.rstrip("\n") + "\n\n", text, count=1)
+    else:
+        text = text.rstrip("\n") + "\n\n" + section
+    path.write_text(text.rstrip("\n") + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--clusters", type=int, default=10_000)
+    parser.add_argument("--bundles", type=int, default=3, help="bundles per cluster (3)")
+    parser.add_argument("--runs", type=int, default=5, help="runs kept per bundle (5)")
+    parser.add_argument("--moved", type=float, default=1.0, help="percent moved (1)")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--no-docs", action="store_true", help="do not write docs/benchmarks.md")
+    args = parser.parse_args(argv)
+
+    with tempfile.TemporaryDirectory(prefix="fleetlet-bench-status-") as tmp_text:
+        tmp = Path(tmp_text)
+        daemon = GitDaemon(workdir=tmp / "daemon")
+        with daemon:
+            repo_path = daemon.root / "status.git"
+            fleet = Fleet(repo_path, clusters=args.clusters, bundles=args.bundles, runs=args.runs)
+            built, _ = timed(lambda: fleet.push(fleet.names))
+            # As a git server keeps its repositories: packed, with deltas (git gc).
+            packed, _ = timed(lambda: git("-C", str(repo_path), "repack", "-a", "-d", "-q"))
+            url = daemon.url_for("status.git")
+            print(f"built {args.clusters} branches in {built:.1f}s", file=sys.stderr)
+
+            cold: list[float] = []
+            listing: list[float] = []
+            mirror: list[float] = []
+            for i in range(args.repeat):
+                status = FleetStatus(
+                    repo_url=url, cache_dir=tmp / f"cold-{i}", stale_after=timedelta(minutes=5)
+                )
+                seconds, result = timed(status.refresh)
+                assert len(result.moved) == args.clusters and not result.errors, result.errors
+                assert len(status.installations()) == args.clusters * args.bundles
+                cold.append(seconds)
+                seconds, _ = timed(lambda: git("ls-remote", url, f"{PREFIX}*"))
+                listing.append(seconds)
+                seconds, _ = timed(
+                    lambda i=i: git("clone", "--quiet", "--mirror", url, str(tmp / f"mirror-{i}"))
+                )
+                mirror.append(seconds)
+                print(f"cold round {i + 1}: {cold[-1]:.2f}s", file=sys.stderr)
+
+            warm = FleetStatus(repo_url=url, cache_dir=tmp / "cold-0")
+            moved_count = max(1, round(args.clusters * args.moved / 100))
+            incremental: list[float] = []
+            idle: list[float] = []
+            restart: list[float] = []
+            for i in range(args.repeat):
+                chosen = fleet.names[i * moved_count :: max(1, args.clusters // moved_count)]
+                chosen = chosen[:moved_count]
+                fleet.push(chosen)
+                seconds, result = timed(warm.refresh)
+                assert sorted(result.moved) == sorted(chosen), len(result.moved)
+                incremental.append(seconds)
+                seconds, result = timed(warm.refresh)
+                assert not result.moved
+                idle.append(seconds)
+                seconds, _ = timed(lambda: FleetStatus(repo_url=url, cache_dir=tmp / "cold-0"))
+                restart.append(seconds)
+                print(f"incremental round {i + 1}: {incremental[-1]:.2f}s", file=sys.stderr)
+
+    med = statistics.median
+    rows = [
+        (f"cold aggregation, {args.clusters:,} clusters (`FleetStatus.refresh`)", cold),
+        (f"incremental refresh, {moved_count:,} moved ({args.moved:g}%)", incremental),
+        ("idle refresh, nothing moved", idle),
+        ("hub restart: load the cached view (no git traffic)", restart),
+        ("baseline: `git clone --mirror` of the same repository (CLI)", mirror),
+        ("baseline: `git ls-remote` of the status branches (CLI)", listing),
+    ]
+    table = "\n".join(
+        [
+            "| what | median s | min s | runs |",
+            "|---|---:|---:|---:|",
+            *[f"| {name} | {med(v):.2f} | {min(v):.2f} | {len(v)} |" for name, v in rows],
+        ]
+    )
+    machine = (
+        f"{platform.machine()}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}, "
+        f"Python {platform.python_version()}, pygit2 {getattr(pygit2, '__version__', '?')} "
+        f"(libgit2 {pygit2.LIBGIT2_VERSION})"
+    )
+    command = (
+        f"python -m bench.hub_status --clusters {args.clusters} --bundles {args.bundles} "
+        f"--runs {args.runs} --moved {args.moved:g} --repeat {args.repeat}"
+    )
+    verdict = "met" if med(cold) < 10 else "NOT met"
+    section = f"""{SECTION}
+
+Reproduce: `{command}` (it starts its own `git daemon` on loopback).
+
+- Repository: {args.clusters:,} branches `fleetlet/status/<cluster>`, each one commit with a
+  `status.json` of {fleet.bytes:,} bytes ({args.bundles} bundles × {args.runs} runs with
+  outputs), written as one pack plus `packed-refs` in {built:.1f} s, then repacked with
+  deltas by `git repack -a -d` ({packed:.1f} s) as a server keeps its repositories.
+- Cold: a new cache directory each round: one ref listing, one fetch (a wildcard refspec,
+  since every branch is new), every document read from the object database (no work tree)
+  and checked. Incremental: the warm hub after {moved_count:,} clusters pushed a new document
+  (a different set each round): one listing, one fetch in which the client wants only the
+  {moved_count:,} tips it lacks, so only their new objects travel (explicit refspecs up to 64
+  moved branches, one wildcard beyond: libgit2 matches each refspec against every advertised
+  ref). A restarted hub reads its cached view and the documents from its cache repository.
+- Machine: {machine}.
+
+{table}
+
+Target, 10,000 clusters aggregated from cold in under 10 s: **{verdict}**
+({med(cold):.2f} s median). An incremental refresh costs the listing plus the moved
+branches only; the idle refresh is the listing alone (a whole advertisement of
+{args.clusters:,} refs: libgit2 speaks protocol v0). Where the cold time goes, measured
+separately: about half in libgit2's fetch (indexing the received pack single-threaded and
+writing a tracking ref per branch; the `git clone --mirror` baseline indexes with threads),
+the rest reading and parsing the documents. The cyclic garbage collector is paused while
+parsing and the parsed view frozen out of it (`gc.freeze`): without that, collections
+walking the growing view cost more than the parsing (cold aggregation took about 2x longer).
+"""
+    print(table)
+    if not args.no_docs:
+        write_docs(section)
+        print(f"wrote the section {SECTION!r} of {DOCS}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

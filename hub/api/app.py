@@ -1,0 +1,402 @@
+"""The hub's HTTP/JSON API (Starlette): clusters, installations, runs and outputs.
+
+Porter-style: installations (cluster × bundle) filtered by cluster, bundle and state; the runs
+of an installation; the outputs of a run, where the run id may be ``latest`` (the newest
+succeeded run). The OpenAPI 3.1 document is served at ``/api/v1/openapi.json``.
+
+Every request needs a bearer token from the tokens file (role ``admin`` or ``read``) unless
+anonymous read access was explicitly enabled. Sensitive outputs arrive sealed to the hub's
+X25519 key: they are opened only for admin tokens; others see ``<sensitive>``.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from nacl.public import PrivateKey
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from agent.errors import PermanentError
+from hub.status.aggregate import STATES, FleetStatus
+from hub.status.queries import (
+    SENSITIVE,
+    QueryError,
+    StatusQueries,
+    load_private_key,
+    sealed_opener,
+)
+
+API_PREFIX = "/api/v1"
+ROLES = ("admin", "read")
+
+
+class HubConfigError(PermanentError):
+    """A hub setting (tokens file, key file) is missing or malformed."""
+
+
+def load_tokens(path: Path) -> dict[str, str]:
+    """Read ``token: role`` pairs (role ``admin`` or ``read``) from a YAML file.
+
+    Raises HubConfigError naming the file and the bad entry (never the token itself).
+    """
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise HubConfigError(f"tokens file {path}: {exc}") from exc
+    if isinstance(data, dict) and isinstance(data.get("tokens"), dict):
+        data = data["tokens"]
+    if not isinstance(data, dict) or not data:
+        raise HubConfigError(f"tokens file {path}: expected a mapping token -> role")
+    tokens: dict[str, str] = {}
+    for i, (token, role) in enumerate(data.items()):
+        if not isinstance(token, str) or len(token) < 8:
+            raise HubConfigError(f"tokens file {path}: entry {i + 1}: token shorter than 8")
+        if role not in ROLES:
+            raise HubConfigError(
+                f"tokens file {path}: entry {i + 1}: role must be admin or read, got {role!r}"
+            )
+        tokens[token] = str(role)
+    return tokens
+
+
+def _error(status: int, message: str, headers: Mapping[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status, headers=dict(headers or {}))
+
+
+def create_app(
+    *,
+    status: FleetStatus,
+    tokens: Mapping[str, str],
+    private_key: PrivateKey | None = None,
+    allow_anonymous: bool = False,
+) -> Starlette:
+    """The API over ``status``. Anonymous requests get the ``read`` role only if allowed."""
+    queries = StatusQueries(
+        status, opener=sealed_opener(private_key) if private_key is not None else None
+    )
+    token_items = [(t.encode(), r) for t, r in tokens.items()]
+
+    def role_of(request: Request) -> str | None:
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            return "read" if allow_anonymous and not header else None
+        given = token.strip().encode()
+        role = None
+        # Compare against every token, constant time, so timing tells nothing.
+        for known, known_role in token_items:
+            if hmac.compare_digest(given, known):
+                role = known_role
+        return role
+
+    Handler = Callable[[Request, bool], dict[str, Any]]
+
+    def guarded(handler: Handler) -> Callable[[Request], Any]:
+        async def endpoint(request: Request) -> Response:
+            role = role_of(request)
+            if role is None:
+                return _error(
+                    401,
+                    "missing or unknown bearer token",
+                    {"WWW-Authenticate": 'Bearer realm="fleetlet-hub"'},
+                )
+            try:
+                # In a worker thread: listing 10,000 clusters' installations must not stall
+                # the event loop for the requests around it.
+                body = await run_in_threadpool(handler, request, role == "admin")
+                return JSONResponse(body)
+            except QueryError as exc:
+                return _error(exc.status, exc.message)
+
+        return endpoint
+
+    def params(request: Request) -> tuple[str, str]:
+        return request.path_params["cluster"], request.path_params["bundle"]
+
+    p = API_PREFIX
+    routes = [
+        Route(f"{p}/openapi.json", guarded(lambda r, a: openapi_document())),
+        Route(f"{p}/clusters", guarded(lambda r, a: queries.clusters())),
+        Route(
+            f"{p}/clusters/{{cluster}}",
+            guarded(lambda r, a: queries.cluster(r.path_params["cluster"])),
+        ),
+        Route(
+            f"{p}/installations",
+            guarded(
+                lambda r, a: queries.installations(
+                    cluster=r.query_params.get("cluster"),
+                    bundle=r.query_params.get("bundle"),
+                    state=r.query_params.get("state"),
+                )
+            ),
+        ),
+        Route(
+            f"{p}/installations/{{cluster}}/{{bundle}}",
+            guarded(lambda r, a: queries.installation(*params(r), admin=a)),
+        ),
+        Route(
+            f"{p}/installations/{{cluster}}/{{bundle}}/runs",
+            guarded(lambda r, a: queries.runs(*params(r), admin=a)),
+        ),
+        Route(
+            f"{p}/installations/{{cluster}}/{{bundle}}/runs/{{run}}/outputs",
+            guarded(lambda r, a: queries.outputs(*params(r), r.path_params["run"], admin=a)),
+        ),
+    ]
+
+    async def not_found(request: Request, exc: Exception) -> Response:
+        return _error(404, f"no such endpoint {request.url.path}")
+
+    async def not_allowed(request: Request, exc: Exception) -> Response:
+        return _error(405, f"method {request.method} not allowed on {request.url.path}")
+
+    return Starlette(routes=routes, exception_handlers={404: not_found, 405: not_allowed})
+
+
+# --- the OpenAPI document ------------------------------------------------------------------
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def _nullable(kind: str) -> dict[str, Any]:
+    return {"type": [kind, "null"]}
+
+
+_ERRORS = {
+    "401": {
+        "description": "missing or unknown bearer token",
+        "headers": {"WWW-Authenticate": {"schema": {"type": "string"}}},
+        "content": {"application/json": {"schema": _ref("Error")}},
+    },
+}
+_NOT_FOUND = {"404": _json(_ref("Error"), "unknown cluster, bundle or run")}
+
+
+def _path_param(name: str, description: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "in": "path",
+        "required": True,
+        "description": description,
+        "schema": {"type": "string"},
+    }
+
+
+def _query_param(name: str, description: str, schema: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "name": name,
+        "in": "query",
+        "required": False,
+        "description": description,
+        "schema": schema,
+    }
+
+
+_CLUSTER = _path_param("cluster", "cluster name")
+_BUNDLE = _path_param("bundle", "bundle name")
+
+
+def openapi_document() -> dict[str, Any]:
+    """The OpenAPI 3.1 document of this API."""
+    installation_props: dict[str, Any] = {
+        "cluster": {"type": "string"},
+        "bundle": {"type": "string"},
+        "name": {"type": "string", "description": "CLUSTER/BUNDLE"},
+        "group": _nullable("string"),
+        "state": {"type": "string", "enum": list(STATES)},
+        "appliedSerial": _nullable("integer"),
+        "lastRun": {"oneOf": [_ref("RunBrief"), {"type": "null"}]},
+        "lastSuccessfulRun": _nullable("string"),
+        "driftCount": {"type": "integer"},
+    }
+    schemas: dict[str, Any] = {
+        "Error": {
+            "type": "object",
+            "required": ["error"],
+            "properties": {"error": {"type": "string"}},
+        },
+        "Cluster": {
+            "type": "object",
+            "required": ["name", "heartbeat", "stale", "error"],
+            "properties": {
+                "name": {"type": "string"},
+                "heartbeat": {**_nullable("string"), "format": "date-time"},
+                "heartbeatAgeSeconds": _nullable("number"),
+                "stale": {"type": "boolean"},
+                "agentVersion": _nullable("string"),
+                "sequence": _nullable("integer"),
+                "lastAcceptedSerial": _nullable("integer"),
+                "lastRefusal": _nullable("object"),
+                "installations": {"type": "integer"},
+                "error": {
+                    **_nullable("string"),
+                    "description": "why the last document was unusable",
+                },
+            },
+        },
+        "RunBrief": {
+            "type": "object",
+            "properties": {
+                "id": {"type": "string"},
+                "operation": _nullable("string"),
+                "result": _nullable("string"),
+                "finishedAt": _nullable("string"),
+            },
+        },
+        "InstallationSummary": {
+            "type": "object",
+            "required": ["cluster", "bundle", "state"],
+            "properties": installation_props,
+        },
+        "Installation": {
+            "type": "object",
+            "required": ["cluster", "bundle", "state", "conditions", "runs"],
+            "properties": {
+                **installation_props,
+                "conditions": {"type": "array", "items": {"type": "object"}},
+                "appliedRevision": _nullable("object"),
+                "lastHealthyRevision": _nullable("object"),
+                "health": _nullable("object"),
+                "runs": {"type": "array", "items": _ref("Run")},
+            },
+        },
+        "Output": {
+            "type": "object",
+            "required": ["name", "value", "sensitive"],
+            "properties": {
+                "name": {"type": "string"},
+                "value": {"description": "the value; `<sensitive>` unless the token is admin"},
+                "sensitive": {"type": "boolean"},
+                "omitted": {"type": "boolean"},
+            },
+        },
+        "Run": {
+            "type": "object",
+            "required": ["id", "result", "outputs"],
+            "properties": {
+                "id": {"type": "string"},
+                "operation": {"type": "string"},
+                "serial": _nullable("integer"),
+                "sourceDigests": {"type": "array", "items": {"type": "string"}},
+                "startedAt": _nullable("string"),
+                "finishedAt": _nullable("string"),
+                "result": {"type": "string"},
+                "failedObject": _nullable("string"),
+                "message": _nullable("string"),
+                "counts": _nullable("object"),
+                "outputs": {"type": "array", "items": _ref("Output")},
+            },
+        },
+    }
+
+    def listing(item: str) -> dict[str, Any]:
+        return {
+            "type": "object",
+            "required": ["items"],
+            "properties": {"items": {"type": "array", "items": _ref(item)}},
+        }
+
+    def op(
+        summary: str, ok: dict[str, Any], params: list[dict[str, Any]], *, found: bool = True
+    ) -> dict[str, Any]:
+        responses = {"200": _json(ok, summary), **_ERRORS}
+        if found:
+            responses.update(_NOT_FOUND)
+        return {
+            "get": {
+                "summary": summary,
+                "operationId": summary.lower().replace(" ", "_"),
+                "parameters": params,
+                "responses": responses,
+            }
+        }
+
+    p = API_PREFIX
+    runs_schema = {
+        "type": "object",
+        "required": ["installation", "items"],
+        "properties": {
+            "installation": {"type": "string"},
+            "items": {"type": "array", "items": _ref("Run")},
+        },
+    }
+    outputs_schema = {
+        "type": "object",
+        "required": ["installation", "run", "items"],
+        "properties": {
+            "installation": {"type": "string"},
+            "run": {"type": "string"},
+            "result": _nullable("string"),
+            "items": {"type": "array", "items": _ref("Output")},
+        },
+    }
+    installations_op = op(
+        "List installations",
+        listing("InstallationSummary"),
+        [
+            _query_param("cluster", "only this cluster", {"type": "string"}),
+            _query_param("bundle", "only this bundle", {"type": "string"}),
+            _query_param("state", "only this state", {"type": "string", "enum": list(STATES)}),
+        ],
+        found=False,
+    )
+    installations_op["get"]["responses"]["400"] = _json(_ref("Error"), "unknown state")
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "fleetlet hub API",
+            "version": "v1",
+            "description": "What each cluster runs, how each run went and what it produced.",
+        },
+        "security": [{"bearer": []}],
+        "components": {
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "schemas": schemas,
+        },
+        "paths": {
+            f"{p}/openapi.json": op("OpenAPI document", {"type": "object"}, [], found=False),
+            f"{p}/clusters": op("List clusters", listing("Cluster"), [], found=False),
+            f"{p}/clusters/{{cluster}}": op("Show cluster", _ref("Cluster"), [_CLUSTER]),
+            f"{p}/installations": installations_op,
+            f"{p}/installations/{{cluster}}/{{bundle}}": op(
+                "Show installation", _ref("Installation"), [_CLUSTER, _BUNDLE]
+            ),
+            f"{p}/installations/{{cluster}}/{{bundle}}/runs": op(
+                "List runs", runs_schema, [_CLUSTER, _BUNDLE]
+            ),
+            f"{p}/installations/{{cluster}}/{{bundle}}/runs/{{run}}/outputs": op(
+                "List outputs",
+                outputs_schema,
+                [_CLUSTER, _BUNDLE, _path_param("run", "a run id, or `latest` (newest succeeded)")],
+            ),
+        },
+    }
+
+
+__all__ = [
+    "API_PREFIX",
+    "SENSITIVE",
+    "HubConfigError",
+    "QueryError",
+    "StatusQueries",
+    "create_app",
+    "load_private_key",
+    "load_tokens",
+    "openapi_document",
+    "sealed_opener",
+]

@@ -1,0 +1,252 @@
+"""``fleetlet installations list | show | runs list | outputs list``: Porter-style, two sources.
+
+With ``--hub URL`` the data comes from the hub API (bearer token from ``--token-file`` or
+``$FLEETLET_HUB_TOKEN``); with ``--repo GIT_URL`` it is aggregated here from the status
+branches (:class:`~hub.status.FleetStatus`), so an operator sees the fleet without a hub. Both
+produce the same documents; tables by default, ``-o json|yaml`` for the documents themselves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from agent.errors import PermanentError, TemporaryError
+from hub.serve import default_cache_dir, git_credentials, parse_duration
+from hub.status.aggregate import FleetStatus
+from hub.status.queries import QueryError, StatusQueries, load_private_key, sealed_opener
+
+TOKEN_ENV = "FLEETLET_HUB_TOKEN"
+API_PREFIX = "/api/v1"  # hub.api.app.API_PREFIX, without importing the web framework
+
+
+class InstallationsError(PermanentError):
+    """The request cannot be answered: unknown installation or run, bad arguments, 4xx."""
+
+
+class HubUnavailableError(TemporaryError):
+    """The hub did not answer (connection refused, timeout, 5xx)."""
+
+
+Fetch = Callable[[str, dict[str, str]], dict[str, Any]]
+
+
+def _split(installation: str) -> tuple[str, str]:
+    cluster, sep, bundle = installation.partition("/")
+    if not sep or not cluster or not bundle or "/" in bundle:
+        raise InstallationsError(f"installation must be CLUSTER/BUNDLE, got {installation!r}")
+    return cluster, bundle
+
+
+def _hub_fetch(args: argparse.Namespace) -> Fetch:
+    token = None
+    token_file = getattr(args, "token_file", None)
+    if token_file:
+        try:
+            token = Path(token_file).read_text().strip()
+        except OSError as exc:
+            raise InstallationsError(f"token file {token_file}: {exc}") from exc
+    token = token or os.environ.get(TOKEN_ENV)
+    base = str(args.hub).rstrip("/")
+
+    def fetch(path: str, query: dict[str, str]) -> dict[str, Any]:
+        quoted = "/".join(urllib.parse.quote(part, safe="") for part in path.split("/"))
+        url = f"{base}{API_PREFIX}{quoted}"
+        if query:
+            url += "?" + urllib.parse.urlencode(query)
+        request = urllib.request.Request(url, headers={"Accept": "application/json"})
+        if token:
+            request.add_header("Authorization", f"Bearer {token}")
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return dict(json.loads(response.read()))
+        except urllib.error.HTTPError as exc:
+            try:
+                message = json.loads(exc.read()).get("error", exc.reason)
+            except ValueError:
+                message = exc.reason
+            if exc.code >= 500:
+                raise HubUnavailableError(f"hub {base}: {exc.code} {message}") from exc
+            raise InstallationsError(f"hub {base}: {exc.code} {message}") from exc
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            raise HubUnavailableError(f"hub {base} did not answer: {exc}") from exc
+
+    return fetch
+
+
+def _repo_fetch(args: argparse.Namespace) -> Fetch:
+    cache = getattr(args, "cache_dir", None)
+    # The per-user cache by default: the next command fetches only what moved meanwhile.
+    cache_dir = Path(cache) if cache else default_cache_dir(args.repo)
+    status = FleetStatus(
+        repo_url=args.repo,
+        credentials=git_credentials(),
+        cache_dir=cache_dir,
+        stale_after=parse_duration(getattr(args, "stale_after", None) or "5m"),
+    )
+    status.refresh()
+    key_file = getattr(args, "hub_key", None)
+    opener = sealed_opener(load_private_key(Path(key_file))) if key_file else None
+    queries = StatusQueries(status, opener=opener)
+    admin = opener is not None
+
+    def fetch(path: str, query: dict[str, str]) -> dict[str, Any]:
+        parts = path.strip("/").split("/")
+        try:
+            if parts == ["installations"]:
+                return queries.installations(**query)
+            if len(parts) == 3:
+                return queries.installation(parts[1], parts[2], admin=admin)
+            if len(parts) == 4:
+                return queries.runs(parts[1], parts[2], admin=admin)
+            return queries.outputs(parts[1], parts[2], parts[4], admin=admin)
+        except QueryError as exc:
+            raise InstallationsError(f"{args.repo}: {exc.message}") from exc
+
+    return fetch
+
+
+def _source(args: argparse.Namespace) -> Fetch:
+    hub, repo = getattr(args, "hub", None), getattr(args, "repo", None)
+    if bool(hub) == bool(repo):
+        raise InstallationsError("give exactly one of --hub URL or --repo GIT_URL")
+    return _hub_fetch(args) if hub else _repo_fetch(args)
+
+
+def _table(rows: Sequence[Sequence[Any]], header: Sequence[str]) -> str:
+    cells = [[str(h) for h in header]] + [["-" if v is None else str(v) for v in r] for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    lines = [
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells
+    ]
+    return "\n".join(lines)
+
+
+def _print(data: dict[str, Any], output: str, table: Callable[[dict[str, Any]], str]) -> int:
+    if output == "json":
+        print(json.dumps(data, indent=2, sort_keys=True))
+    elif output == "yaml":
+        print(yaml.safe_dump(data, sort_keys=True, default_flow_style=False), end="")
+    else:
+        print(table(data))
+    return 0
+
+
+def installations_list(args: argparse.Namespace) -> int:
+    """Handler of ``installations list [--cluster C] [--bundle B] [--state S]``."""
+    query = {
+        k: str(v)
+        for k in ("cluster", "bundle", "state")
+        if (v := getattr(args, k, None)) is not None
+    }
+    data = _source(args)("/installations", query)
+
+    def table(d: dict[str, Any]) -> str:
+        rows = [
+            (
+                i["name"],
+                i.get("group"),
+                i["state"],
+                i.get("appliedSerial"),
+                (i.get("lastRun") or {}).get("id"),
+                (i.get("lastRun") or {}).get("result"),
+            )
+            for i in d["items"]
+        ]
+        return _table(rows, ["INSTALLATION", "GROUP", "STATE", "SERIAL", "LAST RUN", "RESULT"])
+
+    return _print(data, args.output, table)
+
+
+def installations_show(args: argparse.Namespace) -> int:
+    """Handler of ``installations show CLUSTER/BUNDLE``."""
+    cluster, bundle = _split(args.installation)
+    data = _source(args)(f"/installations/{cluster}/{bundle}", {})
+
+    def table(d: dict[str, Any]) -> str:
+        health = d.get("health") or {}
+        lines = [
+            f"Installation:   {d['name']}",
+            f"Group:          {d.get('group') or '-'}",
+            f"State:          {d['state']}",
+            f"Applied serial: {d.get('appliedSerial') or '-'}",
+            f"Health:         {health.get('status', '-')} {health.get('message', '')}".rstrip(),
+            f"Drift count:    {d.get('driftCount', 0)}",
+            "",
+            _table(
+                [
+                    (c.get("type"), c.get("status"), c.get("reason"), c.get("message"))
+                    for c in d.get("conditions", [])
+                ],
+                ["CONDITION", "STATUS", "REASON", "MESSAGE"],
+            ),
+            "",
+            _runs_table(d.get("runs", [])),
+        ]
+        return "\n".join(lines)
+
+    return _print(data, args.output, table)
+
+
+def _runs_table(runs: list[dict[str, Any]]) -> str:
+    rows = [
+        (
+            r["id"],
+            r.get("operation"),
+            r.get("serial"),
+            r.get("result"),
+            r.get("startedAt"),
+            r.get("finishedAt"),
+            r.get("failedObject"),
+        )
+        for r in runs
+    ]
+    return _table(rows, ["RUN", "OPERATION", "SERIAL", "RESULT", "STARTED", "FINISHED", "FAILED"])
+
+
+def runs_list(args: argparse.Namespace) -> int:
+    """Handler of ``installations runs list CLUSTER/BUNDLE``."""
+    cluster, bundle = _split(args.installation)
+    data = _source(args)(f"/installations/{cluster}/{bundle}/runs", {})
+    return _print(data, args.output, lambda d: _runs_table(d["items"]))
+
+
+def outputs_list(args: argparse.Namespace) -> int:
+    """Handler of ``installations outputs list CLUSTER/BUNDLE [--run ID|latest]``."""
+    cluster, bundle = _split(args.installation)
+    run = getattr(args, "run", None) or "latest"
+    data = _source(args)(f"/installations/{cluster}/{bundle}/runs/{run}/outputs", {})
+
+    def table(d: dict[str, Any]) -> str:
+        rows = [
+            (o["name"], "<omitted>" if o.get("omitted") else o["value"], o["sensitive"])
+            for o in d["items"]
+        ]
+        return f"Run: {d['run']} ({d.get('result')})\n" + _table(
+            rows, ["NAME", "VALUE", "SENSITIVE"]
+        )
+
+    return _print(data, args.output, table)
+
+
+def add_source_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options every ``installations`` command takes besides ``--hub/--repo/-o``."""
+    parser.add_argument("--token-file", metavar="FILE", help=f"hub bearer token (or ${TOKEN_ENV})")
+    parser.add_argument(
+        "--cache-dir", metavar="DIR", help="status cache for --repo (default: per user)"
+    )
+    parser.add_argument(
+        "--hub-key", metavar="FILE", help="with --repo: the hub's private key, opens sealed outputs"
+    )
+    parser.add_argument(
+        "--stale-after", default="5m", metavar="DURATION", help="with --repo: Stale after (5m)"
+    )

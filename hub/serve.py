@@ -1,0 +1,187 @@
+"""``fleetlet hub serve``: the hub API under uvicorn, with a background status refresh loop.
+
+The first refresh runs before the server listens (a warm cache makes it cheap); after that a
+daemon thread refreshes every ``--refresh`` interval. A failed refresh is reported on stderr
+and retried at the next tick: the view stays, and clusters go Stale by the clock.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+import threading
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+
+from agent.errors import FleetletError, PermanentError
+from hub.status.aggregate import FleetStatus
+
+GIT_USERNAME_ENV = "FLEETLET_GIT_USERNAME"
+GIT_PASSWORD_ENV = "FLEETLET_GIT_PASSWORD"
+_DURATION = re.compile(r"^(?P<n>\d+(?:\.\d+)?)(?P<unit>ms|s|m|h)?$")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+
+
+class ServeUsageError(PermanentError):
+    """A ``hub serve`` setting that cannot work (bad duration, bad listen address)."""
+
+
+def parse_duration(text: str) -> timedelta:
+    """``500ms``, ``10s``, ``5m``, ``1h`` or plain seconds. Raises ServeUsageError."""
+    match = _DURATION.match(text.strip())
+    if match is None:
+        raise ServeUsageError(f"bad duration {text!r}: use e.g. 10s, 5m, 1h")
+    return timedelta(seconds=float(match["n"]) * _UNITS[match["unit"]])
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` (or ``:PORT`` for 127.0.0.1). Raises ServeUsageError."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ServeUsageError(f"bad listen address {text!r}: use HOST:PORT")
+    return (host.strip("[]") or "127.0.0.1"), int(port)
+
+
+def git_credentials() -> tuple[str, str] | None:
+    user, password = os.environ.get(GIT_USERNAME_ENV), os.environ.get(GIT_PASSWORD_ENV)
+    return (user, password) if user and password else None
+
+
+def default_cache_dir(repo: str) -> Path:
+    """A per-repository cache directory under ``$XDG_CACHE_HOME/fleetlet/hub-status``."""
+    import hashlib
+
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "fleetlet" / "hub-status" / hashlib.sha256(repo.encode()).hexdigest()[:16]
+
+
+class RefreshLoop:
+    """Calls ``status.refresh()`` every ``interval`` in a daemon thread until stopped."""
+
+    def __init__(
+        self,
+        *,
+        status: FleetStatus,
+        interval: timedelta,
+        report: Callable[[str], None] | None = None,
+    ) -> None:
+        self.status = status
+        self.interval = interval.total_seconds()
+        self.report = report or (lambda line: print(line, file=sys.stderr, flush=True))
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="status-refresh", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def tick(self) -> None:
+        try:
+            result = self.status.refresh()
+        except FleetletError as exc:
+            self.report(f"status refresh failed: {exc}")
+            return
+        if result.moved or result.removed:
+            self.report(
+                f"status: {result.listed} clusters, {len(result.moved)} moved, "
+                f"{len(result.removed)} removed, {len(result.errors)} with errors "
+                f"({result.seconds:.2f}s)"
+            )
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.tick()
+
+
+def serve(args: argparse.Namespace) -> int:
+    """Handler of ``fleetlet hub serve``. Raises FleetletError on bad settings."""
+    # The web framework is the hub extra: imported only when serving.
+    import uvicorn
+
+    from hub.api.app import create_app, load_private_key, load_tokens
+
+    host, port = parse_listen(args.listen)
+    tokens = load_tokens(Path(args.tokens)) if getattr(args, "tokens", None) else {}
+    anonymous = bool(getattr(args, "allow_anonymous", False))
+    if not tokens and not anonymous:
+        raise ServeUsageError("hub serve needs --tokens FILE (or --allow-anonymous)")
+    key_file = getattr(args, "hub_key", None)
+    private_key = load_private_key(Path(key_file)) if key_file else None
+    cache = getattr(args, "cache_dir", None)
+    status = FleetStatus(
+        repo_url=args.repo,
+        credentials=git_credentials(),
+        cache_dir=Path(cache) if cache else default_cache_dir(args.repo),
+        stale_after=parse_duration(getattr(args, "stale_after", None) or "5m"),
+    )
+    loop = RefreshLoop(
+        status=status, interval=parse_duration(getattr(args, "refresh", None) or "10s")
+    )
+    loop.tick()
+    app = create_app(
+        status=status, tokens=tokens, private_key=private_key, allow_anonymous=anonymous
+    )
+    loop.start()
+    try:
+        config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False)
+        print(f"fleetlet hub serving on http://{host}:{port}/api/v1", file=sys.stderr, flush=True)
+        uvicorn.Server(config).run()
+    finally:
+        loop.stop()
+    return 0
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``hub serve`` (for a parser that does not have them yet)."""
+    parser.add_argument("--repo", required=True, metavar="GIT_URL", help="the status repository")
+    parser.add_argument(
+        "--listen", default="127.0.0.1:8080", metavar="ADDR", help="HOST:PORT (127.0.0.1:8080)"
+    )
+    parser.add_argument(
+        "--tokens", metavar="FILE", help="YAML mapping bearer token -> role (admin or read)"
+    )
+    parser.add_argument(
+        "--hub-key",
+        metavar="FILE",
+        help="the hub's X25519 private key (base64), to open sensitive outputs for admins",
+    )
+    parser.add_argument(
+        "--stale-after",
+        default="5m",
+        metavar="DURATION",
+        help="a cluster quiet for longer is Stale (5m)",
+    )
+    parser.add_argument(
+        "--refresh", default="10s", metavar="DURATION", help="status refresh interval (10s)"
+    )
+    parser.add_argument(
+        "--cache-dir",
+        metavar="DIR",
+        help="status cache, kept across restarts (default: under $XDG_CACHE_HOME/fleetlet)",
+    )
+    parser.add_argument(
+        "--allow-anonymous", action="store_true", help="let requests without a token read"
+    )
+    parser.set_defaults(handler=serve)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m hub.serve``: the same as ``fleetlet hub serve``."""
+    parser = argparse.ArgumentParser(prog="fleetlet hub serve")
+    add_serve_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        return serve(args)
+    except FleetletError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,346 @@
+"""Hub status aggregation against real git servers: status branches pushed like agents do.
+
+Each test pushes ``status.json`` documents (commits built without a work tree, one branch per
+cluster, one push) to its own repository on the session's git daemon or smart-HTTP server,
+then aggregates them with :class:`hub.status.FleetStatus`.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pygit2
+import pytest
+import rfc8785
+
+from hub.errors import GitTransportError
+from hub.status import FleetStatus
+from tests.realenv.git_fixtures import GIT_PASSWORD, GIT_USER
+from tests.realenv.gitserver import GitDaemon, GitHttpServer, free_port
+
+_SIG = pygit2.Signature("agent", "agent@fleetlet.invalid", 1_700_000_000, 0)
+_repo_names = itertools.count()
+
+
+def stamp(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def make_run(
+    cluster: str,
+    bundle: str,
+    serial: int,
+    attempt: int,
+    *,
+    result: str = "succeeded",
+    operation: str = "install",
+    outputs: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    return {
+        "id": f"{cluster}.{bundle}.{serial}.{attempt}",
+        "operation": operation,
+        "serial": serial,
+        "sourceDigests": ["sha256:" + "ab" * 32],
+        "startedAt": "2026-11-22T23:00:00Z",
+        "finishedAt": "2026-11-22T23:01:00Z",
+        "result": result,
+        "failedObject": "apps/v1 Deployment web/web" if result != "succeeded" else None,
+        "message": "ok" if result == "succeeded" else "Deployment web/web not Available",
+        "counts": {"created": 1, "configured": 0, "unchanged": 3, "pruned": 0},
+        "outputs": dict(outputs or {}),
+    }
+
+
+def make_bundle(runs: list[dict[str, Any]], *, ready: bool = True) -> dict[str, Any]:
+    return {
+        "group": "apps",
+        "conditions": [
+            {
+                "type": "Ready",
+                "status": "True" if ready else "False",
+                "reason": "Healthy" if ready else "HealthCheckFailed",
+                "message": "",
+                "lastTransitionTime": "2026-11-22T23:01:00Z",
+                "observedGeneration": 3,
+            }
+        ],
+        "appliedRevision": {"serial": runs[0]["serial"], "sources": ["sha256:" + "ab" * 32]}
+        if runs
+        else None,
+        "lastHealthyRevision": None,
+        "health": {"status": "Current" if ready else "Failed", "message": ""},
+        "driftCount": 0,
+        "runs": runs,
+    }
+
+
+def make_status(
+    cluster: str,
+    *,
+    sequence: int = 1,
+    heartbeat: datetime | None = None,
+    bundles: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A status document per the fixed schema (default: one Ready bundle ``web``)."""
+    if bundles is None:
+        bundles = {"web": make_bundle([make_run(cluster, "web", 1, 1)])}
+    return {
+        "apiVersion": "fleetlet.io/v1alpha1",
+        "kind": "ClusterStatus",
+        "schemaVersion": 1,
+        "cluster": cluster,
+        "agentVersion": "0.1.0",
+        "heartbeat": stamp(heartbeat or datetime.now(UTC)),
+        "sequence": sequence,
+        "lastAcceptedSerial": 1,
+        "lastRefusal": None,
+        "bundles": dict(bundles),
+        "truncated": False,
+    }
+
+
+class _PushCallbacks(pygit2.RemoteCallbacks):  # type: ignore[misc]
+    def __init__(self, credentials: Any = None) -> None:
+        super().__init__(credentials=credentials)
+        self.rejected: dict[str, str] = {}
+
+    def push_update_reference(self, refname: str, message: str | None) -> None:
+        if message:
+            self.rejected[refname] = message
+
+
+class StatusPusher:
+    """Pushes status documents like agents do: a commit per document, one branch per cluster."""
+
+    def __init__(self, url: str, workdir: Path, credentials: tuple[str, str] | None = None) -> None:
+        self.url = url
+        self.repo = pygit2.init_repository(str(workdir), bare=True)
+        self.credentials = credentials
+
+    def push(self, documents: Mapping[str, dict[str, Any] | bytes]) -> None:
+        """Commit each document on its cluster's branch and push all branches in one push."""
+        specs = []
+        for cluster, document in documents.items():
+            data = document if isinstance(document, bytes) else rfc8785.dumps(document)
+            builder = self.repo.TreeBuilder()
+            builder.insert("status.json", self.repo.create_blob(data), pygit2.GIT_FILEMODE_BLOB)
+            ref = f"refs/heads/fleetlet/status/{cluster}"
+            parents = [self.repo.references[ref].target] if ref in self.repo.references else []
+            oid = self.repo.create_commit(
+                ref, _SIG, _SIG, f"status of {cluster}", builder.write(), parents
+            )
+            assert oid
+            specs.append(f"+{ref}:{ref}")
+        callbacks = _PushCallbacks(
+            credentials=pygit2.UserPass(*self.credentials) if self.credentials else None
+        )
+        self.repo.remotes.create_anonymous(self.url).push(specs, callbacks=callbacks)
+        # pygit2's push returns normally when the server refused: refusals come here.
+        assert not callbacks.rejected, callbacks.rejected
+
+
+def new_repo(server: GitDaemon | GitHttpServer, stem: str) -> str:
+    name = f"{stem}-{next(_repo_names)}.git"
+    server.create_bare(name)
+    return server.url_for(name)
+
+
+def upload_packs(server: GitDaemon, path: str) -> int:
+    """upload-pack connections (listings and fetches) the daemon served for ``path``."""
+    return len([r for r in server.requests() if r.path == path and r.method == "upload-pack"])
+
+
+def object_count(status: FleetStatus) -> int:
+    return len(set(status.repo.odb))  # a fixed thin pack may repeat a delta base
+
+
+def test_aggregates_clusters_and_installations(git_daemon: GitDaemon, tmp_path: Path) -> None:
+    url = new_repo(git_daemon, "status-agg")
+    pusher = StatusPusher(url, tmp_path / "agents")
+    rolled = [
+        make_run("edge-b", "web", 2, 1, result="rolledBack", operation="upgrade"),
+        make_run("edge-b", "web", 1, 1),
+    ]
+    pusher.push(
+        {
+            "edge-a": make_status("edge-a"),
+            "edge-b": make_status("edge-b", bundles={"web": make_bundle(rolled)}),
+            "edge-c": make_status(
+                "edge-c",
+                bundles={
+                    "web": make_bundle(
+                        [make_run("edge-c", "web", 1, 1, result="failed")], ready=False
+                    )
+                },
+            ),
+        }
+    )
+    status = FleetStatus(repo_url=url, cache_dir=tmp_path / "hub", stale_after=timedelta(minutes=5))
+    result = status.refresh()
+    assert result.listed == 3 and result.moved == ["edge-a", "edge-b", "edge-c"]
+    assert [c["name"] for c in status.clusters()] == ["edge-a", "edge-b", "edge-c"]
+    assert not any(c["stale"] or c["error"] for c in status.clusters())
+    states = {i["name"]: i["state"] for i in status.installations()}
+    assert states == {"edge-a/web": "Ready", "edge-b/web": "RolledBack", "edge-c/web": "Degraded"}
+    assert [i["name"] for i in status.installations(state="RolledBack")] == ["edge-b/web"]
+    assert [i["name"] for i in status.installations(cluster="edge-c")] == ["edge-c/web"]
+    assert status.installations(bundle="db") == []
+    # "latest" is the newest SUCCEEDED run, not the newest run.
+    latest = status.run("edge-b", "web", "latest")
+    assert latest is not None and latest["id"] == "edge-b.web.1.1"
+    assert status.run("edge-c", "web", "latest") is None
+    assert [r["result"] for r in status.runs("edge-b", "web") or []] == ["rolledBack", "succeeded"]
+
+
+def test_refresh_fetches_only_moved_branches(git_daemon: GitDaemon, tmp_path: Path) -> None:
+    url = new_repo(git_daemon, "status-moved")
+    pusher = StatusPusher(url, tmp_path / "agents")
+    names = [f"c{i:02d}" for i in range(20)]
+    pusher.push({n: make_status(n) for n in names})
+    status = FleetStatus(repo_url=url, cache_dir=tmp_path / "hub")
+    assert len(status.refresh().moved) == 20
+    objects = object_count(status)
+    assert objects == 20 * 3  # commit, tree, blob per branch
+    path = "/" + url.rsplit("/", 1)[1]
+
+    before = upload_packs(git_daemon, path)
+    result = status.refresh()
+    assert result.moved == [] and result.listed == 20
+    assert upload_packs(git_daemon, path) == before + 1
+    assert object_count(status) == objects  # nothing fetched
+
+    pusher.push({"c03": make_status("c03", sequence=2), "c17": make_status("c17", sequence=2)})
+    before = upload_packs(git_daemon, path)
+    result = status.refresh()
+    assert result.moved == ["c03", "c17"]
+    # One connection (libgit2 fetches over the listing's connection), which brought exactly
+    # the two new commits and their content.
+    assert upload_packs(git_daemon, path) == before + 1
+    assert object_count(status) == objects + 2 * 3
+    assert status.cluster("c03")["sequence"] == 2  # type: ignore[index]
+    assert status.cluster("c04")["sequence"] == 1  # type: ignore[index]
+
+
+def test_restarted_hub_starts_warm(git_daemon: GitDaemon, tmp_path: Path) -> None:
+    url = new_repo(git_daemon, "status-warm")
+    StatusPusher(url, tmp_path / "agents").push({n: make_status(n) for n in ("a", "b")})
+    FleetStatus(repo_url=url, cache_dir=tmp_path / "hub").refresh()
+
+    restarted = FleetStatus(repo_url=url, cache_dir=tmp_path / "hub")
+    assert [c["name"] for c in restarted.clusters()] == ["a", "b"]  # before any git traffic
+    assert restarted.refresh().moved == []
+
+
+def test_stale_clusters(git_daemon: GitDaemon, tmp_path: Path) -> None:
+    url = new_repo(git_daemon, "status-stale")
+    now = datetime.now(UTC)
+    StatusPusher(url, tmp_path / "agents").push(
+        {
+            "quiet": make_status("quiet", heartbeat=now - timedelta(minutes=10)),
+            "alive": make_status("alive", heartbeat=now - timedelta(seconds=30)),
+        }
+    )
+    status = FleetStatus(repo_url=url, cache_dir=tmp_path / "hub", stale_after=timedelta(minutes=5))
+    status.refresh()
+    stale = {c["name"]: c["stale"] for c in status.clusters(now=now)}
+    assert stale == {"alive": False, "quiet": True}
+    states = {i["cluster"]: i["state"] for i in status.installations(now=now)}
+    assert states == {"alive": "Ready", "quiet": "Stale"}
+    # The clock, not a refresh, makes a cluster stale.
+    later = now + timedelta(minutes=6)
+    assert all(c["stale"] for c in status.clusters(now=later))
+
+
+def test_malformed_document_is_isolated(git_daemon: GitDaemon, tmp_path: Path) -> None:
+    url = new_repo(git_daemon, "status-bad")
+    pusher = StatusPusher(url, tmp_path / "agents")
+    pusher.push(
+        {
+            "good": make_status("good"),
+            "garbage": b"{not json",
+            "wrongkind": {**make_status("wrongkind"), "kind": "Something"},
+            "liar": make_status("someone-else"),
+        }
+    )
+    status = FleetStatus(repo_url=url, cache_dir=tmp_path / "hub")
+    result = status.refresh()
+    assert sorted(result.errors) == ["garbage", "liar", "wrongkind"]
+    clusters = {c["name"]: c for c in status.clusters()}
+    assert clusters["good"]["error"] is None and not clusters["good"]["stale"]
+    assert "not JSON" in clusters["garbage"]["error"]
+    assert "kind" in clusters["wrongkind"]["error"]
+    assert "someone-else" in clusters["liar"]["error"]
+    assert clusters["garbage"]["stale"]  # no heartbeat known: never shown as fresh
+    assert [i["name"] for i in status.installations()] == ["good/web"]
+
+    # A later bad document keeps the last good one, marked; a good one clears the error.
+    pusher.push({"good": b"[]"})
+    status.refresh()
+    good = status.cluster("good")
+    assert good is not None and good["error"] and good["sequence"] == 1
+    pusher.push({"good": make_status("good", sequence=2)})
+    status.refresh()
+    good = status.cluster("good")
+    assert good is not None and good["error"] is None and good["sequence"] == 2
+
+
+def test_older_sequence_never_replaces_newer(git_daemon: GitDaemon, tmp_path: Path) -> None:
+    url = new_repo(git_daemon, "status-seq")
+    pusher = StatusPusher(url, tmp_path / "agents")
+    pusher.push({"a": make_status("a", sequence=5)})
+    status = FleetStatus(repo_url=url, cache_dir=tmp_path / "hub")
+    status.refresh()
+    pusher.push({"a": make_status("a", sequence=4)})
+    status.refresh()
+    a = status.cluster("a")
+    assert a is not None and a["sequence"] == 5 and "older" in a["error"]
+
+
+def test_smart_http_with_basic_auth(git_http: GitHttpServer, tmp_path: Path) -> None:
+    url = new_repo(git_http, "status-http")
+    creds = (GIT_USER, GIT_PASSWORD)
+    StatusPusher(url, tmp_path / "agents", creds).push({"h1": make_status("h1")})
+    status = FleetStatus(repo_url=url, credentials=creds, cache_dir=tmp_path / "hub")
+    assert status.refresh().moved == ["h1"]
+    assert [i["name"] for i in status.installations()] == ["h1/web"]
+    wrong = FleetStatus(repo_url=url, credentials=(GIT_USER, "wrong"), cache_dir=tmp_path / "hub2")
+    with pytest.raises(GitTransportError, match="cannot list status branches"):
+        wrong.refresh()
+
+
+def test_many_moved_branches_fetch_in_one_wildcard_fetch(
+    git_daemon: GitDaemon, tmp_path: Path
+) -> None:
+    # Past the explicit-refspec limit the fetch uses one wildcard; still only moved objects.
+    url = new_repo(git_daemon, "status-many")
+    pusher = StatusPusher(url, tmp_path / "agents")
+    names = [f"m{i:03d}" for i in range(100)]
+    pusher.push({n: make_status(n) for n in names})
+    status = FleetStatus(repo_url=url, cache_dir=tmp_path / "hub")
+    status.refresh()
+    objects = object_count(status)
+    moved = names[:70]
+    pusher.push({n: make_status(n, sequence=2) for n in moved})
+    path = "/" + url.rsplit("/", 1)[1]
+    before = upload_packs(git_daemon, path)
+    assert status.refresh().moved == moved
+    assert upload_packs(git_daemon, path) == before + 1
+    assert object_count(status) == objects + 70 * 3
+    assert {c["name"]: c["sequence"] for c in status.clusters()} == {
+        n: 2 if n in moved else 1 for n in names
+    }
+
+
+def test_empty_repository_and_unreachable_server(git_daemon: GitDaemon, tmp_path: Path) -> None:
+    url = new_repo(git_daemon, "status-empty")
+    status = FleetStatus(repo_url=url, cache_dir=tmp_path / "hub")
+    result = status.refresh()
+    assert (result.listed, result.moved) == (0, [])
+    assert status.clusters() == [] and status.installations() == []
+    gone = FleetStatus(repo_url=f"git://127.0.0.1:{free_port()}/x.git", cache_dir=tmp_path / "x")
+    with pytest.raises(GitTransportError, match="cannot list status branches"):
+        gone.refresh()
