@@ -42,6 +42,59 @@ def _health(args: argparse.Namespace) -> int:
     return code
 
 
+def _sync(args: argparse.Namespace) -> int:
+    # The pipeline is built here, at the edge, from flags; nothing below reads configuration.
+    from pathlib import Path
+
+    from agent.errors import TrustConfigError
+    from agent.kube import KubeClient
+    from agent.source.branch import BranchWatcher
+    from agent.source.cache import ContentCache
+    from agent.source.compose import ContentStore
+    from agent.source.oci import OciFetcher, OciSettings
+    from agent.sync import ClusterState, InboundPipeline
+    from agent.verify import IdentityPolicy, TrustPolicy
+
+    if not (args.trusted_root and args.identity and args.issuer):
+        raise TrustConfigError(
+            "--trusted-root, --identity and --issuer are required: the agent never applies "
+            "an unverified publication"
+        )
+    cache = Path(args.cache_dir)
+    kube = KubeClient(kubeconfig=args.kubeconfig)
+    pipeline = InboundPipeline(
+        cluster=args.cluster,
+        watcher=BranchWatcher(repo_url=args.repo, cluster=args.cluster, cache_dir=cache),
+        trust=TrustPolicy(
+            trusted_root=Path(args.trusted_root),
+            identity=IdentityPolicy(issuer=args.issuer, subject=args.identity),
+        ),
+        content=ContentStore(
+            cache=ContentCache(root=cache / "content", max_bytes=1 << 30),
+            oci=OciFetcher(settings=OciSettings(plain_http=args.plain_http_registries)),
+        ),
+        kube=kube,
+        state=ClusterState(kube=kube, namespace=args.namespace),
+        agent_namespace=args.namespace,
+        workdir=cache / "work",
+    )
+    result = pipeline.sync()
+    if result.outcome == "refused-before":
+        print(
+            f"{args.cluster}: commit {(result.commit or '-')[:12]} was refused and the branch "
+            f"has not moved since ({result.refusal})",
+            file=sys.stderr,
+        )
+        return 1
+    objects = sum(len(b.objects) for b in result.bundles)
+    print(
+        f"{args.cluster}: {result.outcome}, serial {result.serial}, commit "
+        f"{(result.commit or '-')[:12]}, {len(result.bundles)} bundles, {objects} objects "
+        "rendered (applying them is not implemented yet)"
+    )
+    return 0
+
+
 def _add_agent_connection(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repo", required=True, metavar="GIT_URL", help="desired-state git repo")
     p.add_argument("--cluster", required=True, metavar="NAME", help="this cluster's name")
@@ -49,6 +102,19 @@ def _add_agent_connection(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trusted-root", metavar="FILE", help="Sigstore trusted_root.json")
     p.add_argument("--identity", metavar="SUBJECT", help="expected signer identity (SAN)")
     p.add_argument("--issuer", metavar="URL", help="expected OIDC issuer of the signer")
+    p.add_argument(
+        "--namespace",
+        default="fleetlet-system",
+        help="the agent's own namespace (its state, credentials Secrets)",
+    )
+    p.add_argument(
+        "--cache-dir", default="/var/cache/fleetlet", metavar="DIR", help="branch + content cache"
+    )
+    p.add_argument(
+        "--plain-http-registries",
+        action="store_true",
+        help="talk plain HTTP to OCI registries (local registries only)",
+    )
 
 
 def register(sub: Any) -> None:
@@ -65,7 +131,7 @@ def register(sub: Any) -> None:
     sync = agent_sub.add_parser("sync", help="reconcile once; the exit code is the result")
     _add_agent_connection(sync)
     sync.add_argument("--once", action="store_true", help="one reconcile, then exit")
-    sync.set_defaults(handler=_not_yet("fleetlet agent sync", "the agent issues"))
+    sync.set_defaults(handler=_sync)
 
     render = sub.add_parser(
         "render",
