@@ -41,7 +41,12 @@ from agent.kube import KubeClient
 from agent.render.formats import render_bundle
 from agent.render.manifests import Manifest
 from agent.render.plain import Ownership, RenderRequest
-from agent.source.branch import BranchNotFoundError, BranchWatcher
+from agent.source.branch import (
+    BranchContentError,
+    BranchNotFoundError,
+    BranchWatcher,
+    FetchTooLargeError,
+)
 from agent.source.compose import ContentStore, credentials_from_secret
 from agent.source.content import Credentials
 from agent.verify import TrustPolicy, verify_publication
@@ -196,8 +201,8 @@ class InboundPipeline:
                 serial=state.last_serial,
                 refusal=f"{state.refusal_reason}: {state.refusal_message}",
             )
-        files = self._watcher.fetch(commit)
         try:
+            files = self._watcher.fetch(commit)
             verified = verify_publication(
                 files=files,
                 cluster=self.cluster,
@@ -205,7 +210,7 @@ class InboundPipeline:
                 trust=self._trust,
                 now=self._clock(),
             )
-        except (VerificationError, ValidationError) as exc:
+        except (VerificationError, ValidationError, BranchContentError, FetchTooLargeError) as exc:
             self._state.save(
                 replace(
                     state,
