@@ -35,9 +35,9 @@ from agent.api import (
 from agent.api.crds import CRDS, REPO_ROOT, generated_files, main
 from agent.api.validation import all_types, fields_of
 from agent.errors import ValidationError
+from tests.realenv.binaries import kubectl
 from tests.realenv.kube import Cluster
 
-KUBECTL = "/usr/bin/kubectl"
 DIGEST = "sha256:" + "ab" * 32
 COMMIT = "c" * 40
 
@@ -69,7 +69,7 @@ def crds(kube_cluster: Cluster) -> Iterator[Cluster]:
     """The generated CRDs applied (server-side, as a user would) and Established."""
     files = [str(REPO_ROOT / crd.file) for crd in CRDS]
     args = [
-        KUBECTL,
+        kubectl(),
         "--kubeconfig",
         str(kube_cluster.kubeconfig),
         "apply",
@@ -196,7 +196,7 @@ def test_valid_bundledeployment_is_accepted_and_shown_by_kubectl(
             API_GROUP, API_VERSION, "bundledeployments", name, created
         )
         out = subprocess.run(
-            [KUBECTL, "--kubeconfig", str(crds.kubeconfig), "get", "bd", name],
+            [kubectl(), "--kubeconfig", str(crds.kubeconfig), "get", "bd", name],
             capture_output=True,
             text=True,
             timeout=60,
@@ -206,7 +206,7 @@ def test_valid_bundledeployment_is_accepted_and_shown_by_kubectl(
         assert header.split() == ["NAME", "GROUP", "SERIAL", "READY", "REASON", "AGE"]
         assert row.split()[:5] == [name, "apps", "7", "True", "Healthy"]
         listed = subprocess.run(
-            [KUBECTL, "--kubeconfig", str(crds.kubeconfig), "get", "fleetlet", "-o", "name"],
+            [kubectl(), "--kubeconfig", str(crds.kubeconfig), "get", "fleetlet", "-o", "name"],
             capture_output=True,
             text=True,
             timeout=60,

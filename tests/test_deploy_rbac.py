@@ -24,9 +24,9 @@ import pytest
 import yaml
 
 from agent.api.crds import CRDS, REPO_ROOT
+from tests.realenv.binaries import kubectl as kubectl_path
 from tests.realenv.kube import Cluster
 
-KUBECTL = "/usr/bin/kubectl"
 DEPLOY = REPO_ROOT / "deploy" / "agent"
 
 
@@ -54,7 +54,7 @@ def kubectl(
     """Run kubectl with a kubeconfig (a cluster's admin one, or a file); fail with its stderr."""
     config = cluster.kubeconfig if isinstance(cluster, Cluster) else cluster
     result = subprocess.run(
-        [KUBECTL, "--kubeconfig", str(config), *args],
+        [kubectl_path(), "--kubeconfig", str(config), *args],
         capture_output=True,
         text=True,
         input=stdin,

@@ -33,7 +33,9 @@ KUBERNETES_VERSION = "v1.37.2"
 ETCD_VERSION = "v3.7.3"
 KWOK_VERSION = "v0.8.0"
 
-KUBE_BINARIES = ("kube-apiserver", "kube-controller-manager", "kube-scheduler")
+# kubectl too, of the same release: tests and benchmarks compare with it, and a fresh machine
+# need not have one.
+KUBE_BINARIES = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
 ALL_BINARIES = (*KUBE_BINARIES, "etcd", "kwok")
 
 _KUBE_MODULE = "k8s.io/kubernetes"
@@ -117,8 +119,8 @@ def ensure_binaries(
         missing = [n for n in missing if find_binary(n) is None]
         kube = [n for n in missing if n in KUBE_BINARIES]
         if kube:
-            # All three share one compile: building them together costs little more than one.
-            _build_kubernetes(progress)
+            # They share one compile: building them together costs little more than one.
+            _build_kubernetes(kube, progress)
         if "etcd" in missing:
             _build_etcd(progress)
         if "kwok" in missing:
@@ -294,11 +296,11 @@ def kubernetes_ldflags() -> str:
     )
 
 
-def _build_kubernetes(progress: TextIO | None) -> None:
+def _build_kubernetes(names: list[str], progress: TextIO | None) -> None:
     env = _go_env()
     _say(
         progress,
-        f"building {', '.join(KUBE_BINARIES)} {KUBERNETES_VERSION} from the Go module proxy "
+        f"building {', '.join(names)} {KUBERNETES_VERSION} from the Go module proxy "
         "(a cold build takes 10-20 minutes and a few GB of memory) ...",
     )
     started = time.monotonic()
@@ -315,14 +317,14 @@ def _build_kubernetes(progress: TextIO | None) -> None:
                 kubernetes_ldflags(),
                 "-o",
                 f"{out}/",
-                *(f"{_KUBE_MODULE}/cmd/{name}" for name in KUBE_BINARIES),
+                *(f"{_KUBE_MODULE}/cmd/{name}" for name in names),
             ],
             cwd=work,
             env=env,
             what=f"building Kubernetes {KUBERNETES_VERSION}",
             progress=progress,
         )
-        for name in KUBE_BINARIES:
+        for name in names:
             _publish(out / name, name)
     _say(progress, f"built Kubernetes binaries in {time.monotonic() - started:.0f} s")
 
@@ -382,6 +384,11 @@ def _publish(built: Path, name: str) -> None:
         raise BinaryError(f"the build did not produce {built}")
     os.replace(built, bin_dir() / name)
     (bin_dir() / f"{name}.version").write_text(_PINS[name] + "\n")
+
+
+def kubectl() -> str:
+    """The path of kubectl of the pinned release (built when missing)."""
+    return str(ensure_binaries(["kubectl"])["kubectl"])
 
 
 def main(argv: list[str] | None = None) -> int:
