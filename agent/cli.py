@@ -6,16 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from agent.errors import NotImplementedYetError
-
 _OUTPUTS = ["table", "json", "yaml"]
-
-
-def _not_yet(what: str, issue: str) -> Any:
-    def handler(args: argparse.Namespace) -> int:
-        raise NotImplementedYetError(f"{what} is not implemented yet ({issue})")
-
-    return handler
 
 
 def _render(args: argparse.Namespace) -> int:
@@ -42,15 +33,25 @@ def _health(args: argparse.Namespace) -> int:
     return code
 
 
-def _sync(args: argparse.Namespace) -> int:
-    # The pipeline is built here, at the edge, from flags; nothing below reads configuration.
+def _build_agent(args: argparse.Namespace) -> Any:
+    """The agent's objects, built here at the edge from flags and the environment; nothing
+    below reads configuration."""
+    import os
     from pathlib import Path
 
+    from agent.apply import RevisionStore
+    from agent.apply.intent import GroupRecords
+    from agent.bundles import BundleDeployments
     from agent.errors import TrustConfigError
     from agent.kube import KubeClient
+    from agent.loop import Agent
+    from agent.reconcile import Reconciler, ReconcileSettings
+    from agent.report.push import StatusPusher
+    from agent.report.runs import RunLog
     from agent.source.branch import BranchWatcher
     from agent.source.cache import ContentCache
     from agent.source.compose import ContentStore
+    from agent.source.credentials import GitCredentials
     from agent.source.oci import OciFetcher, OciSettings
     from agent.sync import ClusterState, InboundPipeline
     from agent.verify import IdentityPolicy, TrustPolicy
@@ -60,11 +61,20 @@ def _sync(args: argparse.Namespace) -> int:
             "--trusted-root, --identity and --issuer are required: the agent never applies "
             "an unverified publication"
         )
+    creds_dir = os.environ.get("FLEETLET_GIT_CREDENTIALS_DIR")
+    creds = GitCredentials.from_files(Path(creds_dir)) if creds_dir else GitCredentials.from_env()
+    credentials = None if creds.kind == "none" else creds
     cache = Path(args.cache_dir)
     kube = KubeClient(kubeconfig=args.kubeconfig)
+    namespace = args.namespace
+    _check_crds(kube)
+    state = ClusterState(kube=kube, namespace=namespace)
+    bundles = BundleDeployments(kube=kube, owner=namespace)
     pipeline = InboundPipeline(
         cluster=args.cluster,
-        watcher=BranchWatcher(repo_url=args.repo, cluster=args.cluster, cache_dir=cache),
+        watcher=BranchWatcher(
+            repo_url=args.repo, cluster=args.cluster, cache_dir=cache, credentials=credentials
+        ),
         trust=TrustPolicy(
             trusted_root=Path(args.trusted_root),
             identity=IdentityPolicy(issuer=args.issuer, subject=args.identity),
@@ -74,24 +84,164 @@ def _sync(args: argparse.Namespace) -> int:
             oci=OciFetcher(settings=OciSettings(plain_http=args.plain_http_registries)),
         ),
         kube=kube,
-        state=ClusterState(kube=kube, namespace=args.namespace),
-        agent_namespace=args.namespace,
+        state=state,
+        agent_namespace=namespace,
         workdir=cache / "work",
+        bundles=bundles,
     )
-    result = pipeline.sync()
-    if result.outcome == "refused-before":
+    reconciler = Reconciler(
+        kube=kube,
+        settings=ReconcileSettings(
+            agent_namespace=namespace,
+            uninstall_failed_install=args.uninstall_failed_install,
+        ),
+        store=RevisionStore(kube, namespace=namespace),
+        records=GroupRecords(kube, namespace=namespace),
+        runs=RunLog(kube, namespace=namespace),
+        bundles=bundles,
+        outputs=_outputs(kube, namespace, args.hub_public_key),
+    )
+    pusher = None
+    if not args.no_status:
+        pusher = StatusPusher(
+            repo_url=args.status_repo or args.repo,
+            cluster=args.cluster,
+            credentials=credentials,
+            workdir=cache / "status",
+            heartbeat_interval=args.heartbeat,
+        )
+    return Agent(
+        cluster=args.cluster,
+        pipeline=pipeline,
+        reconciler=reconciler,
+        state=state,
+        pusher=pusher,
+    )
+
+
+def _check_crds(kube: Any) -> None:
+    """Fail at once, and clearly, on a cluster without fleetlet's CRDs."""
+    from agent.bundles import GROUP_VERSION, KIND
+    from agent.errors import PermanentError
+    from agent.kube import ApiNotServedError
+
+    try:
+        kube.resource_for(GROUP_VERSION, KIND)
+    except ApiNotServedError as exc:
+        raise PermanentError(
+            f"{kube.server}: the fleetlet CRDs are not installed ({KIND} {GROUP_VERSION} is not "
+            "served): apply crds/ first (kubectl apply --server-side -f crds/)"
+        ) from exc
+
+
+def _outputs(kube: Any, namespace: str, hub_key_file: str | None) -> Any:
+    """Read a bundle's outputs as its own identity, write BundleOutputs and the Secret of
+    sensitive values as the agent, return the status document's form (sealed or omitted)."""
+    from datetime import UTC, datetime
+    from pathlib import Path
+
+    from agent.report.seal import read_public_key
+
+    hub_key = read_public_key(Path(hub_key_file)) if hub_key_file else None
+
+    def outputs(entry: Any, run_id: str, serial: int) -> Any:
+        # Imported on first use: most bundles declare no outputs.
+        from agent.report.outputs import OutputsWriter, read_outputs, status_outputs
+
+        writer = OutputsWriter(kube=kube, agent_namespace=namespace)
+        spec = entry.spec
+        reader = (
+            kube.impersonating(spec.service_account_name, namespace)
+            if spec.service_account_name
+            else kube
+        )
+        options = spec.format_options
+        values = read_outputs(
+            reader,
+            spec.outputs,
+            default_namespace=options.target_namespace if options else None,
+        )
+        writer.write(
+            bundle=entry.name, run_id=run_id, serial=serial, values=values, now=datetime.now(UTC)
+        )
+        return status_outputs(values, hub_key=hub_key)
+
+    return outputs
+
+
+def _summary(cluster: str, result: Any) -> str:
+    out = result.outbound
+    parts = [f"{cluster}: {result.inbound}, serial {result.serial}"]
+    if out is not None:
+        for label, groups in (
+            ("moved", out.moved),
+            ("rolled back", out.rolled_back),
+            ("failed", out.failed),
+            ("waiting", out.waiting),
+        ):
+            if groups:
+                parts.append(f"{label}: {', '.join(groups)}")
+        if out.drift_corrected:
+            parts.append(f"{out.drift_corrected} drifted objects corrected")
+    return "; ".join(parts)
+
+
+def _sync(args: argparse.Namespace) -> int:
+    import logging
+
+    # One clear line on failure (the error itself); progress warnings would repeat it.
+    logging.basicConfig(level=logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
+    agent = _build_agent(args)
+    result = agent.tick()
+    print(_summary(args.cluster, result))
+    if result.inbound == "refused-before":
+        state = agent.state.load()
         print(
-            f"{args.cluster}: commit {(result.commit or '-')[:12]} was refused and the branch "
-            f"has not moved since ({result.refusal})",
+            f"{args.cluster}: commit {(state.refused_commit or '-')[:12]} was refused and the "
+            f"branch has not moved since ({state.refusal_reason}: {state.refusal_message})",
             file=sys.stderr,
         )
         return 1
-    objects = sum(len(b.objects) for b in result.bundles)
-    print(
-        f"{args.cluster}: {result.outcome}, serial {result.serial}, commit "
-        f"{(result.commit or '-')[:12]}, {len(result.bundles)} bundles, {objects} objects "
-        "rendered (applying them is not implemented yet)"
+    if result.outbound is not None and result.outbound.failed:
+        return 1
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    import logging
+    import signal
+
+    from agent.probe import ProbeServer
+    from agent.schedule import Poller
+
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    agent = _build_agent(args)
+    poller = Poller(
+        interval=args.interval,
+        jitter=args.jitter,
+        max_backoff=max(args.max_backoff, args.interval),
+        reconcile=agent.tick,
+    )
+    probe = (
+        ProbeServer(args.probe_address, agent=agent, poller=poller) if args.probe_address else None
+    )
+
+    def stop(signum: int, frame: Any) -> None:
+        poller.stop(wait=False)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    if probe is not None:
+        probe.start()
+    poller.start()
+    try:
+        poller.wait()
+    finally:
+        poller.stop(wait=True)
+        if probe is not None:
+            probe.stop()
     return 0
 
 
@@ -115,6 +265,27 @@ def _add_agent_connection(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="talk plain HTTP to OCI registries (local registries only)",
     )
+    p.add_argument(
+        "--status-repo",
+        metavar="GIT_URL",
+        help="where status goes, on fleetlet/status/<cluster> (default: --repo; a separate "
+        "repository keeps the desired-state repository read-only to agents)",
+    )
+    p.add_argument(
+        "--hub-public-key",
+        metavar="FILE",
+        help="the hub's X25519 public key: sensitive outputs are sealed to it (without it "
+        "they are omitted from the status)",
+    )
+    p.add_argument(
+        "--heartbeat", type=float, default=60.0, metavar="SECONDS", help="status heartbeat"
+    )
+    p.add_argument("--no-status", action="store_true", help="do not push status to git")
+    p.add_argument(
+        "--uninstall-failed-install",
+        action="store_true",
+        help="delete what a failed first install created (default: leave it for inspection)",
+    )
 
 
 def register(sub: Any) -> None:
@@ -127,7 +298,18 @@ def register(sub: Any) -> None:
     run = agent_sub.add_parser("run", help="poll and reconcile until stopped")
     _add_agent_connection(run)
     run.add_argument("--interval", type=float, default=30.0, help="poll interval in seconds")
-    run.set_defaults(handler=_not_yet("fleetlet agent run", "the agent issues"))
+    run.add_argument(
+        "--jitter", type=float, default=5.0, help="up to this many seconds added to each wait"
+    )
+    run.add_argument(
+        "--max-backoff", type=float, default=300.0, help="cap of the backoff after errors"
+    )
+    run.add_argument(
+        "--probe-address",
+        metavar="ADDR",
+        help="serve /healthz and /readyz on HOST:PORT (e.g. :8081)",
+    )
+    run.set_defaults(handler=_run)
     sync = agent_sub.add_parser("sync", help="reconcile once; the exit code is the result")
     _add_agent_connection(sync)
     sync.add_argument("--once", action="store_true", help="one reconcile, then exit")

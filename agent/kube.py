@@ -378,8 +378,21 @@ class KubeClient:
 
         # Retry connection set-up once (a dropped keep-alive connection), never a read: a
         # read retry would double the wait on a hung server, and writes are not idempotent.
+        # A 429 is different: the server did not process the request (priority and fairness,
+        # or a new CRD's storage still initializing), so any method is retried a few times,
+        # after the Retry-After it asks for; then the 429 itself is answered.
         configuration.retries = Retry(
-            total=1, connect=1, read=0, status=0, other=0, redirect=0, backoff_factor=0.2
+            total=6,
+            connect=1,
+            read=0,
+            status=5,
+            other=0,
+            redirect=0,
+            backoff_factor=0.2,
+            status_forcelist=(429,),
+            allowed_methods=None,
+            respect_retry_after_header=True,
+            raise_on_status=False,
         )
         configuration.connection_pool_maxsize = self._max_connections
 
@@ -594,16 +607,19 @@ class KubeClient:
         field_manager: str,
         force: bool = False,
         dry_run: bool = False,
+        subresource: str | None = None,
     ) -> Object:
         """Server-side apply ``obj`` as ``field_manager``; returns the object the server has (or,
         with ``dry_run``, would have: nothing is persisted). ``force`` takes over fields other
-        managers own.
+        managers own. ``subresource="status"`` applies to the status subresource.
 
         Raises ConflictError (naming the other managers), ForbiddenError, InvalidError,
         NotFoundError (e.g. its namespace is missing), ApiNotServedError, ApiUnavailableError.
         """
         ref = ObjectRef.of(obj)
         resource, namespace = self._locate(ref)
+        if subresource is not None:
+            resource = resource.subresources[subresource]
         with _converted(str(ref)):
             response = self._client().server_side_apply(
                 resource,

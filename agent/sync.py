@@ -20,7 +20,7 @@ from __future__ import annotations
 import base64
 import json
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -29,14 +29,17 @@ from typing import Any
 from cryptography.hazmat.primitives import hashes
 
 from agent.api import (
+    BundleDeploymentEntry,
     BundleDeploymentSet,
     canonical_bytes,
     digest_of,
     format_time,
+    set_from_dict,
     set_to_dict,
     to_dict,
 )
-from agent.errors import PermanentError, ValidationError, VerificationError
+from agent.bundles import BundleDeployments
+from agent.errors import PermanentError, TemporaryError, ValidationError, VerificationError
 from agent.kube import KubeClient
 from agent.render.formats import render_bundle
 from agent.render.manifests import Manifest
@@ -70,6 +73,8 @@ class AgentState:
     refusal_reason: str | None = None
     refusal_message: str | None = None
     refused_under: str | None = None
+    refused_at: str | None = None
+    """When the refusal was made (RFC 3339)."""
     """The trust policy the refusal was made under: a changed policy (the operator fixed the
     agent's configuration) retries the same commit."""
     last_poll: str | None = None
@@ -112,6 +117,33 @@ class ClusterState:
 
     def _metadata(self) -> dict[str, str]:
         return {"name": self._name, "namespace": self._namespace}
+
+    def _set_ref(self) -> dict[str, Any]:
+        meta = {"name": f"{self._name}-set", "namespace": self._namespace}
+        return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta}
+
+    def load_set(self) -> BundleDeploymentSet | None:
+        """The last accepted set (None before the first): what the agent keeps running,
+        known after a restart without the git server. Raises PermanentError (unreadable),
+        the KubeClient's errors."""
+        live = self._kube.get(self._set_ref())
+        raw = ((live or {}).get("data") or {}).get("set.json")
+        if not raw:
+            return None
+        try:
+            return set_from_dict(json.loads(raw), origin=f"ConfigMap {self._name}-set")
+        except (ValueError, ValidationError) as exc:
+            raise PermanentError(
+                f"ConfigMap {self._namespace}/{self._name}-set: unreadable accepted set ({exc})"
+            ) from exc
+
+    def save_set(self, deployment_set: BundleDeploymentSet) -> None:
+        """Keep the accepted set (verified before, so it is trusted as the cluster is).
+        Raises the KubeClient's errors."""
+        body = self._set_ref()
+        body["metadata"]["labels"] = {"app.kubernetes.io/name": "fleetlet"}
+        body["data"] = {"set.json": canonical_bytes(set_to_dict(deployment_set)).decode()}
+        self._kube.apply(body, field_manager="fleetlet", force=True)
 
 
 _STATE_FIELDS = frozenset(AgentState.__dataclass_fields__)
@@ -156,8 +188,11 @@ class InboundPipeline:
         state: ClusterState,
         agent_namespace: str,
         workdir: Path,
+        bundles: BundleDeployments | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
+        """``bundles``: where a refused publication is reported on the BundleDeployments
+        (None: not reported, for clusters without the CRDs)."""
         self.cluster = cluster
         self._watcher = watcher
         self._trust = trust
@@ -166,6 +201,7 @@ class InboundPipeline:
         self._state = state
         self._agent_namespace = agent_namespace
         self._workdir = Path(workdir)
+        self._bundles = bundles
         self._clock = clock
         # Who may sign and which CAs are trusted: a refusal is remembered under this policy.
         identity = trust.identity
@@ -211,15 +247,7 @@ class InboundPipeline:
                 now=self._clock(),
             )
         except (VerificationError, ValidationError, BranchContentError, FetchTooLargeError) as exc:
-            self._state.save(
-                replace(
-                    state,
-                    refused_commit=commit,
-                    refusal_reason=getattr(exc, "reason", "ValidationFailed"),
-                    refusal_message=str(exc),
-                    refused_under=self._policy,
-                )
-            )
+            self._refuse(state, commit, exc)
             raise
         deployment_set = verified.deployment_set
         content_digest = _content_digest(deployment_set)
@@ -234,6 +262,7 @@ class InboundPipeline:
             refused_under=None,
         )
         if content_digest == state.content_digest:
+            self._state.save_set(deployment_set)
             self._state.save(accepted)
             return SyncResult(
                 outcome="serial-advanced",
@@ -241,9 +270,17 @@ class InboundPipeline:
                 serial=deployment_set.serial,
                 deployment_set=deployment_set,
             )
-        bundles = self.render(deployment_set)
+        try:
+            bundles = self.render(deployment_set)
+        except PermanentError as exc:
+            # Hostile or broken content, an unknown format: the same commit renders the same
+            # way, so it is not fetched again until the branch moves.
+            self._refuse(state, commit, exc)
+            raise
         # The serial is accepted once everything it names could be fetched and rendered: a
-        # temporary fetch failure leaves the commit to be tried again at the next poll.
+        # temporary fetch failure leaves the commit to be tried again at the next poll. The
+        # set first: a crash between the two writes re-verifies the same commit, harmlessly.
+        self._state.save_set(deployment_set)
         self._state.save(accepted)
         return SyncResult(
             outcome="rendered",
@@ -253,8 +290,30 @@ class InboundPipeline:
             bundles=bundles,
         )
 
-    def render(self, deployment_set: BundleDeploymentSet) -> list[RenderedBundle]:
-        """Fetch every bundle's sources by digest and render them, in the set's group order.
+    def _refuse(self, state: AgentState, commit: str, exc: Exception) -> None:
+        """Remember (in the cluster) that ``commit`` was refused and why, and say so on every
+        BundleDeployment: they keep running what they have."""
+        reason = getattr(exc, "reason", "ValidationFailed")
+        self._state.save(
+            replace(
+                state,
+                refused_commit=commit,
+                refusal_reason=reason,
+                refusal_message=str(exc),
+                refused_under=self._policy,
+                refused_at=format_time(self._clock()),
+            )
+        )
+        if self._bundles is not None:
+            self._bundles.report_refusal(reason=reason, message=str(exc), commit=commit)
+
+    def render(
+        self,
+        deployment_set: BundleDeploymentSet,
+        entries: Sequence[BundleDeploymentEntry] | None = None,
+    ) -> list[RenderedBundle]:
+        """Fetch the sources of ``entries`` (default: every bundle of the set) by digest and
+        render them, in the set's group order.
 
         Raises FetchError (temporary), ContentRefusedError, InvalidManifestError,
         UnknownFormatError (permanent).
@@ -262,7 +321,8 @@ class InboundPipeline:
         root = self._workdir / "trees" / str(deployment_set.serial)
         shutil.rmtree(root, ignore_errors=True)
         order = {group: i for i, group in enumerate(deployment_set.groups)}
-        entries = sorted(deployment_set.bundle_deployments, key=lambda e: order[e.group])
+        chosen = deployment_set.bundle_deployments if entries is None else entries
+        entries = sorted(chosen, key=lambda e: order[e.group])
         rendered = []
         try:
             for entry in entries:
@@ -300,8 +360,10 @@ class InboundPipeline:
             }
         )
         if secret is None:
-            raise PermanentError(
-                f"source credentials: no Secret {self._agent_namespace}/{secret_name}"
+            # An admin can create it without the branch moving: try again later.
+            raise TemporaryError(
+                f"source credentials: no Secret {self._agent_namespace}/{secret_name}",
+                delay=30.0,
             )
         data = {k: base64.b64decode(v) for k, v in (secret.get("data") or {}).items()}
         return credentials_from_secret(data)

@@ -5,4 +5,5 @@ pytest_plugins = [
     "tests.realenv.registry_fixtures",
     "tests.realenv.git_fixtures",
     "tests.realenv.sigstore_fixtures",
+    "tests.fleetlab",
 ]

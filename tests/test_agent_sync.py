@@ -36,6 +36,7 @@ from tests.realenv.oci import OciClient, push_bundle
 from tests.realenv.registry import Registry
 from tests.realenv.sigstore import MiniSigstore
 from tests.realenv.sigstore.mini import DEFAULT_IDENTITY
+from tests.test_crds import crds as crds  # the fixture: the CRDs installed
 from tests.test_hub_fleet import write_fleet
 
 CLUSTERS = [
@@ -282,8 +283,10 @@ def test_registry_outage_is_temporary_and_the_next_sync_recovers(
 
 
 def test_agent_sync_once_command(
-    published: Published, kube_cluster: Cluster, namespace: str, tmp_path: Path
+    published: Published, crds: Cluster, namespace: str, tmp_path: Path
 ) -> None:
+    kube_cluster = crds
+
     def run(identity: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [
@@ -306,5 +309,15 @@ def test_agent_sync_once_command(
     assert "was refused and the branch has not moved since (IdentityMismatch" in again.stderr
     done = run(DEFAULT_IDENTITY)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("beta: rendered, serial 1,")
-    assert "2 objects rendered" in done.stdout
+    assert done.stdout.startswith("beta: rendered, serial 1; moved: app"), done.stdout
+    applied = KubeClient(kubeconfig=str(kube_cluster.kubeconfig)).get(
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": "app-config", "namespace": "sync-app"},
+        }
+    )
+    assert applied is not None and applied["data"] == {"value": "one"}
+    idle = run(DEFAULT_IDENTITY)
+    assert idle.returncode == 0, idle.stderr
+    assert idle.stdout.startswith("beta: unchanged, serial 1"), idle.stdout

@@ -1,0 +1,159 @@
+"""The ``BundleDeployment`` objects in the cluster: one per entry of the accepted set.
+
+The spec comes from the set (server-side applied by the agent's field manager, with
+``spec.group`` written explicitly so ``kubectl get bd`` shows it); the status says what the
+agent is doing and why it stopped. A cluster admin reads everything here without the hub, and
+talks back through two annotations: ``fleetlet.io/paused`` and ``fleetlet.io/retry``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from datetime import UTC, datetime
+from typing import Any, NamedTuple
+
+from agent.api import API_GROUP, API_VERSION, BundleDeploymentSet, format_time, to_dict
+from agent.kube import KubeClient
+
+FIELD_MANAGER = "fleetlet"
+MANAGED_LABEL = "fleetlet.io/managed-by"
+SERIAL_ANNOTATION = "fleetlet.io/serial"
+GROUP_VERSION = f"{API_GROUP}/{API_VERSION}"
+KIND = "BundleDeployment"
+MAX_MESSAGE = 32768
+
+
+class ConditionSpec(NamedTuple):
+    """A condition to write: type, status, reason, message."""
+
+    type: str
+    status: str
+    reason: str
+    message: str = ""
+
+
+class BundleDeployments:
+    """Writes BundleDeployment specs and status through ``kube``.
+
+    ``owner`` (the agent's namespace) is the value of the ``fleetlet.io/managed-by`` label:
+    an agent lists, and removes, only the BundleDeployments it made.
+    """
+
+    def __init__(
+        self, *, kube: KubeClient, owner: str, clock: Callable[[], datetime] | None = None
+    ) -> None:
+        self._kube = kube
+        self.owner = owner
+        self._clock = clock or (lambda: datetime.now(UTC))
+
+    def _ref(self, name: str) -> dict[str, Any]:
+        return {"apiVersion": GROUP_VERSION, "kind": KIND, "metadata": {"name": name}}
+
+    def publish(self, deployment_set: BundleDeploymentSet) -> None:
+        """Apply one BundleDeployment per entry of the set (spec only).
+
+        Raises the KubeClient's errors (ApiNotServedError when the CRDs are not installed).
+        """
+        for entry in deployment_set.bundle_deployments:
+            spec = dict(to_dict(entry.spec))
+            spec["group"] = entry.group
+            self._kube.apply(
+                {
+                    "apiVersion": GROUP_VERSION,
+                    "kind": KIND,
+                    "metadata": {
+                        "name": entry.name,
+                        "labels": {MANAGED_LABEL: self.owner},
+                        "annotations": {SERIAL_ANNOTATION: str(deployment_set.serial)},
+                    },
+                    "spec": spec,
+                },
+                field_manager=FIELD_MANAGER,
+                force=True,
+            )
+
+    def _managed(self) -> list[dict[str, Any]]:
+        return self._kube.list(GROUP_VERSION, KIND, label_selector=f"{MANAGED_LABEL}={self.owner}")
+
+    def names(self) -> list[str]:
+        """The BundleDeployments this agent manages. Raises the KubeClient's errors."""
+        return sorted(o["metadata"]["name"] for o in self._managed())
+
+    def annotations(self) -> dict[str, dict[str, str]]:
+        """The annotations of every managed BundleDeployment, by name (one LIST)."""
+        return {
+            o["metadata"]["name"]: dict(o["metadata"].get("annotations") or {})
+            for o in self._managed()
+        }
+
+    def status_of(self, name: str) -> dict[str, Any]:
+        """The live status of one BundleDeployment (empty when it has none or is missing)."""
+        live = self._kube.get(self._ref(name))
+        return dict((live or {}).get("status") or {})
+
+    def delete(self, name: str) -> bool:
+        """Delete one BundleDeployment; False when it was already gone."""
+        return self._kube.delete(self._ref(name))
+
+    def set_conditions(
+        self, name: str, conditions: Iterable[ConditionSpec | Mapping[str, str]], **status: Any
+    ) -> None:
+        """Write a BundleDeployment's status: the conditions (keeping ``lastTransitionTime``
+        of conditions whose status did not change, with the object's generation as
+        ``observedGeneration``) and the other ``status`` fields given. What is not given is
+        removed (server-side apply of the whole status by one manager). A BundleDeployment
+        that does not exist is skipped.
+
+        Raises the KubeClient's errors.
+        """
+        live = self._kube.get(self._ref(name))
+        if live is None:
+            return
+        generation = live["metadata"].get("generation", 0)
+        previous = {c["type"]: c for c in (live.get("status") or {}).get("conditions") or []}
+        now = format_time(self._clock())
+        written = []
+        for given in conditions:
+            c = ConditionSpec(**given) if isinstance(given, Mapping) else given
+            old = previous.get(c.type)
+            moved = old is None or old.get("status") != c.status
+            written.append(
+                {
+                    "type": c.type,
+                    "status": c.status,
+                    "reason": c.reason,
+                    "message": c.message[:MAX_MESSAGE],
+                    "observedGeneration": generation,
+                    "lastTransitionTime": now if moved else old["lastTransitionTime"],  # type: ignore[index]
+                }
+            )
+        self._kube.apply(
+            {
+                **self._ref(name),
+                "status": {**status, "observedGeneration": generation, "conditions": written},
+            },
+            field_manager=FIELD_MANAGER,
+            force=True,
+            subresource="status",
+        )
+
+    def report_refusal(self, *, reason: str, message: str, commit: str) -> list[str]:
+        """Mark every managed BundleDeployment: the newest publication was refused (they keep
+        running what they have). Returns the names marked. Raises the KubeClient's errors."""
+        names = self.names()
+        text = f"publication at commit {commit[:12]} refused: {message}"
+        for name in names:
+            status = self.status_of(name)
+            kept = {
+                k: v for k, v in status.items() if k not in ("conditions", "observedGeneration")
+            }
+            self.set_conditions(
+                name,
+                [
+                    ConditionSpec("Ready", "False", reason, text),
+                    ConditionSpec("Degraded", "True", reason, text),
+                    ConditionSpec("Progressing", "False", reason, text),
+                ],
+                **kept,
+            )
+        return names

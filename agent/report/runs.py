@@ -1,0 +1,117 @@
+"""The run history of each bundle, kept in the cluster (bounded).
+
+Every attempt to move a bundle (install, upgrade, rollback, drift correction, uninstall) is a
+:class:`~agent.api.status.Run`. A bundle's runs, newest first, live in one ConfigMap of the
+agent's namespace, ``fleetlet-runs-<bundle>`` (labelled ``fleetlet.io/runs-of``), so a
+restarted agent keeps its history and a cluster admin can read it. Outputs in runs are
+already in their outside-the-cluster form (sensitive values sealed or omitted), so nothing
+secret is kept here.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from agent.api.status import Run
+from agent.api.validation import from_dict, to_dict
+from agent.apply.group import FIELD_MANAGER
+from agent.errors import PermanentError, ValidationError
+from agent.kube import KubeClient, ObjectRef
+
+NAME_PREFIX = "fleetlet-runs-"
+RUNS_LABEL = "fleetlet.io/runs-of"
+DEFAULT_HISTORY = 20
+_KEY = "runs.json"
+
+
+class RunLogError(PermanentError):
+    """A bundle's run history in the cluster cannot be read; the message names it."""
+
+    reason = "RunHistoryCorrupt"
+
+
+class RunLog:
+    """Runs per bundle in ConfigMaps of ``namespace``; at most ``history`` kept per bundle."""
+
+    def __init__(self, kube: KubeClient, *, namespace: str, history: int = DEFAULT_HISTORY) -> None:
+        if history < 1:
+            raise ValueError("history must be positive")
+        self.kube = kube
+        self.namespace = namespace
+        self.history = history
+
+    def _ref(self, bundle: str) -> ObjectRef:
+        return ObjectRef("v1", "ConfigMap", NAME_PREFIX + bundle, self.namespace)
+
+    def runs(self, bundle: str) -> list[Run]:
+        """The bundle's runs, newest first (empty when none).
+
+        Raises RunLogError, ApiUnavailableError, KubeApiError.
+        """
+        live = self.kube.get(self._ref(bundle))
+        if live is None:
+            return []
+        raw = (live.get("data") or {}).get(_KEY) or "[]"
+        where = f"ConfigMap {self.namespace}/{NAME_PREFIX}{bundle}"
+        try:
+            items = json.loads(raw)
+            if not isinstance(items, list):
+                raise TypeError("not a list")
+            return [from_dict(Run, item, origin=where) for item in items]
+        except (ValueError, TypeError, ValidationError) as exc:
+            raise RunLogError(f"{where}: unreadable run history ({exc})") from exc
+
+    def record(self, bundle: str, run: Run) -> list[Run]:
+        """Add ``run`` as the newest, or replace the run with the same id where it is (a run
+        that finishes); older runs beyond the bound are dropped. Returns the history.
+
+        Raises RunLogError, ApiUnavailableError, KubeApiError.
+        """
+        runs = self.runs(bundle)
+        if any(r.id == run.id for r in runs):
+            runs = [run if r.id == run.id else r for r in runs]
+        else:
+            runs = [run, *runs]
+        runs = runs[: self.history]
+        self._write(bundle, runs)
+        return runs
+
+    def next_id(self, bundle: str, runs: list[Run] | None = None) -> str:
+        """A new run id for ``bundle``: ``<bundle>.<n>``, n one more than any kept.
+
+        Raises what :meth:`runs` raises when ``runs`` is not given.
+        """
+        known = self.runs(bundle) if runs is None else runs
+        numbers = [0]
+        for r in known:
+            head, _, tail = r.id.rpartition(".")
+            if head == bundle and tail.isdigit():
+                numbers.append(int(tail))
+        return f"{bundle}.{max(numbers) + 1}"
+
+    def delete(self, bundle: str) -> None:
+        """Forget a bundle's runs. Raises ApiUnavailableError, KubeApiError."""
+        self.kube.delete(self._ref(bundle))
+
+    def _write(self, bundle: str, runs: list[Run]) -> None:
+        items: list[Any] = [to_dict(r) for r in runs]
+        text = json.dumps(items, sort_keys=True, separators=(",", ":"))
+        # A ConfigMap holds at most 1 MiB: drop the oldest runs until it fits.
+        while len(text) > 900 * 1024 and len(items) > 1:
+            items = items[:-1]
+            text = json.dumps(items, sort_keys=True, separators=(",", ":"))
+        self.kube.apply(
+            {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {
+                    "name": NAME_PREFIX + bundle,
+                    "namespace": self.namespace,
+                    "labels": {RUNS_LABEL: bundle, "app.kubernetes.io/name": "fleetlet"},
+                },
+                "data": {_KEY: text},
+            },
+            field_manager=FIELD_MANAGER,
+            force=True,
+        )
