@@ -693,6 +693,10 @@ class Cluster:
             f"--server-address=127.0.0.1:{self._kwok_port}",
             f"--cidr={POD_CIDR}",
             "--node-ip=127.0.0.1",
+            # kwok renews the node's Lease (the heartbeat stage is slow, it counts on it);
+            # without one, the node lifecycle controller sees a node silent for longer than
+            # its grace period, marks its pods NotReady, and nothing marks them Ready again.
+            "--node-lease-duration-seconds=40",
         ]
 
     def _node_manifest(self, name: str) -> dict[str, Any]:
