@@ -94,6 +94,7 @@ def _build_agent(args: argparse.Namespace) -> Any:
         settings=ReconcileSettings(
             agent_namespace=namespace,
             uninstall_failed_install=args.uninstall_failed_install,
+            failpoint=_failpoint(os.environ.get("FLEETLET_FAILPOINT")),
         ),
         store=RevisionStore(kube, namespace=namespace),
         records=GroupRecords(kube, namespace=namespace),
@@ -117,6 +118,29 @@ def _build_agent(args: argparse.Namespace) -> Any:
         state=state,
         pusher=pusher,
     )
+
+
+def _failpoint(spec: str | None) -> Any:
+    """``FLEETLET_FAILPOINT=<step prefix>[#n]``: the agent kills itself (SIGKILL, as the OOM
+    killer or a node failure would) at the n-th step whose name starts with the prefix. For
+    crash-safety tests; unset in production."""
+    if not spec:
+        return None
+    import os
+    import signal
+
+    prefix, _, nth = spec.partition("#")
+    wanted = int(nth) if nth.isdigit() else 1
+    hits = 0
+
+    def failpoint(name: str) -> None:
+        nonlocal hits
+        if name.startswith(prefix):
+            hits += 1
+            if hits == wanted:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    return failpoint
 
 
 def _check_crds(kube: Any) -> None:

@@ -101,6 +101,11 @@ class ReconcileSettings:
     """Objects of a stage applied concurrently."""
     establish_timeout: float = 60.0
     """Seconds a group's CRDs may take to become Established."""
+    failpoint: Callable[[str], None] | None = None
+    """Called with the name of each step of a move (``intent``, ``apply:<progress>``,
+    ``applied``, ``health``, ``healthy``, ``pruned``, ``stored``, ``finished``, ``rollback``,
+    ``rollback:applied``, ``rollback:pruned``): fault injection for crash tests
+    (``FLEETLET_FAILPOINT``); None in production."""
 
 
 @dataclass(kw_only=True)
@@ -854,6 +859,7 @@ class _GroupStep:
         )
         # Recorded before the first write: a crash from here on is resumed at the next start.
         self.r.records.save(self.group, GroupRecord(intent=intent))
+        self.failpoint("intent")
         return self.forward(intent, active, objects, specs, previous)
 
     def render_targets(self, active: list[BundleDeploymentEntry]) -> dict[str, list[Manifest]]:
@@ -892,6 +898,7 @@ class _GroupStep:
                 names, f"applying group {self.group} ({self.position}), serial {serial}"
             )
             result, skipped = self.apply(inputs)
+            self.failpoint("applied")
             for name in names:
                 view = self.view(name)
                 view.applied = _revision(serial, _entry(active, name), self.set_digest)
@@ -902,6 +909,7 @@ class _GroupStep:
             self.r.progress(
                 names, f"health-checking group {self.group} ({self.position}), serial {serial}"
             )
+            self.failpoint("health")
             report = self.health(objects, specs, wait=True)
             if not report.healthy:
                 bad = report.failed or report.unhealthy
@@ -915,27 +923,38 @@ class _GroupStep:
                 )
         except _GroupFailed as failed:
             return self.rollback(intent, active, previous, failed)
-        # Healthy: prune, keep the new revisions, read outputs, close the runs.
+        # Healthy: prune, keep the new revisions, read outputs, close the runs; the intent goes
+        # last, so a crash anywhere before it redoes these steps (each is idempotent).
+        self.failpoint("healthy")
         self.r.progress(names, f"pruning group {self.group} ({self.position})")
         pruned = self.prune_after(active, result, previous)
+        self.failpoint("pruned")
         for entry in active:
-            inventory = Inventory.from_result(result, entry.name)
+            target = intent.bundles[entry.name].target_digest
+            if self.current_digest(entry.name) == target:
+                continue  # saved before a crash
             self.r.store.save(
                 entry.name,
                 manifests=objects[entry.name],
-                inventory=inventory,
+                inventory=Inventory.from_result(result, entry.name),
                 info={
-                    "digest": intent.bundles[entry.name].target_digest,
+                    "digest": target,
                     "spec": to_dict(entry.spec),
                     "revision": to_dict(_revision(serial, entry, self.set_digest)),
                 },
             )
-        self.r.records.save(self.group, GroupRecord())
+            self.failpoint("stored")
         for entry in active:
             self.finish_success(
                 entry, intent, result, pruned.get(entry.name, 0), report, len(objects[entry.name])
             )
+        self.failpoint("finished")
+        self.r.records.save(self.group, GroupRecord())
         return _Outcome(healthy=True, moved=True)
+
+    def failpoint(self, name: str) -> None:
+        if self.r.settings.failpoint is not None:
+            self.r.settings.failpoint(name)
 
     def apply(self, inputs: list[BundleInput]) -> tuple[GroupResult, tuple[Any, ...]]:
         """Plan and apply; failures become _GroupFailed (``written`` False when the whole
@@ -959,6 +978,7 @@ class _GroupStep:
                 workers=self.r.settings.workers,
                 establish_timeout=self.r.settings.establish_timeout,
                 plan=plan,
+                on_progress=lambda message: self.failpoint(f"apply:{message}"),
             )
         except ApplyError as exc:
             # The first dry run covers every object that is not deferred, before any write.
@@ -1109,6 +1129,7 @@ class _GroupStep:
             return _Outcome(failed=True)
         rolling = replace(intent, phase="rolling-back", failure=why)
         self.r.records.save(self.group, GroupRecord(intent=rolling))
+        self.failpoint("rollback")
         return self.roll_back_to(rolling, previous, failed.reason, why)
 
     def roll_back_to(
@@ -1150,6 +1171,7 @@ class _GroupStep:
                 ]
                 self.remember_owners({n: s.manifests for n, s in back.items()})
                 self.apply(inputs)
+                self.failpoint("rollback:applied")
             old = {n: m.target_inventory for n, m in intent.bundles.items()}
             new = {n: s.inventory for n, s in back.items()}
             elsewhere = {k: b for k, b in self.claims.items() if b not in intent.bundles}
@@ -1160,6 +1182,7 @@ class _GroupStep:
                 claimed_elsewhere=elsewhere,
             )
             self.prune(plan, {n: s.spec for n, s in back.items()})
+            self.failpoint("rollback:pruned")
             report: HealthReport | None = None
             if back:
                 report = self.health(
