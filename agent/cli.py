@@ -159,38 +159,13 @@ def _check_crds(kube: Any) -> None:
 
 
 def _outputs(kube: Any, namespace: str, hub_key_file: str | None) -> Any:
-    """Read a bundle's outputs as its own identity, write BundleOutputs and the Secret of
-    sensitive values as the agent, return the status document's form (sealed or omitted)."""
-    from datetime import UTC, datetime
     from pathlib import Path
 
+    from agent.report.outputs import OutputsStage
     from agent.report.seal import read_public_key
 
     hub_key = read_public_key(Path(hub_key_file)) if hub_key_file else None
-
-    def outputs(entry: Any, run_id: str, serial: int) -> Any:
-        # Imported on first use: most bundles declare no outputs.
-        from agent.report.outputs import OutputsWriter, read_outputs, status_outputs
-
-        writer = OutputsWriter(kube=kube, agent_namespace=namespace)
-        spec = entry.spec
-        reader = (
-            kube.impersonating(spec.service_account_name, namespace)
-            if spec.service_account_name
-            else kube
-        )
-        options = spec.format_options
-        values = read_outputs(
-            reader,
-            spec.outputs,
-            default_namespace=options.target_namespace if options else None,
-        )
-        writer.write(
-            bundle=entry.name, run_id=run_id, serial=serial, values=values, now=datetime.now(UTC)
-        )
-        return status_outputs(values, hub_key=hub_key)
-
-    return outputs
+    return OutputsStage(kube=kube, agent_namespace=namespace, hub_key=hub_key)
 
 
 def _summary(cluster: str, result: Any) -> str:

@@ -55,6 +55,7 @@ from agent.apply import (
     PruneOutcome,
     PrunePlan,
     RevisionStore,
+    Skipped,
     apply_group,
     plan_group,
     plan_prune,
@@ -62,10 +63,12 @@ from agent.apply import (
 )
 from agent.apply.group import CrdNotEstablishedError
 from agent.apply.intent import BundleMove, Failure, GroupRecord, GroupRecords, Intent
+from agent.apply.plan import identity
 from agent.bundles import BundleDeployments, ConditionSpec
 from agent.errors import FleetletError, PermanentError, TemporaryError
 from agent.health import HealthReport, ObjectHealth, Status, assess_live, wait_healthy
 from agent.kube import ApiUnavailableError, KubeClient, ObjectRef
+from agent.report.outputs import OutputsStage
 from agent.report.runs import RunLog
 
 log = logging.getLogger(__name__)
@@ -76,10 +79,6 @@ RenderFn = Callable[
 ]
 """Renders some entries of a set: bundle name -> finished objects. Raises the inbound
 pipeline's errors (FetchError: temporary; ContentRefusedError, InvalidManifestError: not)."""
-OutputsFn = Callable[[BundleDeploymentEntry, str, int], tuple[OutputValue, ...]]
-"""Reads a bundle's declared outputs after a successful run (entry, run id, serial) and
-writes them to the cluster; returns their outside-the-cluster form. Raises PermanentError
-(naming the output) when an output cannot be read."""
 
 PAUSED_ANNOTATION = "fleetlet.io/paused"
 RETRY_ANNOTATION = "fleetlet.io/retry"
@@ -122,6 +121,8 @@ class BundleView:
     resources: dict[str, int] = field(default_factory=dict)
     drift_count: int = 0
     runs: list[Run] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    """Optional objects left out because their API is not served."""
     since: dict[str, datetime] = field(default_factory=dict)
     """When each condition last changed status (its lastTransitionTime)."""
 
@@ -215,7 +216,7 @@ class Reconciler:
         records: GroupRecords,
         runs: RunLog,
         bundles: BundleDeployments,
-        outputs: OutputsFn | None = None,
+        outputs: OutputsStage | None = None,
         clock: Callable[[], datetime] = _now,
     ) -> None:
         self.kube = kube
@@ -456,6 +457,8 @@ class Reconciler:
                     )
                 self.store.delete(name)
             self.runs.delete(name)
+            if self.outputs is not None:
+                self.outputs.forget(name)
             self.bundles.delete(name)
             self.views.pop(name, None)
 
@@ -601,7 +604,7 @@ class _GroupStep:
         written). Raises ApplyError, ApiUnavailableError."""
         from agent.apply.drift import drifted_objects
 
-        settings = ApplySettings.from_spec(stored.spec) if stored.spec else ApplySettings()
+        settings = _settings(stored.spec, stored.inventory)
         found = drifted_objects(
             self.kube,
             [BundleInput(name=bundle, objects=stored.manifests, settings=settings)],
@@ -622,7 +625,7 @@ class _GroupStep:
             BundleInput(
                 name=name,
                 objects=s.manifests,
-                settings=ApplySettings.from_spec(s.spec) if s.spec else ApplySettings(),
+                settings=_settings(s.spec, s.inventory),
             )
             for name, s in present.items()
         ]
@@ -659,8 +662,11 @@ class _GroupStep:
             if changed:
                 drift += changed
                 self.record_drift(name, present[name], counts)
+            view = self.view(name)
+            view.skipped = [str(s) for s in result.skipped if s.bundle == name]
+            view.resources = {**view.resources, "skipped": len(view.skipped)}
         report = self.health(
-            {n: s.manifests for n, s in present.items()},
+            _without({n: s.manifests for n, s in present.items()}, result.skipped),
             {n: s.spec for n, s in present.items()},
             wait=False,
         )
@@ -681,7 +687,7 @@ class _GroupStep:
                 view.set("Degraded", "True", reason, message)
                 view.set("Progressing", "False", reason, message)
             elif healthy:
-                view.set("Ready", "True", "Healthy", _healthy_message(s.revision))
+                view.set("Ready", "True", "Healthy", _healthy_message(s.revision, view.skipped))
                 view.set("Degraded", "False", "Healthy", "")
                 view.set("Progressing", "False", "Healthy", "")
             else:
@@ -888,7 +894,9 @@ class _GroupStep:
         serial = self.deployment_set.serial
         inputs = [
             BundleInput(
-                name=e.name, objects=objects[e.name], settings=ApplySettings.from_spec(e.spec)
+                name=e.name,
+                objects=objects[e.name],
+                settings=_settings(e.spec, _inventory(previous[e.name])),
             )
             for e in active
         ]
@@ -902,15 +910,13 @@ class _GroupStep:
             for name in names:
                 view = self.view(name)
                 view.applied = _revision(serial, _entry(active, name), self.set_digest)
-                view.resources = {
-                    **view.resources,
-                    "skipped": sum(1 for s in skipped if s.bundle == name),
-                }
+                view.skipped = [str(s) for s in skipped if s.bundle == name]
+                view.resources = {**view.resources, "skipped": len(view.skipped)}
             self.r.progress(
                 names, f"health-checking group {self.group} ({self.position}), serial {serial}"
             )
             self.failpoint("health")
-            report = self.health(objects, specs, wait=True)
+            report = self.health(_without(objects, skipped), specs, wait=True)
             if not report.healthy:
                 bad = report.failed or report.unhealthy
                 culprit = bad[0] if bad else None
@@ -1056,9 +1062,18 @@ class _GroupStep:
             f"{counts['configured']} configured, {counts['unchanged']} unchanged, {pruned} pruned"
         )
         output_error: str | None = None
-        if entry.spec.outputs and self.r.outputs is not None:
+        if self.r.outputs is not None:
+            options = entry.spec.format_options
             try:
-                outputs = self.r.outputs(entry, run_id, serial)
+                outputs = self.r.outputs.collect(
+                    bundle=entry.name,
+                    outputs=entry.spec.outputs,
+                    reader=self.r.client_for(entry.spec),
+                    default_namespace=options.target_namespace if options else None,
+                    run_id=run_id,
+                    serial=serial,
+                    now=self.now(),
+                )
             except PermanentError as exc:
                 outcome = "failed"
                 output_error = str(exc)
@@ -1089,7 +1104,7 @@ class _GroupStep:
             view.set("Ready", "False", "OutputFailed", output_error)
             view.set("Degraded", "True", "OutputFailed", output_error)
         else:
-            view.set("Ready", "True", "Healthy", _healthy_message(revision))
+            view.set("Ready", "True", "Healthy", _healthy_message(revision, view.skipped))
             view.set("Degraded", "False", "Healthy", "")
         view.set(
             "Progressing", "False", "Healthy" if output_error is None else "OutputFailed", message
@@ -1165,7 +1180,7 @@ class _GroupStep:
                     BundleInput(
                         name=n,
                         objects=s.manifests,
-                        settings=ApplySettings.from_spec(s.spec) if s.spec else ApplySettings(),
+                        settings=_settings(s.spec, s.inventory),
                     )
                     for n, s in back.items()
                 ]
@@ -1329,6 +1344,18 @@ def _entry(active: Sequence[BundleDeploymentEntry], name: str) -> BundleDeployme
     return next(e for e in active if e.name == name)
 
 
+def _settings(spec: BundleDeploymentSpec | None, owned: Inventory | None) -> ApplySettings:
+    """How to apply a bundle: its spec's settings, and the objects it applied before (their
+    fields are taken back when someone edited them: that is drift)."""
+    settings = ApplySettings.from_spec(spec) if spec is not None else ApplySettings()
+    reclaim = frozenset(identity(e.ref) for e in owned) if owned is not None else frozenset()
+    return replace(settings, reclaim=reclaim)
+
+
+def _inventory(stored: _Stored | None) -> Inventory | None:
+    return stored.inventory if stored is not None else None
+
+
 def _number(stored: _Stored | None) -> int | None:
     return stored.number if stored is not None else None
 
@@ -1346,8 +1373,22 @@ def _bundle_results(
     return [r for r in report.results if owners.get(r.ref, bundle) == bundle]
 
 
-def _healthy_message(revision: Revision | None) -> str:
-    return f"serial {revision.serial} applied and healthy" if revision else "healthy"
+def _healthy_message(revision: Revision | None, skipped: Sequence[str] = ()) -> str:
+    text = f"serial {revision.serial} applied and healthy" if revision else "healthy"
+    if skipped:
+        text += f"; skipped (API not served, optional): {', '.join(skipped)}"
+    return text
+
+
+def _without(
+    objects: Mapping[str, Sequence[Manifest]], skipped: Sequence[Skipped]
+) -> dict[str, list[Manifest]]:
+    """The objects minus the optional ones that were skipped (they are not health-checked)."""
+    gone = {(s.bundle, s.ref) for s in skipped}
+    return {
+        name: [o for o in manifests if (name, ObjectRef.of(o)) not in gone]
+        for name, manifests in objects.items()
+    }
 
 
 __all__ = [

@@ -161,3 +161,208 @@ def test_two_groups_install_a_broken_upgrade_rolls_the_group_back_and_a_fix_goes
         assert conditions(kube, bundle)["Ready"]["status"] == "True"
     results = [r.result for r in agent.reconciler.views[shop.web].runs]
     assert results == ["succeeded", "rolledBack", "succeeded"]
+
+
+def _bundle(lab: Lab, name: str, files: dict[str, str], **extra: Any) -> dict[str, Any]:
+    repo = name.rsplit("-", 1)[0]
+    digest = lab.push(repo, files, tag=lab.suffix)
+    return {"name": name, "sources": [lab.source(repo, digest)], **extra}
+
+
+def test_drift_is_corrected_and_counted_unless_the_bundle_is_paused_by_annotation(
+    lab: Lab, crds: Cluster, namespace: str, tmp_path: Path
+) -> None:
+    kube = KubeClient(kubeconfig=str(crds.kubeconfig))
+    ns, name = lab.name("drift"), lab.name("cfg")
+    files = {
+        "01_ns.yaml": namespace_manifest(ns),
+        "02_cm.yaml": configmap("settings", ns, {"mode": "strict"}),
+    }
+    lab.publish([_bundle(lab, name, files)])
+    agent = lab.agent("edge-1", crds, namespace=namespace, workdir=tmp_path / "agent")
+    agent.tick()
+    assert conditions(kube, name)["Ready"]["status"] == "True"
+
+    # Someone edits the ConfigMap and deletes nothing else: the next poll puts it back.
+    kube.apply(
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "settings", "namespace": ns},
+         "data": {"mode": "lax"}},
+        field_manager="kubectl-edit", force=True,
+    )  # fmt: skip
+    result = agent.tick()
+    assert result.outbound is not None and result.outbound.drift_corrected == 1
+    cm = live(kube, "v1", "ConfigMap", "settings", ns)
+    assert cm is not None and cm["data"] == {"mode": "strict"}
+    bd = live(kube, "fleetlet.io/v1alpha1", "BundleDeployment", name)
+    assert bd is not None and bd["status"]["driftCount"] == 1
+    runs = agent.reconciler.views[name].runs
+    assert runs[0].operation == "driftCorrection" and runs[0].counts.configured == 1
+
+    # A cluster admin pauses the bundle: drift is reported, not corrected.
+    kube.apply(
+        {"apiVersion": "fleetlet.io/v1alpha1", "kind": "BundleDeployment",
+         "metadata": {"name": name, "annotations": {"fleetlet.io/paused": "true"}}},
+        field_manager="cluster-admin",
+    )  # fmt: skip
+    kube.apply(
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "settings", "namespace": ns},
+         "data": {"mode": "lax"}},
+        field_manager="kubectl-edit", force=True,
+    )  # fmt: skip
+    result = agent.tick()
+    assert result.outbound is not None and result.outbound.drift_corrected == 0
+    cm = live(kube, "v1", "ConfigMap", "settings", ns)
+    assert cm is not None and cm["data"] == {"mode": "lax"}
+    paused = conditions(kube, name)["Paused"]
+    assert paused["status"] == "True"
+    assert "drift not corrected: 1 object(s) differ" in paused["message"]
+    assert "ConfigMap" in paused["message"]
+    bd = live(kube, "fleetlet.io/v1alpha1", "BundleDeployment", name)
+    assert bd is not None and bd["status"]["driftCount"] == 1
+
+
+def test_prune_keeps_crds_and_an_object_moved_to_another_bundle_keeps_its_uid(
+    lab: Lab, crds: Cluster, namespace: str, tmp_path: Path
+) -> None:
+    kube = KubeClient(kubeconfig=str(crds.kubeconfig))
+    ns = lab.name("prune")
+    group = f"{lab.suffix}.prune.test"
+    a, b = lab.name("a"), lab.name("b")
+    base = {
+        "01_ns.yaml": namespace_manifest(ns),
+        "02_crd.yaml": crd_manifest(group, "gadgets", "Gadget"),
+        "03_keep.yaml": configmap("keep", ns, {"x": "1"}),
+        "04_gone.yaml": configmap("gone", ns, {"x": "1"}),
+        "05_moving.yaml": configmap("moving", ns, {"x": "1"}),
+    }
+    lab.publish(
+        [_bundle(lab, a, base), _bundle(lab, b, {"cm.yaml": configmap("b-own", ns, {"y": "1"})})]
+    )
+    agent = lab.agent("edge-1", crds, namespace=namespace, workdir=tmp_path / "agent")
+    agent.tick()
+    moving = live(kube, "v1", "ConfigMap", "moving", ns)
+    assert moving is not None
+    uid = moving["metadata"]["uid"]
+
+    # a drops "gone", the CRD and "moving"; b takes "moving" over.
+    a_files = {k: v for k, v in base.items() if k in ("01_ns.yaml", "03_keep.yaml")}
+    b_files = {
+        "cm.yaml": configmap("b-own", ns, {"y": "1"}),
+        "moving.yaml": configmap("moving", ns, {"x": "2"}),
+    }
+    lab.publish([_bundle(lab, a, a_files), _bundle(lab, b, b_files)])
+    agent.tick()
+    assert live(kube, "v1", "ConfigMap", "gone", ns) is None
+    assert live(kube, "v1", "ConfigMap", "keep", ns) is not None
+    assert (
+        live(kube, "apiextensions.k8s.io/v1", "CustomResourceDefinition", f"gadgets.{group}")
+        is not None
+    )
+    moved = live(kube, "v1", "ConfigMap", "moving", ns)
+    assert moved is not None
+    assert moved["metadata"]["uid"] == uid
+    assert moved["metadata"]["labels"]["fleetlet.io/bundle"] == b
+    assert moved["data"] == {"x": "2"}
+    for name in (a, b):
+        assert conditions(kube, name)["Ready"]["status"] == "True"
+
+
+def test_a_bundle_applied_as_a_service_account_that_may_not_create_cluster_roles(
+    lab: Lab, crds: Cluster, namespace: str, tmp_path: Path
+) -> None:
+    kube = KubeClient(kubeconfig=str(crds.kubeconfig))
+    ns = lab.name("sa")
+    role = lab.name("reader")
+    # The ServiceAccount may manage ConfigMaps in its app namespace, nothing cluster-wide.
+    kube.apply(
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}, field_manager="test"
+    )
+    kube.apply(
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "deployer", "namespace": namespace}},
+        field_manager="test",
+    )  # fmt: skip
+    kube.apply(
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+         "metadata": {"name": "deployer", "namespace": ns},
+         "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["*"]}]},
+        field_manager="test",
+    )  # fmt: skip
+    kube.apply(
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+         "metadata": {"name": "deployer", "namespace": ns},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "deployer"},
+         "subjects": [{"kind": "ServiceAccount", "name": "deployer", "namespace": namespace}]},
+        field_manager="test",
+    )  # fmt: skip
+    cluster_role = (
+        "apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\n"
+        f"metadata:\n  name: {role}\nrules: []\n"
+    )
+    name = lab.name("app")
+    files = {"cm.yaml": configmap("app", ns, {"a": "1"}), "role.yaml": cluster_role}
+    other = lab.name("other")
+    lab.publish(
+        [
+            _bundle(lab, name, files, serviceAccountName="deployer", group="g"),
+            _bundle(lab, other, {"cm.yaml": configmap("other", ns, {"b": "1"})}, group="g"),
+        ]
+    )
+    agent = lab.agent("edge-1", crds, namespace=namespace, workdir=tmp_path / "agent")
+    result = agent.tick()
+    assert result.outbound is not None and result.outbound.failed == ("g",)
+    ready = conditions(kube, name)["Ready"]
+    assert ready["status"] == "False" and ready["reason"] == "ApplyFailed", ready
+    assert "ClusterRole" in ready["message"] and "forbidden" in ready["message"], ready
+    assert "nothing was written" in ready["message"]
+    # Nothing of the group was applied: not the ServiceAccount's ConfigMap, not the other bundle's.
+    assert live(kube, "v1", "ConfigMap", "app", ns) is None
+    assert live(kube, "v1", "ConfigMap", "other", ns) is None
+    assert live(kube, "rbac.authorization.k8s.io/v1", "ClusterRole", role) is None
+
+
+def test_an_optional_service_monitor_is_skipped_and_listed_and_a_required_one_fails_clearly(
+    lab: Lab, crds: Cluster, namespace: str, tmp_path: Path
+) -> None:
+    kube = KubeClient(kubeconfig=str(crds.kubeconfig))
+    ns = lab.name("mon")
+    monitor = (
+        "apiVersion: monitoring.coreos.com/v1\nkind: ServiceMonitor\n"
+        f"metadata:\n  name: web\n  namespace: {ns}\nspec:\n  endpoints: [{{port: http}}]\n"
+    )
+    files = {
+        "01_ns.yaml": namespace_manifest(ns),
+        "02_svc.yaml": service("web", ns),
+        "03_mon.yaml": monitor,
+    }
+    optional, required = lab.name("optional"), lab.name("required")
+    lab.publish(
+        [
+            _bundle(
+                lab,
+                optional,
+                files,
+                optional=[{"apiGroup": "monitoring.coreos.com", "kind": "ServiceMonitor"}],
+            ),
+            _bundle(
+                lab,
+                required,
+                {"mon.yaml": monitor.replace("name: web", "name: other")},
+                dependsOn=[optional],
+            ),
+        ]
+    )
+    agent = lab.agent("edge-1", crds, namespace=namespace, workdir=tmp_path / "agent")
+    result = agent.tick()
+    assert result.outbound is not None
+    assert result.outbound.moved == (optional,)
+    assert result.outbound.failed == (required,)
+    assert live(kube, "v1", "Service", "web", ns) is not None
+    bd = live(kube, "fleetlet.io/v1alpha1", "BundleDeployment", optional)
+    assert bd is not None and bd["status"]["resources"]["skipped"] == 1
+    assert "skipped" in conditions(kube, optional)["Ready"]["message"]
+    assert "ServiceMonitor" in conditions(kube, optional)["Ready"]["message"]
+    failed = conditions(kube, required)["Ready"]
+    assert failed["reason"] == "ApiNotServed", failed
+    assert (
+        "ServiceMonitor" in failed["message"] and "mark the manifest optional" in failed["message"]
+    )

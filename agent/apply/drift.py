@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from agent.apply.group import DEFAULT_WORKERS, _dry_run, _Work
-from agent.apply.plan import BundleInput, plan_group
+from agent.apply.plan import BundleInput, PlannedObject, identity, plan_group
 from agent.kube import KubeClient, ObjectRef
 
 
@@ -30,15 +30,17 @@ def drifted_objects(
     """
     plan = plan_group(bundles, kube)
     accounts = {b.name: b.settings.service_account_name for b in bundles}
-    force = {b.name: b.settings.take_ownership for b in bundles}
+    settings = {b.name: b.settings for b in bundles}
+
+    def force(planned: PlannedObject) -> bool:
+        mine = settings[planned.bundle]
+        return mine.take_ownership or identity(planned.ref) in mine.reclaim
 
     def client_of(bundle: str) -> KubeClient:
         account = accounts[bundle]
         return kube.impersonating(account, agent_namespace) if account else kube
 
-    works = [
-        _Work(planned=p, force=force[p.bundle], client=client_of(p.bundle)) for p in plan.objects
-    ]
+    works = [_Work(planned=p, force=force(p), client=client_of(p.bundle)) for p in plan.objects]
     with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="drift") as pool:
         for done in [pool.submit(_dry_run, w) for w in works]:
             done.result()

@@ -30,6 +30,7 @@ from agent.apply.plan import (
     Plan,
     PlannedObject,
     Skipped,
+    identity,
     plan_group,
 )
 from agent.errors import TemporaryError
@@ -274,10 +275,11 @@ def apply_group(
         account = settings[bundle].service_account_name
         return kube.impersonating(account, agent_namespace) if account else kube
 
-    works = [
-        _Work(planned=p, force=settings[p.bundle].take_ownership, client=client_of(p.bundle))
-        for p in plan.objects
-    ]
+    def force(planned: PlannedObject) -> bool:
+        mine = settings[planned.bundle]
+        return mine.take_ownership or identity(planned.ref) in mine.reclaim
+
+    works = [_Work(planned=p, force=force(p), client=client_of(p.bundle)) for p in plan.objects]
     later: list[_Work] = []
 
     def first_dry_run(work: _Work) -> bool:

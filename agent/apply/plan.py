@@ -68,6 +68,10 @@ class ApplySettings:
     service_account_name: str | None = None
     take_ownership: bool = False
     keep_crds: bool = True
+    reclaim: frozenset[str] = frozenset()
+    """Objects (:func:`identity`) this bundle applied before: their fields are its own, so
+    they are taken back (forced) when someone edited them; other managers' fields on other
+    objects are taken only with ``take_ownership``."""
 
     @classmethod
     def from_spec(cls, spec: BundleDeploymentSpec) -> ApplySettings:
@@ -137,6 +141,11 @@ class Discovery(Protocol):
     """What planning needs of a client (:class:`agent.kube.KubeClient` has it)."""
 
     def resource_for(self, api_version: str, kind: str) -> Any: ...
+
+
+def identity(ref: ObjectRef) -> str:
+    """An object's identity across API versions: ``group/Kind/namespace/name``."""
+    return f"{api_group(ref.api_version)}/{ref.kind}/{ref.namespace or ''}/{ref.name}"
 
 
 def api_group(api_version: str) -> str:

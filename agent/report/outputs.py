@@ -491,3 +491,39 @@ __all__ = [
     "secret_name",
     "status_outputs",
 ]
+
+
+class OutputsStage:
+    """The outputs step of a run, as the reconciler calls it: read (as the bundle's
+    identity), write to the cluster (as the agent), give the status document's form."""
+
+    def __init__(
+        self, *, kube: KubeClient, agent_namespace: str, hub_key: nacl.public.PublicKey | None
+    ) -> None:
+        self.writer = OutputsWriter(kube=kube, agent_namespace=agent_namespace)
+        self.hub_key = hub_key
+
+    def collect(
+        self,
+        *,
+        bundle: str,
+        outputs: Sequence[Output],
+        reader: KubeClient,
+        default_namespace: str | None,
+        run_id: str,
+        serial: int,
+        now: datetime,
+    ) -> tuple[StatusOutputValue, ...]:
+        """After a successful run: read ``outputs`` with ``reader`` and keep the cluster's
+        BundleOutputs in sync (none declared: any left from before are deleted).
+
+        Raises OutputError (naming every output that failed), ApiUnavailableError, the
+        KubeClient's errors of the writes.
+        """
+        values = read_outputs(reader, outputs, default_namespace=default_namespace)
+        self.writer.write(bundle=bundle, run_id=run_id, serial=serial, values=values, now=now)
+        return status_outputs(values, hub_key=self.hub_key)
+
+    def forget(self, bundle: str) -> None:
+        """A bundle left the set: delete its BundleOutputs and Secret."""
+        self.writer.delete(bundle)
