@@ -407,9 +407,10 @@ def register(sub: Any) -> None:
 
     serve = hub_sub.add_parser(
         "serve",
-        help="API and status aggregation",
+        help="API, dashboard and status aggregation",
         description="Aggregate the agents' status branches (one listing, fetch what moved) "
-        "and serve them over HTTP/JSON with bearer tokens; OpenAPI at /api/v1/openapi.json.",
+        "and serve them over HTTP/JSON with bearer tokens (OpenAPI at /api/v1/openapi.json) "
+        "and as a dashboard at / (see docs/dashboard.md).",
     )
     add_serve_arguments(serve)
 

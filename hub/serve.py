@@ -1,8 +1,10 @@
-"""``fleetlet hub serve``: the hub API under uvicorn, with a background status refresh loop.
+"""``fleetlet hub serve``: the hub API and dashboard under uvicorn, with a status refresh loop.
 
 The first refresh runs before the server listens (a warm cache makes it cheap); after that a
 daemon thread refreshes every ``--refresh`` interval. A failed refresh is reported on stderr
-and retried at the next tick: the view stays, and clusters go Stale by the clock.
+and retried at the next tick: the view stays, and clusters go Stale by the clock. With
+``--fleet`` the fleet repo is loaded once at start for the clusters' labels (restart to pick up
+new labels).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import os
 import re
 import sys
 import threading
+import urllib.parse
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -45,6 +48,26 @@ def parse_listen(text: str) -> tuple[str, int]:
     return (host.strip("[]") or "127.0.0.1"), int(port)
 
 
+def dashboard_url(base: str, token: str | None = None) -> str:
+    """The dashboard's address, with ``token`` in the fragment (``#token=...``).
+
+    A fragment never reaches the server, its logs or a proxy; the page moves the token to its
+    session storage and removes it from the address bar.
+    """
+    url = base.rstrip("/") + "/"
+    return url + "#" + urllib.parse.urlencode({"token": token}) if token else url
+
+
+def fleet_labels(fleet_dir: Path) -> dict[str, dict[str, str]]:
+    """Cluster name -> labels, from the fleet repo at ``fleet_dir``.
+
+    Raises FleetRepoError (every problem of the fleet repo, as ``hub publish`` would).
+    """
+    from hub.fleet.model import load_fleet
+
+    return {c.name: dict(c.labels) for c in load_fleet(fleet_dir).clusters}
+
+
 def git_credentials() -> tuple[str, str] | None:
     user, password = os.environ.get(GIT_USERNAME_ENV), os.environ.get(GIT_PASSWORD_ENV)
     return (user, password) if user and password else None
@@ -67,10 +90,13 @@ class RefreshLoop:
         status: FleetStatus,
         interval: timedelta,
         report: Callable[[str], None] | None = None,
+        on_change: Callable[[], None] | None = None,
     ) -> None:
         self.status = status
         self.interval = interval.total_seconds()
         self.report = report or (lambda line: print(line, file=sys.stderr, flush=True))
+        # Called after a refresh in which clusters moved or went away (the matrix's warm-up).
+        self.on_change = on_change
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="status-refresh", daemon=True)
 
@@ -88,6 +114,8 @@ class RefreshLoop:
             self.report(f"status refresh failed: {exc}")
             return
         if result.moved or result.removed:
+            if self.on_change is not None:
+                self.on_change()
             self.report(
                 f"status: {result.listed} clusters, {len(result.moved)} moved, "
                 f"{len(result.removed)} removed, {len(result.errors)} with errors "
@@ -100,7 +128,11 @@ class RefreshLoop:
 
 
 def serve(args: argparse.Namespace) -> int:
-    """Handler of ``fleetlet hub serve``. Raises FleetletError on bad settings."""
+    """Handler of ``fleetlet hub serve``.
+
+    Raises FleetletError on bad settings (ServeUsageError, HubConfigError, FleetRepoError for
+    a bad ``--fleet`` repo, StatusCacheError).
+    """
     # The web framework is the hub extra: imported only when serving.
     import uvicorn
 
@@ -113,6 +145,8 @@ def serve(args: argparse.Namespace) -> int:
         raise ServeUsageError("hub serve needs --tokens FILE (or --allow-anonymous)")
     key_file = getattr(args, "hub_key", None)
     private_key = load_private_key(Path(key_file)) if key_file else None
+    fleet_dir = getattr(args, "fleet", None)
+    labels = fleet_labels(Path(fleet_dir)) if fleet_dir else None
     cache = getattr(args, "cache_dir", None)
     status = FleetStatus(
         repo_url=args.repo,
@@ -123,14 +157,27 @@ def serve(args: argparse.Namespace) -> int:
     loop = RefreshLoop(
         status=status, interval=parse_duration(getattr(args, "refresh", None) or "10s")
     )
-    loop.tick()
     app = create_app(
-        status=status, tokens=tokens, private_key=private_key, allow_anonymous=anonymous
+        status=status,
+        tokens=tokens,
+        private_key=private_key,
+        allow_anonymous=anonymous,
+        labels=labels,
     )
+    loop.tick()
+    # The matrix's cells before the first request, and again after each refresh that moved.
+    app.state.queries.warm()
+    loop.on_change = app.state.queries.warm
     loop.start()
     try:
         config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False)
-        print(f"fleetlet hub serving on http://{host}:{port}/api/v1", file=sys.stderr, flush=True)
+        shown = f"[{host}]" if ":" in host else host
+        print(
+            f"fleetlet hub serving on http://{shown}:{port}/ (dashboard; "
+            f"API at http://{shown}:{port}/api/v1)",
+            file=sys.stderr,
+            flush=True,
+        )
         uvicorn.Server(config).run()
     finally:
         loop.stop()
@@ -167,6 +214,12 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--allow-anonymous", action="store_true", help="let requests without a token read"
+    )
+    parser.add_argument(
+        "--fleet",
+        metavar="FLEET_DIR",
+        help="the fleet repo: cluster labels for the API and the dashboard's label filter "
+        "(read at start)",
     )
     parser.set_defaults(handler=serve)
 

@@ -12,6 +12,8 @@ command -v docker-registry >/dev/null || need_apt+=(docker-registry)
 command -v htpasswd >/dev/null || need_apt+=(apache2-utils)
 command -v git >/dev/null || need_apt+=(git)
 [ -x /usr/lib/git-core/git-http-backend ] || need_apt+=(git)
+# The dashboard's browser tests drive Debian's chromium (Playwright never downloads one).
+[ -x /usr/bin/chromium ] || need_apt+=(chromium)
 if [ ${#need_apt[@]} -gt 0 ]; then
   log "apt-get install ${need_apt[*]}"
   export DEBIAN_FRONTEND=noninteractive

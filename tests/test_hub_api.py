@@ -10,12 +10,7 @@ from __future__ import annotations
 
 import argparse
 import base64
-import contextlib
 import json
-import os
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -31,13 +26,13 @@ from nacl.public import PrivateKey, SealedBox
 from openapi_spec_validator import validate as validate_spec
 
 from hub import installations as cli
-from tests.realenv.gitserver import GitDaemon, free_port
+from tests.realenv.gitserver import GitDaemon
+from tests.realenv.hubserver import serving_hub
 from tests.test_hub_status import StatusPusher, make_bundle, make_run, make_status, new_repo
 
 ADMIN = "admin-token-0123456789"
 READER = "read-token-0123456789"
 SECRET = "db-password-s3cr3t"
-ROOT = Path(__file__).resolve().parent.parent
 
 
 @dataclass
@@ -93,54 +88,8 @@ def hub(git_daemon: GitDaemon, tmp_path_factory: pytest.TempPathFactory) -> Iter
     repo = new_repo(git_daemon, "hub-api")
     pusher = StatusPusher(repo, workdir / "agents")
     pusher.push(_documents(key))
-    with _serving(repo, workdir, ["--tokens", str(tokens), "--hub-key", str(key_file)]) as url:
+    with serving_hub(repo, workdir, ["--tokens", str(tokens), "--hub-key", str(key_file)]) as url:
         yield Hub(url, repo, pusher, key_file, workdir, workdir / "hub.log")
-
-
-@contextlib.contextmanager
-def _serving(repo: str, workdir: Path, extra: list[str]) -> Iterator[str]:
-    """``python -m hub.serve`` on a free loopback port; yields its URL; stopped at the end."""
-    port = free_port()
-    log = workdir / "hub.log"
-    command = [
-        sys.executable,
-        "-m",
-        "hub.serve",
-        "--repo",
-        repo,
-        "--listen",
-        f"127.0.0.1:{port}",
-        "--stale-after",
-        "5m",
-        "--refresh",
-        "300ms",
-        "--cache-dir",
-        str(workdir / "cache"),
-        *extra,
-    ]
-    with open(log, "ab") as out:
-        process = subprocess.Popen(
-            command, cwd=ROOT, stdout=out, stderr=out, start_new_session=True
-        )
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                requests.get(f"http://127.0.0.1:{port}/api/v1/clusters", timeout=2)
-                break
-            except requests.ConnectionError:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"hub did not start: {log.read_text()}") from None
-                time.sleep(0.1)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait(timeout=10)
 
 
 def test_tokens_are_required(hub: Hub) -> None:
@@ -255,7 +204,7 @@ def test_openapi_document_is_valid_and_every_endpoint_answers_as_declared(hub: H
         assert anonymous.status_code == 401
         _check(document, operation, anonymous)
         called.append(template)
-    assert len(called) == 7
+    assert len(called) == 8
 
 
 def test_the_refresh_loop_picks_up_new_documents(hub: Hub) -> None:
@@ -372,7 +321,7 @@ def test_anonymous_access_only_when_enabled(
     assert main(["--repo", hub.repo, "--listen", "127.0.0.1:1"]) == 1
     assert "needs --tokens FILE" in capsys.readouterr().err
     # Enabled: requests without a token read, sealed values stay sealed; a wrong token is 401.
-    with _serving(hub.repo, tmp_path, ["--allow-anonymous"]) as url:
+    with serving_hub(hub.repo, tmp_path, ["--allow-anonymous"]) as url:
         path = f"{url}/api/v1/installations/edge-a/web/runs/latest/outputs"
         answer = requests.get(path, timeout=30)
         assert answer.status_code == 200

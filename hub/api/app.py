@@ -1,12 +1,17 @@
-"""The hub's HTTP/JSON API (Starlette): clusters, installations, runs and outputs.
+"""The hub's HTTP/JSON API (Starlette): clusters, installations, runs and outputs; the dashboard.
 
 Porter-style: installations (cluster × bundle) filtered by cluster, bundle and state; the runs
 of an installation; the outputs of a run, where the run id may be ``latest`` (the newest
-succeeded run). The OpenAPI 3.1 document is served at ``/api/v1/openapi.json``.
+succeeded run); the fleet matrix a page at a time. The OpenAPI 3.1 document is served at
+``/api/v1/openapi.json``.
 
-Every request needs a bearer token from the tokens file (role ``admin`` or ``read``) unless
+Every API request needs a bearer token from the tokens file (role ``admin`` or ``read``) unless
 anonymous read access was explicitly enabled. Sensitive outputs arrive sealed to the hub's
 X25519 key: they are opened only for admin tokens; others see ``<sensitive>``.
+
+The dashboard (``/`` and ``/ui/...``) is static files from ``hub/api/dashboard`` (no build
+step, nothing from another origin): the shell is public, its data comes from the API above
+with the token the user gives it. See ``docs/dashboard.md``.
 """
 
 from __future__ import annotations
@@ -21,13 +26,18 @@ from nacl.public import PrivateKey
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.routing import BaseRoute, Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agent.errors import PermanentError
 from hub.status.aggregate import STATES, FleetStatus
 from hub.status.queries import (
+    DEFAULT_PAGE,
+    MAX_PAGE,
     SENSITIVE,
+    Labels,
     QueryError,
     StatusQueries,
     load_private_key,
@@ -36,6 +46,17 @@ from hub.status.queries import (
 
 API_PREFIX = "/api/v1"
 ROLES = ("admin", "read")
+DASHBOARD_DIR = Path(__file__).resolve().parent / "dashboard"
+# Everything the page loads comes from the hub itself: no CDN, no inline script or style.
+_SECURITY_HEADERS = [
+    (
+        b"content-security-policy",
+        b"default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+        b"connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+    ),
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"no-referrer"),
+]
 
 
 class HubConfigError(PermanentError):
@@ -71,17 +92,70 @@ def _error(status: int, message: str, headers: Mapping[str, str] | None = None) 
     return JSONResponse({"error": message}, status_code=status, headers=dict(headers or {}))
 
 
+def _int_param(request: Request, name: str, default: int) -> int:
+    """A whole-number query parameter. Raises QueryError (400)."""
+    text = request.query_params.get(name)
+    if text is None or text == "":
+        return default
+    try:
+        return int(text)
+    except ValueError:
+        raise QueryError(400, f"{name} must be a whole number, got {text!r}") from None
+
+
+class _DashboardFiles(StaticFiles):
+    """The dashboard's files, revalidated on each load (ETag, 304 when unchanged), so a new
+    hub version never runs with an old script."""
+
+    def file_response(self, *args: Any, **kwargs: Any) -> Response:
+        response = super().file_response(*args, **kwargs)
+        response.headers["Cache-Control"] = "no-cache"
+        return response
+
+
+class SecurityHeaders:
+    """ASGI middleware: the content security policy and friends on every response."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), *_SECURITY_HEADERS]
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
+
+
 def create_app(
     *,
     status: FleetStatus,
     tokens: Mapping[str, str],
     private_key: PrivateKey | None = None,
     allow_anonymous: bool = False,
+    labels: Labels | None = None,
 ) -> Starlette:
-    """The API over ``status``. Anonymous requests get the ``read`` role only if allowed."""
+    """The API and the dashboard over ``status``.
+
+    Anonymous requests get the ``read`` role only if allowed. ``labels`` (cluster -> labels,
+    from the fleet repo) feed the label filter. ``app.state.queries`` is the
+    :class:`StatusQueries` behind the API (``warm()`` it after a refresh). Raises
+    HubConfigError if the dashboard's files are missing from the installation.
+    """
     queries = StatusQueries(
-        status, opener=sealed_opener(private_key) if private_key is not None else None
+        status,
+        opener=sealed_opener(private_key) if private_key is not None else None,
+        labels=labels,
     )
+    try:
+        shell = (DASHBOARD_DIR / "index.html").read_text()
+    except OSError as exc:
+        raise HubConfigError(f"the dashboard is missing from this installation: {exc}") from exc
     token_items = [(t.encode(), r) for t, r in tokens.items()]
 
     def role_of(request: Request) -> str | None:
@@ -122,7 +196,7 @@ def create_app(
         return request.path_params["cluster"], request.path_params["bundle"]
 
     p = API_PREFIX
-    routes = [
+    routes: list[BaseRoute] = [
         Route(f"{p}/openapi.json", guarded(lambda r, a: openapi_document())),
         Route(f"{p}/clusters", guarded(lambda r, a: queries.clusters())),
         Route(
@@ -151,6 +225,30 @@ def create_app(
             f"{p}/installations/{{cluster}}/{{bundle}}/runs/{{run}}/outputs",
             guarded(lambda r, a: queries.outputs(*params(r), r.path_params["run"], admin=a)),
         ),
+        Route(
+            f"{p}/matrix",
+            guarded(
+                lambda r, a: queries.matrix(
+                    label=r.query_params.get("label") or None,
+                    bundle=r.query_params.get("bundle") or None,
+                    state=r.query_params.get("state") or None,
+                    name=r.query_params.get("name") or None,
+                    offset=_int_param(r, "offset", 0),
+                    limit=_int_param(r, "limit", DEFAULT_PAGE),
+                )
+            ),
+        ),
+    ]
+
+    async def dashboard(request: Request) -> Response:
+        # Every page of the dashboard is the same shell; its script routes by the path.
+        return HTMLResponse(shell, headers={"Cache-Control": "no-cache"})
+
+    routes += [
+        Route("/", dashboard),
+        Mount("/ui/static", _DashboardFiles(directory=DASHBOARD_DIR / "static"), name="static"),
+        Route("/ui", dashboard),
+        Route("/ui/{page:path}", dashboard),
     ]
 
     async def not_found(request: Request, exc: Exception) -> Response:
@@ -159,7 +257,10 @@ def create_app(
     async def not_allowed(request: Request, exc: Exception) -> Response:
         return _error(405, f"method {request.method} not allowed on {request.url.path}")
 
-    return Starlette(routes=routes, exception_handlers={404: not_found, 405: not_allowed})
+    app = Starlette(routes=routes, exception_handlers={404: not_found, 405: not_allowed})
+    app.add_middleware(SecurityHeaders)
+    app.state.queries = queries
+    return app
 
 
 # --- the OpenAPI document ------------------------------------------------------------------
@@ -243,6 +344,11 @@ def openapi_document() -> dict[str, Any]:
                 "lastAcceptedSerial": _nullable("integer"),
                 "lastRefusal": _nullable("object"),
                 "installations": {"type": "integer"},
+                "labels": {
+                    "type": "object",
+                    "additionalProperties": {"type": "string"},
+                    "description": "the cluster's labels in the fleet repo (`hub serve --fleet`)",
+                },
                 "error": {
                     **_nullable("string"),
                     "description": "why the last document was unusable",
@@ -304,6 +410,58 @@ def openapi_document() -> dict[str, Any]:
         },
     }
 
+    state_counts = {
+        "type": "object",
+        "required": list(STATES),
+        "properties": {state: {"type": "integer"} for state in STATES},
+    }
+    schemas["MatrixRow"] = {
+        "type": "object",
+        "required": ["name", "labels", "stale", "cells"],
+        "properties": {
+            **schemas["Cluster"]["properties"],
+            "cells": {
+                "type": "object",
+                "description": "bundle -> state, for the shown bundles the cluster has",
+                "additionalProperties": {"type": "string", "enum": list(STATES)},
+            },
+        },
+    }
+    schemas["Matrix"] = {
+        "type": "object",
+        "required": ["bundles", "allBundles", "labels", "fleet", "total", "items", "states"],
+        "properties": {
+            "bundles": {
+                "type": "array",
+                "items": {"type": "string"},
+                "description": "the columns: every bundle, or the one filtered on",
+            },
+            "allBundles": {"type": "array", "items": {"type": "string"}},
+            "labels": {
+                "type": "object",
+                "description": "every label key with its values",
+                "additionalProperties": {"type": "array", "items": {"type": "string"}},
+            },
+            "fleet": {
+                "type": "object",
+                "description": "the whole fleet, unfiltered",
+                "properties": {
+                    "clusters": {"type": "integer"},
+                    "stale": {"type": "integer"},
+                    "errors": {"type": "integer"},
+                },
+            },
+            "total": {"type": "integer", "description": "clusters matching the filters"},
+            "offset": {"type": "integer"},
+            "limit": {"type": "integer"},
+            "states": {
+                **state_counts,
+                "description": "shown cells of every matching cluster, by state",
+            },
+            "items": {"type": "array", "items": _ref("MatrixRow")},
+        },
+    }
+
     def listing(item: str) -> dict[str, Any]:
         return {
             "type": "object",
@@ -356,6 +514,43 @@ def openapi_document() -> dict[str, Any]:
         found=False,
     )
     installations_op["get"]["responses"]["400"] = _json(_ref("Error"), "unknown state")
+    matrix_op = op(
+        "Fleet matrix",
+        _ref("Matrix"),
+        [
+            _query_param(
+                "label",
+                "a label selector: `key=value`, `key!=value`, `key`, `!key`, `key in (a,b)`, "
+                "`key notin (a,b)`, comma-separated, all must hold",
+                {"type": "string"},
+            ),
+            _query_param(
+                "bundle",
+                "only this bundle's column (and clusters that have it)",
+                {"type": "string"},
+            ),
+            _query_param(
+                "state",
+                "only clusters with a shown cell in this state",
+                {"type": "string", "enum": list(STATES)},
+            ),
+            _query_param("name", "only clusters whose name contains this", {"type": "string"}),
+            _query_param("offset", "clusters to skip (by name)", {"type": "integer", "minimum": 0}),
+            _query_param(
+                "limit",
+                f"clusters per page ({DEFAULT_PAGE})",
+                {"type": "integer", "minimum": 1, "maximum": MAX_PAGE},
+            ),
+        ],
+        found=False,
+    )
+    matrix_op["get"]["description"] = (
+        "Clusters (rows, sorted by name) × bundles (columns), one state per cell, a page at a "
+        "time; the filters apply to the whole fleet before paging. What the dashboard shows."
+    )
+    matrix_op["get"]["responses"]["400"] = _json(
+        _ref("Error"), "unknown state, bad label selector or page"
+    )
     return {
         "openapi": "3.1.0",
         "info": {
@@ -384,6 +579,7 @@ def openapi_document() -> dict[str, Any]:
                 outputs_schema,
                 [_CLUSTER, _BUNDLE, _path_param("run", "a run id, or `latest` (newest succeeded)")],
             ),
+            f"{p}/matrix": matrix_op,
         },
     }
 

@@ -4,20 +4,34 @@
 opened with the hub's private key only when asked as admin, shown as ``<sensitive>``
 otherwise. No web framework here, so ``fleetlet installations --repo`` runs without the hub
 extra.
+
+The fleet matrix (clusters × bundles, one state per cell) is answered a page at a time, with
+the filters applied over the whole fleet first; each cluster's cells are computed once per
+status document (and staleness), so a page of 10,000 clusters costs a pass over cached dicts.
 """
 
 from __future__ import annotations
 
+import re
+import threading
+from collections import Counter
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from nacl.public import PrivateKey
 
 from agent.report.seal import SealError, open_sealed, read_private_key
+from hub.fleet.selectors import LabelSelector, Requirement, label_key_ok, label_value_ok
 from hub.status.aggregate import STATES, FleetStatus
 
 SENSITIVE = "<sensitive>"
+DEFAULT_PAGE = 100
+MAX_PAGE = 500
+
+Labels = Mapping[str, Mapping[str, str]]
 
 Opener = Callable[[str], str]
 
@@ -78,25 +92,132 @@ class QueryError(Exception):
         self.message = message
 
 
+# One requirement of a label selector in its string form: ``key=value``, ``key==value``,
+# ``key!=value``, ``key``, ``!key``, ``key in (a,b)``, ``key notin (a,b)``.
+_REQUIREMENT = re.compile(
+    r"^\s*(?:!\s*(?P<absent>[^\s=!(),]+)"
+    r"|(?P<key>[^\s=!(),]+)\s*(?:(?P<op>==|=|!=)\s*(?P<value>[^\s=!(),]*)"
+    r"|\s+(?P<set>in|notin)\s*\((?P<values>[^()]*)\))?)\s*$"
+)
+
+
+def parse_label_filter(text: str) -> LabelSelector:
+    """A label selector in Kubernetes' string form, e.g. ``region=eu,tier!=edge,gpu``.
+
+    Requirements are separated by commas (outside parentheses) and must all hold. Raises
+    QueryError (400) naming the requirement that does not parse.
+    """
+    parts, depth, start = [], 0, 0
+    for i, char in enumerate(text):
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    parts.append(text[start:])
+    requirements = []
+    for part in (p.strip() for p in parts):
+        if part:
+            requirements.append(_requirement(part))
+    return LabelSelector(tuple(requirements))
+
+
+def _requirement(text: str) -> Requirement:
+    """One requirement of :func:`parse_label_filter`. Raises QueryError (400)."""
+    match = _REQUIREMENT.match(text)
+    key = (match["absent"] or match["key"]) if match else None
+    if match is None or not label_key_ok(key):
+        raise QueryError(
+            400,
+            f"label filter: {text!r} is not a requirement "
+            "(key=value, key!=value, key, !key, key in (a,b), key notin (a,b))",
+        )
+    assert key is not None
+    if match["absent"]:
+        return Requirement(key, "DoesNotExist", frozenset())
+    if match["op"]:
+        operator, values = ("NotIn" if match["op"] == "!=" else "In"), [match["value"]]
+    elif match["set"]:
+        operator = "In" if match["set"] == "in" else "NotIn"
+        values = [v.strip() for v in match["values"].split(",")]
+    else:
+        return Requirement(key, "Exists", frozenset())
+    for value in values:
+        if not label_value_ok(value):
+            raise QueryError(400, f"label filter: {text!r}: {value!r} is not a label value")
+    return Requirement(key, operator, frozenset(values))
+
+
+@dataclass(frozen=True, slots=True)
+class _Row:
+    """A cluster in the matrix, as of its status tip and staleness (its key in the cache)."""
+
+    tip: str
+    summary: dict[str, Any]
+    heartbeat: datetime | None
+    stale: bool
+    cells: dict[str, str]  # bundle -> state
+    counts: Counter[str]  # state -> cells
+
+
+@dataclass(frozen=True, slots=True)
+class _Fleet:
+    """Every cluster's row, sorted by name, with what the unfiltered matrix shows."""
+
+    rows: dict[str, _Row]
+    ordered: list[_Row]
+    bundles: list[str]
+    counts: Counter[str]
+    stale: int
+    errors: int
+
+    @classmethod
+    def of(cls, rows: dict[str, _Row]) -> _Fleet:
+        ordered = [rows[name] for name in sorted(rows)]
+        counts: Counter[str] = Counter()
+        for row in ordered:
+            counts.update(row.counts)
+        return cls(
+            rows=rows,
+            ordered=ordered,
+            bundles=sorted({b for row in ordered for b in row.cells}),
+            counts=counts,
+            stale=sum(1 for row in ordered if row.stale),
+            errors=sum(1 for row in ordered if row.summary["error"]),
+        )
+
+
 class StatusQueries:
     """The answers of the API, as JSON-ready dicts; shared by the API and the CLI's ``--repo``.
 
     Each method raises QueryError (404 for an unknown cluster, bundle or run; 400 for a bad
-    filter). ``admin`` decides whether sealed outputs are opened.
+    filter). ``admin`` decides whether sealed outputs are opened. ``labels`` are the clusters'
+    labels by cluster name (from the fleet repo: status documents carry none); a cluster not
+    in it has no labels.
     """
 
-    def __init__(self, status: FleetStatus, *, opener: Opener | None = None) -> None:
+    def __init__(
+        self, status: FleetStatus, *, opener: Opener | None = None, labels: Labels | None = None
+    ) -> None:
         self.status = status
         self.opener = opener
+        self.labels: dict[str, dict[str, str]] = {
+            name: dict(items) for name, items in (labels or {}).items()
+        }
+        self._label_values = _label_values(self.labels)
+        self._rows = _Fleet.of({})
+        self._fleet_lock = threading.Lock()
+
+    def _labelled(self, summary: dict[str, Any]) -> dict[str, Any]:
+        return {**summary, "labels": self.labels.get(summary["name"], {})}
 
     def clusters(self) -> dict[str, Any]:
-        return {"items": self.status.clusters()}
+        return {"items": [self._labelled(c) for c in self.status.clusters()]}
 
     def cluster(self, name: str) -> dict[str, Any]:
         found = self.status.cluster(name)
         if found is None:
             raise QueryError(404, f"unknown cluster {name!r}")
-        return found
+        return self._labelled(found)
 
     def installations(
         self, *, cluster: str | None = None, bundle: str | None = None, state: str | None = None
@@ -140,9 +261,137 @@ class StatusQueries:
             "items": rows,
         }
 
+    # --- the fleet matrix ----------------------------------------------------------------
+
+    def warm(self) -> None:
+        """Compute the cells of every cluster whose document moved (after a refresh), so the
+        next matrix request does not pay for it."""
+        self._fleet()
+
+    def _fleet(self) -> _Fleet:
+        """Every cluster's row, recomputed only where the status tip moved or staleness
+        flipped since the last call."""
+        # Tips first: a document read after them is at least as new, and a tip that moved
+        # meanwhile only makes the next call compute that cluster again.
+        tips = self.status.tips()
+        now = datetime.now(UTC)
+        stale_after = self.status.stale_after
+        with self._fleet_lock:
+            known = self._rows.rows
+            rows: dict[str, _Row] = {}
+            changed = len(tips) != len(known)
+            for name, tip in tips.items():
+                row = known.get(name)
+                if row is not None and row.tip == tip:
+                    beat = row.heartbeat
+                    if (beat is None or now - beat > stale_after) == row.stale:
+                        rows[name] = row
+                        continue
+                fresh = self._row(name, tip)
+                changed = True
+                if fresh is not None:  # None: gone since the listing
+                    rows[name] = fresh
+            if changed:
+                self._rows = _Fleet.of(rows)
+            return self._rows
+
+    def _row(self, name: str, tip: str) -> _Row | None:
+        summary = self.status.cluster(name)
+        if summary is None:
+            return None
+        cells = {i["bundle"]: i["state"] for i in self.status.installations(cluster=name)}
+        beat = summary["heartbeat"]
+        return _Row(
+            tip=tip,
+            summary=summary,
+            heartbeat=datetime.fromisoformat(beat.replace("Z", "+00:00")) if beat else None,
+            stale=bool(summary["stale"]),
+            cells=cells,
+            counts=Counter(cells.values()),
+        )
+
+    def matrix(
+        self,
+        *,
+        label: str | None = None,
+        bundle: str | None = None,
+        state: str | None = None,
+        name: str | None = None,
+        offset: int = 0,
+        limit: int = DEFAULT_PAGE,
+    ) -> dict[str, Any]:
+        """One page of the fleet matrix: clusters (rows, by name) × bundles (columns).
+
+        Filters, all optional and combined: ``label`` a label selector (``region=eu,gpu``);
+        ``bundle`` one column, rows limited to clusters that have it; ``state`` rows with a
+        cell in that state (a stale cluster without installations counts as Stale); ``name``
+        a substring of the cluster name. ``states`` counts the shown cells of every matching
+        row; ``fleet`` describes the whole fleet, unfiltered. Raises QueryError (400) for an
+        unknown state, a bad selector or a page out of bounds.
+        """
+        if state is not None and state not in STATES:
+            raise QueryError(400, f"state must be one of {', '.join(STATES)}, got {state!r}")
+        if offset < 0 or not 1 <= limit <= MAX_PAGE:
+            raise QueryError(400, f"offset must be >= 0 and limit between 1 and {MAX_PAGE}")
+        selector = parse_label_filter(label) if label else None
+        needle = name.lower() if name else None
+        fleet = self._fleet()
+        columns = [bundle] if bundle is not None else fleet.bundles
+        if selector is None and needle is None and bundle is None and state is None:
+            matching, counts = fleet.ordered, fleet.counts
+        else:
+            matching, counts = [], Counter()
+            for row in fleet.ordered:
+                cluster = row.summary["name"]
+                if needle is not None and needle not in cluster.lower():
+                    continue
+                if selector is not None and not selector.matches(self.labels.get(cluster, {})):
+                    continue
+                if bundle is not None:
+                    if bundle not in row.cells:
+                        continue
+                    shown = Counter([row.cells[bundle]])
+                else:
+                    shown = row.counts
+                quiet = state == "Stale" and row.stale and not row.cells
+                if state is not None and not shown[state] and not quiet:
+                    continue
+                matching.append(row)
+                counts.update(shown)
+        items = []
+        for row in matching[offset : offset + limit]:
+            # A fresh summary for the rows shown: the heartbeat's age is now, not cached.
+            summary = self.status.cluster(row.summary["name"]) or row.summary
+            cells = {b: row.cells[b] for b in columns if b in row.cells}
+            items.append({**self._labelled(summary), "cells": cells})
+        return {
+            "bundles": columns,
+            "allBundles": fleet.bundles,
+            "labels": self._label_values,
+            "fleet": {
+                "clusters": len(fleet.ordered),
+                "stale": fleet.stale,
+                "errors": fleet.errors,
+            },
+            "total": len(matching),
+            "offset": offset,
+            "limit": limit,
+            "states": {s: counts[s] for s in STATES},
+            "items": items,
+        }
+
     def _run_view(self, run: Mapping[str, Any], *, admin: bool) -> dict[str, Any]:
         shown = dict(run)
         shown["outputs"] = present_outputs(
             run.get("outputs") or {}, admin=admin, opener=self.opener
         )
         return shown
+
+
+def _label_values(labels: Labels) -> dict[str, list[str]]:
+    """Every label key with its values, sorted: the suggestions of the dashboard's filter."""
+    found: dict[str, set[str]] = {}
+    for items in labels.values():
+        for key, value in items.items():
+            found.setdefault(key, set()).add(value)
+    return {key: sorted(found[key]) for key in sorted(found)}

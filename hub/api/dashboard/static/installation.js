@@ -1,0 +1,114 @@
+// One installation (cluster × bundle): conditions, outputs of the latest succeeded run, runs.
+// Sensitive outputs are shown as the API returns them for this token (`<sensitive>` for read
+// tokens) with a visible marker.
+
+import { getJSON, segment } from "./api.js";
+import { facts, fill, h, link, pages, resultBadge, stateBadge, table, text, when } from "./dom.js";
+
+const MASKED = "<sensitive>";
+
+export function installationView(cluster, bundle) {
+  const content = h("div", {}, h("p", {}, "Loading…"));
+  const root = h(
+    "section", { "aria-labelledby": "installation-title" },
+    h("nav", { class: "crumbs", "aria-label": "Breadcrumb" },
+      link("/", "Fleet"), " › ", link(pages.cluster(cluster), cluster), " › ",
+      h("span", { "aria-current": "page" }, bundle)),
+    h("h1", { id: "installation-title" }, "Installation ", h("span", { class: "mono" }, `${cluster}/${bundle}`)),
+    content,
+  );
+  let shown = null;
+
+  async function load() {
+    const detail = await getJSON(`/installations/${segment(cluster)}/${segment(bundle)}`);
+    const signature = JSON.stringify(detail);
+    if (signature === shown) return; // keeps open <details>, focus and selection
+    shown = signature;
+    fill(content, ...render(detail));
+  }
+
+  return { title: `Installation ${cluster}/${bundle}`, root, load };
+}
+
+export function outputValue(output) {
+  if (output.omitted) {
+    return [h("span", { class: "muted" }, "(omitted: the agent has no hub key)"), " ", h("span", { class: "badge masked" }, "omitted")];
+  }
+  if (output.sensitive && output.value === MASKED) {
+    return [h("code", { class: "value" }, MASKED), " ", h("span", { class: "badge masked", title: "Sensitive: only admin tokens see the value" }, "masked")];
+  }
+  if (output.sensitive) {
+    return [h("code", { class: "value" }, String(output.value)), " ", h("span", { class: "badge sensitive", title: "Sensitive value, shown to an admin token" }, "sensitive")];
+  }
+  return h("code", { class: "value" }, String(output.value));
+}
+
+function outputsTable(caption, outputs, id) {
+  return table(
+    caption,
+    ["Output", "Value"],
+    outputs.map((o) => [h("span", { class: "mono" }, o.name), outputValue(o)]),
+    { id, class: "outputs" },
+  );
+}
+
+function render(d) {
+  const runs = d.runs || [];
+  const latest = runs.find((r) => r.id === d.lastSuccessfulRun);
+  const health = d.health || {};
+  const revision = (r) => (r ? `serial ${r.serial}` : null);
+  return [
+    facts([
+      ["State", stateBadge(d.state)],
+      ["Group", text(d.group)],
+      ["Applied revision", text(revision(d.appliedRevision))],
+      ["Last healthy revision", text(revision(d.lastHealthyRevision))],
+      ["Health", [text(health.status), health.message ? ` – ${health.message}` : ""]],
+      ["Drift corrections", String(d.driftCount || 0)],
+      ["Last succeeded run", h("span", { class: "mono" }, text(d.lastSuccessfulRun))],
+    ]),
+    h("h2", {}, "Conditions"),
+    (d.conditions || []).length
+      ? table(
+        "Conditions reported by the agent",
+        ["Type", "Status", "Reason", "Message", "Last transition"],
+        d.conditions.map((c) => [h("strong", {}, text(c.type)), text(c.status), text(c.reason), text(c.message), when(c.lastTransitionTime)]),
+        { id: "conditions" },
+      )
+      : h("p", { class: "muted" }, "No conditions reported."),
+    h("h2", {}, "Outputs"),
+    latest && latest.outputs.length
+      ? outputsTable(`Outputs of ${latest.id}, the latest succeeded run`, latest.outputs, "outputs")
+      : h("p", { class: "muted" }, latest ? "The latest succeeded run has no outputs." : "No succeeded run yet: no outputs."),
+    h("h2", {}, "Runs"),
+    runs.length
+      ? h("table", { id: "runs", class: "runs" },
+        h("caption", {}, `${runs.length} run${runs.length === 1 ? "" : "s"}, newest first`),
+        h("thead", {}, h("tr", {}, ["Run", "Operation", "Serial", "Result", "Started", "Finished", "Objects", "Message", "Outputs"].map((t) => h("th", { scope: "col" }, t)))),
+        h("tbody", {}, runs.map(runRow)))
+      : h("p", { class: "muted" }, "No runs reported."),
+  ];
+}
+
+function runRow(run) {
+  const counts = run.counts || {};
+  const objects = ["created", "configured", "unchanged", "pruned"]
+    .map((k) => `${counts[k] || 0} ${k}`).join(", ");
+  const outputs = run.outputs || [];
+  return h(
+    "tr", { "data-run": run.id, "data-result": run.result },
+    h("th", { scope: "row", class: "mono" }, run.id),
+    h("td", {}, text(run.operation)),
+    h("td", {}, text(run.serial)),
+    h("td", {}, resultBadge(run.result)),
+    h("td", {}, when(run.startedAt)),
+    h("td", {}, when(run.finishedAt)),
+    h("td", { class: "counts-cell" }, objects),
+    h("td", { class: "message" }, text(run.message),
+      run.failedObject ? h("div", { class: "failed" }, "Failed object: ", h("span", { class: "mono" }, run.failedObject)) : null),
+    h("td", {}, outputs.length
+      ? h("details", {}, h("summary", {}, `${outputs.length} output${outputs.length === 1 ? "" : "s"}`),
+        outputsTable(`Outputs of run ${run.id}`, outputs, null))
+      : h("span", { class: "muted" }, "none")),
+  );
+}
