@@ -135,7 +135,8 @@ def installation_state(bundle: Mapping[str, Any], *, stale: bool) -> str:
     """The one-word state of an installation, from its conditions and its newest run.
 
     Stale beats everything (an old report says nothing about now); then Paused, Progressing
-    (a run in progress or Progressing=True), RolledBack (the newest run was rolled back),
+    (a run in progress or Progressing=True), RolledBack (the newest run was rolled back, or
+    Ready says RolledBack),
     Degraded (Degraded=True, Ready=False or the newest run failed), Ready.
     """
     if stale:
@@ -152,7 +153,8 @@ def installation_state(bundle: Mapping[str, Any], *, stale: bool) -> str:
         return "Paused"
     if last == "inProgress" or true("Progressing"):
         return "Progressing"
-    if last == "rolledBack":
+    if last == "rolledBack" or ready.get("reason") == "RolledBack":
+        # Also after a later drift-correction run: the failed serial is still not applied.
         return "RolledBack"
     if true("Degraded") or str(ready.get("status")) == "False" or last == "failed":
         return "Degraded"
