@@ -166,8 +166,9 @@ class RevisionStore:
 
     def bundles(self) -> list[str]:
         """Bundles with stored revisions. Raises ApiUnavailableError, KubeApiError."""
+        # The index Secrets only: listing the chunks would move every revision's bytes.
         found = self.kube.list(
-            "v1", "Secret", namespace=self.namespace, label_selector=REVISION_OF_LABEL
+            "v1", "Secret", namespace=self.namespace, label_selector=f"{REVISION_LABEL}=index"
         )
         return sorted({str(s["metadata"]["labels"][REVISION_OF_LABEL]) for s in found})
 
