@@ -216,6 +216,8 @@ def _run(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    # The scheduler logs every run; the poller reports outcomes itself.
+    logging.getLogger("apscheduler").setLevel(logging.ERROR)
     agent = _build_agent(args)
     poller = Poller(
         interval=args.interval,

@@ -118,6 +118,12 @@ class Agent:
             )
             if error is None and outbound.temporary is not None:
                 error = outbound.temporary
+            for what, groups in (
+                ("moved to serial", outbound.moved),
+                ("rolled back from serial", outbound.rolled_back),
+            ):
+                for group in groups:
+                    log.info("%s: group %s %s %s", self.cluster, group, what, self.accepted.serial)
         self._report(state)
         self.last = TickResult(
             inbound=result.outcome if result is not None else "failed",
