@@ -104,10 +104,16 @@ def _build_agent(args: argparse.Namespace) -> Any:
     )
     pusher = None
     if not args.no_status:
+        # The status repository may have its own (write) credentials.
+        status_dir = os.environ.get("FLEETLET_STATUS_GIT_CREDENTIALS_DIR")
+        status_creds = credentials
+        if status_dir and Path(status_dir).is_dir() and any(Path(status_dir).iterdir()):
+            found = GitCredentials.from_files(Path(status_dir))
+            status_creds = None if found.kind == "none" else found
         pusher = StatusPusher(
             repo_url=args.status_repo or args.repo,
             cluster=args.cluster,
-            credentials=credentials,
+            credentials=status_creds,
             workdir=cache / "status",
             heartbeat_interval=args.heartbeat,
         )
@@ -247,39 +253,61 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _add_agent_connection(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--repo", required=True, metavar="GIT_URL", help="desired-state git repo")
-    p.add_argument("--cluster", required=True, metavar="NAME", help="this cluster's name")
-    p.add_argument("--kubeconfig", metavar="FILE", help="kubeconfig (default: in-cluster)")
-    p.add_argument("--trusted-root", metavar="FILE", help="Sigstore trusted_root.json")
-    p.add_argument("--identity", metavar="SUBJECT", help="expected signer identity (SAN)")
-    p.add_argument("--issuer", metavar="URL", help="expected OIDC issuer of the signer")
-    p.add_argument(
+    # Each flag's default comes from its FLEETLET_* variable (the Deployment's ConfigMaps).
+    import os
+
+    env = os.environ
+
+    def flag(name: str, var: str, help: str, **kw: Any) -> None:
+        default = env.get(var) or kw.pop("default", None)
+        required = kw.pop("required", False) and default is None
+        p.add_argument(name, default=default, required=required, help=f"{help} (${var})", **kw)
+
+    flag("--repo", "FLEETLET_REPO", "desired-state git repo", metavar="GIT_URL", required=True)
+    flag("--cluster", "FLEETLET_CLUSTER", "this cluster's name", metavar="NAME", required=True)
+    flag("--kubeconfig", "FLEETLET_KUBECONFIG", "kubeconfig (default: in-cluster)", metavar="FILE")
+    flag("--trusted-root", "FLEETLET_TRUSTED_ROOT", "Sigstore trusted_root.json", metavar="FILE")
+    flag("--identity", "FLEETLET_IDENTITY", "expected signer identity (SAN)", metavar="SUBJECT")
+    flag("--issuer", "FLEETLET_ISSUER", "expected OIDC issuer of the signer", metavar="URL")
+    flag(
         "--namespace",
+        "FLEETLET_NAMESPACE",
+        "the agent's own namespace (state, revision store, credentials Secrets)",
         default="fleetlet-system",
-        help="the agent's own namespace (its state, credentials Secrets)",
     )
-    p.add_argument(
-        "--cache-dir", default="/var/cache/fleetlet", metavar="DIR", help="branch + content cache"
+    flag(
+        "--cache-dir",
+        "FLEETLET_CACHE_DIR",
+        "branch + content cache",
+        default="/var/cache/fleetlet",
+        metavar="DIR",
     )
     p.add_argument(
         "--plain-http-registries",
         action="store_true",
         help="talk plain HTTP to OCI registries (local registries only)",
     )
-    p.add_argument(
+    flag(
         "--status-repo",
-        metavar="GIT_URL",
-        help="where status goes, on fleetlet/status/<cluster> (default: --repo; a separate "
+        "FLEETLET_STATUS_REPO",
+        "where status goes, on fleetlet/status/<cluster> (default: --repo; a separate "
         "repository keeps the desired-state repository read-only to agents)",
+        metavar="GIT_URL",
     )
-    p.add_argument(
+    flag(
         "--hub-public-key",
+        "FLEETLET_HUB_PUBLIC_KEY",
+        "the hub's X25519 public key: sensitive outputs are sealed to it (without it they "
+        "are omitted from the status)",
         metavar="FILE",
-        help="the hub's X25519 public key: sensitive outputs are sealed to it (without it "
-        "they are omitted from the status)",
     )
-    p.add_argument(
-        "--heartbeat", type=float, default=60.0, metavar="SECONDS", help="status heartbeat"
+    flag(
+        "--heartbeat",
+        "FLEETLET_HEARTBEAT",
+        "seconds between status heartbeats",
+        default=60.0,
+        type=float,
+        metavar="SECONDS",
     )
     p.add_argument("--no-status", action="store_true", help="do not push status to git")
     p.add_argument(
@@ -298,9 +326,18 @@ def register(sub: Any) -> None:
     agent_sub = agent.add_subparsers(dest="agent_command", metavar="COMMAND", required=True)
     run = agent_sub.add_parser("run", help="poll and reconcile until stopped")
     _add_agent_connection(run)
-    run.add_argument("--interval", type=float, default=30.0, help="poll interval in seconds")
+    env = __import__("os").environ
     run.add_argument(
-        "--jitter", type=float, default=5.0, help="up to this many seconds added to each wait"
+        "--interval",
+        type=float,
+        default=float(env.get("FLEETLET_POLL_INTERVAL") or 30.0),
+        help="poll interval in seconds ($FLEETLET_POLL_INTERVAL)",
+    )
+    run.add_argument(
+        "--jitter",
+        type=float,
+        default=float(env.get("FLEETLET_POLL_JITTER") or 5.0),
+        help="up to this many seconds added to each wait ($FLEETLET_POLL_JITTER)",
     )
     run.add_argument(
         "--max-backoff", type=float, default=300.0, help="cap of the backoff after errors"
@@ -308,7 +345,8 @@ def register(sub: Any) -> None:
     run.add_argument(
         "--probe-address",
         metavar="ADDR",
-        help="serve /healthz and /readyz on HOST:PORT (e.g. :8081)",
+        default=env.get("FLEETLET_PROBE_ADDRESS"),
+        help="serve /healthz and /readyz on HOST:PORT, e.g. :8081 ($FLEETLET_PROBE_ADDRESS)",
     )
     run.set_defaults(handler=_run)
     sync = agent_sub.add_parser("sync", help="reconcile once; the exit code is the result")
