@@ -252,3 +252,43 @@ def test_overrides_apply_selector_ones_first_then_named_ones(tmp_path: Path) -> 
 def test_durations(text: str, seconds: int | None) -> None:
     parsed = parse_duration(text)
     assert (parsed.total_seconds() if parsed else None) == seconds
+
+
+def test_an_override_gives_some_clusters_other_sources(tmp_path: Path) -> None:
+    """A canary rollout: the canary gets the new version first, the others keep theirs."""
+    from hub.fleet.render import plan_clusters
+
+    canary = {"kind": "image", "uri": "127.0.0.1:5000/b/web", "digest": "sha256:" + "c" * 64}
+    root = write_fleet(
+        tmp_path / "fleet",
+        clusters=CLUSTERS,
+        bundles=[image_bundle("web", overrides=[{"clusters": ["eu-edge-1"], "sources": [canary]}])],
+    )
+    fleet = load_fleet(root)
+    assert {s.uri for s in fleet.bundles[0].all_sources} == {"127.0.0.1:5000/b/web"}
+    assert len(fleet.bundles[0].all_sources) == 2
+    pins = {s: s.ref for s in fleet.bundles[0].all_sources}
+    plans = plan_clusters(fleet, pins)
+    digests = {name: plan.entries[0].spec.sources[0].digest for name, plan in plans.items()}
+    assert digests == {"eu-core": DIGEST_A, "eu-edge-1": canary["digest"], "us-edge-1": DIGEST_A}
+
+    bad = write_fleet(
+        tmp_path / "bad",
+        clusters=CLUSTERS,
+        bundles=[
+            image_bundle(
+                "web",
+                overrides=[
+                    {
+                        "clusters": ["eu-core"],
+                        "sources": [{"kind": "image", "uri": "x/y", "digest": "latest"}],
+                    }
+                ],
+            )
+        ],
+    )
+    with pytest.raises(FleetRepoError) as caught:
+        load_fleet(bad)
+    assert [p.path for p in caught.value.problems] == [
+        "bundles/web.yaml: overrides[0].sources[0].digest"
+    ]

@@ -45,7 +45,15 @@ _SOURCE_PASSTHROUGH = ("directory", "destination", "auth")
 # Keys of a bundle file the hub consumes itself; every other key is passed to the
 # BundleDeployment spec unchanged (the agent's API validates it).
 _BUNDLE_OWN_KEYS = ("name", "sources", "targets", "overrides")
-_OVERRIDE_KEYS = ("clusters", "clusterSelector", "values", "paused", "approval", "namespace")
+_OVERRIDE_KEYS = (
+    "clusters",
+    "clusterSelector",
+    "sources",
+    "values",
+    "paused",
+    "approval",
+    "namespace",
+)
 
 DEFAULT_EXPIRES_AFTER = timedelta(days=7)
 DEFAULT_REFRESH_BEFORE = timedelta(days=2)
@@ -116,6 +124,8 @@ class Override:
     paused: bool | None
     approval: str | None
     namespace: str | None
+    sources: tuple[SourceRef, ...] | None = None
+    """Replaces the bundle's sources (a canary gets the new version first)."""
 
     @property
     def by_name(self) -> bool:
@@ -130,6 +140,12 @@ class Bundle:
     spec: Mapping[str, Any]
     targets: tuple[Target, ...]
     overrides: tuple[Override, ...]
+
+    @property
+    def all_sources(self) -> tuple[SourceRef, ...]:
+        """Every source any cluster may receive: the bundle's own and its overrides'."""
+        extra = [s for o in self.overrides for s in (o.sources or ())]
+        return tuple(dict.fromkeys([*self.sources, *extra]))
 
     def applied_overrides(self, cluster: Cluster) -> tuple[Override, ...]:
         """The overrides that apply to ``cluster``, in application order: selector overrides in
@@ -463,13 +479,15 @@ def _load_bundle_file(
     )
 
 
-def _load_sources(raw: Any, rel: str, problems: _Problems) -> list[SourceRef]:
+def _load_sources(
+    raw: Any, rel: str, problems: _Problems, path: str = "sources"
+) -> list[SourceRef]:
     if not isinstance(raw, list) or not raw:
-        problems.add(rel, "sources", "a non-empty list of sources", raw)
+        problems.add(rel, path, "a non-empty list of sources", raw)
         return []
     out: list[SourceRef] = []
     for i, s in enumerate(raw):
-        where = f"sources[{i}]"
+        where = f"{path}[{i}]"
         if not isinstance(s, dict):
             problems.add(rel, where, "a source mapping (kind, uri, ...)", s)
             continue
@@ -608,9 +626,17 @@ def _load_override(
     if namespace is not None and (not isinstance(namespace, str) or not _NAME.match(namespace)):
         problems.add(rel, f"{where}.namespace", "a namespace name (DNS label)", namespace)
         ok = False
-    if not any(k in raw for k in ("values", "paused", "approval", "namespace")):
+    sources = None
+    if "sources" in raw:
+        start = len(problems.items)
+        sources = tuple(_load_sources(raw["sources"], rel, problems, f"{where}.sources"))
+        ok = ok and len(problems.items) == start
+    if not any(k in raw for k in ("sources", "values", "paused", "approval", "namespace")):
         problems.add(
-            rel, where, "at least one of values, paused, approval, namespace", _found("none")
+            rel,
+            where,
+            "at least one of sources, values, paused, approval, namespace",
+            _found("none"),
         )
         ok = False
     if not ok:
@@ -622,4 +648,5 @@ def _load_override(
         paused=paused,
         approval=approval,
         namespace=namespace,
+        sources=sources,
     )

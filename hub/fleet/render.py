@@ -183,6 +183,8 @@ def bundle_spec(
     spec: dict[str, Any] = copy.deepcopy(dict(bundle.spec))
     spec["sources"] = [source_dict(s, pins[s]) for s in bundle.sources]
     for o in overrides:
+        if o.sources is not None:
+            spec["sources"] = [source_dict(s, pins[s]) for s in o.sources]
         if o.values is not None:
             _set_path(spec, VALUES_PATH, o.values, merge=True)
         if o.paused is not None:

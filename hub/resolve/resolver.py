@@ -190,7 +190,7 @@ class Resolver:
         """
         users: dict[SourceRef, list[str]] = {}
         for b in bundles:
-            for s in b.sources:
+            for s in b.all_sources:
                 users.setdefault(s, []).append(b.name)
         pins: dict[SourceRef, str] = {}
         missing: list[tuple[str, str, str]] = []
