@@ -44,6 +44,7 @@ from agent.kube import KubeClient
 from agent.render.formats import render_bundle
 from agent.render.manifests import Manifest
 from agent.render.plain import Ownership, RenderRequest
+from agent.render.scope import with_bundle_crds
 from agent.source.branch import (
     BranchContentError,
     BranchNotFoundError,
@@ -324,6 +325,10 @@ class InboundPipeline:
         chosen = deployment_set.bundle_deployments if entries is None else entries
         entries = sorted(chosen, key=lambda e: order[e.group])
         rendered = []
+        # CRDs of earlier groups are not served yet when the set is rendered; their kinds'
+        # scope comes from the CRD objects themselves (a Promotion gets the target namespace
+        # even though the platform group that defines it has not been applied yet).
+        crds: list[Manifest] = []
         try:
             for entry in entries:
                 spec = entry.spec
@@ -337,7 +342,7 @@ class InboundPipeline:
                     request=RenderRequest(
                         source=entry.name,
                         namespace=options.target_namespace if options else None,
-                        scope=self._kube.scope,
+                        scope=with_bundle_crds(crds, self._kube.scope),
                         ownership=Ownership(
                             bundle=entry.name,
                             group=entry.group,
@@ -346,6 +351,7 @@ class InboundPipeline:
                         options=_options_dict(options),
                     ),
                 )
+                crds.extend(o for o in objects if o.get("kind") == "CustomResourceDefinition")
                 rendered.append(RenderedBundle(name=entry.name, group=entry.group, objects=objects))
         finally:
             shutil.rmtree(root, ignore_errors=True)

@@ -366,3 +366,42 @@ def test_an_optional_service_monitor_is_skipped_and_listed_and_a_required_one_fa
     assert (
         "ServiceMonitor" in failed["message"] and "mark the manifest optional" in failed["message"]
     )
+
+
+def test_a_custom_resource_of_an_earlier_groups_crd_gets_the_target_namespace(
+    lab: Lab, crds: Cluster, namespace: str, tmp_path: Path
+) -> None:
+    # When the set is rendered the CRD (of the platform group) is not served yet; the scope of
+    # its kind comes from the CRD in the set, so a Promotion written without a namespace lands
+    # in the bundle's target namespace instead of being refused.
+    kube = KubeClient(kubeconfig=str(crds.kubeconfig))
+    ns = lab.name("promo")
+    group = f"{lab.suffix}.promo.test"
+    defs, user = lab.name("defs"), lab.name("user")
+    promotion = f"apiVersion: {group}/v1\nkind: Promotion\nmetadata:\n  name: sale\nspec: {{}}\n"
+    lab.publish(
+        [
+            _bundle(
+                lab,
+                defs,
+                {
+                    "01_ns.yaml": namespace_manifest(ns),
+                    "02_crd.yaml": crd_manifest(group, "promotions", "Promotion"),
+                },
+                group="platform",
+            ),
+            _bundle(
+                lab,
+                user,
+                {"promotion.yaml": promotion},
+                group="shop",
+                dependsOn=["platform"],
+                formatOptions={"targetNamespace": ns},
+            ),
+        ]
+    )
+    agent = lab.agent("edge-1", crds, namespace=namespace, workdir=tmp_path / "agent")
+    agent.tick()
+    agent.tick()
+    assert conditions(kube, user)["Ready"]["status"] == "True", conditions(kube, user)["Ready"]
+    assert live(kube, f"{group}/v1", "Promotion", "sale", ns) is not None
