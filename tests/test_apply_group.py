@@ -3,6 +3,7 @@ optional manifests, conflicts, impersonation, unchanged objects, and pruning."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -147,9 +148,9 @@ def test_crd_its_resource_a_namespace_and_a_deployment_apply_in_stages(
     assert result.counts == {"created": 4, "configured": 0, "unchanged": 0, "skipped": 0}
     applying = [m for m in messages if m.startswith("applying")]
     assert applying == [
-        "applying 1 CustomResourceDefinitions (1/3)",
-        "applying 1 Namespaces (2/3)",
-        "applying 2 objects (3/3)",
+        "applying 1 CustomResourceDefinitions (1/4)",
+        "applying 1 Namespaces (2/4)",
+        "applying 2 objects (4/4)",
     ]
     live = kube.get(widget)
     assert live is not None and live["spec"] == {"size": 3}
@@ -160,6 +161,51 @@ def test_crd_its_resource_a_namespace_and_a_deployment_apply_in_stages(
         kube, [BundleInput(name="platform", objects=objects)], agent_namespace="default"
     )
     assert again.counts == {"created": 0, "configured": 0, "unchanged": 4, "skipped": 0}
+
+
+def test_service_accounts_go_before_the_token_secrets_that_name_them(
+    kube: KubeClient, cluster_scoped: list[dict[str, Any]]
+) -> None:
+    # The token controller deletes a service-account-token Secret whose ServiceAccount does
+    # not exist yet, so the two must not be applied concurrently, whatever their file order.
+    ns = f"tokens-{uuid.uuid4().hex[:6]}"
+    namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}
+    cluster_scoped.append(namespace)
+    token = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "kubernetes.io/service-account-token",
+        "metadata": {
+            "name": "gateway-token",
+            "namespace": ns,
+            "annotations": {"kubernetes.io/service-account.name": "gateway"},
+        },
+    }
+    account = {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": {"name": "gateway", "namespace": ns},
+    }
+    objects = [owned(o, "gw", "gw") for o in (token, account, namespace)]
+    messages: list[str] = []
+
+    result = apply_group(
+        kube,
+        [BundleInput(name="gw", objects=objects)],
+        agent_namespace="default",
+        on_progress=messages.append,
+    )
+
+    assert [r.ref.kind for r in result.objects] == ["Namespace", "ServiceAccount", "Secret"]
+    assert "applying 1 ServiceAccounts (3/4)" in messages
+    deadline = time.monotonic() + 60
+    while True:
+        live = kube.get(token)
+        assert live is not None, "the token controller deleted the Secret"
+        if (live.get("data") or {}).get("token"):
+            break
+        assert time.monotonic() < deadline, "the token controller never filled the Secret"
+        time.sleep(0.2)
 
 
 def test_second_apply_reports_unchanged_and_a_change_configured(

@@ -4,7 +4,7 @@
 impersonating its ServiceAccount when it names one), so nothing is written when any object is
 refused. Objects that cannot be dry-run before the group's own CRDs and Namespaces exist (a
 custom resource of a CRD of the group, an object in a Namespace of the group) are dry-run right
-after stages 1 and 2, before anything of stage 3 is written. Then the stages are applied, the
+after stages 1 and 2, before anything of the later stages is written. Then the stages are applied, the
 objects of a stage concurrently (a bounded pool), all with one field manager.
 
 The action per object comes from comparing, as Flux does, the live object with the dry run's
@@ -25,6 +25,7 @@ from typing import Any, Literal
 from agent.apply.plan import (
     STAGE_CRDS,
     STAGE_NAMES,
+    STAGE_NAMESPACES,
     ApplyError,
     BundleInput,
     Plan,
@@ -299,7 +300,7 @@ def apply_group(
         results: list[ObjectResult] = []
         for stage, name in enumerate(STAGE_NAMES):
             stage_works = [w for w in works if w.planned.stage == stage]
-            if later and stage == len(STAGE_NAMES) - 1:
+            if later and stage == STAGE_NAMESPACES + 1:
                 say(f"dry run of {len(later)} objects that needed the group's CRDs/Namespaces")
                 _run_all(pool, _dry_run, later)
             if not stage_works:

@@ -1,7 +1,8 @@
 """Turn a lockstep group's rendered objects (per bundle) into an apply plan.
 
 Stages: 1 CustomResourceDefinitions (the applier waits until they are Established), 2
-Namespaces, 3 everything else. Inside a stage objects keep the group's order: bundles in the
+Namespaces, 3 ServiceAccounts (a token Secret or a Pod naming one that does not exist yet is
+refused or deleted by the cluster, so they must not race), 4 everything else. Inside a stage objects keep the group's order: bundles in the
 order given, each bundle's objects in the renderer's order (numeric file prefixes honoured).
 
 Every object's API must be served, or be served once stage 1 is done (a CRD of the same group
@@ -24,8 +25,9 @@ Manifest = dict[str, Any]
 
 STAGE_CRDS = 0
 STAGE_NAMESPACES = 1
-STAGE_REST = 2
-STAGE_NAMES = ("CustomResourceDefinitions", "Namespaces", "objects")
+STAGE_SERVICE_ACCOUNTS = 2
+STAGE_REST = 3
+STAGE_NAMES = ("CustomResourceDefinitions", "Namespaces", "ServiceAccounts", "objects")
 
 
 class ApplyError(PermanentError):
@@ -97,7 +99,7 @@ class BundleInput:
 class PlannedObject:
     """One object to apply. ``deferred``: it cannot be dry-run before the group's CRDs or
     Namespaces exist (its kind comes from a CRD of the group, or its namespace from a
-    Namespace of the group), so its dry run runs after stages 1 and 2, before stage 3."""
+    Namespace of the group), so its dry run runs after stages 1 and 2, before the others."""
 
     bundle: str
     ref: ObjectRef
@@ -166,6 +168,8 @@ def _stage(obj: Mapping[str, Any]) -> int:
         return STAGE_CRDS
     if obj.get("kind") == "Namespace" and obj.get("apiVersion") == "v1":
         return STAGE_NAMESPACES
+    if obj.get("kind") == "ServiceAccount" and obj.get("apiVersion") == "v1":
+        return STAGE_SERVICE_ACCOUNTS
     return STAGE_REST
 
 
@@ -206,7 +210,7 @@ def plan_group(bundles: Sequence[BundleInput], discovery: Discovery) -> Plan:
         if _stage(obj) == STAGE_NAMESPACES
     }
     served: dict[tuple[str, str], str | None] = {}
-    stages: list[list[PlannedObject]] = [[], [], []]
+    stages: list[list[PlannedObject]] = [[] for _ in STAGE_NAMES]
     skipped: list[Skipped] = []
     for bundle in bundles:
         for obj in bundle.objects:
@@ -234,7 +238,7 @@ def plan_group(bundles: Sequence[BundleInput], discovery: Discovery) -> Plan:
                     target=planned.target,
                 )
             stage = _stage(obj)
-            deferred = stage == STAGE_REST and (
+            deferred = stage > STAGE_NAMESPACES and (
                 (problem is not None and from_group_crd) or ref.namespace in new_namespaces
             )
             stages[stage].append(
