@@ -805,7 +805,9 @@ class GroupStep:
             self.r.records.save(
                 self.group, GroupRecord(failure=self.failure(targets, serial, failed.reason, why))
             )
-            self.close_runs(intent, "failed", f"serial {serial} not applied: {why}")
+            self.close_runs(
+                intent, "failed", f"serial {serial} not applied: {why}", culprit=_culprit(failed)
+            )
             for name in names:
                 view = self.view(name)
                 message = f"serial {serial} not applied (nothing was written): {why}"
@@ -819,7 +821,7 @@ class GroupStep:
         rolling = replace(intent, phase="rolling-back", failure=why)
         self.r.records.save(self.group, GroupRecord(intent=rolling))
         self.failpoint("rollback")
-        return self.roll_back_to(rolling, previous, failed.reason, why)
+        return self.roll_back_to(rolling, previous, failed.reason, why, culprit=_culprit(failed))
 
     def roll_back_to(
         self,
@@ -827,8 +829,11 @@ class GroupStep:
         previous: Mapping[str, Kept | None],
         reason: str,
         why: str,
+        *,
+        culprit: tuple[str, str] | None = None,
     ) -> Outcome:
-        """Re-apply the previous revisions, delete what the target added, health-check."""
+        """Re-apply the previous revisions, delete what the target added, health-check.
+        ``culprit``: the bundle and object that failed, when known (named in that run)."""
         names = list(intent.bundles)
         serial = max(m.target_serial for m in intent.bundles.values())
         targets = {n: m.target_digest for n, m in intent.bundles.items()}
@@ -838,7 +843,12 @@ class GroupStep:
             self.r.records.save(
                 self.group, GroupRecord(failure=self.failure(targets, serial, reason, why))
             )
-            self.close_runs(intent, "failed", f"first install of serial {serial} failed: {why}")
+            self.close_runs(
+                intent,
+                "failed",
+                f"first install of serial {serial} failed: {why}",
+                culprit=culprit,
+            )
             for name in names:
                 view = self.view(name)
                 message = f"first install failed, nothing to roll back to (left as is): {why}"
@@ -907,7 +917,9 @@ class GroupStep:
         self.r.records.save(
             self.group, GroupRecord(failure=self.failure(targets, serial, "RolledBack", why))
         )
-        self.close_runs(intent, "rolledBack", f"serial {serial} rolled back: {why}")
+        self.close_runs(
+            intent, "rolledBack", f"serial {serial} rolled back: {why}", culprit=culprit
+        )
         for name in names:
             view = self.view(name)
             kept = back.get(name)
@@ -945,8 +957,14 @@ class GroupStep:
         )
 
     def close_runs(
-        self, intent: Intent, result: str, message: str, *, failed_object: str | None = None
+        self,
+        intent: Intent,
+        result: str,
+        message: str,
+        *,
+        culprit: tuple[str, str] | None = None,
     ) -> None:
+        """End the intent's runs; the run of the culprit's bundle names the failed object."""
         now = self.now()
         for name, run_id in intent.run_ids.items():
             view = self.r.views.get(name) or self.r._view(name, self.group)
@@ -960,7 +978,7 @@ class GroupStep:
                 finished_at=now,
                 result=result,  # type: ignore[arg-type]
                 message=message,
-                failed_object=failed_object,
+                failed_object=culprit[1] if culprit and culprit[0] == name else None,
             )
             view.runs = self.r.runs.record(name, run)
 
@@ -1063,3 +1081,10 @@ def _without(
         name: [o for o in manifests if (name, ObjectRef.of(o)) not in gone]
         for name, manifests in objects.items()
     }
+
+
+def _culprit(failed: GroupFailed) -> tuple[str, str] | None:
+    """(bundle, object) that made the group fail, when the failure names one."""
+    if failed.bundle and failed.target:
+        return failed.bundle, failed.target
+    return None

@@ -144,6 +144,12 @@ def test_two_groups_install_a_broken_upgrade_rolls_the_group_back_and_a_fix_goes
         assert ready["status"] == "False" and ready["reason"] == "RolledBack", ready
         assert "Deployment" in ready["message"] and "web" in ready["message"], ready
     assert conditions(kube, shop.platform)["Ready"]["status"] == "True"
+    # The rolled-back run of the failing bundle names the object; the other bundle's does not.
+    rolled = {b: agent.reconciler.views[b].runs[0] for b in (shop.web, shop.conf)}
+    assert [r.result for r in rolled.values()] == ["rolledBack", "rolledBack"]
+    assert rolled[shop.web].failed_object is not None
+    assert "Deployment" in rolled[shop.web].failed_object, rolled[shop.web]
+    assert rolled[shop.conf].failed_object is None
 
     # The failed serial is not retried in a loop.
     third = agent.tick()
