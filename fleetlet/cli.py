@@ -23,9 +23,10 @@ EXIT_NOT_IMPLEMENTED = 3
 
 
 def _demo(args: argparse.Namespace) -> int:
-    raise NotImplementedYetError(
-        "fleetlet demo is not implemented yet (see README: status of each part)"
-    )
+    # Imported here: the demo needs the test environment of a source checkout.
+    from fleetlet.demo import run_demo
+
+    return run_demo(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -56,6 +57,21 @@ def build_parser() -> argparse.ArgumentParser:
         "--exit-when-ready",
         action="store_true",
         help="exit 0 once every installation is Ready (non-zero on failure or timeout)",
+    )
+    demo.add_argument(
+        "--timeout",
+        type=float,
+        default=600.0,
+        metavar="SECONDS",
+        help="how long to wait for the fleet (and the scenario) to settle (600)",
+    )
+    demo.add_argument(
+        "--interval", type=float, default=2.0, metavar="SECONDS", help="agents' poll interval"
+    )
+    demo.add_argument(
+        "--workdir",
+        metavar="DIR",
+        help="keep state and logs here (default: a temporary directory, removed at the end)",
     )
     demo.set_defaults(handler=_demo)
     return parser

@@ -35,27 +35,26 @@ def test_render_of_the_examples_is_byte_identical_on_two_runs(tmp_path: Path) ->
         done = fleetlet("hub", "render", str(EXAMPLES), "--out", str(out))
         assert done.returncode == 0, done.stderr
     names = sorted(p.name for p in first.iterdir())
-    assert names == ["eu-core.yaml", "eu-edge-1.yaml", "us-edge-1.yaml"]
+    assert names == ["store-eu-1.yaml", "store-eu-2.yaml", "store-us-1.yaml"]
     _same, mismatch, errors = filecmp.cmpfiles(first, second, names, shallow=False)
     assert (mismatch, errors) == ([], [])
     sets = {n: load_set((first / n).read_bytes(), origin=n) for n in names}
-    got = {n: [e.name for e in s.bundle_deployments] for n, s in sets.items()}
-    assert got == {
-        "eu-core.yaml": ["cert-manager", "monitoring"],
-        "eu-edge-1.yaml": ["cert-manager", "monitoring", "web"],
-        "us-edge-1.yaml": ["cert-manager", "gpu-drivers", "monitoring", "web"],
-    }
-    us = sets["us-edge-1.yaml"]
-    assert us.groups == ("platform", "gpu-drivers", "web")
-    web = us.entry("web")
-    assert web is not None and web.spec.format_options.values == {
-        "replicas": 2,
-        "image": {"tag": "1.4.2-us"},
-    }
-    eu_web = sets["eu-edge-1.yaml"].entry("web")
-    assert eu_web is not None
-    assert eu_web.spec.approval == "manual"
-    assert eu_web.spec.format_options.values == {"replicas": 1, "image": {"tag": "1.4.2"}}
+    every = [
+        "metrics",
+        "payments-config",
+        "platform-crds",
+        "platform-operator",
+        "shop-backend",
+        "shop-frontend",
+    ]
+    for name, deployment_set in sets.items():
+        assert [e.name for e in deployment_set.bundle_deployments] == every, name
+        # platform before shop, which depends on it; independent groups by name.
+        assert deployment_set.groups == ("metrics", "payments-config", "platform", "shop")
+        backend = deployment_set.entry("shop-backend")
+        assert backend is not None and backend.spec.depends_on == ("platform",)
+    paused = {n: [e.name for e in s.bundle_deployments if e.spec.paused] for n, s in sets.items()}
+    assert paused == {"store-eu-1.yaml": [], "store-eu-2.yaml": [], "store-us-1.yaml": ["metrics"]}
 
 
 def test_key_order_and_file_layout_do_not_change_the_sets(tmp_path: Path) -> None:

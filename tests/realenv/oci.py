@@ -293,6 +293,13 @@ def pack_directory(directory: Path) -> bytes:
     return gzip.compress(raw.getvalue(), compresslevel=9, mtime=0)
 
 
+def artifact_digest(directory: Path) -> str:
+    """The manifest digest :func:`push_bundle` gives ``directory``, computed offline (the
+    packing is deterministic): what a fleet repo pins before anything is pushed."""
+    layer = descriptor(BUNDLE_LAYER_MEDIA_TYPE, pack_directory(directory))
+    return sha256_digest(build_manifest(layer=layer))
+
+
 def unpack_layer(data: bytes, destination: Path) -> None:
     """Unpack a tar+gzip layer (tarfile's "data" filter: no traversal, links or devices)."""
     destination.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,305 @@
+"""``fleetlet demo`` as a newcomer runs it: the README's first command, on real clusters.
+
+One run is non-interactive (``--exit-when-ready``: exit 0 once every installation is Ready, with
+the summary printed); one is interactive with ``--scenario failed-upgrade``: the tests read the
+dashboard's address and read-only token from its output like a user, check the API and the
+dashboard in a real browser (Debian's chromium), then press Ctrl-C (SIGINT) and check that
+nothing the demo started is left running. A third run times out on purpose: non-zero exit, and
+again nothing left behind.
+
+Artifact: a screenshot of the demo fleet's matrix, ``test-artifacts/demo/matrix.png``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import pytest
+import requests
+from playwright.sync_api import Page, expect
+
+from tests.realenv.browser import chromium
+
+ROOT = Path(__file__).resolve().parent.parent
+ARTIFACTS = Path(os.environ.get("FLEETLET_TEST_ARTIFACTS") or ROOT / "test-artifacts") / "demo"
+CLUSTERS = ("store-eu-1", "store-eu-2", "store-us-1")
+BUNDLES = (
+    "metrics",
+    "payments-config",
+    "platform-crds",
+    "platform-operator",
+    "shop-backend",
+    "shop-frontend",
+)
+GROUPS = {
+    "metrics": "metrics",
+    "payments-config": "payments-config",
+    "platform-crds": "platform",
+    "platform-operator": "platform",
+    "shop-backend": "shop",
+    "shop-frontend": "shop",
+}
+CANARY = "store-eu-1"
+CODES = {"Ready": "R", "Progressing": "P", "Degraded": "D", "RolledBack": "RB", "Paused": "PA"}
+
+
+def demo_command(workdir: Path, *args: str) -> list[str]:
+    return [
+        sys.executable, "-m", "fleetlet", "demo", "--workdir", str(workdir),
+        "--interval", "2", *args,
+    ]  # fmt: skip
+
+
+def left_running(workdir: Path) -> list[str]:
+    """Command lines of live processes that mention ``workdir`` (every component the demo
+    starts has its state there: clusters, registry, git daemon, agents, hub)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        line = " ".join(a.decode(errors="replace") for a in argv if a)
+        if str(workdir) in line and int(entry.name) != os.getpid():
+            found.append(line[:200])
+    return found
+
+
+def summary(stdout: str, title: str) -> dict[tuple[str, str], tuple[str, str, str]]:
+    """The table printed under ``title``: (cluster, bundle) -> (group, state, serial)."""
+    after = stdout.split(title, 1)[1]
+    lines = after[after.index("\nCLUSTER") + 1 :].split("\n\n")[0].splitlines()
+    assert lines[0].split() == ["CLUSTER", "BUNDLE", "GROUP", "STATE", "SERIAL"]
+    rows = {}
+    for line in lines[1:]:
+        cluster, bundle, group, state, serial = line.split()
+        rows[(cluster, bundle)] = (group, state, serial)
+    return rows
+
+
+def ready_states() -> dict[tuple[str, str], str]:
+    return {
+        (c, b): "Paused" if (c, b) == ("store-us-1", "metrics") else "Ready"
+        for c in CLUSTERS
+        for b in BUNDLES
+    }
+
+
+def upgraded_states() -> dict[tuple[str, str], str]:
+    states = ready_states()
+    states[(CANARY, "shop-backend")] = states[(CANARY, "shop-frontend")] = "RolledBack"
+    return states
+
+
+def test_exit_when_ready_brings_the_example_fleet_to_ready_and_stops(tmp_path: Path) -> None:
+    workdir = tmp_path / "demo"
+    done = subprocess.run(
+        demo_command(workdir, "--exit-when-ready"),
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    rows = summary(done.stdout, "Every installation is Ready")
+    assert {k: v[1] for k, v in rows.items()} == ready_states()
+    assert {b: g for (_, b), (g, _, _) in rows.items()} == GROUPS
+    # Everything installed is on the first serial; the paused bundle was never applied.
+    assert {v[2] for k, v in rows.items() if v[1] == "Ready"} == {"1"}
+    assert rows[("store-us-1", "metrics")][2] == "-"
+    # Progress was shown while it started.
+    for said in ("[demo] starting 3 clusters", "[demo] pushed 8 bundle artifacts", "published"):
+        assert said in done.stderr
+    assert re.search(r"^Dashboard: http://127\.0\.0\.1:\d+/#token=read-", done.stdout, re.M)
+    assert left_running(workdir) == []
+
+
+def test_a_demo_that_times_out_exits_non_zero_and_stops_everything(tmp_path: Path) -> None:
+    workdir = tmp_path / "demo"
+    done = subprocess.run(
+        demo_command(workdir, "--exit-when-ready", "--timeout", "3"),
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        cwd=ROOT,
+    )
+    assert done.returncode == 1, done.stderr[-4000:]
+    assert "timed out after 3s waiting for every installation Ready" in done.stderr
+    assert "Every installation is Ready" not in done.stdout
+    assert left_running(workdir) == []
+
+
+# --- the interactive run --------------------------------------------------------------------
+
+
+@dataclass
+class RunningDemo:
+    """``fleetlet demo --scenario failed-upgrade``, running until a test presses Ctrl-C."""
+
+    process: subprocess.Popen[str]
+    workdir: Path
+    stdout: list[str] = field(default_factory=list)
+    url: str = ""
+    token: str = ""
+
+    def text(self) -> str:
+        return "".join(self.stdout)
+
+    def get(self, path: str, token: str | None = None) -> Any:
+        response = requests.get(
+            f"{self.url}/api/v1{path}",
+            headers={"Authorization": f"Bearer {token or self.token}"},
+            timeout=30,
+        )
+        response.raise_for_status()
+        return response.json()
+
+
+def _pump(stream: IO[str], into: list[str]) -> None:
+    for line in stream:
+        into.append(line)
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningDemo]:
+    workdir = tmp_path_factory.mktemp("demo")
+    errors = (workdir.parent / "demo.err").open("w")
+    process = subprocess.Popen(
+        demo_command(workdir, "--scenario", "failed-upgrade"),
+        stdout=subprocess.PIPE,
+        stderr=errors,
+        text=True,
+        cwd=ROOT,
+    )
+    running = RunningDemo(process=process, workdir=workdir)
+    assert process.stdout is not None
+    threading.Thread(target=_pump, args=(process.stdout, running.stdout), daemon=True).start()
+    try:
+        deadline = time.monotonic() + 1800
+        while "Press Ctrl-C to stop everything." not in running.text():
+            assert process.poll() is None, (workdir.parent / "demo.err").read_text()[-4000:]
+            assert time.monotonic() < deadline, "the demo did not get ready"
+            time.sleep(0.5)
+        dashboard = re.search(r"^Dashboard: (http://127\.0\.0\.1:\d+)/#token=(\S+)$",
+                              running.text(), re.M)  # fmt: skip
+        assert dashboard is not None, running.text()
+        running.url, running.token = dashboard.group(1), dashboard.group(2)
+        yield running
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGINT)
+            try:
+                process.wait(timeout=180)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        errors.close()
+
+
+def test_the_scenario_rolls_the_canarys_shop_group_back_and_the_rest_moves_on(
+    demo: RunningDemo,
+) -> None:
+    text = demo.text()
+    assert {k: v[1] for k, v in summary(text, "Every installation is Ready").items()} == (
+        ready_states()
+    )
+    title = f"Scenario failed-upgrade: the shop group on {CANARY} rolled back"
+    after = summary(text, title)
+    assert {k: v[1] for k, v in after.items()} == upgraded_states()
+    # payments-config moved to serial 2 everywhere; the canary's shop group is back on 1.
+    for cluster in CLUSTERS:
+        assert after[(cluster, "payments-config")][2] == "2"
+    assert after[(CANARY, "shop-backend")][2] == after[(CANARY, "shop-frontend")][2] == "1"
+    assert "catalog-api" in text.split(title, 1)[1].splitlines()[0]
+
+
+def test_the_api_shows_the_rollback_its_runs_and_masked_outputs(demo: RunningDemo) -> None:
+    items = demo.get("/installations")["items"]
+    assert {(i["cluster"], i["bundle"]): i["state"] for i in items} == upgraded_states()
+
+    runs = demo.get(f"/installations/{CANARY}/shop-backend/runs")["items"]
+    latest = runs[0]
+    assert (latest["result"], latest["serial"], latest["operation"]) == ("rolledBack", 2, "upgrade")
+    assert latest["failedObject"] == "Deployment/shop/catalog-api", latest
+    assert "health check timed out" in latest["message"], latest
+    assert [(r["result"], r["serial"]) for r in runs[1:]] == [("succeeded", 1)]
+
+    outputs = demo.get("/installations/store-eu-2/payments-config/runs/latest/outputs")
+    shown = {o["name"]: o["value"] for o in outputs["items"]}
+    assert set(shown) == {"endpoint", "gateway-ip", "gateway-token"}
+    assert shown["endpoint"].endswith("/v2/stores"), shown
+    assert re.fullmatch(r"10\.96\.\d+\.\d+", shown["gateway-ip"]), shown
+    assert shown["gateway-token"] == "<sensitive>"
+
+
+def _open(page: Page, demo: RunningDemo, query: str = "") -> None:
+    page.goto(f"{demo.url}/{query}#token={demo.token}")
+    expect(page.locator("#matrix tbody tr").first).to_be_visible()
+
+
+def test_the_dashboard_shows_the_demo_fleet(demo: RunningDemo) -> None:
+    with chromium() as browser:
+        page = browser.new_context(viewport={"width": 1280, "height": 720}).new_page()
+        page.set_default_timeout(30_000)
+        errors: list[str] = []
+        page.on("pageerror", lambda error: errors.append(str(error)))
+        _open(page, demo)
+        cells = page.eval_on_selector_all(
+            "#matrix td.cell:not(.none)",
+            """cells => cells.map(c => [c.closest('tr').dataset.cluster, c.dataset.bundle,
+                c.dataset.state, c.querySelector('a').textContent])""",
+        )
+        assert {(c, b): (s, code) for c, b, s, code in cells} == {
+            key: (state, CODES[state]) for key, state in upgraded_states().items()
+        }
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "matrix.png"), full_page=True)
+
+        # Filtering by state: only the canary has a rolled-back installation.
+        page.get_by_label("State", exact=True).select_option("RolledBack")
+        rows = page.locator("#matrix tbody tr[data-cluster]")
+        expect(rows).to_have_count(1)
+        expect(rows.first).to_have_attribute("data-cluster", CANARY)
+
+        # The installation page: runs with their results, the sensitive output masked.
+        page.goto(f"{demo.url}/ui/installations/store-eu-2/payments-config")
+        expect(page.get_by_role("heading", level=1)).to_have_text(
+            "Installation store-eu-2/payments-config"
+        )
+        expect(page.locator("#runs > tbody > tr").first).to_have_attribute(
+            "data-result", "succeeded"
+        )
+        outputs = page.locator("#outputs tbody tr")
+        expect(outputs).to_have_count(3)
+        token_row = outputs.filter(has_text="gateway-token")
+        expect(token_row).to_contain_text("<sensitive>")
+        expect(token_row.locator(".badge")).to_have_text("masked")
+        page.goto(f"{demo.url}/ui/installations/{CANARY}/shop-backend")
+        expect(page.locator("#runs > tbody > tr").first).to_have_attribute(
+            "data-result", "rolledBack"
+        )
+        expect(page.locator("#runs > tbody > tr").first).to_contain_text(
+            "Deployment/shop/catalog-api"
+        )
+        assert errors == []
+
+
+def test_ctrl_c_stops_everything_the_demo_started(demo: RunningDemo) -> None:
+    assert demo.process.poll() is None
+    demo.process.send_signal(signal.SIGINT)
+    assert demo.process.wait(timeout=180) == 0
+    assert left_running(demo.workdir) == []
+    with pytest.raises(requests.ConnectionError):
+        requests.get(demo.url, timeout=5)
