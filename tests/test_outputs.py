@@ -27,6 +27,7 @@ from agent.report.outputs import (
     OUTPUTS_OF_LABEL,
     SECRET_TYPE,
     OutputError,
+    OutputsStage,
     OutputsWriter,
     ReadOutput,
     decode_secret_value,
@@ -538,6 +539,46 @@ def test_failed_outputs_are_all_named_in_one_error(
     # A namespaced object needs a namespace: named, or the bundle's target namespace.
     with pytest.raises(OutputError, match=r"output url .*ConfigMap is namespaced"):
         read_outputs(kube, outputs[:1], default_namespace=None)
+
+
+def test_a_field_a_controller_fills_a_moment_later_is_waited_for_then_named(
+    crds: Cluster, kube: KubeClient, namespace: str, agent_namespace: str
+) -> None:
+    # Healthy does not mean filled in: a token controller writes its Secret's data after the
+    # run. The stage re-reads for `settle` seconds, then fails naming the field.
+    settings = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "late", "namespace": namespace},
+        "data": {},
+    }
+    kube.apply(settings, field_manager="fleetlet-tests")
+    waits: list[float] = []
+
+    def controller_fills_it(seconds: float) -> None:
+        waits.append(seconds)
+        kube.apply({**settings, "data": {"token": "filled"}}, field_manager="fleetlet-tests")
+
+    stage = OutputsStage(
+        kube=kube, agent_namespace=agent_namespace, hub_key=None, sleep=controller_fills_it
+    )
+    late = [output("token", "ConfigMap", "late", ".data.token")]
+    got = stage.collect(
+        bundle=f"late-{uuid.uuid4().hex[:6]}", outputs=late, reader=kube,
+        default_namespace=namespace, run_id="r.1", serial=1, now=NOW,
+    )  # fmt: skip
+    assert [(o.name, o.value) for o in got] == [("token", "filled")]
+    assert len(waits) == 1
+
+    never = [output("nope", "ConfigMap", "late", ".data.nope")]
+    stage = OutputsStage(kube=kube, agent_namespace=agent_namespace, hub_key=None, settle=1.0)
+    started = time.monotonic()
+    with pytest.raises(OutputError, match=r"output nope .*no such field"):
+        stage.collect(
+            bundle="never", outputs=never, reader=kube, default_namespace=namespace,
+            run_id="r.1", serial=1, now=NOW,
+        )  # fmt: skip
+    assert time.monotonic() - started >= 1.0
 
 
 def test_an_output_the_bundle_identity_may_not_read_is_forbidden(

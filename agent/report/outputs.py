@@ -28,6 +28,7 @@ import base64
 import binascii
 import contextlib
 import re
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -498,10 +499,21 @@ class OutputsStage:
     identity), write to the cluster (as the agent), give the status document's form."""
 
     def __init__(
-        self, *, kube: KubeClient, agent_namespace: str, hub_key: nacl.public.PublicKey | None
+        self,
+        *,
+        kube: KubeClient,
+        agent_namespace: str,
+        hub_key: nacl.public.PublicKey | None,
+        settle: float = 5.0,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
+        """``settle``: how long to keep re-reading outputs that cannot be read yet. Healthy
+        does not mean every field is filled: a service-account token, a load balancer's
+        address are written by controllers a moment later."""
         self.writer = OutputsWriter(kube=kube, agent_namespace=agent_namespace)
         self.hub_key = hub_key
+        self.settle = settle
+        self.sleep = sleep
 
     def collect(
         self,
@@ -517,10 +529,18 @@ class OutputsStage:
         """After a successful run: read ``outputs`` with ``reader`` and keep the cluster's
         BundleOutputs in sync (none declared: any left from before are deleted).
 
-        Raises OutputError (naming every output that failed), ApiUnavailableError, the
-        KubeClient's errors of the writes.
+        Raises OutputError (naming every output that failed, after ``settle`` seconds of
+        retries), ApiUnavailableError, the KubeClient's errors of the writes.
         """
-        values = read_outputs(reader, outputs, default_namespace=default_namespace)
+        deadline = time.monotonic() + self.settle
+        while True:
+            try:
+                values = read_outputs(reader, outputs, default_namespace=default_namespace)
+                break
+            except OutputError:
+                if time.monotonic() >= deadline:
+                    raise
+                self.sleep(0.5)
         self.writer.write(bundle=bundle, run_id=run_id, serial=serial, values=values, now=now)
         return status_outputs(values, hub_key=self.hub_key)
 
