@@ -219,7 +219,7 @@ class Demo:
         env = self.env
         _say(
             "Kubernetes binaries: found in the cache, or built once from the Go module proxy "
-            "(the first build takes 10-20 minutes on 2 cores; progress follows)"
+            "(the first build takes about 8 minutes on 2 cores; progress follows)"
         )
         binaries = env.binaries.ensure_binaries(progress=sys.stderr)
         self.kubectl = str(binaries["kubectl"])
