@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from agent.api.models import ManifestSelector
-from agent.apply.group import FIELD_MANAGER, apply_group
+from agent.apply.group import FIELD_MANAGER, LIST_FROM, apply_group
 from agent.apply.inventory import Entry, Inventory, plan_prune, prune
 from agent.apply.plan import ApplyError, ApplySettings, BundleInput, PlanError
 from agent.kube import KubeClient, ObjectRef
@@ -220,6 +220,41 @@ def test_second_apply_reports_unchanged_and_a_change_configured(
         kube, [BundleInput(name="app", objects=objects)], agent_namespace=namespace
     )
     assert [r.action for r in second.objects] == ["unchanged", "configured", "unchanged"]
+    assert [r.uid for r in second.objects] == [r.uid for r in first.objects]
+
+
+def test_many_objects_of_a_kind_are_compared_through_one_list(
+    kube: KubeClient, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    objects = [
+        owned(configmap(namespace, f"cm-{i}", n=str(i)), "app", "apps")
+        for i in range(LIST_FROM + 4)
+    ]
+    first = apply_group(kube, [BundleInput(name="app", objects=objects)], agent_namespace=namespace)
+    assert first.counts["created"] == len(objects)
+
+    gets: list[Any] = []
+    real_get, real_list = kube.get, kube.list
+
+    def get(obj: Any) -> Any:
+        gets.append(ObjectRef.of(obj).name)
+        return real_get(obj)
+
+    def list_then_edit(*args: Any, **kwargs: Any) -> Any:
+        items = real_list(*args, **kwargs)
+        # Someone else adds a key to cm-2 after the LIST: its listed version is stale.
+        kube.apply(configmap(namespace, "cm-2", extra="x"), field_manager="someone-else")
+        return items
+
+    monkeypatch.setattr(kube, "get", get)
+    monkeypatch.setattr(kube, "list", list_then_edit)
+    objects[1]["data"]["n"] = "changed"
+    second = apply_group(
+        kube, [BundleInput(name="app", objects=objects)], agent_namespace=namespace
+    )
+    actions = [r.action for r in second.objects]
+    assert actions == ["unchanged", "configured"] + ["unchanged"] * (len(objects) - 2)
+    assert gets == ["cm-2"]  # only the object changed since the LIST is read again
     assert [r.uid for r in second.objects] == [r.uid for r in first.objects]
 
 

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from agent.api.models import ConditionCheck, FieldExpression, HealthCheck, ObjectReference
-from agent.health import Status, assess, assess_live, evaluate, wait_healthy
+from agent.health import LIST_FROM, Status, assess, assess_live, evaluate, wait_healthy
 from agent.health.checks import MISSING, as_text, field_value
 from agent.health.command import HealthInputError, run_health
 from agent.kube import KubeClient
@@ -674,6 +674,68 @@ def test_bundle_checks_against_live_objects(kube: KubeClient, namespace: str) ->
     ]
     assert results[1].assessment.reason == "ApiNotServed"
     assert "'blue', want 'green'" in results[3].assessment.message
+
+
+def test_many_objects_of_a_kind_are_read_by_one_list_or_by_gets_when_listing_is_refused(
+    kube: KubeClient, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    maps = [
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": f"cm-{i}", "namespace": namespace},
+            "data": {"i": str(i)},
+        }
+        for i in range(LIST_FROM + 2)
+    ]
+    for cm in maps[:-1]:
+        kube.apply(cm, field_manager=MANAGER)
+    expected = [Status.CURRENT] * (len(maps) - 1) + [Status.NOT_FOUND]
+
+    def count_gets(client: KubeClient) -> list[Any]:
+        gets: list[Any] = []
+        real = client.get
+
+        def get(obj: Any) -> Any:
+            gets.append(obj)
+            return real(obj)
+
+        monkeypatch.setattr(client, "get", get)
+        return gets
+
+    gets = count_gets(kube)
+    assert [r.status for r in assess_live(kube, maps)] == expected
+    assert gets == []  # one LIST; the last one is absent from it
+
+    # A ServiceAccount that may get ConfigMaps but not list them: a GET each.
+    account = {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": {"name": "getter", "namespace": namespace},
+    }
+    role = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": {"name": "get-configmaps", "namespace": namespace},
+        "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"]}],
+    }
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": {"name": "getter", "namespace": namespace},
+        "roleRef": {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "Role",
+            "name": "get-configmaps",
+        },
+        "subjects": [{"kind": "ServiceAccount", "name": "getter", "namespace": namespace}],
+    }
+    for obj in (account, role, binding):
+        kube.apply(obj, field_manager=MANAGER)
+    getter = kube.impersonating("getter", namespace)
+    getter_gets = count_gets(getter)
+    assert [r.status for r in assess_live(getter, maps)] == expected
+    assert len(getter_gets) == len(maps)
 
 
 # --- fleetlet health -f FILE -------------------------------------------------------------------

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from agent.apply.group import DEFAULT_WORKERS, _dry_run, _Work
+from agent.apply.group import DEFAULT_WORKERS, _dry_run, _list_live, _Work
 from agent.apply.plan import BundleInput, PlannedObject, identity, plan_group
 from agent.kube import KubeClient, ObjectRef
 
@@ -42,6 +42,7 @@ def drifted_objects(
 
     works = [_Work(planned=p, force=force(p), client=client_of(p.bundle)) for p in plan.objects]
     with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="drift") as pool:
+        _list_live(pool, works)
         for done in [pool.submit(_dry_run, w) for w in works]:
             done.result()
     return [w.planned.ref for w in works if not w.existed or w.unchanged is None]

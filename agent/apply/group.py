@@ -11,7 +11,9 @@ The action per object comes from comparing, as Flux does, the live object with t
 answer (ignoring status, resourceVersion, generation and other managers' bookkeeping): the same
 means ``unchanged`` and the object is not applied at all; no live object means ``created``.
 When the bundle's identity may not read the object, it is applied and the resourceVersions
-before and after decide.
+before and after decide. The live objects are read before the dry run by one LIST per kind and
+namespace when the group has many of them there (a GET each otherwise, or when the object
+changed since the LIST: the dry run's resourceVersion must be the live object's).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from agent.kube import (
     ForbiddenError,
     KubeApiError,
     KubeClient,
+    KubeError,
     NotFoundError,
     ObjectRef,
 )
@@ -49,6 +52,9 @@ FIELD_MANAGER = "fleetlet"
 DEFAULT_WORKERS = 8
 DEFAULT_ESTABLISH_TIMEOUT = 60.0
 _COMPARE_ATTEMPTS = 3
+# From this many objects of one kind in one namespace (per identity), their live versions are
+# read by one LIST before the dry run instead of a GET each after it.
+LIST_FROM = 16
 
 Object = dict[str, Any]
 Action = Literal["created", "configured", "unchanged"]
@@ -100,6 +106,8 @@ class _Work:
     existed: bool | None = None
     version_before: str = ""
     unchanged: Object | None = None
+    listed: Object | None = None
+    """The live object as a LIST before the dry run saw it (None: not listed or absent)."""
 
 
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -161,10 +169,14 @@ def _dry_run(work: _Work) -> None:
         work.version_before = version
         if not version:
             return  # a creation: nothing to compare
-        try:
-            live = work.client.get(planned.ref)
-        except (ForbiddenError, NotFoundError):
-            return  # the bundle's ServiceAccount may write but not read: the apply decides
+        listed, work.listed = work.listed, None
+        if listed is not None and str(_meta(listed).get("resourceVersion")) == version:
+            live: Object | None = listed
+        else:
+            try:
+                live = work.client.get(planned.ref)
+            except (ForbiddenError, NotFoundError):
+                return  # the bundle's ServiceAccount may write but not read: the apply decides
         if live is None or str(_meta(live).get("resourceVersion")) != version:
             continue
         if _comparable(live) == _comparable(answer):
@@ -216,6 +228,32 @@ def _run_all(
         if error is not None:
             raise error
     return [f.result() for f in futures]
+
+
+def _list_live(pool: ThreadPoolExecutor, works: Sequence[_Work]) -> None:
+    """Set ``listed`` on the works that share a kind and namespace with ``LIST_FROM`` or more
+    others (per identity), from one LIST each, concurrently. A LIST that fails (not allowed,
+    kind not served yet, ...) leaves its works to a GET each."""
+    groups: dict[tuple[int, str, str, str | None], list[_Work]] = {}
+    for work in works:
+        ref = work.planned.ref
+        key = (id(work.client), ref.api_version, ref.kind, ref.namespace)
+        groups.setdefault(key, []).append(work)
+
+    def fetch(group: list[_Work]) -> None:
+        client, ref = group[0].client, group[0].planned.ref
+        try:
+            if client.is_namespaced(ref.api_version, ref.kind) and not ref.namespace:
+                return  # the dry run says what is wrong
+            items = client.list(ref.api_version, ref.kind, namespace=ref.namespace)
+        except KubeError:
+            return
+        by_name = {str(_meta(item).get("name")): item for item in items}
+        for work in group:
+            work.listed = by_name.get(work.planned.ref.name)
+
+    for future in [pool.submit(fetch, g) for g in groups.values() if len(g) >= LIST_FROM]:
+        future.result()
 
 
 def _wait_established(crds: Sequence[_Work], timeout: float) -> None:
@@ -294,6 +332,7 @@ def apply_group(
         return True
 
     with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="apply") as pool:
+        _list_live(pool, works)
         say(f"dry run of {len(works)} objects")
         done = _run_all(pool, first_dry_run, works)
         later = [w for w, ok in zip(works, done, strict=True) if not ok]

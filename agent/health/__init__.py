@@ -2,7 +2,8 @@
 
 - :func:`assess` (:mod:`agent.health.kstatus`): the status of one object as it is.
 - :func:`evaluate` (:mod:`agent.health.checks`): one ``healthChecks.checks`` entry.
-- :func:`assess_live`: both, for objects read from the cluster through a KubeClient.
+- :func:`assess_live`: both, for objects read from the cluster through a KubeClient (many
+  objects of one kind in one namespace by one LIST, the others by a GET each).
 - :func:`wait_healthy`: poll until every object is Current, one Failed, or the timeout passed
   (the per-group health timeout of the lockstep engine).
 """
@@ -20,6 +21,10 @@ from agent.health.kstatus import NOT_FOUND, Assessment, Status, assess
 
 if TYPE_CHECKING:
     from agent.kube import KubeClient, ObjectRef, RefLike
+
+# From this many objects of one kind in one namespace, they are read by one LIST (all of the
+# kind in the namespace) instead of a GET each.
+LIST_FROM = 16
 
 __all__ = [
     "Assessment",
@@ -115,13 +120,18 @@ def assess_live(
 ) -> list[ObjectHealth]:
     """Read each object (and each check's object) once from the cluster and assess it.
 
-    A kind the server does not serve counts as NotFound; an object this user may not read, or
-    a reference that cannot be completed, is Unknown (with why). ``default_namespace`` completes check references
+    ``LIST_FROM`` or more objects of one kind in one namespace are read by one LIST (falling
+    back to a GET each when this user may not list them). A kind the server does not serve
+    counts as NotFound; an object this user may not read, or a reference that cannot be
+    completed, is Unknown (with why). ``default_namespace`` completes check references
     without a namespace. Raises ApiUnavailableError (and other KubeErrors of reads).
     """
     from agent.kube import ApiNotServedError, ForbiddenError, InvalidError, ObjectRef
 
     cache: dict[ObjectRef, Mapping[str, Any] | Assessment | None] = {}
+    refs = [ObjectRef.of(obj) for obj in objects] if builtin else []
+    if len(refs) >= LIST_FROM:
+        _list_into(kube, refs, cache)
 
     def live(ref: ObjectRef) -> Mapping[str, Any] | Assessment | None:
         if ref not in cache:
@@ -138,8 +148,7 @@ def assess_live(
 
     results: list[ObjectHealth] = []
     if builtin:
-        for obj in objects:
-            ref = ObjectRef.of(obj)
+        for ref in refs:
             found = live(ref)
             assessment = found if isinstance(found, Assessment) else assess(found)
             results.append(ObjectHealth(ref, assessment))
@@ -158,6 +167,33 @@ def assess_live(
             assessment = evaluate(check, found) if found is not None else NOT_FOUND
         results.append(ObjectHealth(ref, assessment, check=_check_label(check)))
     return results
+
+
+def _list_into(
+    kube: KubeClient,
+    refs: Sequence[ObjectRef],
+    cache: dict[ObjectRef, Mapping[str, Any] | Assessment | None],
+) -> None:
+    """Fill ``cache`` (None: absent) for the refs that share a kind and namespace with
+    ``LIST_FROM`` or more others, one LIST each. A LIST that fails with a refusal (not
+    allowed, kind not served) leaves its refs to a GET each, which says why per object."""
+    from agent.kube import KubeApiError
+
+    groups: dict[tuple[str, str, str | None], list[ObjectRef]] = {}
+    for ref in refs:
+        groups.setdefault((ref.api_version, ref.kind, ref.namespace), []).append(ref)
+    for (api_version, kind, namespace), members in groups.items():
+        if len(members) < LIST_FROM:
+            continue
+        try:
+            if kube.is_namespaced(api_version, kind) and not namespace:
+                continue  # a GET says it needs a namespace
+            items = kube.list(api_version, kind, namespace=namespace)
+        except KubeApiError:
+            continue
+        by_name = {str((item.get("metadata") or {}).get("name")): item for item in items}
+        for ref in members:
+            cache[ref] = by_name.get(ref.name)
 
 
 def wait_healthy(
