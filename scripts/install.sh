@@ -24,5 +24,5 @@ fi
 log "pip install -e .[hub,test]"
 python3 -m pip install -q --disable-pip-version-check -e '.[hub,test]'
 
-log "Kubernetes control-plane binaries (a cold build from the Go module proxy takes 15-30 minutes)"
+log "Kubernetes control-plane binaries (a cold build from the Go module proxy takes about 8 minutes on two cores)"
 python3 -m tests.realenv.binaries

@@ -7,7 +7,7 @@ from the Go module proxy into that cache. Builds write to a temporary name and r
 file lock, so concurrent test workers never see half a binary and build each thing once.
 
 ``python -m tests.realenv.binaries`` ensures every binary and prints the paths (CI runs it before
-the tests so that the cold build, 10-20 minutes on two cores, is visible as its own step).
+the tests so that the cold build, about 8 minutes on two cores, is visible as its own step).
 """
 
 from __future__ import annotations
@@ -301,7 +301,7 @@ def _build_kubernetes(names: list[str], progress: TextIO | None) -> None:
     _say(
         progress,
         f"building {', '.join(names)} {KUBERNETES_VERSION} from the Go module proxy "
-        "(a cold build takes 10-20 minutes and a few GB of memory) ...",
+        "(a cold build takes about 6 minutes on two cores and ~3 GB of memory) ...",
     )
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="kube-build-", dir=bin_dir()) as tmp:
