@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 
 from agent.api.models import ManifestSelector
-from agent.apply.group import FIELD_MANAGER, LIST_FROM, apply_group
+from agent.apply.group import FIELD_MANAGER, apply_group
 from agent.apply.inventory import Entry, Inventory, plan_prune, prune
 from agent.apply.plan import ApplyError, ApplySettings, BundleInput, PlanError
-from agent.kube import KubeClient, ObjectRef
+from agent.kube import LIST_FROM, KubeClient, ObjectRef
 from agent.render.plain import BUNDLE_LABEL, GROUP_LABEL
 from tests.realenv.kube import Cluster
 

@@ -19,10 +19,10 @@ import pytest
 import yaml
 
 from agent.api.models import ConditionCheck, FieldExpression, HealthCheck, ObjectReference
-from agent.health import LIST_FROM, Status, assess, assess_live, evaluate, wait_healthy
+from agent.health import Status, assess, assess_live, evaluate, wait_healthy
 from agent.health.checks import MISSING, as_text, field_value
 from agent.health.command import HealthInputError, run_health
-from agent.kube import KubeClient
+from agent.kube import LIST_FROM, KubeClient
 from tests.realenv.kube import Cluster
 
 MANAGER = "fleetlet-test"

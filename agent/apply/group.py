@@ -43,7 +43,6 @@ from agent.kube import (
     ForbiddenError,
     KubeApiError,
     KubeClient,
-    KubeError,
     NotFoundError,
     ObjectRef,
 )
@@ -52,9 +51,6 @@ FIELD_MANAGER = "fleetlet"
 DEFAULT_WORKERS = 8
 DEFAULT_ESTABLISH_TIMEOUT = 60.0
 _COMPARE_ATTEMPTS = 3
-# From this many objects of one kind in one namespace (per identity), their live versions are
-# read by one LIST before the dry run instead of a GET each after it.
-LIST_FROM = 16
 
 Object = dict[str, Any]
 Action = Literal["created", "configured", "unchanged"]
@@ -231,29 +227,15 @@ def _run_all(
 
 
 def _list_live(pool: ThreadPoolExecutor, works: Sequence[_Work]) -> None:
-    """Set ``listed`` on the works that share a kind and namespace with ``LIST_FROM`` or more
-    others (per identity), from one LIST each, concurrently. A LIST that fails (not allowed,
-    kind not served yet, ...) leaves its works to a GET each."""
-    groups: dict[tuple[int, str, str, str | None], list[_Work]] = {}
+    """Set ``listed`` on the works :meth:`KubeClient.read_many` reads by a LIST (per identity,
+    the LISTs concurrently); the others are read by a GET in their dry run."""
+    by_client: dict[int, list[_Work]] = {}
     for work in works:
-        ref = work.planned.ref
-        key = (id(work.client), ref.api_version, ref.kind, ref.namespace)
-        groups.setdefault(key, []).append(work)
-
-    def fetch(group: list[_Work]) -> None:
-        client, ref = group[0].client, group[0].planned.ref
-        try:
-            if client.is_namespaced(ref.api_version, ref.kind) and not ref.namespace:
-                return  # the dry run says what is wrong
-            items = client.list(ref.api_version, ref.kind, namespace=ref.namespace)
-        except KubeError:
-            return
-        by_name = {str(_meta(item).get("name")): item for item in items}
-        for work in group:
-            work.listed = by_name.get(work.planned.ref.name)
-
-    for future in [pool.submit(fetch, g) for g in groups.values() if len(g) >= LIST_FROM]:
-        future.result()
+        by_client.setdefault(id(work.client), []).append(work)
+    for same in by_client.values():
+        found = same[0].client.read_many([w.planned.ref for w in same], each=pool.map)
+        for work in same:
+            work.listed = found.get(work.planned.ref)
 
 
 def _wait_established(crds: Sequence[_Work], timeout: float) -> None:

@@ -22,10 +22,6 @@ from agent.health.kstatus import NOT_FOUND, Assessment, Status, assess
 if TYPE_CHECKING:
     from agent.kube import KubeClient, ObjectRef, RefLike
 
-# From this many objects of one kind in one namespace, they are read by one LIST (all of the
-# kind in the namespace) instead of a GET each.
-LIST_FROM = 16
-
 __all__ = [
     "Assessment",
     "HealthReport",
@@ -120,7 +116,7 @@ def assess_live(
 ) -> list[ObjectHealth]:
     """Read each object (and each check's object) once from the cluster and assess it.
 
-    ``LIST_FROM`` or more objects of one kind in one namespace are read by one LIST (falling
+    Many objects of one kind in one namespace are read by one LIST (falling
     back to a GET each when this user may not list them). A kind the server does not serve
     counts as NotFound; an object this user may not read, or a reference that cannot be
     completed, is Unknown (with why). ``default_namespace`` completes check references
@@ -130,8 +126,7 @@ def assess_live(
 
     cache: dict[ObjectRef, Mapping[str, Any] | Assessment | None] = {}
     refs = [ObjectRef.of(obj) for obj in objects] if builtin else []
-    if len(refs) >= LIST_FROM:
-        _list_into(kube, refs, cache)
+    cache.update(kube.read_many(refs))
 
     def live(ref: ObjectRef) -> Mapping[str, Any] | Assessment | None:
         if ref not in cache:
@@ -167,33 +162,6 @@ def assess_live(
             assessment = evaluate(check, found) if found is not None else NOT_FOUND
         results.append(ObjectHealth(ref, assessment, check=_check_label(check)))
     return results
-
-
-def _list_into(
-    kube: KubeClient,
-    refs: Sequence[ObjectRef],
-    cache: dict[ObjectRef, Mapping[str, Any] | Assessment | None],
-) -> None:
-    """Fill ``cache`` (None: absent) for the refs that share a kind and namespace with
-    ``LIST_FROM`` or more others, one LIST each. A LIST that fails with a refusal (not
-    allowed, kind not served) leaves its refs to a GET each, which says why per object."""
-    from agent.kube import KubeApiError
-
-    groups: dict[tuple[str, str, str | None], list[ObjectRef]] = {}
-    for ref in refs:
-        groups.setdefault((ref.api_version, ref.kind, ref.namespace), []).append(ref)
-    for (api_version, kind, namespace), members in groups.items():
-        if len(members) < LIST_FROM:
-            continue
-        try:
-            if kube.is_namespaced(api_version, kind) and not namespace:
-                continue  # a GET says it needs a namespace
-            items = kube.list(api_version, kind, namespace=namespace)
-        except KubeApiError:
-            continue
-        by_name = {str((item.get("metadata") or {}).get("name")): item for item in items}
-        for ref in members:
-            cache[ref] = by_name.get(ref.name)
 
 
 def wait_healthy(
