@@ -50,7 +50,8 @@ from agent.kube import (
 FIELD_MANAGER = "fleetlet"
 DEFAULT_WORKERS = 8
 DEFAULT_ESTABLISH_TIMEOUT = 60.0
-_COMPARE_ATTEMPTS = 3
+_COMPARE_ATTEMPTS = 5
+_COMPARE_BACKOFF = 0.05  # seconds before the 2nd attempt, doubling: 0.75 s in all
 
 Object = dict[str, Any]
 Action = Literal["created", "configured", "unchanged"]
@@ -152,8 +153,11 @@ def _dry_run(work: _Work) -> None:
     """
     planned = work.planned
     # A controller writing to the object between the dry run and the read (a new Deployment's
-    # status) makes them incomparable: try again a few times, then count it as changed.
-    for _attempt in range(_COMPARE_ATTEMPTS):
+    # status, several times in its first second) makes them incomparable: try again a few
+    # times, backing off so the controller settles, then count it as changed.
+    for attempt in range(_COMPARE_ATTEMPTS):
+        if attempt:
+            time.sleep(_COMPARE_BACKOFF * 2 ** (attempt - 1))
         try:
             answer = work.client.apply(
                 planned.manifest, field_manager=FIELD_MANAGER, force=work.force, dry_run=True
