@@ -45,15 +45,9 @@ _SOURCE_PASSTHROUGH = ("directory", "destination", "auth")
 # Keys of a bundle file the hub consumes itself; every other key is passed to the
 # BundleDeployment spec unchanged (the agent's API validates it).
 _BUNDLE_OWN_KEYS = ("name", "sources", "targets", "overrides")
-_OVERRIDE_KEYS = (
-    "clusters",
-    "clusterSelector",
-    "sources",
-    "values",
-    "paused",
-    "approval",
-    "namespace",
-)
+# What an override changes (it needs one at least), and every key it may have.
+_OVERRIDE_FIELDS = ("sources", "values", "paused", "approval", "namespace")
+_OVERRIDE_KEYS = ("clusters", "clusterSelector", *_OVERRIDE_FIELDS)
 
 DEFAULT_EXPIRES_AFTER = timedelta(days=7)
 DEFAULT_REFRESH_BEFORE = timedelta(days=2)
@@ -631,13 +625,8 @@ def _load_override(
         start = len(problems.items)
         sources = tuple(_load_sources(raw["sources"], rel, problems, f"{where}.sources"))
         ok = ok and len(problems.items) == start
-    if not any(k in raw for k in ("sources", "values", "paused", "approval", "namespace")):
-        problems.add(
-            rel,
-            where,
-            "at least one of sources, values, paused, approval, namespace",
-            _found("none"),
-        )
+    if not any(k in raw for k in _OVERRIDE_FIELDS):
+        problems.add(rel, where, f"at least one of {', '.join(_OVERRIDE_FIELDS)}", _found("none"))
         ok = False
     if not ok:
         return None
