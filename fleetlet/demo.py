@@ -399,11 +399,7 @@ class Demo:
         deadline = time.monotonic() + self.timeout
         last = ""
         while True:
-            for process in self.processes:
-                if not process.alive():
-                    raise DemoError(
-                        f"{process.name} exited ({process.popen.returncode}):\n{process.tail()}"
-                    )
+            self._check_alive()
             try:
                 missing = pending()
             except (OSError, ValueError, KeyError) as exc:  # the hub not listening yet
@@ -444,9 +440,7 @@ class Demo:
             signal.signal(number, handler)
         with contextlib.suppress(KeyboardInterrupt):
             while not stop:
-                for process in self.processes:
-                    if not process.alive():
-                        raise DemoError(f"{process.name} exited:\n{process.tail()}")
+                self._check_alive()
                 time.sleep(0.5)
 
     # -- helpers -----------------------------------------------------------------------------
@@ -535,6 +529,14 @@ class Demo:
         )
         handle.close()
         self.processes.append(Process(name=name, popen=popen, log=log))
+
+    def _check_alive(self) -> None:
+        """Raises DemoError when an agent or the hub has exited (with its log's tail)."""
+        for process in self.processes:
+            if not process.alive():
+                raise DemoError(
+                    f"{process.name} exited ({process.popen.returncode}):\n{process.tail()}"
+                )
 
     def _stop_processes(self) -> None:
         for process in reversed(self.processes):
