@@ -29,10 +29,17 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol
 
-from agent.errors import FleetletError, PermanentError, TemporaryError
+from agent.errors import ConfigurationError, FleetletError, PermanentError, TemporaryError
 
 Object = dict[str, Any]
 Objects = list[Object]
+
+CONTENT_FIELD_MANAGER = "fleetlet"
+"""The field manager of bundle content: every object a bundle renders is applied as it."""
+STATE_FIELD_MANAGER = "fleetlet-agent"
+"""The field manager of the agent's own state (revision store, group records, runs, outputs,
+BundleDeployments): another manager than bundle content's, so content can never take over,
+or be mistaken for, the agent's bookkeeping."""
 
 # Connect quickly or not at all; a read may legitimately take a while (large lists, apply of a
 # big object through admission), but never forever.
@@ -43,6 +50,8 @@ _LIST_PAGE = 500
 # each (a LIST returns the whole kind in the namespace, so it pays only for many).
 LIST_FROM = 16
 _MANAGER_IN_CAUSE = re.compile(r'conflict with "([^"]+)"')
+_WEBHOOK_NAME = re.compile(r'webhook "([^"]+)"')
+_WEBHOOK_FAILURE = re.compile(r"calling webhook|webhook .* (failed|error)", re.IGNORECASE)
 
 
 # --- errors ------------------------------------------------------------------------------------
@@ -91,7 +100,7 @@ class ApiUnavailableError(KubeError, TemporaryError):
         self.status = status
 
 
-class KubeconfigError(KubeError, PermanentError):
+class KubeconfigError(KubeError, ConfigurationError):
     """The kubeconfig (or in-cluster configuration) cannot be loaded."""
 
     reason = "KubeconfigInvalid"
@@ -164,6 +173,19 @@ class ApiNotServedError(KubeApiError):
     reason = "ApiNotServed"
 
 
+class WebhookError(KubeApiError):
+    """An admission webhook could not be called or failed (the API server answers 500 and
+    names it): the object is refused, the API server itself is fine. ``webhook`` is its name
+    when the message gives it."""
+
+    reason = "WebhookFailed"
+
+    @property
+    def webhook(self) -> str | None:
+        found = _WEBHOOK_NAME.search(self.server_message)
+        return found.group(1) if found else None
+
+
 _BY_STATUS: dict[int, type[KubeApiError]] = {
     403: ForbiddenError,
     404: NotFoundError,
@@ -196,6 +218,9 @@ def _from_api_exception(exc: Any, target: str) -> KubeError:
             if isinstance(loaded, dict):
                 document = loaded
     message = str(document.get("message") or body or getattr(exc, "reason", "") or "no message")
+    if status == 500 and _WEBHOOK_FAILURE.search(message):
+        # One object's admission webhook is down: a refusal of that object, not an outage.
+        return WebhookError(message, target=target, status=status, reason="WebhookFailed")
     if status in _TEMPORARY:
         return ApiUnavailableError(
             f"{target}: API server answered {status or 'nothing usable'}: {message}",
@@ -523,6 +548,21 @@ class KubeClient:
             return self.is_namespaced(api_version, kind)
         except ApiNotServedError:
             return None
+
+    def reachable(self) -> bool:
+        """Whether the API server answers at all (``/readyz``, which every user may read):
+        tells an API server that is down from one request that failed (an aggregated API
+        away, a slow webhook). Never raises."""
+        try:
+            self._client()
+            api = self._api_client
+            request = api.param_serialize(
+                method="GET", resource_path="/readyz", auth_settings=["BearerToken"]
+            )
+            response = api.call_api(*request, _request_timeout=self._timeout)
+            return 0 < int(getattr(response, "status", 0) or 0) < 500
+        except Exception:
+            return False
 
     def forget_discovery(self) -> None:
         """Drop memoized resources (e.g. after installing CRDs); the next lookups re-discover."""

@@ -13,7 +13,12 @@ from collections.abc import Sequence
 
 from agent import __version__
 from agent import cli as agent_cli
-from agent.errors import FleetletError, NotImplementedYetError, TemporaryError
+from agent.errors import (
+    ConfigurationError,
+    FleetletError,
+    NotImplementedYetError,
+    TemporaryError,
+)
 from hub import cli as hub_cli
 
 EXIT_OK = 0
@@ -85,6 +90,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except NotImplementedYetError as exc:
         print(f"fleetlet: {exc}", file=sys.stderr)
         return EXIT_NOT_IMPLEMENTED
+    except ConfigurationError as exc:
+        print(f"fleetlet: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except TemporaryError as exc:
         print(f"fleetlet: {exc} (temporary; retrying may help)", file=sys.stderr)
         return EXIT_FAILED

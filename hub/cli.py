@@ -17,13 +17,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from agent.errors import NotImplementedYetError, PermanentError
+from agent.output import add_output_option
+from agent.output import render as render_output
 from hub import installations as inst_handlers
 from hub.serve import add_serve_arguments
 
-_OUTPUTS = ["table", "json", "yaml"]
 TOKEN_ENV = "SIGSTORE_ID_TOKEN"
 GIT_USERNAME_ENV = "FLEETLET_GIT_USERNAME"
 GIT_PASSWORD_ENV = "FLEETLET_GIT_PASSWORD"
@@ -54,10 +53,8 @@ class _Progress:
 
 
 def _emit(data: Any, output: str) -> None:
-    if output == "json":
-        print(json.dumps(data, indent=2, sort_keys=True, default=str))
-    else:
-        print(yaml.safe_dump(data, sort_keys=True, default_flow_style=False), end="")
+    """``-o json|yaml`` (the table of each command is printed by the command itself)."""
+    print(render_output(data, output, table=str))
 
 
 def _git_credentials() -> tuple[str, str] | None:
@@ -330,7 +327,7 @@ def register(sub: Any) -> None:
         metavar="TIME",
         help="issuedAt of the sets (default: the fleet commit's time)",
     )
-    render.add_argument("-o", "--output", choices=_OUTPUTS, default="table")
+    add_output_option(render)
     render.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     render.add_argument(
         "--registry-config",
@@ -374,7 +371,7 @@ def register(sub: Any) -> None:
         metavar="DIR",
         help="local git cache reused between runs (default: a temporary one)",
     )
-    publish.add_argument("-o", "--output", choices=_OUTPUTS, default="table")
+    add_output_option(publish)
     publish.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     publish.add_argument(
         "--registry-config",
@@ -396,7 +393,7 @@ def register(sub: Any) -> None:
         "--cluster", action="append", metavar="NAME", help="only this cluster (repeatable)"
     )
     diff.add_argument("--cache-dir", metavar="DIR", help="local git cache reused between runs")
-    diff.add_argument("-o", "--output", choices=_OUTPUTS, default="table")
+    add_output_option(diff)
     diff.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     diff.add_argument(
         "--registry-config",
@@ -433,7 +430,7 @@ def register_installations(sub: Any) -> None:
             p.add_argument("--state", metavar="STATE", help="Ready, Progressing, Degraded, ...")
         p.add_argument("--hub", metavar="URL")
         p.add_argument("--repo", metavar="GIT_URL")
-        p.add_argument("-o", "--output", choices=_OUTPUTS, default="table")
+        add_output_option(p)
         inst_handlers.add_source_arguments(p)
         p.set_defaults(handler=handlers[name])
     for group in ("runs", "outputs"):
@@ -445,7 +442,7 @@ def register_installations(sub: Any) -> None:
             lst.add_argument("--run", default="latest", metavar="ID|latest")
         lst.add_argument("--hub", metavar="URL")
         lst.add_argument("--repo", metavar="GIT_URL")
-        lst.add_argument("-o", "--output", choices=_OUTPUTS, default="table")
+        add_output_option(lst)
         inst_handlers.add_source_arguments(lst)
         lst.set_defaults(
             handler=inst_handlers.runs_list if group == "runs" else inst_handlers.outputs_list

@@ -32,7 +32,7 @@ from agent.kube import KubeClient
 from agent.source.archive import ArchiveLimits
 from agent.source.branch import BranchContentError
 from agent.source.content import ContentRefusedError
-from agent.sync import ClusterState
+from agent.state import ClusterState
 from agent.verify import BUNDLE_FILE, PROOF_FILE, SET_FILE, STATEMENT_FILE, TrustPolicy
 from tests.hostile import archives, manifests
 from tests.realenv.kube import Cluster
@@ -103,7 +103,7 @@ TAMPERED: list[tuple[str, Callable[[Files, Files], Files], type[Exception], str]
     ("set-edited", edit_set, InclusionProofError, "InclusionProofInvalid"),
     ("proof-of-another-leaf", foreign_proof, InclusionProofError, "InclusionProofInvalid"),
     ("set-for-another-cluster", other_clusters_publication, WrongClusterError, "WrongCluster"),
-    ("floating-reference", floating_reference, FloatingReferenceError, "ValidationFailed"),
+    ("floating-reference", floating_reference, FloatingReferenceError, "FloatingReference"),
     ("signature-removed", unsigned, BranchContentError, "BranchContentInvalid"),
 ]
 

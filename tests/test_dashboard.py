@@ -338,8 +338,8 @@ def test_installation_page_shows_runs_and_masks_sensitive_outputs(hub: Hub, tab:
     assert page.eval_on_selector_all(
         "#runs > tbody > tr", "rows => rows.map(r => [r.dataset.run, r.dataset.result])"
     ) == [
-        ["store-eu-001.shop-frontend.3.1", "succeeded"],
-        ["store-eu-001.shop-frontend.2.1", "succeeded"],
+        ["store-eu-001.shop-frontend.3.1", "Succeeded"],
+        ["store-eu-001.shop-frontend.2.1", "Succeeded"],
     ]
     expect(runs.first).to_contain_text("1 created, 0 configured, 3 unchanged, 0 pruned")
     expect(page.locator("#conditions")).to_contain_text(re.compile(r"Ready\s*True\s*Healthy"))
@@ -354,7 +354,7 @@ def test_installation_page_shows_runs_and_masks_sensitive_outputs(hub: Hub, tab:
     # A failed run: its result, message and failed object.
     page.goto(f"{hub.url}/ui/installations/store-eu-001/shop-backend")
     first = page.locator("#runs > tbody > tr").first
-    expect(first).to_have_attribute("data-result", "failed")
+    expect(first).to_have_attribute("data-result", "Failed")
     expect(first).to_contain_text("Deployment shop-backend/shop-backend not Available")
     expect(first).to_contain_text("Failed object: apps/v1 Deployment shop-backend/shop-backend")
     expect(page.locator("dl.facts")).to_contain_text("Degraded")

@@ -58,7 +58,7 @@ def _documents(key: PrivateKey) -> dict[str, Any]:
     outputs = {"address": {"value": "10.0.0.7"}, "password": {"sealed": _seal(key, SECRET)}}
     web_a = [
         make_run("edge-a", "web", 3, 1, operation="upgrade", outputs=outputs),
-        make_run("edge-a", "web", 2, 1, result="rolledBack", operation="upgrade"),
+        make_run("edge-a", "web", 2, 1, result="RolledBack", operation="upgrade"),
         make_run("edge-a", "web", 1, 1, outputs={"address": {"value": "10.0.0.1"}}),
     ]
     db_a = [make_run("edge-a", "db", 1, 1, outputs={"token": {"omitted": True}})]
@@ -69,7 +69,7 @@ def _documents(key: PrivateKey) -> dict[str, Any]:
         "edge-b": make_status(
             "edge-b",
             bundles={
-                "web": make_bundle([make_run("edge-b", "web", 1, 1, result="failed")], ready=False)
+                "web": make_bundle([make_run("edge-b", "web", 1, 1, result="Failed")], ready=False)
             },
         ),
         "edge-old": make_status("edge-old", heartbeat=now - timedelta(hours=1)),
@@ -133,9 +133,9 @@ def test_installations_filters_states_and_runs(hub: Hub) -> None:
 
     runs = hub.get("/api/v1/installations/edge-a/web/runs").json()["items"]
     assert [(r["id"], r["result"]) for r in runs] == [
-        ("edge-a.web.3.1", "succeeded"),
-        ("edge-a.web.2.1", "rolledBack"),
-        ("edge-a.web.1.1", "succeeded"),
+        ("edge-a.web.3.1", "Succeeded"),
+        ("edge-a.web.2.1", "RolledBack"),
+        ("edge-a.web.1.1", "Succeeded"),
     ]
     older = hub.get("/api/v1/installations/edge-a/web/runs/edge-a.web.1.1/outputs").json()
     assert older["run"] == "edge-a.web.1.1" and older["items"][0]["value"] == "10.0.0.1"
@@ -257,7 +257,7 @@ def test_cli_hub_and_repo_modes_print_the_same(
     table = _cli(capsys, cli.runs_list, output="table", installation="edge-a/web", **via_hub)
     lines = table.splitlines()
     assert lines[0].split()[:4] == ["RUN", "OPERATION", "SERIAL", "RESULT"]
-    assert [line.split()[3] for line in lines[1:]] == ["succeeded", "rolledBack", "succeeded"]
+    assert [line.split()[3] for line in lines[1:]] == ["Succeeded", "RolledBack", "Succeeded"]
     outputs = _cli(
         capsys, cli.outputs_list, output="yaml", installation="edge-a/web", run="latest", **via_hub
     )

@@ -160,7 +160,7 @@ def test_status_form_seals_or_omits_sensitive_values() -> None:
     assert sealed[1].sealed is not None
     assert open_sealed(hub, sealed[1].sealed) == PASSWORD
     # Nothing that leaves the cluster holds the clear value: the whole run, as JSON.
-    run = Run(id="web.1", operation="install", started_at=NOW, result="succeeded", outputs=sealed)
+    run = Run(id="web.1", operation="install", started_at=NOW, result="Succeeded", outputs=sealed)
     assert PASSWORD not in json.dumps(to_dict(run))
     assert b64(PASSWORD) not in json.dumps(to_dict(run))
 

@@ -42,7 +42,7 @@ T0 = datetime(2026, 11, 22, 23, 0, 0, tzinfo=UTC)
 DIGEST = "sha256:" + "ab" * 32
 
 
-def make_run(bundle: str, n: int, *, result: str = "succeeded", message: str = "applied") -> Run:
+def make_run(bundle: str, n: int, *, result: str = "Succeeded", message: str = "applied") -> Run:
     return Run(
         id=f"edge-a.{bundle}.{n}.1",
         operation="install" if n == 1 else "upgrade",
@@ -154,7 +154,7 @@ def test_validation_reports_every_problem_with_wire_paths() -> None:
     text = str(err)
     assert text.startswith("status.json: ")
     assert "exactly one of value, sealed or omitted: true" in text
-    assert "one of succeeded, failed, rolledBack, inProgress" in text
+    assert "one of Running, Succeeded, Failed, RolledBack" in text
 
 
 def test_load_refuses_bad_bytes() -> None:
@@ -245,7 +245,7 @@ def test_sealed_output_opens_only_with_the_hub_key() -> None:
                                 id="r1",
                                 operation="install",
                                 started_at=T0,
-                                result="succeeded",
+                                result="Succeeded",
                                 outputs=(output,),
                             ),
                         ),

@@ -156,10 +156,10 @@ def test_runs_and_outputs_of_the_lockstep_scenario_reach_the_cli_the_cluster_and
     status = ["--repo", lab.status_url, "--cache-dir", str(tmp_path / "cli-cache")]
     for bundle in (conf, web):
         runs = _cli("runs", "list", f"edge-1/{bundle}", *status)["items"]
-        assert [r["result"] for r in runs] == ["succeeded", "rolledBack", "succeeded"], runs
+        assert [r["result"] for r in runs] == ["Succeeded", "RolledBack", "Succeeded"], runs
         assert [r["serial"] for r in runs] == [3, 2, 1]
     latest = _cli("outputs", "list", f"edge-1/{conf}", "--run", "latest", *status)
-    assert latest["result"] == "succeeded"
+    assert latest["result"] == "Succeeded"
     outputs = {o["name"]: o for o in latest["items"]}
     assert outputs["endpoint"]["value"] == "db-three.example"
     assert outputs["password"]["value"] == "<sensitive>"

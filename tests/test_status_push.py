@@ -64,7 +64,7 @@ def status(
                         serial=4,
                         started_at=started,
                         finished_at=started,
-                        result="succeeded",
+                        result="Succeeded",
                         message=note,
                         outputs=outputs,
                     ),

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, ClassVar, Literal
 
+from agent.api.reasons import Phase, RunResult
 from agent.api.validation import ApiObject, PinProblem, Rule, api_field, show
 from agent.errors import FieldProblem
 
@@ -67,7 +68,6 @@ SourceKind = Literal["image", "git", "http"]
 Approval = Literal["none", "manual"]
 DeletionPolicy = Literal["Delete", "Orphan"]
 ConditionStatus = Literal["True", "False", "Unknown"]
-RunResult = Literal["Running", "Succeeded", "Failed", "RolledBack"]
 
 
 def _escapes(path: str) -> bool:
@@ -374,6 +374,12 @@ class HealthChecks(ApiObject):
     checks: tuple[HealthCheck, ...] = api_field(
         "Extra checks on named objects; all must pass.", default=(), max_items=64
     )
+    wait_for_load_balancer: bool = api_field(
+        "Also wait until each LoadBalancer Service has an ingress address (by default it is "
+        "healthy once it has a cluster IP, as in kstatus: most edge clusters have no "
+        "load-balancer controller).",
+        default=False,
+    )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -462,6 +468,13 @@ class BundleDeploymentSpec(ApiObject):
             ("plain", "kustomize", "helm"),
             "registry+v1 or a plugin format",
         ),
+        Rule(
+            cel="!has(self.createNamespace) || !self.createNamespace || "
+            "(has(self.formatOptions) && has(self.formatOptions.targetNamespace))",
+            expected="formatOptions.targetNamespace with createNamespace (the namespace to create)",
+            check=lambda s: not s.create_namespace or s.format_options.target_namespace is not None,
+            field="createNamespace",
+        ),
     )
 
     sources: tuple[Source, ...] = api_field(
@@ -539,6 +552,39 @@ class BundleDeploymentSpec(ApiObject):
         "Default false: a conflict fails the apply.",
         default=False,
     )
+    create_namespace: bool = api_field(
+        "Create `formatOptions.targetNamespace` with the bundle when it does not render it "
+        "(Fleet's and Argo CD's CreateNamespace), with `namespaceLabels` and "
+        "`namespaceAnnotations` (e.g. Pod Security labels). The namespace is kept when the "
+        "bundle is removed.",
+        default=False,
+    )
+    namespace_labels: Mapping[str, Any] | None = api_field(
+        "Labels of the namespace `createNamespace` makes (label key to string value).",
+        default=None,
+        free_form=True,
+    )
+    namespace_annotations: Mapping[str, Any] | None = api_field(
+        "Annotations of the namespace `createNamespace` makes (key to string value).",
+        default=None,
+        free_form=True,
+    )
+
+    def extra_problems(self) -> list[FieldProblem]:
+        """Namespace labels and annotations are string to string."""
+        problems: list[FieldProblem] = []
+        for field_name, values in (
+            ("namespaceLabels", self.namespace_labels),
+            ("namespaceAnnotations", self.namespace_annotations),
+        ):
+            for key, value in (values or {}).items():
+                if not isinstance(value, str):
+                    problems.append(
+                        FieldProblem(
+                            path=f"{field_name}.{key}", expected="a string value", found=show(value)
+                        )
+                    )
+        return problems
 
 
 # --- status ---------------------------------------------------------------------------------
@@ -637,7 +683,17 @@ class BundleDeploymentStatus(ApiObject):
         list_type="map",
         list_keys=("type",),
     )
+    phase: str | None = api_field(
+        "What is happening now: " + ", ".join(f"`{p}`" for p in Phase) + ".",
+        default=None,
+        enum=tuple(str(p) for p in Phase),
+    )
     applied_revision: Revision | None = api_field("The revision currently applied.", default=None)
+    target_revision: Revision | None = api_field(
+        "The revision the agent is moving to, or stopped short of (the applied revision "
+        "once it is there).",
+        default=None,
+    )
     last_healthy_revision: Revision | None = api_field(
         "The last revision that passed its health checks (what a rollback returns to).",
         default=None,

@@ -24,6 +24,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from agent.api.status import RunCounts
+from agent.apply.inventory import Entry, Inventory
 from agent.apply.plan import (
     STAGE_CRDS,
     STAGE_NAMES,
@@ -38,16 +40,18 @@ from agent.apply.plan import (
 )
 from agent.errors import TemporaryError
 from agent.kube import (
+    CONTENT_FIELD_MANAGER,
     ApiNotServedError,
     ConflictError,
     ForbiddenError,
+    InvalidError,
     KubeApiError,
     KubeClient,
     NotFoundError,
     ObjectRef,
 )
 
-FIELD_MANAGER = "fleetlet"
+FIELD_MANAGER = CONTENT_FIELD_MANAGER
 DEFAULT_WORKERS = 8
 DEFAULT_ESTABLISH_TIMEOUT = 60.0
 _COMPARE_ATTEMPTS = 5
@@ -70,7 +74,7 @@ class ObjectResult:
 
 
 @dataclass(frozen=True, kw_only=True)
-class GroupResult:
+class ApplyResult:
     """The outcome of :func:`apply_group`: per object, in plan order, and the skipped ones."""
 
     objects: tuple[ObjectResult, ...]
@@ -87,6 +91,19 @@ class GroupResult:
     def for_bundle(self, bundle: str) -> list[ObjectResult]:
         """The results of one bundle's objects."""
         return [r for r in self.objects if r.bundle == bundle]
+
+    def counts_of(self, bundle: str) -> RunCounts:
+        """One bundle's objects by what the apply did to them."""
+        mine = self.for_bundle(bundle)
+        return RunCounts(
+            created=sum(1 for r in mine if r.action == "created"),
+            configured=sum(1 for r in mine if r.action == "configured"),
+            unchanged=sum(1 for r in mine if r.action == "unchanged"),
+        )
+
+    def inventory_of(self, bundle: str) -> Inventory:
+        """One bundle's objects as applied (with their UIDs)."""
+        return Inventory.of(Entry.of(r.ref, uid=r.uid) for r in self.for_bundle(bundle))
 
 
 class CrdNotEstablishedError(TemporaryError):
@@ -121,12 +138,23 @@ def _as_apply_error(exc: KubeApiError, planned: PlannedObject, *, dry_run: bool)
             f"{message} (fields owned by field manager(s) {', '.join(managers)}; set "
             f"takeOwnership to take them over)"
         )
+    elif isinstance(exc, InvalidError) and "needs metadata.namespace" in message:
+        message += (
+            " (give the object a namespace, or the bundle formatOptions.targetNamespace or "
+            "createNamespace)"
+        )
+    elif isinstance(exc, NotFoundError) and planned.ref.namespace and "namespaces" in message:
+        message += (
+            f" (namespace {planned.ref.namespace} does not exist: create it in the bundle or "
+            "set createNamespace)"
+        )
     return ApplyError(
         f"{when}: {message}",
         bundle=planned.bundle,
         target=planned.target,
         reason=exc.reason,
         managers=managers,
+        dry_run=dry_run,
     )
 
 
@@ -220,13 +248,17 @@ def _apply(work: _Work) -> ObjectResult:
 def _run_all(
     pool: ThreadPoolExecutor, task: Callable[[_Work], Any], works: Sequence[_Work]
 ) -> list[Any]:
-    """Run ``task`` on every work item concurrently; results in order. The first error (in
-    order) is raised after every started task has finished, so nothing runs on behind us."""
+    """Run ``task`` on every work item concurrently; results in order. Raised after every
+    started task has finished, so nothing runs on behind us: the first error that is not a
+    refusal (the API server away), else every object refused, as one ApplyError."""
     futures = [pool.submit(task, w) for w in works]
-    errors = [f.exception() for f in futures]
+    errors = [e for e in (f.exception() for f in futures) if e is not None]
+    refusals = [e for e in errors if isinstance(e, ApplyError)]
     for error in errors:
-        if error is not None:
+        if not isinstance(error, ApplyError):
             raise error
+    if refusals:
+        raise ApplyError.combine(refusals)
     return [f.result() for f in futures]
 
 
@@ -281,7 +313,7 @@ def apply_group(
     establish_timeout: float = DEFAULT_ESTABLISH_TIMEOUT,
     on_progress: Progress | None = None,
     plan: Plan | None = None,
-) -> GroupResult:
+) -> ApplyResult:
     """Dry-run, then apply, every object of a group (see the module docstring).
 
     ``kube`` is the agent's client; a bundle with ``serviceAccountName`` is dry-run and applied
@@ -337,4 +369,4 @@ def apply_group(
                 _wait_established(stage_works, establish_timeout)
                 for client in {id(w.client): w.client for w in works}.values():
                     client.forget_discovery()
-    return GroupResult(objects=tuple(results), skipped=plan.skipped)
+    return ApplyResult(objects=tuple(results), skipped=plan.skipped)

@@ -46,11 +46,10 @@ from agent.api.models import (
 from agent.api.models import OutputValue as BundleOutputValue
 from agent.api.status import OutputValue as StatusOutputValue
 from agent.api.validation import from_dict, to_dict
-from agent.apply.group import FIELD_MANAGER
-from agent.bundles import MANAGED_LABEL
 from agent.errors import PermanentError, ValidationError
 from agent.health.checks import MISSING, field_value
 from agent.kube import (
+    STATE_FIELD_MANAGER,
     ApiNotServedError,
     ConflictError,
     ForbiddenError,
@@ -59,6 +58,7 @@ from agent.kube import (
     Object,
     ObjectRef,
 )
+from agent.report.bundles import MANAGED_LABEL
 from agent.report.seal import sensitive_output
 
 KIND = "BundleOutputs"
@@ -412,14 +412,14 @@ class OutputsWriter:
         """Apply ``body`` (forced); when the object then still holds content another manager
         co-owns (server-side apply keeps a field some other manager also owns), delete that
         very object and apply again. ``exact(live)`` tells whether the object is as desired."""
-        live = self.kube.apply(body, field_manager=FIELD_MANAGER, force=True)
+        live = self.kube.apply(body, field_manager=STATE_FIELD_MANAGER, force=True)
         if exact(live):
             return
         uid = (live.get("metadata") or {}).get("uid")
         # ConflictError: replaced meanwhile (another uid); the apply below settles it.
         with contextlib.suppress(ConflictError):
             self.kube.delete(body, uid=uid if isinstance(uid, str) else None)
-        self.kube.apply(body, field_manager=FIELD_MANAGER, force=True)
+        self.kube.apply(body, field_manager=STATE_FIELD_MANAGER, force=True)
 
     def read(self, bundle: str) -> BundleOutputsSpec | None:
         """The BundleOutputs spec of ``bundle`` as in the cluster, None when there is none.

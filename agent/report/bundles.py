@@ -13,9 +13,8 @@ from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
 from agent.api import API_GROUP, API_VERSION, BundleDeploymentSet, format_time, to_dict
-from agent.kube import KubeClient
+from agent.kube import STATE_FIELD_MANAGER, KubeClient
 
-FIELD_MANAGER = "fleetlet"
 MANAGED_LABEL = "fleetlet.io/managed-by"
 SERIAL_ANNOTATION = "fleetlet.io/serial"
 GROUP_VERSION = f"{API_GROUP}/{API_VERSION}"
@@ -68,7 +67,7 @@ class BundleDeployments:
                     },
                     "spec": spec,
                 },
-                field_manager=FIELD_MANAGER,
+                field_manager=STATE_FIELD_MANAGER,
                 force=True,
             )
 
@@ -132,7 +131,7 @@ class BundleDeployments:
                 **self._ref(name),
                 "status": {**status, "observedGeneration": generation, "conditions": written},
             },
-            field_manager=FIELD_MANAGER,
+            field_manager=STATE_FIELD_MANAGER,
             force=True,
             subresource="status",
         )
