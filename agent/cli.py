@@ -78,6 +78,7 @@ def _build_agent(args: argparse.Namespace) -> Any:
         trust=TrustPolicy(
             trusted_root=Path(args.trusted_root),
             identity=IdentityPolicy(issuer=args.issuer, subject=args.identity),
+            max_validity=args.max_publication_validity,
         ),
         content=ContentStore(
             cache=ContentCache(root=cache / "content", max_bytes=1 << 30),
@@ -100,7 +101,9 @@ def _build_agent(args: argparse.Namespace) -> Any:
         records=GroupRecords(kube, namespace=namespace),
         runs=RunLog(kube, namespace=namespace),
         bundles=bundles,
-        outputs=_outputs(kube, namespace, args.hub_public_key),
+        outputs=_outputs(
+            kube, namespace, args.cluster, args.hub_public_key, args.agent_sealing_key
+        ),
     )
     pusher = None
     if not args.no_status:
@@ -164,14 +167,25 @@ def _check_crds(kube: Any) -> None:
         ) from exc
 
 
-def _outputs(kube: Any, namespace: str, hub_key_file: str | None) -> Any:
+def _outputs(
+    kube: Any, namespace: str, cluster: str, hub_key_file: str | None, sealing_file: str | None
+) -> Any:
     from pathlib import Path
 
     from agent.report.outputs import OutputsStage
-    from agent.report.seal import read_public_key
+    from agent.report.seal import read_private_key, read_public_key
 
     hub_key = read_public_key(Path(hub_key_file)) if hub_key_file else None
-    return OutputsStage(kube=kube, agent_namespace=namespace, hub_key=hub_key)
+    sealing_key = (
+        read_private_key(Path(sealing_file), what="agent sealing key") if sealing_file else None
+    )
+    return OutputsStage(
+        kube=kube,
+        agent_namespace=namespace,
+        cluster=cluster,
+        hub_key=hub_key,
+        sealing_key=sealing_key,
+    )
 
 
 def _summary(cluster: str, result: Any) -> str:
@@ -302,6 +316,22 @@ def _add_agent_connection(p: argparse.ArgumentParser) -> None:
         metavar="FILE",
     )
     flag(
+        "--agent-sealing-key",
+        "FLEETLET_AGENT_SEALING_KEY",
+        "this agent's sealing key (from `fleetlet hub agent-key`): the hub can then tell the "
+        "sensitive outputs it sealed from any sealed with the hub's public key alone",
+        metavar="FILE",
+    )
+    flag(
+        "--max-publication-validity",
+        "FLEETLET_MAX_PUBLICATION_VALIDITY",
+        "refuse a publication whose expiresAt is further away than this, e.g. 30d, 36h "
+        "(a set signed to stay valid for years would defeat the freeze protection)",
+        default="30d",
+        type=_duration,
+        metavar="DURATION",
+    )
+    flag(
         "--heartbeat",
         "FLEETLET_HEARTBEAT",
         "seconds between status heartbeats",
@@ -315,6 +345,25 @@ def _add_agent_connection(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="delete what a failed first install created (default: leave it for inspection)",
     )
+
+
+def _duration(text: str) -> Any:
+    """``30d``, ``36h``, ``90m``, ``600s`` (or bare seconds) as a timedelta; argparse's type."""
+    from datetime import timedelta
+
+    units = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+    value = text.strip()
+    factor = units.get(value[-1:], 1) if value else 1
+    number = value[:-1] if value[-1:] in units else value
+    try:
+        seconds = float(number) * factor
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a duration (a number with d, h, m or s, e.g. 30d)"
+        ) from None
+    if not 0 < seconds < 10 * 365 * 86400:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected more than 0 and under 10 years")
+    return timedelta(seconds=seconds)
 
 
 def register(sub: Any) -> None:

@@ -178,6 +178,7 @@ class Lab:
         workdir: Path,
         status: bool = True,
         hub_public_key: Path | None = None,
+        sealing_key: Path | None = None,
     ) -> list[str]:
         """The flags of ``fleetlet agent run``/``sync`` for an agent of ``cluster``."""
         args = [
@@ -194,6 +195,8 @@ class Lab:
             args += ["--no-status"]
         if hub_public_key is not None:
             args += ["--hub-public-key", str(hub_public_key)]
+        if sealing_key is not None:
+            args += ["--agent-sealing-key", str(sealing_key)]
         return args
 
     def agent(
@@ -205,6 +208,7 @@ class Lab:
         workdir: Path,
         status: bool = True,
         hub_public_key: Path | None = None,
+        sealing_key: Path | None = None,
     ) -> Agent:
         """An in-process agent built as ``fleetlet agent run`` builds it."""
         from fleetlet.cli import build_parser
@@ -220,6 +224,7 @@ class Lab:
                 workdir=workdir,
                 status=status,
                 hub_public_key=hub_public_key,
+                sealing_key=sealing_key,
             ),
         ]
         args: argparse.Namespace = build_parser().parse_args(argv)
