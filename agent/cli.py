@@ -52,6 +52,7 @@ def settings_from_args(args: argparse.Namespace) -> Any:
             trusted_root=Path(args.trusted_root or ""),
             identity=args.identity or "",
             issuer=args.issuer or "",
+            max_validity=args.max_publication_validity,
         ),
         reconcile=ReconcileSettings(
             agent_namespace=args.namespace,
@@ -70,6 +71,7 @@ def settings_from_args(args: argparse.Namespace) -> Any:
         kubeconfig=args.kubeconfig,
         status=not args.no_status,
         hub_public_key=Path(args.hub_public_key) if args.hub_public_key else None,
+        agent_sealing_key=Path(args.agent_sealing_key) if args.agent_sealing_key else None,
         plain_http_registries=args.plain_http_registries,
     )
 
@@ -129,6 +131,7 @@ def build_agent(settings: Any) -> Any:
         trust=TrustPolicy(
             trusted_root=settings.trust.trusted_root,
             identity=IdentityPolicy(issuer=settings.trust.issuer, subject=settings.trust.identity),
+            max_validity=settings.trust.max_validity,
         ),
         content=ContentStore(
             cache=ContentCache(root=cache / "content", max_bytes=1 << 30),
@@ -147,7 +150,9 @@ def build_agent(settings: Any) -> Any:
         records=GroupRecords(kube, namespace=namespace),
         runs=runs,
         views=BundleViews(bundles=bundles, runs=runs),
-        outputs=_outputs(kube, namespace, settings.hub_public_key),
+        outputs=_outputs(
+            kube, namespace, repo.cluster, settings.hub_public_key, settings.agent_sealing_key
+        ),
     )
     pusher = None
     if settings.status:
@@ -211,12 +216,19 @@ def _check_crds(kube: Any) -> None:
         ) from exc
 
 
-def _outputs(kube: Any, namespace: str, hub_key_file: Any) -> Any:
+def _outputs(kube: Any, namespace: str, cluster: str, hub_key_file: Any, sealing_file: Any) -> Any:
     from agent.report.outputs import OutputsStage
-    from agent.report.seal import read_public_key
+    from agent.report.seal import read_private_key, read_public_key
 
     hub_key = read_public_key(hub_key_file) if hub_key_file else None
-    return OutputsStage(kube=kube, agent_namespace=namespace, hub_key=hub_key)
+    sealing_key = read_private_key(sealing_file, what="agent sealing key") if sealing_file else None
+    return OutputsStage(
+        kube=kube,
+        agent_namespace=namespace,
+        cluster=cluster,
+        hub_key=hub_key,
+        sealing_key=sealing_key,
+    )
 
 
 EXIT_CONVERGED = 0
@@ -412,6 +424,22 @@ def _add_agent_connection(p: argparse.ArgumentParser) -> None:
         metavar="FILE",
     )
     flag(
+        "--agent-sealing-key",
+        "FLEETLET_AGENT_SEALING_KEY",
+        "this agent's sealing key (from `fleetlet hub agent-key`): the hub can then tell the "
+        "sensitive outputs it sealed from any sealed with the hub's public key alone",
+        metavar="FILE",
+    )
+    flag(
+        "--max-publication-validity",
+        "FLEETLET_MAX_PUBLICATION_VALIDITY",
+        "refuse a publication whose expiresAt is further away than this, e.g. 30d, 36h "
+        "(a set signed to stay valid for years would defeat the freeze protection)",
+        default="30d",
+        type=_duration,
+        metavar="DURATION",
+    )
+    flag(
         "--heartbeat",
         "FLEETLET_HEARTBEAT",
         "seconds between status heartbeats",
@@ -451,6 +479,25 @@ def _add_agent_connection(p: argparse.ArgumentParser) -> None:
         help="delete what a failed first install created (default: leave it for inspection; "
         "removing the bundle deletes it)",
     )
+
+
+def _duration(text: str) -> Any:
+    """``30d``, ``36h``, ``90m``, ``600s`` (or bare seconds) as a timedelta; argparse's type."""
+    from datetime import timedelta
+
+    units = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+    value = text.strip()
+    factor = units.get(value[-1:], 1) if value else 1
+    number = value[:-1] if value[-1:] in units else value
+    try:
+        seconds = float(number) * factor
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a duration (a number with d, h, m or s, e.g. 30d)"
+        ) from None
+    if not 0 < seconds < 10 * 365 * 86400:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected more than 0 and under 10 years")
+    return timedelta(seconds=seconds)
 
 
 def register(sub: Any) -> None:

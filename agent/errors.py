@@ -151,6 +151,12 @@ class ExpiredError(VerificationError):
     reason = "PublicationExpired"
 
 
+class ValidityTooLongError(VerificationError):
+    """The publication stays valid further into the future than this agent accepts."""
+
+    reason = "ValidityTooLong"
+
+
 class StatementMismatchError(VerificationError):
     """The set disagrees with the signed statement (source, or a longer life than signed)."""
 

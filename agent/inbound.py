@@ -138,7 +138,14 @@ class InboundPipeline:
             c.fingerprint(hashes.SHA256()).hex() for c in trust.trusted_root.get_fulcio_certs()
         )
         self._policy = digest_of(
-            canonical_bytes({"issuer": identity.issuer, "subject": identity.subject, "cas": cas})
+            canonical_bytes(
+                {
+                    "issuer": identity.issuer,
+                    "subject": identity.subject,
+                    "cas": cas,
+                    "maxValidity": trust.max_validity.total_seconds(),
+                }
+            )
         )
 
     def sync(self) -> SyncResult:

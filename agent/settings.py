@@ -8,6 +8,7 @@ group validates itself on construction (:class:`SettingsError` names the setting
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 
 from agent.errors import ConfigurationError
@@ -85,6 +86,9 @@ class TrustSettings:
     """Expected signer identity (the certificate's SAN, e.g. the hub's workload identity)."""
     issuer: str
     """Expected OIDC issuer of the signer's certificate."""
+    max_validity: timedelta = timedelta(days=30)
+    """A publication valid for longer than this (``expiresAt - issuedAt``) is refused: a set
+    signed to stay valid for years would defeat the freeze protection."""
 
     def __post_init__(self) -> None:
         if not (str(self.trusted_root) and self.identity and self.issuer):
@@ -109,6 +113,9 @@ class AgentSettings:
     hub_public_key: Path | None = None
     """The hub's X25519 public key: sensitive outputs are sealed to it (without it they are
     omitted from the status)."""
+    agent_sealing_key: Path | None = None
+    """This agent's sealing key (from ``fleetlet hub agent-key``): the hub can tell the values
+    it sealed from any sealed with the hub's public key alone."""
     plain_http_registries: bool = False
     """Talk plain HTTP to OCI registries (local registries only)."""
 

@@ -90,9 +90,7 @@ AGENT_IMPORTS = (
 )
 # What an idle poll uses: the ref listing and status push (pygit2), the cluster state and
 # drift check (the kubernetes client, the reconcile), the scheduler and the probe server.
-IDLE_IMPORTS = (
-    "import agent.kube, agent.apply, agent.reconcile, agent.report.push, agent.schedule, agent.probe"
-)
+IDLE_IMPORTS = "import agent.kube, agent.apply, agent.reconcile, agent.report.push, agent.schedule, agent.probe"
 KUBERNETES = "import kubernetes.dynamic, kubernetes.config"
 # securesystemslib (sigstore -> tuf) imports boto3 for its AWS KMS signer when installed.
 NO_BOTO3 = "import sys; sys.modules['boto3'] = None"

@@ -1,4 +1,5 @@
-"""The hub's subcommands: ``hub render|publish|diff|serve``, ``installations``, ``approve|deny``.
+"""The hub's subcommands: ``hub render|publish|diff|serve|agent-key``, ``installations``,
+``approve|deny``.
 
 Progress goes to stderr, results (a summary table, or ``-o json|yaml``) to stdout. Every
 failure is raised as a :class:`~agent.errors.FleetletError`; ``fleetlet.cli`` prints it as one
@@ -410,6 +411,33 @@ def register(sub: Any) -> None:
         "and as a dashboard at / (see docs/dashboard.md).",
     )
     add_serve_arguments(serve)
+
+    agent_key = hub_sub.add_parser(
+        "agent-key",
+        help="issue a cluster's sealing key for its agent",
+        description="Derive CLUSTER's sealing key from the hub's private key and write it to "
+        "FILE (mode 0600). Give it to that cluster's agent (--agent-sealing-key): the hub then "
+        "knows which sealed outputs that agent produced. The hub stores nothing: it derives the "
+        "key again when it opens outputs. See docs/operations.md.",
+    )
+    agent_key.add_argument("--hub-key", required=True, metavar="FILE", help="hub private key")
+    agent_key.add_argument("--cluster", required=True, metavar="NAME")
+    agent_key.add_argument("--out", required=True, metavar="FILE", help="new file, mode 0600")
+    agent_key.set_defaults(handler=_agent_key)
+
+
+def _agent_key(args: argparse.Namespace) -> int:
+    from agent.report.seal import agent_sealing_key, key_text, read_private_key
+
+    key = agent_sealing_key(read_private_key(Path(args.hub_key)), args.cluster)
+    try:
+        fd = os.open(args.out, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="ascii") as out:
+            out.write(key_text(key) + "\n")
+    except OSError as exc:
+        raise UsageError(f"cannot write the sealing key to {args.out}: {exc}") from exc
+    print(f"sealing key of cluster {args.cluster} written to {args.out}", file=sys.stderr)
+    return 0
 
 
 def register_installations(sub: Any) -> None:

@@ -214,11 +214,16 @@ def outputs_list(args: argparse.Namespace) -> int:
 
     def table(d: dict[str, Any]) -> str:
         rows = [
-            (o["name"], "<omitted>" if o.get("omitted") else o["value"], o["sensitive"])
+            (
+                o["name"],
+                "<omitted>" if o.get("omitted") else o["value"],
+                o["sensitive"],
+                o.get("sealedBy", ""),
+            )
             for o in d["items"]
         ]
         return f"Run: {d['run']} ({d.get('result')})\n" + columns(
-            rows, ["NAME", "VALUE", "SENSITIVE"]
+            rows, ["NAME", "VALUE", "SENSITIVE", "SEALED BY"]
         )
 
     return _print(data, args.output, table)

@@ -179,6 +179,7 @@ class Lab:
         status: bool = True,
         hub_public_key: Path | None = None,
         extra: Sequence[str] = (),
+        sealing_key: Path | None = None,
     ) -> list[str]:
         """The flags of ``fleetlet agent run``/``sync`` for an agent of ``cluster``
         (``extra``: more flags)."""
@@ -196,6 +197,8 @@ class Lab:
             args += ["--no-status"]
         if hub_public_key is not None:
             args += ["--hub-public-key", str(hub_public_key)]
+        if sealing_key is not None:
+            args += ["--agent-sealing-key", str(sealing_key)]
         return [*args, *extra]
 
     def agent(
@@ -208,6 +211,7 @@ class Lab:
         status: bool = True,
         hub_public_key: Path | None = None,
         extra: Sequence[str] = (),
+        sealing_key: Path | None = None,
     ) -> Agent:
         """An in-process agent built as ``fleetlet agent run`` builds it."""
         from fleetlet.cli import build_parser
@@ -224,6 +228,7 @@ class Lab:
                 status=status,
                 hub_public_key=hub_public_key,
                 extra=extra,
+                sealing_key=sealing_key,
             ),
         ]
         args: argparse.Namespace = build_parser().parse_args(argv)
@@ -250,9 +255,7 @@ class Lab:
                 "agent",
                 "sync",
                 "--once",
-                *self.agent_args(
-                    cluster, kube, namespace=namespace, workdir=workdir, extra=extra
-                ),
+                *self.agent_args(cluster, kube, namespace=namespace, workdir=workdir, extra=extra),
             ],
             capture_output=True,
             text=True,

@@ -25,9 +25,10 @@ from typing import Any
 import pytest
 import requests
 import yaml
-from nacl.public import PrivateKey, SealedBox
+from nacl.public import PrivateKey
 from playwright.sync_api import Browser, Page, expect
 
+from agent.report.seal import OutputPlace, agent_sealing_key, seal
 from tests.realenv.browser import chromium
 from tests.realenv.gitserver import GitDaemon
 from tests.realenv.hubserver import serving_hub
@@ -106,7 +107,15 @@ def expected_cells() -> dict[tuple[str, str], str]:
 
 
 def _documents(key: PrivateKey) -> dict[str, Any]:
-    sealed = base64.b64encode(SealedBox(key.public_key).encrypt(SECRET.encode())).decode()
+    # Sealed by store-eu-001's agent for the newest run's output (bound to that place).
+    place = OutputPlace(
+        cluster="store-eu-001",
+        bundle="shop-frontend",
+        output="password",
+        run="store-eu-001.shop-frontend.3.1",
+    )
+    sender = agent_sealing_key(key, place.cluster)
+    sealed = seal(key.public_key, SECRET, place=place, sender=sender)
     now = datetime.now(UTC)
     documents = {}
     for cluster, (_, states, stale) in FLEET.items():

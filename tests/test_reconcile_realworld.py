@@ -238,7 +238,10 @@ def test_kubectl_get_bd_says_which_revision_and_what_is_happening(
                 bundle(
                     lab,
                     web,
-                    {"01_ns.yaml": namespace_manifest(ns), "02_web.yaml": deployment("web", ns, image)},
+                    {
+                        "01_ns.yaml": namespace_manifest(ns),
+                        "02_web.yaml": deployment("web", ns, image),
+                    },
                     group="shop",
                     healthChecks=checks,
                 ),
@@ -411,8 +414,10 @@ def test_an_independent_group_moves_while_another_waits_for_its_health(
     moving.start()
     try:
         wait_until(
-            lambda: kube.get(ObjectRef("v1", "ConfigMap", "quick", ns)) is not None
-            and conditions(kube, quick).get("Ready", {}).get("status") == "True",
+            lambda: (
+                kube.get(ObjectRef("v1", "ConfigMap", "quick", ns)) is not None
+                and conditions(kube, quick).get("Ready", {}).get("status") == "True"
+            ),
             what="the independent group to be Ready",
         )
         # ... while the other group is still waiting for its health.

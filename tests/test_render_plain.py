@@ -181,6 +181,36 @@ def test_symlinks_inside_are_followed_outside_refused(tmp_path: Path) -> None:
     assert refused.value.file == "03_escape.yaml"
 
 
+@pytest.mark.parametrize(
+    ("name", "target"),
+    [
+        (".x", "/etc"),  # a hidden symlinked directory: not walked, judged all the same
+        (".cache/x", "../../.."),  # a link in a hidden directory
+        ("x", "sub/../../bundle/01_cm.yaml"),  # out and back in by the tree's own name
+    ],
+)
+def test_every_link_is_judged_hidden_or_not_and_none_may_climb_out(
+    tmp_path: Path, name: str, target: str
+) -> None:
+    # Other formats' tools (kustomize, helm) read what the plain format skips.
+    bundle = _write(tmp_path / "bundle", {"01_cm.yaml": _obj("ConfigMap", "a")})
+    (bundle / "sub").mkdir()
+    (bundle / name).parent.mkdir(parents=True, exist_ok=True)
+    os.symlink(target, bundle / name)
+    with pytest.raises(InvalidManifestError) as refused:
+        render_bundle(bundle, format="plain", request=RenderRequest(scope=SCOPE))
+    assert refused.value.rule == "SymlinkEscapes"
+    assert refused.value.file == name
+
+
+def test_a_dangling_or_looping_manifest_link_is_a_refusal(tmp_path: Path) -> None:
+    bundle = _write(tmp_path / "bundle", {"01_cm.yaml": _obj("ConfigMap", "a")})
+    os.symlink("missing.yaml", bundle / "02_dangling.yaml")
+    with pytest.raises(InvalidManifestError) as refused:
+        render_bundle(bundle, format="plain", request=RenderRequest(scope=SCOPE))
+    assert (refused.value.rule, refused.value.file) == ("UnreadableFile", "02_dangling.yaml")
+
+
 def test_unknown_format_names_the_available_ones(tmp_path: Path) -> None:
     with pytest.raises(UnknownFormatError) as unknown:
         render_bundle(tmp_path, format="nope", request=RenderRequest())

@@ -105,6 +105,15 @@ def test_runs_and_outputs_of_the_lockstep_scenario_reach_the_cli_the_cluster_and
     ns, web, conf = lab.name("shop"), lab.name("web"), lab.name("conf")
     private_key, public_key = tmp_path / "hub.key", tmp_path / "hub.pub"
     write_keypair(private_key, public_key)
+    # The agent's sealing key, issued by the hub (fleetlet hub agent-key).
+    sealing_key = tmp_path / "edge-1.sealing.key"
+    issued = subprocess.run(
+        [sys.executable, "-m", "fleetlet", "hub", "agent-key", "--hub-key", str(private_key),
+         "--cluster", "edge-1", "--out", str(sealing_key)],
+        capture_output=True, text=True, timeout=60, cwd=REPO_ROOT,
+    )  # fmt: skip
+    assert issued.returncode == 0, issued.stderr
+    assert sealing_key.stat().st_mode & 0o077 == 0
 
     def publish(web_image: str, value: str) -> None:
         web_digest = lab.push("web", {"d.yaml": deployment("web", ns, web_image)}, tag=value)
@@ -142,7 +151,12 @@ def test_runs_and_outputs_of_the_lockstep_scenario_reach_the_cli_the_cluster_and
         )
 
     agent = lab.agent(
-        "edge-1", crds, namespace=namespace, workdir=tmp_path / "agent", hub_public_key=public_key
+        "edge-1",
+        crds,
+        namespace=namespace,
+        workdir=tmp_path / "agent",
+        hub_public_key=public_key,
+        sealing_key=sealing_key,
     )
     publish("example/web:1", "one")
     agent.tick()
@@ -174,6 +188,8 @@ def test_runs_and_outputs_of_the_lockstep_scenario_reach_the_cli_the_cluster_and
         str(private_key),
     )
     assert {o["name"]: o["value"] for o in opened["items"]}["password"] == secret_value
+    # Sealed with this cluster's own key, for this place: the hub knows the agent made it.
+    assert {o["name"]: o.get("sealedBy") for o in opened["items"]}["password"] == "agent"
 
     # The cluster: kubectl shows the same values; the sensitive one is in a Secret.
     shown = subprocess.run(

@@ -5,7 +5,8 @@ Files ending in ``.yaml``, ``.yml`` or ``.json`` are read (hidden files and dire
 skipped), in a stable order: each path component is ordered by its numeric prefix (``01_``,
 ``2-``, ``10.``; so ``01_namespace.yaml`` comes before ``02_app.yaml`` and ``9_`` before
 ``10_``), unnumbered components after the numbered ones, then by name. Documents keep their
-order inside a file. Symlinks are followed only when they stay inside the tree.
+order inside a file. Symlinks are followed only when they stay inside the tree (every one is
+judged, hidden or not, and none may climb out of the tree on its way).
 
 :func:`finish` then gives namespaced objects without a namespace the target namespace (scope
 from a :data:`~agent.render.scope.ScopeLookup`, the bundle's own CRDs first), and adds the
@@ -15,15 +16,18 @@ ownership labels ``fleetlet.io/bundle``, ``fleetlet.io/group`` and the annotatio
 
 from __future__ import annotations
 
+import errno
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+from agent.errors import TemporaryError
 from agent.render.manifests import InvalidManifestError, Manifest, ParseLimits, parse_manifests
 from agent.render.scope import ScopeLookup, builtin_scope, with_bundle_crds
+from agent.source.tree import LinkEscapeError, resolve_inside
 
 BUNDLE_LABEL = "fleetlet.io/bundle"
 GROUP_LABEL = "fleetlet.io/group"
@@ -33,6 +37,7 @@ _SUFFIXES = (".yaml", ".yml", ".json")
 _PREFIX = re.compile(r"^(\d+)(?=[_.\-])")
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 _UNNUMBERED = 1 << 62
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -84,23 +89,25 @@ def order_key(relative: str) -> tuple[tuple[int, str], ...]:
 def manifest_files(tree: Path, *, source: str, limits: RenderLimits) -> list[str]:
     """The manifest files under ``tree`` (relative POSIX paths), in render order.
 
-    Raises InvalidManifestError (SymlinkEscapes, TooManyFiles).
+    Every symlink of the tree is judged, hidden ones and those in hidden directories too
+    (other formats' tools may read what this one skips): each must resolve inside the tree
+    without climbing out on the way. Raises InvalidManifestError (SymlinkEscapes,
+    TooManyFiles).
     """
-    root = os.path.realpath(tree)
     found: list[str] = []
     for dirpath, dirnames, filenames in os.walk(tree, followlinks=False):
-        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
-        for d in list(dirnames):
-            full = os.path.join(dirpath, d)
+        for name in [*dirnames, *filenames]:
+            full = os.path.join(dirpath, name)
             if os.path.islink(full):
-                _inside(full, root, tree, source)
+                _inside(Path(full).relative_to(tree).as_posix(), tree, source)
+        # Hidden directories are walked for their links only: their files are not read.
+        relative = Path(dirpath).relative_to(tree).as_posix()
+        if any(part.startswith(".") for part in relative.split("/") if part != "."):
+            continue
         for name in filenames:
             if name.startswith(".") or not name.endswith(_SUFFIXES):
                 continue
-            full = os.path.join(dirpath, name)
-            if os.path.islink(full):
-                _inside(full, root, tree, source)
-            found.append(Path(full).relative_to(tree).as_posix())
+            found.append(Path(os.path.join(dirpath, name)).relative_to(tree).as_posix())
             if len(found) > limits.max_files:
                 raise InvalidManifestError(
                     f"more than {limits.max_files} manifest files",
@@ -112,15 +119,16 @@ def manifest_files(tree: Path, *, source: str, limits: RenderLimits) -> list[str
     return sorted(found, key=order_key)
 
 
-def _inside(full: str, root: str, tree: Path, source: str) -> None:
-    real = os.path.realpath(full)
-    if real != root and not real.startswith(root + os.sep):
+def _inside(relative: str, tree: Path, source: str) -> None:
+    try:
+        resolve_inside(tree, relative)
+    except LinkEscapeError as exc:
         raise InvalidManifestError(
-            "symlink points outside the bundle",
+            f"symlink points outside the bundle: {exc}",
             source=source,
-            file=Path(full).relative_to(tree).as_posix(),
+            file=relative,
             rule="SymlinkEscapes",
-        )
+        ) from None
 
 
 def load_tree(tree: Path, request: RenderRequest) -> list[Manifest]:
@@ -133,7 +141,7 @@ def load_tree(tree: Path, request: RenderRequest) -> list[Manifest]:
     total = 0
     for relative in manifest_files(tree, source=request.source, limits=limits):
         path = tree / relative
-        size = path.stat().st_size
+        size = _size(path, relative, request.source)
         total += size
         if total > limits.max_total_bytes:
             raise InvalidManifestError(
@@ -149,10 +157,9 @@ def load_tree(tree: Path, request: RenderRequest) -> list[Manifest]:
                 file=relative,
                 rule="FileTooLarge",
             )
+        data = _guard_read(path.read_bytes, relative, request.source)
         objects.extend(
-            parse_manifests(
-                path.read_bytes(), source=request.source, file=relative, limits=limits.parse
-            )
+            parse_manifests(data, source=request.source, file=relative, limits=limits.parse)
         )
         if len(objects) > limits.max_objects:
             raise InvalidManifestError(
@@ -162,6 +169,31 @@ def load_tree(tree: Path, request: RenderRequest) -> list[Manifest]:
                 rule="TooManyObjects",
             )
     return objects
+
+
+# What a file named by the content itself can do to a read: a dangling link, a link loop, a
+# link to a directory. Anything else is our own disk.
+_CONTENT_ERRNOS = {errno.ENOENT, errno.ELOOP, errno.EISDIR, errno.ENOTDIR, errno.ENAMETOOLONG}
+
+
+def _guard_read(read: Callable[[], _T], relative: str, source: str) -> _T:
+    """``read()``; a failure the content caused is an InvalidManifestError (UnreadableFile),
+    one of the local disk a TemporaryError."""
+    try:
+        return read()
+    except OSError as exc:
+        if exc.errno in _CONTENT_ERRNOS:
+            raise InvalidManifestError(
+                f"cannot be read: {exc.strerror}",
+                source=source,
+                file=relative,
+                rule="UnreadableFile",
+            ) from None
+        raise TemporaryError(f"{source}: {relative}: cannot be read: {exc}") from exc
+
+
+def _size(path: Path, relative: str, source: str) -> int:
+    return _guard_read(lambda: path.stat().st_size, relative, source)
 
 
 def _identity(obj: Manifest) -> tuple[str, str, str, str]:

@@ -9,7 +9,9 @@ the Secret named by the source); ``~/.docker/config.json`` is never read.
 The manifest's raw bytes must hash to the pinned digest; an OCI index is followed to the
 bundle artifact's manifest (checked against its descriptor); each selected layer (chosen by
 media type) must match its descriptor's digest AND size, checked while streaming to disk, with
-the size capped before the download starts. Layers are then unpacked with the safe extractor.
+the size capped before the download starts. Layers are then unpacked with the safe extractor,
+into one tree with one budget: the unpack limits hold for the image, not for each layer, and
+links are judged across layers.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import oras.auth.base
 import oras.provider
 import requests
 
-from agent.source.archive import ArchiveLimits, extract_archive
+from agent.source.archive import ArchiveLimits, TreeBudget, extract_archive
 from agent.source.content import (
     AuthenticationError,
     ContentRefusedError,
@@ -354,6 +356,9 @@ class OciFetcher:
         try:
             manifest = self._manifest(client, ref, digest, None, label, depth=0)
             layers = self._layers(manifest, label)
+            # One budget for every layer: the caps hold for the image's tree, and each
+            # layer's links are judged again with the layers unpacked after it.
+            budget = TreeBudget(settings.archive_limits)
             with tempfile.TemporaryDirectory(prefix="fleetlet-oci-") as scratch:
                 for number, layer in enumerate(layers):
                     blob = Path(scratch) / f"layer-{number}"
@@ -363,7 +368,7 @@ class OciFetcher:
                         dest,
                         source=label,
                         name=f"layer {layer['digest']}",
-                        limits=settings.archive_limits,
+                        budget=budget,
                     )
                     blob.unlink()
         finally:
