@@ -12,9 +12,15 @@ _OUTPUTS = ["table", "json", "yaml"]
 def _render(args: argparse.Namespace) -> int:
     # Imported here: rendering pulls in YAML and format plugins the other commands never need.
     from agent.render.command import run_render
+    from agent.render.tools import ToolSettings
 
     sys.stdout.write(
-        run_render(bundle_dir=args.bundle_dir, format=args.format, namespace=args.namespace)
+        run_render(
+            bundle_dir=args.bundle_dir,
+            format=args.format,
+            namespace=args.namespace,
+            tools=ToolSettings.from_env(),
+        )
     )
     return 0
 
@@ -46,6 +52,7 @@ def _build_agent(args: argparse.Namespace) -> Any:
     from agent.kube import KubeClient
     from agent.loop import Agent
     from agent.reconcile import Reconciler, ReconcileSettings
+    from agent.render.tools import ToolSettings
     from agent.report.push import StatusPusher
     from agent.report.runs import RunLog
     from agent.source.branch import BranchWatcher
@@ -71,6 +78,7 @@ def _build_agent(args: argparse.Namespace) -> Any:
     state = ClusterState(kube=kube, namespace=namespace)
     bundles = BundleDeployments(kube=kube, owner=namespace)
     pipeline = InboundPipeline(
+        tools=ToolSettings.from_env(),
         cluster=args.cluster,
         watcher=BranchWatcher(
             repo_url=args.repo, cluster=args.cluster, cache_dir=cache, credentials=credentials

@@ -41,10 +41,12 @@ from agent.api import (
 from agent.bundles import BundleDeployments
 from agent.errors import PermanentError, TemporaryError, ValidationError, VerificationError
 from agent.kube import KubeClient
+from agent.render.facts import ClusterFacts
 from agent.render.formats import render_bundle
 from agent.render.manifests import Manifest
 from agent.render.plain import Ownership, RenderRequest
 from agent.render.scope import with_bundle_crds
+from agent.render.tools import ToolSettings
 from agent.source.branch import (
     BranchContentError,
     BranchNotFoundError,
@@ -191,9 +193,11 @@ class InboundPipeline:
         workdir: Path,
         bundles: BundleDeployments | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        tools: ToolSettings | None = None,
     ) -> None:
         """``bundles``: where a refused publication is reported on the BundleDeployments
-        (None: not reported, for clusters without the CRDs)."""
+        (None: not reported, for clusters without the CRDs); ``tools``: where helm and
+        kustomize are (default: PATH, then the cache)."""
         self.cluster = cluster
         self._watcher = watcher
         self._trust = trust
@@ -204,6 +208,7 @@ class InboundPipeline:
         self._workdir = Path(workdir)
         self._bundles = bundles
         self._clock = clock
+        self._tools = tools or ToolSettings()  # helm/kustomize (issue 16)
         # Who may sign and which CAs are trusted: a refusal is remembered under this policy.
         identity = trust.identity
         cas = sorted(
@@ -329,6 +334,10 @@ class InboundPipeline:
         # scope comes from the CRD objects themselves (a Promotion gets the target namespace
         # even though the platform group that defines it has not been applied yet).
         crds: list[Manifest] = []
+        # issue 16: what helm's .Capabilities say, read from this cluster once per render.
+        facts = ClusterFacts.of(
+            kube_version=self._kube.server_version(), api_versions=self._kube.api_versions()
+        )
         try:
             for entry in entries:
                 spec = entry.spec
@@ -349,6 +358,8 @@ class InboundPipeline:
                             revision=str(deployment_set.serial),
                         ),
                         options=_options_dict(options),
+                        cluster=facts,  # issue 16
+                        tools=self._tools,  # issue 16; upgrade: the lead wires the history
                     ),
                 )
                 crds.extend(o for o in objects if o.get("kind") == "CustomResourceDefinition")

@@ -231,8 +231,9 @@ class Source(ApiObject):
             cel="!(self.kind in ['http', 'helm']) || self.uri.startsWith('https://') "
             "|| self.uri.startsWith('http://')",
             expected="an http(s):// URL for an http or helm source",
-            check=lambda s: s.kind not in ("http", "helm")
-            or s.uri.startswith(("https://", "http://")),
+            check=lambda s: (
+                s.kind not in ("http", "helm") or s.uri.startswith(("https://", "http://"))
+            ),
             field="uri",
         ),
         Rule(

@@ -18,13 +18,14 @@ timeout or an out-of-memory would only burn the agent's CPU again (``reason`` sa
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 import selectors
 import signal
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from agent.errors import PermanentError
@@ -133,7 +134,7 @@ def run_tool(
     return stdout
 
 
-def _limits(max_memory: int) -> object:
+def _limits(max_memory: int) -> Callable[[], None]:
     def apply() -> None:  # runs in the child between fork and exec: setrlimit calls only
         resource.setrlimit(resource.RLIMIT_DATA, (max_memory, max_memory))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
@@ -200,18 +201,11 @@ def _communicate(
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
     """Kill what is left of the tool's process group and reap the tool."""
+    # Also when the tool exited: a child it left behind (kustomize's helm) must not outlive it.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
     if proc.returncode is None:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         proc.wait()
-    else:
-        # The tool exited; a child it left behind (kustomize's helm) must not outlive it.
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
     for stream in (proc.stdin, proc.stdout, proc.stderr):
         if stream is not None and not stream.closed:
             stream.close()

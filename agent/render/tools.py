@@ -66,9 +66,7 @@ def cached_tool_path(name: str, *, cache_root: Path | None = None) -> Path:
     return root / "tools" / f"{name}-{version}" / name
 
 
-def find_tool(
-    name: str, *, override: str | None = None, cache_root: Path | None = None
-) -> Path:
+def find_tool(name: str, *, override: str | None = None, cache_root: Path | None = None) -> Path:
     """The binary of ``name`` (``helm`` or ``kustomize``): ``override``, PATH, then the cache.
 
     ``override`` is a path (or a command name looked up on PATH) given by the user; when set
