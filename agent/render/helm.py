@@ -99,7 +99,8 @@ class HelmFormat:
                 str(helm),
                 "template",
                 release_name(options, request, metadata),
-                str(chart),
+                # Absolute: a relative path would read as <repository>/<chart> to helm.
+                str(chart.resolve()),
                 "--namespace",
                 request.namespace or "default",
                 "--include-crds",

@@ -164,7 +164,9 @@ def missing_dependencies(chart: ArchiveChart) -> list[Mapping[str, Any]]:
     return [
         d
         for d in declared
-        if isinstance(d, dict) and isinstance(d.get("name"), str) and d["name"] not in chart.vendored
+        if isinstance(d, dict)
+        and isinstance(d.get("name"), str)
+        and d["name"] not in chart.vendored
     ]
 
 
