@@ -161,3 +161,31 @@ def test_the_tool_sees_only_the_environment_it_is_given(
     ).decode()
     assert "ONLY=this" in out
     assert "do-not-leak" not in out
+
+
+def test_without_prlimit_the_limits_are_set_in_the_child(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import agent.render._process as process
+
+    monkeypatch.setattr(process, "_SYSTEM_PATH", str(tmp_path / "no-prlimit-here"))
+    helm = ensure_tools(["helm"])["helm"]
+    with pytest.raises(ToolMemoryError):
+        run_tool(
+            [helm, "template", "x", str(ASSETS / "greeter")],
+            cwd=tmp_path,
+            timeout=60,
+            max_memory=48 << 20,
+            env={"HOME": str(tmp_path)},
+        )
+    limits = run_tool(
+        ["/bin/sh", "-c", "ulimit -d; ulimit -c"], cwd=tmp_path, timeout=60, max_memory=256 << 20
+    )
+    assert limits.split() == [str(256 << 10).encode(), b"0"]
+
+
+def test_the_tool_runs_under_the_data_and_core_limits(tmp_path: Path) -> None:
+    limits = run_tool(
+        ["/bin/sh", "-c", "ulimit -d; ulimit -c"], cwd=tmp_path, timeout=60, max_memory=256 << 20
+    )
+    assert limits.split() == [str(256 << 10).encode(), b"0"]

@@ -1,7 +1,7 @@
 """Run an external renderer (helm, kustomize) as a bounded child process.
 
 :func:`run_tool` gives the child a time bound (killed, with its whole process group, when it
-runs over), a memory bound (``RLIMIT_DATA``, set in the child before ``exec``, plus
+runs over), a memory bound (``RLIMIT_DATA``, set before the tool is ``exec``'d, plus
 ``GOMEMLIMIT`` so a Go tool collects garbage before it reaches the hard limit), a cap on what it
 may print, no core dumps, and only the environment it is given.
 
@@ -22,6 +22,7 @@ import contextlib
 import os
 import resource
 import selectors
+import shutil
 import signal
 import subprocess
 import time
@@ -34,6 +35,7 @@ DEFAULT_MAX_OUTPUT = 64 * 1024 * 1024
 """Bytes a tool may write to stdout (a render bigger than this is refused)."""
 _MAX_STDERR = 64 * 1024
 _STDERR_TAIL_LINES = 12
+_SYSTEM_PATH = "/usr/bin:/bin:/usr/sbin:/sbin"
 
 
 class ToolError(PermanentError):
@@ -94,6 +96,15 @@ def run_tool(
     child_env = dict(env) if env is not None else {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
     # A soft limit below the hard one: the Go runtime collects harder instead of dying early.
     child_env.setdefault("GOMEMLIMIT", str(max_memory * 3 // 4))
+    # The limits are set by util-linux's prlimit, which then execs the tool: a preexec_fn would
+    # run Python between fork and exec, which can deadlock in a threaded agent (and forbids
+    # vfork). Without prlimit (not a Debian system), the preexec_fn it is.
+    wrapper = shutil.which("prlimit", path=_SYSTEM_PATH)
+    limits = None
+    if wrapper is not None:
+        args = [wrapper, f"--data={max_memory}", "--core=0", "--", *args]
+    else:
+        limits = _limits(max_memory)
     try:
         proc = subprocess.Popen(
             args,
@@ -102,8 +113,8 @@ def run_tool(
             stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            start_new_session=True,  # its own process group: a timeout kills its children too
-            preexec_fn=_limits(max_memory),
+            process_group=0,  # its own process group: a timeout kills its children too
+            preexec_fn=limits,
         )
     except OSError as exc:
         raise ToolFailedError(f"{tool}: cannot start {args[0]}: {exc}", tool=tool) from exc
