@@ -50,7 +50,7 @@ from agent.render.plain import RenderRequest
 
 DEFAULT_TIMEOUT = 60.0
 """Seconds one ``helm template`` may take."""
-DEFAULT_MAX_MEMORY = 1024 * 1024 * 1024
+DEFAULT_MAX_MEMORY = 512 * 1024 * 1024
 """Bytes of memory one ``helm template`` may write to (``RLIMIT_DATA``)."""
 
 _CHART_FILE = "Chart.yaml"
