@@ -103,30 +103,35 @@ def test_chart_archive_over_http_is_checked_and_rendered(
         render(store, [tampered], tmp_path / "tree2")
 
 
-def test_chart_directory_in_git_is_rendered(
-    git_daemon: GitDaemon, store: ContentStore, tmp_path: Path
-) -> None:
-    work = tmp_path / "work"
-    copy_chart("greeter", work / "charts")
-    git_daemon.create_bare("charts-repo.git")
+def push_work_tree(git_daemon: GitDaemon, name: str, work: Path) -> str:
+    """Commit ``work`` and push it as branch main of the new repository ``name``."""
+    git_daemon.create_bare(name)
     env = {
         "GIT_AUTHOR_NAME": "t",
         "GIT_AUTHOR_EMAIL": "t@example.invalid",
         "GIT_COMMITTER_NAME": "t",
         "GIT_COMMITTER_EMAIL": "t@example.invalid",
-        "HOME": str(tmp_path),
+        "HOME": str(work.parent),
         "PATH": "/usr/bin:/bin",
     }
     for args in (
         ["init", "-q", "-b", "main"],
         ["add", "-A"],
         ["commit", "-q", "-m", "chart"],
-        ["push", "-q", git_daemon.url_for("charts-repo.git"), "main"],
+        ["push", "-q", git_daemon.url_for(name), "main"],
     ):
         subprocess.run(["git", *args], cwd=work, env=env, check=True, timeout=60)
-    commit = subprocess.run(
+    return subprocess.run(
         ["git", "rev-parse", "HEAD"], cwd=work, env=env, capture_output=True, text=True
     ).stdout.strip()
+
+
+def test_chart_directory_in_git_is_rendered(
+    git_daemon: GitDaemon, store: ContentStore, tmp_path: Path
+) -> None:
+    work = tmp_path / "work"
+    copy_chart("greeter", work / "charts")
+    commit = push_work_tree(git_daemon, "charts-repo.git", work)
     source = {
         "kind": "git",
         "uri": git_daemon.url_for("charts-repo.git"),
@@ -311,3 +316,68 @@ def test_oci_tag_range_resolves_by_listing_tags(
         "uri": f"{uri}:1.2.0_build.7",
         "digest": digests["1.2.0+build.7"],
     }
+
+
+def test_dependencies_of_a_chart_directory_in_git_are_pinned_by_the_hub(
+    helm: HelmCli,
+    files: StaticFiles,
+    git_daemon: GitDaemon,
+    store: ContentStore,
+    tmp_path: Path,
+) -> None:
+    """An umbrella chart committed without its dependencies (as Argo CD's and Flux's examples
+    keep them): the hub reads its Chart.yaml at the pinned commit and pins what is missing."""
+    make_repository(helm, files, tmp_path)
+    repo = files.url().rstrip("/")
+    work = tmp_path / "umbrella"
+    shop = work / "deploy" / "shop"
+    (shop / "templates").mkdir(parents=True)
+    (shop / "Chart.yaml").write_text(
+        "apiVersion: v2\nname: shop\nversion: 0.1.0\n"
+        f"dependencies:\n  - name: greeter\n    version: ^1.0\n    repository: {repo}\n"
+    )
+    (shop / "values.yaml").write_text("greeter:\n  audience: git users\n")
+    (shop / "templates" / "cm.yaml").write_text(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: shop\ndata: {a: b}\n"
+    )
+    commit = push_work_tree(git_daemon, "umbrella.git", work)
+    ref = SourceRef(
+        kind="git",
+        uri=git_daemon.url_for("umbrella.git"),
+        ref_field="branch",
+        ref="main",
+        extra=(("directory", "deploy"),),
+    )
+    helm_bundle = Bundle(
+        name="shop",
+        file="bundles/shop.yaml",
+        sources=(ref,),
+        spec={"format": "helm"},
+        targets=(),
+        overrides=(),
+    )
+    with Resolver() as resolver:
+        pin = resolver.resolve_bundles([helm_bundle])[ref]
+    assert isinstance(pin, ChartPin) and pin.pin == commit
+    [dependency] = pin.dependencies
+    assert (dependency.chart, dependency.version, dependency.destination) == (
+        "greeter",
+        "1.1.0",
+        "shop/charts",
+    )
+    sources = source_dicts(ref, pin)
+    assert sources[0] == {
+        "kind": "git",
+        "uri": git_daemon.url_for("umbrella.git"),
+        "commit": commit,
+        "directory": "deploy",
+    }
+    objects = render(store, sources, tmp_path / "tree")
+    assert message(objects, "shop") == "v1.1.0, git users!"
+
+    # A plain bundle of the same source is left alone: no chart is read for it.
+    plain = Bundle(
+        name="raw", file="bundles/raw.yaml", sources=(ref,), spec={}, targets=(), overrides=()
+    )
+    with Resolver() as resolver:
+        assert resolver.resolve_bundles([plain])[ref] == commit

@@ -188,8 +188,10 @@ def source_dicts(src: SourceRef, pin: Pin) -> list[dict[str, Any]]:
     if not isinstance(pin, ChartPin):
         field = {"image": "digest", "git": "commit", "http": "sha256"}[src.kind]
         return [{"kind": src.kind, "uri": src.uri, field: pin, **extra}]
-    if src.kind == "helm":
-        out: dict[str, Any] = {
+    if src.kind == "git":  # a chart directory whose dependencies the hub pinned
+        out: dict[str, Any] = {"kind": "git", "uri": src.uri, "commit": pin.pin}
+    elif src.kind == "helm":
+        out = {
             "kind": "helm",
             "uri": src.uri,
             "chart": src.chart,

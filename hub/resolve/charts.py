@@ -156,6 +156,56 @@ def read_archive(path: Path) -> ArchiveChart:
     return ArchiveChart(top=top, metadata=metadata, vendored=frozenset(subcharts))
 
 
+def chart_in_tree(tree: Any, directory: str) -> ArchiveChart | None:
+    """The chart of a git tree (a ``pygit2.Tree``) as the helm format finds it in the source's
+    content: ``directory`` itself when it holds a ``Chart.yaml`` (``top`` is then ``""``), else
+    the one directory under it that does; None when there is no single chart there.
+
+    Raises ChartError for an unreadable ``Chart.yaml``.
+    """
+    node = tree
+    for part in [p for p in directory.split("/") if p]:
+        if part not in node:
+            return None
+        node = node[part]
+        if not hasattr(node, "__iter__") or getattr(node, "type_str", "") != "tree":
+            return None
+    top = ""
+    if "Chart.yaml" not in node:
+        candidates = [
+            e.name
+            for e in node
+            if e.type_str == "tree" and not e.name.startswith(".") and "Chart.yaml" in e
+        ]
+        if len(candidates) != 1:
+            return None
+        top = candidates[0]
+        node = node[top]
+    where = f"{directory}/{top}".strip("/") or "."
+    files = {"Chart.yaml": node["Chart.yaml"].data}
+    if "requirements.yaml" in node:
+        files["requirements.yaml"] = node["requirements.yaml"].data
+    metadata = _yaml_mapping(files["Chart.yaml"], f"{where}/Chart.yaml")
+    if not isinstance(metadata.get("name"), str):
+        raise ChartError(f"{where}/Chart.yaml has no chart name")
+    if metadata.get("apiVersion") == "v1" and "requirements.yaml" in files:
+        requirements = _yaml_mapping(files["requirements.yaml"], f"{where}/requirements.yaml")
+        metadata = {**metadata, "dependencies": requirements.get("dependencies")}
+    vendored: set[str] = set()
+    if "charts" in node and node["charts"].type_str == "tree":
+        for entry in node["charts"]:
+            if entry.type_str == "tree" and "Chart.yaml" in entry:
+                vendored.add(entry.name)
+                nested = _yaml_mapping(entry["Chart.yaml"].data, f"{where}/charts/{entry.name}")
+                if isinstance(nested.get("name"), str):
+                    vendored.add(nested["name"])
+            elif entry.name.endswith((".tgz", ".tar.gz")):
+                match = _ARCHIVE_NAME.match(entry.name)
+                if match:
+                    vendored.add(match.group(1))
+    return ArchiveChart(top=top, metadata=metadata, vendored=frozenset(vendored))
+
+
 def missing_dependencies(chart: ArchiveChart) -> list[Mapping[str, Any]]:
     """The ``dependencies`` of ``Chart.yaml`` that ``charts/`` does not vendor."""
     declared = chart.metadata.get("dependencies") or []
@@ -192,6 +242,7 @@ __all__ = [
     "ArchiveChart",
     "ChartError",
     "IndexEntry",
+    "chart_in_tree",
     "missing_dependencies",
     "parse_index",
     "pick_version",

@@ -43,6 +43,7 @@ from hub.fleet.model import Bundle, ChartDependency, ChartPin, Pin, SourceRef
 from hub.resolve.charts import (
     ChartError,
     IndexEntry,
+    chart_in_tree,
     missing_dependencies,
     parse_index,
     pick_version,
@@ -188,6 +189,7 @@ class Resolver:
         self._indexes: dict[str, dict[str, list[IndexEntry]]] = {}
         self._charts: dict[tuple[str, str, str], ChartPin] = {}
         self._tags: dict[str, list[str]] = {}
+        self._git_charts: dict[tuple[str, str, str], Pin] = {}
         self._registries: dict[tuple[str, bool], _Registry] = {}
         self._scratch: tempfile.TemporaryDirectory[str] | None = None
         self._scratch_repo: pygit2.Repository | None = None
@@ -213,9 +215,11 @@ class Resolver:
         SourceUnavailableError if any server did not answer.
         """
         users: dict[SourceRef, list[str]] = {}
+        formats: dict[SourceRef, set[str]] = {}
         for b in bundles:
             for s in b.all_sources:
                 users.setdefault(s, []).append(b.name)
+                formats.setdefault(s, set()).add(str(b.spec.get("format") or "plain"))
         pins: dict[SourceRef, Pin] = {}
         missing: list[tuple[str, str, str]] = []
         down: list[tuple[str, str, str]] = []
@@ -223,6 +227,9 @@ class Resolver:
         for done, (src, names) in enumerate(sorted(users.items(), key=lambda kv: _key(kv[0]))):
             try:
                 pins[src] = self.resolve(src)
+                if src.kind == "git" and formats[src] == {"helm"}:
+                    # A chart directory in git may list dependencies it does not vendor.
+                    pins[src] = self._git_chart(src, str(pins[src]))
             except _NotFound as exc:
                 missing.extend((n, src.describe(), str(exc)) for n in sorted(set(names)))
             except _Unavailable as exc:
@@ -377,7 +384,7 @@ class Resolver:
         name = str(dependency["name"])
         repository = str(dependency.get("repository") or "")
         wanted = str(dependency.get("version") or "*")
-        where = f"{top}/charts"
+        where = f"{top}/charts" if top else "charts"
         if depth >= _MAX_CHART_DEPTH:
             raise _NotFound(f"chart {parent}: dependencies nested deeper than {_MAX_CHART_DEPTH}")
         if repository.startswith(("http://", "https://")):
@@ -444,6 +451,60 @@ class Resolver:
             raise _NotFound(f"{repo}: {exc}") from exc
         self._indexes[repo] = index
         return index
+
+    def _git_chart(self, src: SourceRef, commit: str) -> Pin:
+        """The commit of a helm bundle's git source, with the dependencies its chart lists
+        and does not vendor pinned (a shallow fetch of the commit to read ``Chart.yaml``).
+
+        A commit the server will not send by itself (fetch by id refused), or a tree without
+        a chart where it is looked for, is returned as is: the agent then says what is missing.
+        """
+        key = (src.uri, commit, dict(src.extra).get("directory") or "")
+        cached = self._git_charts.get(key)
+        if cached is not None:
+            return cached
+        tree = self._git_tree(src, commit)
+        directory = str(dict(src.extra).get("directory") or "").strip("/")
+        chart = None
+        if tree is not None:
+            try:
+                chart = chart_in_tree(tree, directory)
+            except ChartError as exc:
+                raise _NotFound(f"commit {commit}: {exc}") from exc
+        pin: Pin = commit
+        if chart is not None:
+            dependencies: list[ChartDependency] = []
+            for dependency in missing_dependencies(chart):
+                dependencies.extend(
+                    self._dependency(
+                        dependency, parent=chart.metadata["name"], top=chart.top, depth=0
+                    )
+                )
+            if dependencies:
+                pin = ChartPin(version="", pin=commit, dependencies=tuple(dependencies))
+        self._git_charts[key] = pin
+        return pin
+
+    def _git_tree(self, src: SourceRef, commit: str) -> pygit2.Tree | None:
+        if self._scratch_repo is None:
+            self._scratch = tempfile.TemporaryDirectory(prefix="fleetlet-resolve-")
+            self._scratch_repo = pygit2.init_repository(self._scratch.name, bare=True)
+        repo = self._scratch_repo
+        if commit not in repo:
+            remote = repo.remotes.create_anonymous(src.uri)
+            wanted = {
+                "branch": f"refs/heads/{src.ref}",
+                "tag": f"refs/tags/{src.ref}",
+            }.get(src.ref_field, commit)
+            self.requests["git"] += 1
+            try:
+                remote.fetch([f"+{wanted}:refs/fleetlet/resolve/{commit}"], depth=1)
+            except (pygit2.GitError, OSError):
+                return None  # e.g. a server that does not serve unadvertised commits
+            if commit not in repo:
+                return None
+        found = repo.get(commit)
+        return found.tree if isinstance(found, pygit2.Commit) else None
 
     # --- git ------------------------------------------------------------------------------
 
