@@ -381,3 +381,33 @@ def test_dependencies_of_a_chart_directory_in_git_are_pinned_by_the_hub(
     )
     with Resolver() as resolver:
         assert resolver.resolve_bundles([plain])[ref] == commit
+
+
+def test_an_oci_dependency_is_pinned_by_its_tags_and_placed(
+    helm: HelmCli, files: StaticFiles, registry: Registry, store: ContentStore, tmp_path: Path
+) -> None:
+    for version in ("1.0.0", "1.3.0"):
+        chart = copy_chart("greeter", tmp_path / f"dep-{version}", version=version)
+        helm.push(helm.package(chart, tmp_path / "dep-pkg"), registry.host, namespace="deps")
+    shop = tmp_path / "oci-shop" / "shop"
+    (shop / "templates").mkdir(parents=True)
+    (shop / "Chart.yaml").write_text(
+        "apiVersion: v2\nname: shop\nversion: 0.2.0\ndependencies:\n  - name: greeter\n"
+        f"    version: ^1.0\n    repository: oci://{registry.host}/deps\n"
+    )
+    (shop / "values.yaml").write_text("greeter:\n  audience: registries\n")
+    with tarfile.open(files.root / "shop-0.2.0.tgz", "w:gz") as archive:
+        archive.add(shop, arcname="shop")
+    helm.index(files.root, files.url())
+    ref = SourceRef(
+        kind="helm", uri=files.url().rstrip("/"), ref_field="version", ref="*", chart="shop"
+    )
+    with Resolver() as resolver:
+        pin = resolver.resolve_bundles([bundle("shop", ref)])[ref]
+    assert isinstance(pin, ChartPin)
+    sources = source_dicts(ref, pin)
+    assert sources[1]["kind"] == "image"
+    assert sources[1]["uri"] == f"{registry.host}/deps/greeter:1.3.0"
+    assert sources[1]["destination"] == "shop/charts"
+    objects = render(store, sources, tmp_path / "tree")
+    assert message(objects, "shop") == "hello, registries!"

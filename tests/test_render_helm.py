@@ -298,3 +298,26 @@ def test_public_chart_podinfo_renders_as_helm_template_does(tmp_path: Path) -> N
     ]
     assert tests, "podinfo's test hooks should be rendered"
     assert "Apache License" in ASSETS.joinpath("podinfo", "LICENSE").read_text()
+
+
+def test_fleetlet_render_uses_the_helm_named_by_fleetlet_helm(tree: Path, tmp_path: Path) -> None:
+    import os
+    import sys
+
+    def fleetlet_render(helm: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "fleetlet", "render", str(tree), "--format", "helm"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "FLEETLET_HELM": helm, "PATH": str(tmp_path / "empty")},
+        )
+
+    done = fleetlet_render(str(helm_binary()))
+    assert done.returncode == 0, done.stderr
+    kinds = [d["kind"] for d in yaml.safe_load_all(done.stdout) if d]
+    assert kinds[0] == "CustomResourceDefinition" and "Deployment" in kinds
+    missing = fleetlet_render(str(tmp_path / "no-helm"))
+    assert missing.returncode != 0
+    assert missing.stderr.count("\n") == 1, missing.stderr  # one line
+    assert f"FLEETLET_HELM={tmp_path / 'no-helm'}: not an executable file" in missing.stderr
