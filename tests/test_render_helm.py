@@ -50,6 +50,12 @@ def helm_template(chart: Path, *args: str) -> list[Obj]:
     return [d for d in yaml.safe_load_all(done.stdout) if d]
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _pinned_helm() -> None:
+    """The pinned helm in the cache, where the format finds it (built on a fresh machine)."""
+    helm_binary()
+
+
 @pytest.fixture
 def tree(tmp_path: Path) -> Path:
     root = tmp_path / "tree"
