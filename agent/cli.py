@@ -10,9 +10,15 @@ from typing import Any
 def _render(args: argparse.Namespace) -> int:
     # Imported here: rendering pulls in YAML and format plugins the other commands never need.
     from agent.render.command import run_render
+    from agent.render.tools import ToolSettings
 
     sys.stdout.write(
-        run_render(bundle_dir=args.bundle_dir, format=args.format, namespace=args.namespace)
+        run_render(
+            bundle_dir=args.bundle_dir,
+            format=args.format,
+            namespace=args.namespace,
+            tools=ToolSettings.from_env(),
+        )
     )
     return 0
 
@@ -38,6 +44,7 @@ def settings_from_args(args: argparse.Namespace) -> Any:
     from pathlib import Path
 
     from agent.reconcile.context import ReconcileSettings
+    from agent.render.tools import ToolSettings
     from agent.settings import AgentSettings, PollSettings, RepoSettings, TrustSettings
 
     return AgentSettings(
@@ -69,6 +76,7 @@ def settings_from_args(args: argparse.Namespace) -> Any:
             heartbeat=args.heartbeat,
         ),
         kubeconfig=args.kubeconfig,
+        tools=ToolSettings.from_env(),
         status=not args.no_status,
         hub_public_key=Path(args.hub_public_key) if args.hub_public_key else None,
         agent_sealing_key=Path(args.agent_sealing_key) if args.agent_sealing_key else None,
@@ -119,7 +127,10 @@ def build_agent(settings: Any) -> Any:
     state = ClusterState(kube=kube, namespace=namespace)
     bundles = BundleDeployments(kube=kube, owner=namespace)
     runs = RunLog(kube, namespace=namespace)
+    store = RevisionStore(kube, namespace=namespace)
     pipeline = InboundPipeline(
+        tools=settings.tools,
+        installed=lambda bundle: store.latest_number(bundle) is not None,
         cluster=repo.cluster,
         watcher=BranchWatcher(
             repo_url=repo.url,
@@ -146,7 +157,7 @@ def build_agent(settings: Any) -> Any:
     reconciler = Reconciler(
         kube=kube,
         settings=settings.reconcile,
-        store=RevisionStore(kube, namespace=namespace),
+        store=store,
         records=GroupRecords(kube, namespace=namespace),
         runs=runs,
         views=BundleViews(bundles=bundles, runs=runs),

@@ -50,10 +50,12 @@ from agent.errors import (
     VerificationError,
 )
 from agent.kube import KubeClient
+from agent.render.facts import ClusterFacts
 from agent.render.formats import render_bundle
 from agent.render.manifests import Manifest
 from agent.render.plain import Ownership, RenderRequest
 from agent.render.scope import with_bundle_crds
+from agent.render.tools import ToolSettings
 from agent.report.bundles import BundleDeployments
 from agent.source.branch import (
     BranchContentError,
@@ -119,9 +121,13 @@ class InboundPipeline:
         workdir: Path,
         bundles: BundleDeployments | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        tools: ToolSettings | None = None,
+        installed: Callable[[str], bool] | None = None,
     ) -> None:
         """``bundles``: where a refused publication is reported on the BundleDeployments
-        (None: not reported, for clusters without the CRDs)."""
+        (None: not reported, for clusters without the CRDs); ``tools``: where helm and
+        kustomize are (default: PATH, then the cache); ``installed(bundle)``: whether the
+        bundle has a healthy revision already (helm's ``.Release.IsUpgrade``)."""
         self.cluster = cluster
         self._watcher = watcher
         self._trust = trust
@@ -132,6 +138,8 @@ class InboundPipeline:
         self._workdir = Path(workdir)
         self._bundles = bundles
         self._clock = clock
+        self._tools = tools or ToolSettings()
+        self._installed = installed or (lambda _bundle: False)
         # Who may sign and which CAs are trusted: a refusal is remembered under this policy.
         identity = trust.identity
         cas = sorted(
@@ -288,6 +296,10 @@ class InboundPipeline:
         # scope comes from the CRD objects themselves (a Promotion gets the target namespace
         # even though the platform group that defines it has not been applied yet).
         crds: list[Manifest] = []
+        # What helm's .Capabilities say, read from this cluster once per render.
+        facts = ClusterFacts.of(
+            kube_version=self._kube.server_version(), api_versions=self._kube.api_versions()
+        )
         try:
             for entry in entries:
                 spec = entry.spec
@@ -308,6 +320,9 @@ class InboundPipeline:
                             revision=str(deployment_set.serial),
                         ),
                         options=_options_dict(options),
+                        cluster=facts,
+                        tools=self._tools,
+                        upgrade=self._installed(entry.name),
                     ),
                 )
                 objects = with_created_namespace(objects, spec, bundle=entry.name)

@@ -52,6 +52,10 @@ LIST_FROM = 16
 _MANAGER_IN_CAUSE = re.compile(r'conflict with "([^"]+)"')
 _WEBHOOK_NAME = re.compile(r'webhook "([^"]+)"')
 _WEBHOOK_FAILURE = re.compile(r"calling webhook|webhook .* (failed|error)", re.IGNORECASE)
+# Every group, version and resource in one answer (Kubernetes 1.30+), else the legacy lists.
+_AGGREGATED_DISCOVERY = (
+    "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json"
+)
 
 
 # --- errors ------------------------------------------------------------------------------------
@@ -568,6 +572,67 @@ class KubeClient:
         """Drop memoized resources (e.g. after installing CRDs); the next lookups re-discover."""
         with self._lock:
             self._resources.clear()
+
+    def _raw_get(self, path: str, *, accept: str = "application/json") -> Object:
+        with _converted(f"GET {path}"):
+            response = self._client().request(
+                "GET",
+                path,
+                header_params={"Accept": accept},
+                serialize=False,
+                _request_timeout=self._timeout,
+            )
+        return self._json(response)
+
+    def server_version(self) -> str:
+        """The API server's version as it reports it (``/version``'s ``gitVersion``, e.g.
+        ``v1.37.2``): what helm's ``.Capabilities.KubeVersion`` is.
+
+        Raises KubeApiError (no version in the answer), ApiUnavailableError.
+        """
+        version = self._raw_get("/version").get("gitVersion")
+        if not isinstance(version, str) or not version:
+            raise KubeApiError("/version has no gitVersion", target="GET /version")
+        return version
+
+    def api_versions(self) -> list[str]:
+        """Every served ``group/version`` and ``group/version/Kind`` (``v1`` and ``v1/Pod`` for
+        the core group), sorted: what helm's ``.Capabilities.APIVersions`` holds on a real
+        install. Two requests with aggregated discovery (Kubernetes 1.30+); one per group
+        version on older servers.
+
+        Raises KubeApiError, ApiUnavailableError.
+        """
+        found: set[str] = set()
+        for root in ("/api", "/apis"):
+            answer = self._raw_get(root, accept=_AGGREGATED_DISCOVERY)
+            if answer.get("kind") == "APIGroupDiscoveryList":
+                for group in answer.get("items") or []:
+                    name = (group.get("metadata") or {}).get("name") or ""
+                    for version in group.get("versions") or []:
+                        gv = f"{name}/{version.get('version')}" if name else version.get("version")
+                        found.add(str(gv))
+                        for resource in version.get("resources") or []:
+                            kind = (resource.get("responseKind") or {}).get("kind")
+                            if kind:
+                                found.add(f"{gv}/{kind}")
+                continue
+            # Legacy discovery: the group versions, then each one's resource list.
+            if root == "/api":
+                versions = [str(v) for v in answer.get("versions") or []]
+            else:
+                versions = [
+                    str(v.get("groupVersion"))
+                    for g in answer.get("groups") or []
+                    for v in g.get("versions") or []
+                ]
+            for gv in versions:
+                found.add(gv)
+                listing = self._raw_get(f"{root}/{gv}")
+                for resource in listing.get("resources") or []:
+                    if "/" not in str(resource.get("name", "")) and resource.get("kind"):
+                        found.add(f"{gv}/{resource['kind']}")
+        return sorted(found)
 
     # -- requests -----------------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from agent.errors import ConfigurationError
 from agent.reconcile.context import ReconcileSettings
+from agent.render.tools import ToolSettings
 from agent.source.branch import branch_ref
 
 
@@ -108,6 +109,9 @@ class AgentSettings:
     poll: PollSettings = field(default_factory=PollSettings)
     kubeconfig: str | None = None
     """None: the in-cluster configuration (the pod's ServiceAccount)."""
+    tools: ToolSettings = field(default_factory=ToolSettings)
+    """Where helm and kustomize are (``FLEETLET_HELM``, ``FLEETLET_KUSTOMIZE``, else PATH, else
+    the cache of pinned releases)."""
     status: bool = True
     """Push status to git."""
     hub_public_key: Path | None = None

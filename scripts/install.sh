@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything fleetlet's tests and demo need on a fresh Debian machine of this kind:
-# Debian packages, the project with its extras, and the Kubernetes/etcd/kwok binaries
-# (taken from KUBEBUILDER_ASSETS or the cache, else built once from the Go module proxy).
+# Debian packages, the project with its extras, the Kubernetes/etcd/kwok binaries (taken from
+# KUBEBUILDER_ASSETS or the cache, else built once from the Go module proxy) and the pinned helm
+# and kustomize fleetlet renders with (same machinery, ~/.cache/fleetlet/tools/<name>-<version>/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -24,5 +25,5 @@ fi
 log "pip install -e .[hub,test]"
 python3 -m pip install -q --disable-pip-version-check -e '.[hub,test]'
 
-log "Kubernetes control-plane binaries (a cold build from the Go module proxy takes about 8 minutes on two cores)"
+log "Kubernetes control-plane binaries, helm and kustomize (a cold build from the Go module proxy takes about 15 minutes on two cores; seconds when cached)"
 python3 -m tests.realenv.binaries

@@ -42,6 +42,18 @@ COMMIT_TEXT = "a full commit id (40 lower-case hex)"
 SHA256_HEX = r"^[0-9a-f]{64}$"
 SHA256_HEX_TEXT = "<64 hex> (the sha256 of the archive)"
 PIN = r"^(sha256:[0-9a-f]{64}|[0-9a-f]{40}|[0-9a-f]{64})$"
+HTTP_URL = r"^https?://\S+$"
+HTTP_URL_TEXT = "an http:// or https:// URL without whitespace"
+CHART_NAME = r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$"
+CHART_NAME_TEXT = "a chart name (letters, digits, '.', '_', '-')"
+# One exact SemVer 2 version (Helm tolerates a leading 'v'); ranges are resolved by the hub.
+CHART_VERSION = (
+    r"^v?(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)"
+    r"(-[0-9A-Za-z-]+(\.[0-9A-Za-z-]+)*)?(\+[0-9A-Za-z-]+(\.[0-9A-Za-z-]+)*)?$"
+)
+CHART_VERSION_TEXT = "one exact version such as 1.2.3 (ranges are resolved by the hub)"
+RELEASE_NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+RELEASE_NAME_TEXT = "a Helm release name (lower case letters, digits, '-' and '.', at most 53)"
 FORMAT_NAME = r"^[a-z0-9]([a-z0-9.+-]*[a-z0-9])?$"
 API_VERSION_PATTERN = (
     r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?v[0-9]+"
@@ -64,7 +76,7 @@ NO_WHITESPACE = r"^\S+$"
 MAX_SOURCES = 16
 MAX_NAMES = 256
 
-SourceKind = Literal["image", "git", "http"]
+SourceKind = Literal["image", "git", "http", "helm"]
 Approval = Literal["none", "manual"]
 DeletionPolicy = Literal["Delete", "Orphan"]
 ConditionStatus = Literal["True", "False", "Unknown"]
@@ -160,6 +172,16 @@ def _only(field: str, attr: str, kind: str) -> Rule:
     )
 
 
+def _only_kinds(field: str, attr: str, kinds: tuple[str, ...]) -> Rule:
+    listed = ", ".join(f"'{k}'" for k in kinds)
+    return Rule(
+        cel=f"!has(self.{field}) || self.kind in [{listed}]",
+        expected=f"{field} only on {' or '.join(kinds)} sources",
+        check=lambda s: getattr(s, attr) is None or s.kind in kinds,
+        field=field,
+    )
+
+
 def _pinned(field: str, attr: str, kind: str, text: str) -> Rule:
     return Rule(
         cel=f"self.kind != '{kind}' || has(self.{field})",
@@ -175,23 +197,43 @@ class Source(ApiObject):
     """One place content is fetched from, pinned to immutable content.
 
     Exactly one pin, matching ``kind``: ``digest`` for ``image``, ``commit`` for ``git``,
-    ``sha256`` for ``http``. Floating references (tags, branches, URLs without a hash) are never
-    accepted. Several sources compose one tree through ``destination``.
+    ``sha256`` for ``http`` and ``helm``. Floating references (tags, branches, URLs without a
+    hash, version ranges) are never accepted. Several sources compose one tree through
+    ``destination``.
+
+    A ``helm`` source is a chart of a Helm repository: ``uri`` is the repository, ``chart`` and
+    ``version`` say which chart, and the hub resolved them (from the repository's
+    ``index.yaml``) to ``archiveUrl`` and its ``sha256``. The agent downloads ``archiveUrl``
+    and checks the sha256; it never reads the index.
     """
 
     RULES: ClassVar[tuple[Rule, ...]] = (
         _pinned("digest", "digest", "image", DIGEST_TEXT),
         _pinned("commit", "commit", "git", COMMIT_TEXT),
         _pinned("sha256", "sha256", "http", SHA256_HEX_TEXT),
+        _pinned("sha256", "sha256", "helm", SHA256_HEX_TEXT),
+        _pinned("version", "version", "helm", CHART_VERSION_TEXT),
+        _pinned("archiveUrl", "archive_url", "helm", HTTP_URL_TEXT),
         _only("digest", "digest", "image"),
         _only("commit", "commit", "git"),
-        _only("sha256", "sha256", "http"),
+        _only_kinds("sha256", "sha256", ("http", "helm")),
         _only("directory", "directory", "git"),
+        _only("chart", "chart", "helm"),
+        _only("version", "version", "helm"),
+        _only("archiveUrl", "archive_url", "helm"),
         Rule(
-            cel="self.kind != 'http' || self.uri.startsWith('https://') "
+            cel="self.kind != 'helm' || has(self.chart)",
+            expected="chart (the chart's name in the repository) on a helm source",
+            check=lambda s: s.kind != "helm" or s.chart is not None,
+            field="chart",
+        ),
+        Rule(
+            cel="!(self.kind in ['http', 'helm']) || self.uri.startsWith('https://') "
             "|| self.uri.startsWith('http://')",
-            expected="an http(s):// URL for an http source",
-            check=lambda s: s.kind != "http" or s.uri.startswith(("https://", "http://")),
+            expected="an http(s):// URL for an http or helm source",
+            check=lambda s: (
+                s.kind not in ("http", "helm") or s.uri.startswith(("https://", "http://"))
+            ),
             field="uri",
         ),
         Rule(
@@ -204,13 +246,14 @@ class Source(ApiObject):
     )
 
     kind: SourceKind = api_field(
-        "What the source is: an OCI artifact or image (`image`), a git repository (`git`) or "
-        "an archive over HTTP(S) (`http`, tar or tar.gz)."
+        "What the source is: an OCI artifact or image (`image`, also a Helm chart pushed to "
+        "a registry), a git repository (`git`), an archive over HTTP(S) (`http`, tar or "
+        "tar.gz) or a chart of a Helm repository (`helm`)."
     )
     uri: str = api_field(
         "Where the content lives. `image`: `registry/repository[:tag]` (a tag is informational "
         "only; content is fetched by `digest`); `git`: the repository URL; `http`: the "
-        "archive's URL.",
+        "archive's URL; `helm`: the Helm repository's URL (where its `index.yaml` is).",
         pattern=NO_WHITESPACE,
         expected="a URI without whitespace",
         max_length=2048,
@@ -232,12 +275,36 @@ class Source(ApiObject):
         max_length=40,
     )
     sha256: str | None = api_field(
-        "`http` pin: the sha256 of the archive, in hex.",
+        "`http` and `helm` pin: the sha256 of the archive, in hex.",
         default=None,
         pattern=SHA256_HEX,
         expected=SHA256_HEX_TEXT,
         pin=True,
         max_length=64,
+    )
+    chart: str | None = api_field(
+        "`helm` only: the chart's name in the repository.",
+        default=None,
+        pattern=CHART_NAME,
+        expected=CHART_NAME_TEXT,
+        max_length=250,
+    )
+    version: str | None = api_field(
+        "`helm` only: the chart's exact version (the hub resolves a range to one).",
+        default=None,
+        pattern=CHART_VERSION,
+        expected=CHART_VERSION_TEXT,
+        pin=True,
+        max_length=128,
+    )
+    archive_url: str | None = api_field(
+        "`helm` pin: the URL of the chart archive (`.tgz`) that the hub resolved from the "
+        "repository's index; the agent downloads it and checks `sha256`.",
+        default=None,
+        pattern=HTTP_URL,
+        expected=HTTP_URL_TEXT,
+        pin=True,
+        max_length=2048,
     )
     directory: str | None = api_field(
         "`git` only: the directory of the repository to take (default: the whole tree).",
@@ -278,9 +345,27 @@ class FormatOptions(ApiObject):
         default=None,
         free_form=True,
     )
+    values_files: tuple[str, ...] = api_field(
+        "`helm`: values files inside the bundle tree (paths from the tree's root), applied in "
+        "order over the chart's own `values.yaml` and under `values`.",
+        default=(),
+        pattern=RELATIVE_PATH,
+        expected=RELATIVE_PATH_TEXT,
+        max_length=512,
+        max_items=32,
+        rules=(STAYS_INSIDE,),
+    )
+    release_name: str | None = api_field(
+        "`helm`: the release name (`.Release.Name`). Default: the bundle's name.",
+        default=None,
+        pattern=RELEASE_NAME,
+        expected=RELEASE_NAME_TEXT,
+        max_length=53,
+    )
     path: str | None = api_field(
         "Directory inside the bundle tree to render from (a kustomize overlay, a helm chart, "
-        "a directory of plain manifests). Default: the tree's root.",
+        "a directory of plain manifests). Default: the tree's root (for `helm`: the root, or "
+        "the one chart directory at the root, as a chart archive unpacks).",
         default=None,
         pattern=RELATIVE_PATH,
         expected=RELATIVE_PATH_TEXT,

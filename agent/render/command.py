@@ -16,6 +16,7 @@ from agent.errors import PermanentError
 from agent.render.formats import render_bundle
 from agent.render.plain import RenderRequest
 from agent.render.scope import builtin_scope
+from agent.render.tools import ToolSettings
 
 try:
     _Dumper: type[Any] = yaml.CSafeDumper
@@ -29,7 +30,9 @@ class BundleDirError(PermanentError):
     reason = "InvalidSource"
 
 
-def run_render(*, bundle_dir: str, format: str, namespace: str | None) -> str:
+def run_render(
+    *, bundle_dir: str, format: str, namespace: str | None, tools: ToolSettings | None = None
+) -> str:
     """Render ``bundle_dir`` and return the objects as a multi-document YAML stream.
 
     Raises BundleDirError, UnknownFormatError, InvalidManifestError (all PermanentError).
@@ -37,7 +40,9 @@ def run_render(*, bundle_dir: str, format: str, namespace: str | None) -> str:
     tree = Path(bundle_dir)
     if not tree.is_dir():
         raise BundleDirError(f"{bundle_dir}: not a directory")
-    request = RenderRequest(source=bundle_dir, namespace=namespace, scope=builtin_scope)
+    request = RenderRequest(
+        source=bundle_dir, namespace=namespace, scope=builtin_scope, tools=tools or ToolSettings()
+    )
     objects = render_bundle(tree, format=format, request=request)
     return yaml.dump_all(
         objects, Dumper=_Dumper, sort_keys=False, default_flow_style=False, explicit_start=True

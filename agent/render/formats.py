@@ -1,4 +1,4 @@
-"""The format registry: ``plain`` built in, plugins through the ``fleetlet.formats`` entry points.
+"""The format registry: ``plain`` and ``helm`` built in, plugins through the ``fleetlet.formats`` entry points.
 
 A format is an object with a ``name`` and ``render(tree, request) -> list[dict]`` returning
 Kubernetes objects (see :class:`Format`). A plugin package declares, in its
@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from agent.errors import FleetletError, PermanentError
+from agent.render.helm import HelmFormat
 from agent.render.manifests import InvalidManifestError, Manifest, validate_object
 from agent.render.plain import PlainFormat, RenderRequest, finish
 
@@ -48,7 +49,7 @@ class FormatFailedError(InvalidManifestError):
 
 
 # The built-in formats, then each plugin once loaded.
-_LOADED: dict[str, Format] = {"plain": PlainFormat()}
+_LOADED: dict[str, Format] = {"plain": PlainFormat(), "helm": HelmFormat()}
 
 
 @functools.cache

@@ -275,10 +275,22 @@ def load_documents(
     return documents
 
 
+HOOK_ANNOTATIONS = ("helm.sh/hook", "argocd.argoproj.io/hook")
+"""Annotations that make an object a hook (run as a stage of its group, not applied)."""
+
+
+def is_hook(obj: Manifest) -> bool:
+    """Whether ``obj`` is a Helm or Argo CD hook object (it has a hook annotation)."""
+    meta = obj.get("metadata")
+    annotations = meta.get("annotations") if isinstance(meta, dict) else None
+    return isinstance(annotations, dict) and any(a in annotations for a in HOOK_ANNOTATIONS)
+
+
 def validate_object(
     document: object, *, source: str, file: str, index: int, item: int | None = None
 ) -> Manifest:
-    """Check one document is a Kubernetes object: a mapping with apiVersion, kind, metadata.name.
+    """Check one document is a Kubernetes object: a mapping with apiVersion, kind, metadata.name
+    (or, for a hook object only, ``metadata.generateName``).
 
     Raises InvalidManifestError (DocumentIsList, DocumentIsScalar, MissingApiVersion,
     MissingKind, MissingName).
@@ -308,7 +320,12 @@ def validate_object(
         raise refuse(f"{kind} has no metadata", "MissingName")
     name = metadata.get("name")
     if not isinstance(name, str) or not name:
-        raise refuse(f"{kind} has no metadata.name", "MissingName")
+        generate = metadata.get("generateName")
+        if not (isinstance(generate, str) and generate and is_hook(document)):
+            raise refuse(f"{kind} has no metadata.name", "MissingName")
+        # A hook object is created (not applied) each time its hook runs: a generated name is
+        # how Helm and Argo CD charts make each run's Job unique.
+        name = generate + "*"
     namespace = metadata.get("namespace")
     if namespace is not None and (not isinstance(namespace, str) or not namespace):
         raise refuse(f"{kind} {name}: metadata.namespace is not a string", "InvalidNamespace")

@@ -25,8 +25,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from agent.errors import TemporaryError
+from agent.render.facts import ClusterFacts
 from agent.render.manifests import InvalidManifestError, Manifest, ParseLimits, parse_manifests
 from agent.render.scope import ScopeLookup, builtin_scope, with_bundle_crds
+from agent.render.tools import ToolSettings
 from agent.source.tree import LinkEscapeError, resolve_inside
 
 BUNDLE_LABEL = "fleetlet.io/bundle"
@@ -67,7 +69,9 @@ class RenderLimits:
 @dataclass(frozen=True, kw_only=True)
 class RenderRequest:
     """What a format renders for: ``source`` names the bundle in messages; ``options`` are the
-    format's options from the BundleDeployment (the plain format has none)."""
+    format's options from the BundleDeployment (the plain format has none); ``cluster`` what is
+    known of the cluster (version, served APIs); ``upgrade`` whether the bundle is already
+    installed there (helm's ``.Release.IsUpgrade``); ``tools`` where helm and kustomize are."""
 
     source: str = "bundle"
     namespace: str | None = None
@@ -75,6 +79,9 @@ class RenderRequest:
     ownership: Ownership | None = None
     options: Mapping[str, Any] = field(default_factory=dict)
     limits: RenderLimits = field(default_factory=RenderLimits)
+    cluster: ClusterFacts = field(default_factory=ClusterFacts)
+    upgrade: bool = False
+    tools: ToolSettings = field(default_factory=ToolSettings)
 
 
 def order_key(relative: str) -> tuple[tuple[int, str], ...]:
@@ -220,6 +227,9 @@ def finish(objects: list[Manifest], request: RenderRequest) -> list[Manifest]:
             and scope(str(obj["apiVersion"]), str(obj["kind"]))
         ):
             meta["namespace"] = request.namespace
+        if not meta.get("name"):  # a hook with generateName: a new object each run
+            _own(meta, request.ownership)
+            continue
         identity = _identity(obj)
         if identity in seen:
             group, kind, namespace, name = identity
@@ -232,16 +242,19 @@ def finish(objects: list[Manifest], request: RenderRequest) -> list[Manifest]:
                 rule="DuplicateObject",
             )
         seen[identity] = index
-        owner = request.ownership
-        if owner is not None:
-            labels = meta.get("labels") or {}
-            labels[BUNDLE_LABEL] = owner.bundle
-            labels[GROUP_LABEL] = owner.group
-            meta["labels"] = labels
-            annotations = meta.get("annotations") or {}
-            annotations[REVISION_ANNOTATION] = owner.revision
-            meta["annotations"] = annotations
+        _own(meta, request.ownership)
     return objects
+
+
+def _own(meta: dict[str, Any], owner: Ownership | None) -> None:
+    if owner is not None:
+        labels = meta.get("labels") or {}
+        labels[BUNDLE_LABEL] = owner.bundle
+        labels[GROUP_LABEL] = owner.group
+        meta["labels"] = labels
+        annotations = meta.get("annotations") or {}
+        annotations[REVISION_ANNOTATION] = owner.revision
+        meta["annotations"] = annotations
 
 
 class PlainFormat:

@@ -115,8 +115,10 @@ def cache_key(source: SourceLike) -> str:
         return f"git:{commit}:{(source.directory or '').strip('/')}"
     if source.kind == "http":
         return f"http:sha256:{check_hex_sha256(source.sha256, source=label)}"
+    if source.kind == "helm":
+        return f"helm:sha256:{check_hex_sha256(source.sha256, source=label)}"
     raise InvalidSourceError(
-        f"unknown source kind {source.kind!r} (image, git or http)",
+        f"unknown source kind {source.kind!r} (image, git, http or helm)",
         source=label,
         rule="UnknownKind",
     )
@@ -192,6 +194,17 @@ class ContentStore:
                     credentials=credentials,
                     source=label,
                 )
+            elif source.kind == "helm":
+                # The hub resolved the chart to one archive; the agent never reads the index.
+                archive = getattr(source, "archive_url", None) or ""
+                self.http.fetch(
+                    uri=archive,
+                    sha256=source.sha256 or "",
+                    dest=tree,
+                    credentials=credentials,
+                    source=label,
+                )
+                _check_chart_archive(tree, source=label, archive=archive)
             else:
                 self.http.fetch(
                     uri=source.uri,
@@ -248,6 +261,21 @@ class ContentStore:
         # Links are judged here, on the tree as it finally is.
         check_tree(dest, source=bundle)
         return dest
+
+
+def _check_chart_archive(tree: Path, *, source: str, archive: str) -> None:
+    """A Helm repository's archive unpacks to one chart directory (``<chart>/Chart.yaml``).
+
+    Raises InvalidSourceError (NotAChart) otherwise.
+    """
+    entries = [e for e in tree.iterdir()] if tree.is_dir() else []
+    if len(entries) != 1 or not (entries[0] / "Chart.yaml").is_file():
+        raise InvalidSourceError(
+            "not a chart archive (expected one directory holding a Chart.yaml)",
+            source=source,
+            file=archive,
+            rule="NotAChart",
+        )
 
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW

@@ -126,6 +126,9 @@ def describe(source: SourceLike) -> str:
     """A short name for a source in messages: ``image 127.0.0.1:5000/x@sha256:ab12...``."""
     pin = source.digest or source.commit or source.sha256 or "unpinned"
     where = f"{source.uri}@{pin}" if source.kind != "http" else f"{source.uri} (sha256 {pin})"
+    if source.kind == "helm":
+        chart, version = getattr(source, "chart", None), getattr(source, "version", None)
+        where = f"{source.uri} {chart} {version} (sha256 {pin})"
     if source.kind == "git" and source.directory:
         where += f":{source.directory}"
     return f"{source.kind} {where}"

@@ -11,7 +11,9 @@ bundle artifact's manifest (checked against its descriptor); each selected layer
 media type) must match its descriptor's digest AND size, checked while streaming to disk, with
 the size capped before the download starts. Layers are then unpacked with the safe extractor,
 into one tree with one budget: the unpack limits hold for the image, not for each layer, and
-links are judged across layers.
+links are judged across layers. A Helm chart in a registry (Helm's own media types) is an
+artifact like any other: its chart layer unpacks to ``<chart>/``, which the ``helm`` format
+renders.
 """
 
 from __future__ import annotations
@@ -46,6 +48,10 @@ from agent.source.content import (
 
 BUNDLE_LAYER_MEDIA_TYPE = "application/vnd.fleetlet.bundle.layer.v1.tar+gzip"
 BUNDLE_ARTIFACT_TYPE = "application/vnd.fleetlet.bundle.v1"
+# A Helm chart pushed with `helm push`: its one content layer is the chart archive
+# (`<chart>/Chart.yaml`...); the provenance layer, if any, is not content.
+HELM_CHART_LAYER_MEDIA_TYPE = "application/vnd.cncf.helm.chart.content.v1.tar+gzip"
+HELM_CONFIG_MEDIA_TYPE = "application/vnd.cncf.helm.config.v1+json"
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
 DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
@@ -93,8 +99,8 @@ class OciSettings:
     backoff: float = 0.5
     max_manifest_bytes: int = 4 * 1024 * 1024
     max_layer_bytes: int = 64 * 1024 * 1024
-    layer_media_types: tuple[str, ...] = (BUNDLE_LAYER_MEDIA_TYPE,)
-    artifact_types: tuple[str, ...] = (BUNDLE_ARTIFACT_TYPE,)
+    layer_media_types: tuple[str, ...] = (BUNDLE_LAYER_MEDIA_TYPE, HELM_CHART_LAYER_MEDIA_TYPE)
+    artifact_types: tuple[str, ...] = (BUNDLE_ARTIFACT_TYPE, HELM_CONFIG_MEDIA_TYPE)
     archive_limits: ArchiveLimits = field(default_factory=ArchiveLimits)
     user_agent: str = "fleetlet-agent"
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from nodesemver import Range
 
 from agent.errors import FieldProblem
 from hub.errors import FleetRepoError
@@ -33,14 +34,18 @@ _OCI_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 _GIT_SHA = re.compile(r"^[0-9a-f]{40}$")
 _IMAGE_URI = re.compile(r"^[A-Za-z0-9.-]+(:[0-9]+)?(/[a-z0-9]+([._-][a-z0-9]+)*)+$")
 
-SOURCE_KINDS = ("image", "git", "http")
+SOURCE_KINDS = ("image", "git", "http", "helm")
 APPROVALS = ("none", "manual")
 # Which reference fields each source kind takes; the pinned one comes first.
+# A `version` is a SemVer range (or one version) resolved by the hub: a Helm repository's chart
+# versions, or an OCI repository's tags (Helm charts in a registry).
 _REF_FIELDS: dict[str, tuple[str, ...]] = {
-    "image": ("digest", "tag"),
+    "image": ("digest", "tag", "version"),
     "git": ("commit", "tag", "branch"),
     "http": ("sha256",),
+    "helm": ("version",),
 }
+_CHART = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$")
 _SOURCE_PASSTHROUGH = ("directory", "destination", "auth")
 # Keys of a bundle file the hub consumes itself; every other key is passed to the
 # BundleDeployment spec unchanged (the agent's API validates it).
@@ -83,6 +88,8 @@ class SourceRef:
     ref_field: str
     ref: str
     extra: tuple[tuple[str, Any], ...] = ()
+    chart: str = ""
+    """The chart's name in the repository (``helm`` sources only)."""
 
     @property
     def pinned(self) -> bool:
@@ -91,8 +98,48 @@ class SourceRef:
     def describe(self) -> str:
         if self.kind == "http":
             return f"http {self.uri}"
+        if self.kind == "helm":
+            return f"helm {self.uri} chart {self.chart} version {self.ref}"
+        if self.ref_field == "version":
+            return f"{self.kind} {self.uri} version {self.ref}"
         sep = "@" if self.ref_field in ("digest", "commit") else ":"
         return f"{self.kind} {self.uri}{sep}{self.ref} ({self.ref_field})"
+
+
+@dataclass(frozen=True, slots=True)
+class ChartDependency:
+    """A chart dependency that is not vendored, pinned by the hub; the agent places it at
+    ``destination`` (relative to where the parent chart's source goes: ``<chart>/charts``)."""
+
+    kind: str
+    """``helm`` (a Helm repository's archive) or ``image`` (a chart in an OCI registry)."""
+    uri: str
+    chart: str
+    version: str
+    pin: str
+    """sha256 hex (``helm``) or manifest digest (``image``)."""
+    archive_url: str | None
+    tag: str | None
+    destination: str
+
+
+@dataclass(frozen=True, slots=True)
+class ChartPin:
+    """What a version range resolved to: the exact version and the pin of its bytes, plus the
+    dependencies the chart does not vendor (each pinned too)."""
+
+    version: str
+    pin: str
+    """sha256 hex of the archive (``helm``) or the manifest digest (``image``)."""
+    archive_url: str | None = None
+    """``helm``: the archive's URL from the repository's index."""
+    tag: str | None = None
+    """``image``: the tag the version was read from (Helm writes ``+`` as ``_`` in tags)."""
+    dependencies: tuple[ChartDependency, ...] = ()
+
+
+Pin = str | ChartPin
+"""A resolved source: a digest, commit or sha256 hex, or a chart resolved from a version."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -491,6 +538,8 @@ def _load_sources(
             continue
         ref_fields = _REF_FIELDS[kind]
         allowed = {"kind", "uri", *ref_fields, *_SOURCE_PASSTHROUGH}
+        if kind == "helm":
+            allowed.add("chart")
         for key in sorted(set(s) - allowed, key=str):
             problems.add(
                 rel,
@@ -502,8 +551,12 @@ def _load_sources(
         if not isinstance(uri, str) or not uri or any(c.isspace() for c in uri):
             problems.add(rel, f"{where}.uri", "a URI without spaces", uri)
             continue
-        if kind == "http" and not uri.startswith(("http://", "https://")):
+        if kind in ("http", "helm") and not uri.startswith(("http://", "https://")):
             problems.add(rel, f"{where}.uri", "an http:// or https:// URL", uri)
+            continue
+        chart = s.get("chart", "")
+        if kind == "helm" and (not isinstance(chart, str) or not _CHART.match(chart)):
+            problems.add(rel, f"{where}.chart", "the chart's name in the repository", chart or None)
             continue
         if kind == "image" and not _IMAGE_URI.match(uri):
             problems.add(
@@ -530,7 +583,11 @@ def _load_sources(
             problems.add(rel, f"{where}.{ref_field}", _REF_EXPECTED[ref_field], ref)
             continue
         extra = tuple((k, s[k]) for k in _SOURCE_PASSTHROUGH if k in s)
-        out.append(SourceRef(kind=kind, uri=uri, ref_field=ref_field, ref=str(ref), extra=extra))
+        out.append(
+            SourceRef(
+                kind=kind, uri=uri, ref_field=ref_field, ref=str(ref), extra=extra, chart=chart
+            )
+        )
     return out
 
 
@@ -541,6 +598,7 @@ _REF_EXPECTED = {
     "tag": "a tag name",
     "branch": "a branch name",
     "url": "a URL",
+    "version": "a version or a SemVer range such as 1.2.3, ^1.2, ~1.2.3 or >=1.0 <2.0",
 }
 _TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")
 _GIT_REF = re.compile(r"^(?!/)(?!.*\.\.)(?!.*//)[A-Za-z0-9._/-]+(?<![/.])$")
@@ -557,7 +615,23 @@ def _ref_ok(ref_field: str, ref: object) -> bool:
         return bool(_HEX64.match(ref))
     if ref_field in ("tag", "branch"):
         return bool(_GIT_REF.match(ref)) and not ref.endswith(".lock")
+    if ref_field == "version":
+        return version_range(ref) is not None
     return True
+
+
+def version_range(text: str) -> str | None:
+    """``text`` as a normalised SemVer range (Helm's syntax: ``^1.2``, ``~1.2.3``, ``1.2.x``,
+    ``>=1.0 <2.0``, ``>=1.0, <2.0``, ``a || b``), or None if it is not one."""
+    if not text or len(text) > 256:
+        return None
+    # Helm (Masterminds semver) joins comparisons with commas; node-semver with spaces.
+    normal = " ".join(text.replace(",", " ").split())
+    try:
+        Range(normal, True)
+    except (ValueError, TypeError):
+        return None
+    return normal
 
 
 def _load_target(
