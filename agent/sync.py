@@ -18,6 +18,7 @@ The apply, health and prune stages (the outbound half) consume :class:`SyncResul
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import shutil
 from collections.abc import Callable, Sequence
@@ -41,7 +42,7 @@ from agent.api import (
 from agent.bundles import BundleDeployments
 from agent.errors import PermanentError, TemporaryError, ValidationError, VerificationError
 from agent.kube import KubeClient
-from agent.render.formats import render_bundle
+from agent.render.cache import RenderCache, sources_digest
 from agent.render.manifests import Manifest
 from agent.render.plain import Ownership, RenderRequest
 from agent.render.scope import with_bundle_crds
@@ -191,9 +192,11 @@ class InboundPipeline:
         workdir: Path,
         bundles: BundleDeployments | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        renders: RenderCache | None = None,
     ) -> None:
         """``bundles``: where a refused publication is reported on the BundleDeployments
-        (None: not reported, for clusters without the CRDs)."""
+        (None: not reported, for clusters without the CRDs). ``renders``: the render cache
+        (default: in memory and under ``workdir/renders``)."""
         self.cluster = cluster
         self._watcher = watcher
         self._trust = trust
@@ -204,6 +207,7 @@ class InboundPipeline:
         self._workdir = Path(workdir)
         self._bundles = bundles
         self._clock = clock
+        self.renders = renders or RenderCache(directory=self._workdir / "renders")
         # Who may sign and which CAs are trusted: a refusal is remembered under this policy.
         identity = trust.identity
         cas = sorted(
@@ -332,13 +336,12 @@ class InboundPipeline:
         try:
             for entry in entries:
                 spec = entry.spec
-                tree = self._content.compose(
-                    spec.sources, root / entry.name, credentials=self._credentials
-                )
                 options = spec.format_options
-                objects = render_bundle(
-                    tree,
+                # Render cache (issue 16): the pins name the content, so a bundle rendered
+                # before for the same options is neither fetched nor rendered again.
+                objects = self.renders.render(
                     format=spec.format,
+                    content=sources_digest(to_dict(s) for s in spec.sources),
                     request=RenderRequest(
                         source=entry.name,
                         namespace=options.target_namespace if options else None,
@@ -349,6 +352,13 @@ class InboundPipeline:
                             revision=str(deployment_set.serial),
                         ),
                         options=_options_dict(options),
+                        patches=tuple(to_dict(p) for p in spec.patches),
+                    ),
+                    tree=functools.partial(
+                        self._content.compose,
+                        spec.sources,
+                        root / entry.name,
+                        credentials=self._credentials,
                     ),
                 )
                 crds.extend(o for o in objects if o.get("kind") == "CustomResourceDefinition")

@@ -2,10 +2,15 @@
 format's output gets (target namespace, ownership labels).
 
 Files ending in ``.yaml``, ``.yml`` or ``.json`` are read (hidden files and directories are
-skipped), in a stable order: each path component is ordered by its numeric prefix (``01_``,
+skipped, and so are the well-known files that configure a tool rather than describe objects:
+Rancher Fleet's ``fleet.yaml``, Helm's ``Chart.yaml`` and ``values*.yaml``, kustomize's
+``kustomization.yaml``; see :func:`agent.render.detect.is_known_non_manifest`), in a stable
+order: each path component is ordered by its numeric prefix (``01_``,
 ``2-``, ``10.``; so ``01_namespace.yaml`` comes before ``02_app.yaml`` and ``9_`` before
 ``10_``), unnumbered components after the numbered ones, then by name. Documents keep their
-order inside a file. Symlinks are followed only when they stay inside the tree.
+order inside a file. Symlinks are followed only when they stay inside the tree. Every bad file
+is reported, not only the first (:class:`InvalidManifestsError`). ``formatOptions.path``
+renders one directory of the tree (:func:`render_root`).
 
 :func:`finish` then gives namespaced objects without a namespace the target namespace (scope
 from a :data:`~agent.render.scope.ScopeLookup`, the bundle's own CRDs first), and adds the
@@ -18,10 +23,12 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agent.render.detect import detect_format, is_known_non_manifest
 from agent.render.manifests import InvalidManifestError, Manifest, ParseLimits, parse_manifests
 from agent.render.scope import ScopeLookup, builtin_scope, with_bundle_crds
 
@@ -60,9 +67,25 @@ class RenderLimits:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ClusterFacts:
+    """What the target cluster is, for formats whose output depends on it (helm's
+    ``.Capabilities``): its Kubernetes version (``v1.37.2``) and served API versions
+    (``apps/v1``, ``monitoring.coreos.com/v1/ServiceMonitor``). Empty when unknown."""
+
+    kube_version: str | None = None
+    api_versions: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
 class RenderRequest:
     """What a format renders for: ``source`` names the bundle in messages; ``options`` are the
-    format's options from the BundleDeployment (the plain format has none)."""
+    format's options from the BundleDeployment (``formatOptions``, camelCase keys; the plain
+    format reads only ``path``). ``patches`` (API ``Patch`` dicts) are applied by
+    :func:`agent.render.formats.render_bundle` after the format, never by the format itself.
+
+    Every field but ``source``, ``scope`` and ``ownership`` is part of the render cache key
+    (:mod:`agent.render.cache`): a field added here changes the key, so it is never stale.
+    """
 
     source: str = "bundle"
     namespace: str | None = None
@@ -70,6 +93,46 @@ class RenderRequest:
     ownership: Ownership | None = None
     options: Mapping[str, Any] = field(default_factory=dict)
     limits: RenderLimits = field(default_factory=RenderLimits)
+    patches: Sequence[Mapping[str, Any]] = ()
+    cluster: ClusterFacts = field(default_factory=ClusterFacts)
+
+
+class InvalidManifestsError(InvalidManifestError):
+    """Several files of a tree were refused; ``errors`` has each, in render order."""
+
+    def __init__(self, errors: Sequence[InvalidManifestError], *, source: str) -> None:
+        self.errors = list(errors)
+        rules = sorted({e.rule for e in self.errors})
+        listed = "; ".join(f"{e.file}: {e.detail} [{e.rule}]" for e in self.errors)
+        super().__init__(
+            f"{len(self.errors)} files refused: {listed}",
+            source=source,
+            rule=",".join(rules),
+        )
+
+
+def render_root(tree: Path, request: RenderRequest) -> Path:
+    """The directory to render: ``tree``, or ``options["path"]`` inside it.
+
+    Raises InvalidManifestError (PathNotFound, PathEscapes).
+    """
+    path = request.options.get("path")
+    if not path:
+        return tree
+    root = tree / str(path)
+    real_tree = os.path.realpath(tree)
+    real = os.path.realpath(root)
+    if real != real_tree and not real.startswith(real_tree + os.sep):
+        raise InvalidManifestError(
+            f"path {path!r} leaves the bundle tree", source=request.source, rule="PathEscapes"
+        )
+    if not root.is_dir():
+        raise InvalidManifestError(
+            f"path {path!r}: no such directory in the bundle tree",
+            source=request.source,
+            rule="PathNotFound",
+        )
+    return root
 
 
 def order_key(relative: str) -> tuple[tuple[int, str], ...]:
@@ -96,6 +159,8 @@ def manifest_files(tree: Path, *, source: str, limits: RenderLimits) -> list[str
                 _inside(full, root, tree, source)
         for name in filenames:
             if name.startswith(".") or not name.endswith(_SUFFIXES):
+                continue
+            if is_known_non_manifest(name):
                 continue
             full = os.path.join(dirpath, name)
             if os.path.islink(full):
@@ -126,10 +191,14 @@ def _inside(full: str, root: str, tree: Path, source: str) -> None:
 def load_tree(tree: Path, request: RenderRequest) -> list[Manifest]:
     """Every object of the tree's manifest files, in render order (not yet finished).
 
-    Raises InvalidManifestError.
+    A file that does not parse or holds something that is not an object does not stop the
+    walk: every such file is reported in one error. The tree's bounds (files, bytes, objects)
+    do stop it at once.
+    Raises InvalidManifestError (one bad file), InvalidManifestsError (several).
     """
     limits = request.limits
     objects: list[Manifest] = []
+    refused: list[InvalidManifestError] = []
     total = 0
     for relative in manifest_files(tree, source=request.source, limits=limits):
         path = tree / relative
@@ -149,11 +218,14 @@ def load_tree(tree: Path, request: RenderRequest) -> list[Manifest]:
                 file=relative,
                 rule="FileTooLarge",
             )
-        objects.extend(
-            parse_manifests(
-                path.read_bytes(), source=request.source, file=relative, limits=limits.parse
+        try:
+            objects.extend(
+                parse_manifests(
+                    path.read_bytes(), source=request.source, file=relative, limits=limits.parse
+                )
             )
-        )
+        except InvalidManifestError as exc:
+            refused.append(exc)
         if len(objects) > limits.max_objects:
             raise InvalidManifestError(
                 f"more than {limits.max_objects} objects",
@@ -161,14 +233,20 @@ def load_tree(tree: Path, request: RenderRequest) -> list[Manifest]:
                 file=relative,
                 rule="TooManyObjects",
             )
+    if len(refused) == 1:
+        raise refused[0]
+    if refused:
+        raise InvalidManifestsError(refused, source=request.source)
     return objects
 
 
-def _identity(obj: Manifest) -> tuple[str, str, str, str]:
+def _identity(obj: Manifest, index: int) -> tuple[str, str, str, str]:
     api_version = str(obj["apiVersion"])
     group = api_version.rsplit("/", 1)[0] if "/" in api_version else ""
     meta = obj["metadata"]
-    return (group, str(obj["kind"]), str(meta.get("namespace") or ""), str(meta["name"]))
+    # A hook known by generateName gets its name from the API server: never a duplicate.
+    name = meta.get("name") or f"{meta.get('generateName')}<generated #{index + 1}>"
+    return (group, str(obj["kind"]), str(meta.get("namespace") or ""), str(name))
 
 
 def finish(objects: list[Manifest], request: RenderRequest) -> list[Manifest]:
@@ -188,7 +266,7 @@ def finish(objects: list[Manifest], request: RenderRequest) -> list[Manifest]:
             and scope(str(obj["apiVersion"]), str(obj["kind"]))
         ):
             meta["namespace"] = request.namespace
-        identity = _identity(obj)
+        identity = _identity(obj, index)
         if identity in seen:
             group, kind, namespace, name = identity
             where = f"{namespace}/{name}" if namespace else name
@@ -218,5 +296,21 @@ class PlainFormat:
     name = "plain"
 
     def render(self, tree: Path, request: RenderRequest) -> list[Manifest]:
-        """The tree's objects in order. Raises InvalidManifestError."""
-        return load_tree(tree, request)
+        """The objects of ``formatOptions.path`` (default: the tree), in order.
+
+        Raises InvalidManifestError (InvalidManifestsError for several bad files; the message
+        says so when the directory looks like another format).
+        """
+        root = render_root(tree, request)
+        try:
+            return load_tree(root, request)
+        except InvalidManifestError as exc:
+            detected = detect_format(root)
+            if detected.format == "plain":
+                raise
+            # The same error (type, rule, files); only its message gains the hint.
+            exc.args = (
+                f"{exc} (the directory looks like a {detected.format} bundle: "
+                f"{detected.evidence}; render it with format {detected.format})",
+            )
+            raise

@@ -7,7 +7,8 @@ same fleet commit with the same pins gives the same bytes.
 Override order (for one bundle on one cluster): the bundle's own fields, then every override
 selected by ``clusterSelector`` only, in file order, then every override naming the cluster in
 ``clusters``, in file order. ``values`` are deep-merged (mappings merge key by key, anything else
-is replaced, ``null`` removes a key); ``paused``, ``approval`` and ``namespace`` are replaced.
+is replaced, ``null`` removes a key); ``patches`` are appended; ``paused``, ``approval``,
+``namespace`` and ``path`` are replaced.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from hub.fleet.model import Bundle, Cluster, Fleet, Override, SourceRef
 # Where an override's fields land in a BundleDeployment spec (agent.api field names).
 VALUES_PATH = ("formatOptions", "values")
 NAMESPACE_PATH = ("formatOptions", "targetNamespace")
+PATH_PATH = ("formatOptions", "path")
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,6 +195,12 @@ def bundle_spec(
             spec["approval"] = o.approval
         if o.namespace is not None:
             _set_path(spec, NAMESPACE_PATH, o.namespace, merge=False)
+        if o.path is not None:
+            _set_path(spec, PATH_PATH, o.path, merge=False)
+        own = spec.get("patches")
+        if o.patches is not None and (own is None or isinstance(own, list)):
+            # (a bundle's own patches that are not a list are reported by the validation)
+            spec["patches"] = [*(own or []), *copy.deepcopy(o.patches)]
     return spec
 
 

@@ -1,0 +1,130 @@
+"""Post-render ``patches`` for every format, applied by the pinned kustomize.
+
+A strategic merge patch needs the schema of each kind (which lists merge by which key:
+containers by ``name``, ports by ``containerPort``...). kustomize carries Kubernetes' OpenAPI
+for that, and it is what Flux's Kustomization ``patches`` run on, so the same patch means the
+same thing here as there: a list in a kind kustomize has no schema for (a custom resource) is
+replaced, JSON 6902 operations apply as RFC 6902 says, and ``target`` selects with kustomize's
+rules (``name``/``namespace`` are regular expressions, label and annotation selectors).
+
+The rendered objects and the patches are written into a temporary kustomization
+(``sortOptions: fifo`` keeps the objects' order) and built by the same bounded child process
+as the ``kustomize`` format. Objects known only by ``metadata.generateName`` (hooks), which
+kustomize refuses, get a placeholder name for the build and have it taken away after.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from agent.errors import PermanentError
+from agent.render.manifests import InvalidManifestError, Manifest, ParseLimits, parse_manifests
+from agent.render.tools import find_tool, run_tool
+
+# Marks an object given a placeholder name (value: the generateName it had).
+_PLACEHOLDER = "fleetlet.io/generate-name-placeholder"
+
+
+class PatchFailedError(InvalidManifestError):
+    """A patch could not be applied (no object matches a strategic merge patch, a JSON 6902
+    operation fails, the patch is not valid)."""
+
+    reason = "PatchFailed"
+
+
+def apply_patches(
+    objects: Sequence[Manifest],
+    patches: Sequence[Mapping[str, Any]],
+    *,
+    source: str,
+    kustomize: Path | None = None,
+    timeout: float = 120.0,
+    max_memory: int = 1 << 30,
+    limits: ParseLimits | None = None,
+) -> list[Manifest]:
+    """``objects`` with ``patches`` (API ``Patch`` dicts: ``patch`` and optional ``target``)
+    applied in order; the objects themselves are not changed.
+
+    Raises PatchFailedError, and the tool lookup's errors (kustomize missing).
+    """
+    if not patches:
+        return list(objects)
+    tool = kustomize or find_tool("kustomize")
+    placed = [_with_placeholder(obj, i) for i, obj in enumerate(objects)]
+    kustomization = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "resources": ["objects.yaml"],
+        "sortOptions": {"order": "fifo"},
+        "patches": [_entry(p) for p in patches],
+    }
+    with tempfile.TemporaryDirectory(prefix="fleetlet-patch-") as work:
+        directory = Path(work)
+        # JSON is YAML: one document per object, no YAML emitter in the way.
+        (directory / "objects.yaml").write_text(
+            "\n---\n".join(json.dumps(o, separators=(",", ":")) for o in placed)
+        )
+        (directory / "kustomization.yaml").write_text(json.dumps(kustomization))
+        try:
+            output = run_tool(
+                [tool, "build", "."], cwd=directory, timeout=timeout, max_memory=max_memory
+            )
+        except PermanentError as exc:
+            raise PatchFailedError(
+                _explain(str(exc)), source=source, file="patches", rule="PatchFailed"
+            ) from exc
+    patched = parse_manifests(
+        output, source=source, file="patches (kustomize output)", limits=limits or _limits()
+    )
+    return [_without_placeholder(obj) for obj in patched]
+
+
+def _entry(patch: Mapping[str, Any]) -> dict[str, Any]:
+    entry: dict[str, Any] = {"patch": patch["patch"]}
+    target = patch.get("target")
+    if target:
+        entry["target"] = dict(target)
+    return entry
+
+
+def _with_placeholder(obj: Manifest, index: int) -> Manifest:
+    meta = obj.get("metadata") or {}
+    if meta.get("name") or not meta.get("generateName"):
+        return obj
+    generate = str(meta["generateName"])
+    annotations = {**(meta.get("annotations") or {}), _PLACEHOLDER: generate}
+    named = {k: v for k, v in meta.items() if k != "generateName"}
+    named.update(name=f"{generate}fleetlet-placeholder-{index}", annotations=annotations)
+    return {**obj, "metadata": named}
+
+
+def _without_placeholder(obj: Manifest) -> Manifest:
+    meta = obj.get("metadata") or {}
+    annotations = meta.get("annotations") or {}
+    if _PLACEHOLDER not in annotations:
+        return obj
+    generate = annotations.pop(_PLACEHOLDER)
+    if not annotations:
+        meta.pop("annotations")
+    meta.pop("name", None)
+    meta["generateName"] = generate
+    return obj
+
+
+def _limits() -> ParseLimits:
+    # The whole rendered bundle comes back as one stream: bounded like a tree, not a file.
+    return ParseLimits(max_file_bytes=64 * 1024 * 1024, max_documents=10_000)
+
+
+def _explain(message: str) -> str:
+    if "no matches for Id" in message or "failed to find unique target" in message:
+        return (
+            f"{message} (a strategic merge patch without target must name an object as "
+            "rendered: apiVersion, kind, metadata.name, and metadata.namespace when the object "
+            "has one; or give a target)"
+        )
+    return message
