@@ -376,8 +376,9 @@ class Patch(ApiObject):
         "The patch, as YAML or JSON text.", max_length=MAX_PATCH_CHARS, min_length=1
     )
     target: PatchTarget | None = api_field(
-        "Objects to patch. Default for a strategic merge patch: the object the patch names "
-        "(apiVersion, kind, metadata.name and metadata.namespace).",
+        "Objects to patch. Without it a strategic merge patch patches the object it names "
+        "(apiVersion, kind, metadata.name and metadata.namespace); with it, a strategic merge "
+        "patch may leave those out.",
         default=None,
     )
 

@@ -28,6 +28,7 @@ import hashlib
 import json
 import os
 import threading
+import time
 import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
@@ -131,6 +132,7 @@ class RenderCache:
         self.misses = 0
         self._entries: OrderedDict[str, bytes] = OrderedDict()
         self._size = 0
+        self._clock = 0
         self._lock = threading.Lock()
 
     def get(self, key: str) -> list[Manifest] | None:
@@ -211,10 +213,18 @@ class RenderCache:
         path = self.directory / f"{key}.json.z"
         try:
             blob = path.read_bytes()
-            os.utime(path)  # least recently used goes first
+            self._stamp(path)  # least recently used goes first
         except OSError:
             return None
         return blob
+
+    def _stamp(self, path: Path) -> None:
+        # File times are as coarse as the kernel's tick: strictly increasing ones keep the
+        # eviction order exact for renders written within one tick.
+        with self._lock:
+            self._clock = max(time.time_ns(), self._clock + 1)
+            now = self._clock
+        os.utime(path, ns=(now, now))
 
     def _write(self, key: str, blob: bytes) -> None:
         if self.directory is None:
@@ -223,6 +233,7 @@ class RenderCache:
             self.directory.mkdir(parents=True, exist_ok=True)
             temporary = self.directory / f".{key}.{os.getpid()}.{threading.get_ident()}"
             temporary.write_bytes(blob)
+            self._stamp(temporary)
             os.replace(temporary, self.directory / f"{key}.json.z")
             files = sorted(
                 self.directory.glob("*.json.z"), key=lambda p: p.stat().st_mtime_ns

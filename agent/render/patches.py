@@ -10,7 +10,10 @@ rules (``name``/``namespace`` are regular expressions, label and annotation sele
 The rendered objects and the patches are written into a temporary kustomization
 (``sortOptions: fifo`` keeps the objects' order) and built by the same bounded child process
 as the ``kustomize`` format. Objects known only by ``metadata.generateName`` (hooks), which
-kustomize refuses, get a placeholder name for the build and have it taken away after.
+kustomize refuses, get a placeholder name for the build and have it taken away after. A
+targeted strategic merge patch may leave out ``apiVersion``, ``kind`` and ``metadata.name``
+(kustomize needs them to read the patch, but with a target they select nothing): they are
+filled in from the target.
 """
 
 from __future__ import annotations
@@ -22,7 +25,13 @@ from pathlib import Path
 from typing import Any
 
 from agent.errors import PermanentError
-from agent.render.manifests import InvalidManifestError, Manifest, ParseLimits, parse_manifests
+from agent.render.manifests import (
+    InvalidManifestError,
+    Manifest,
+    ParseLimits,
+    load_documents,
+    parse_manifests,
+)
 from agent.render.tools import find_tool, run_tool
 
 # Marks an object given a placeholder name (value: the generateName it had).
@@ -60,7 +69,7 @@ def apply_patches(
         "kind": "Kustomization",
         "resources": ["objects.yaml"],
         "sortOptions": {"order": "fifo"},
-        "patches": [_entry(p) for p in patches],
+        "patches": [_entry(p, source=source, index=i) for i, p in enumerate(patches)],
     }
     with tempfile.TemporaryDirectory(prefix="fleetlet-patch-") as work:
         directory = Path(work)
@@ -83,12 +92,34 @@ def apply_patches(
     return [_without_placeholder(obj) for obj in patched]
 
 
-def _entry(patch: Mapping[str, Any]) -> dict[str, Any]:
+def _entry(patch: Mapping[str, Any], *, source: str, index: int) -> dict[str, Any]:
     entry: dict[str, Any] = {"patch": patch["patch"]}
     target = patch.get("target")
     if target:
         entry["target"] = dict(target)
+        entry["patch"] = _named(str(patch["patch"]), target, source=source, index=index)
     return entry
+
+
+def _named(text: str, target: Mapping[str, Any], *, source: str, index: int) -> str:
+    """A targeted strategic merge patch with the ``kind``, ``apiVersion`` and
+    ``metadata.name`` kustomize needs to read it (they do not select: the target does), taken
+    from the target or placeholders when the patch leaves them out, as Flux users are used to
+    writing them."""
+    documents = load_documents(text.encode(), source=source, file=f"patches[{index}]")
+    mappings = [d for d in documents if isinstance(d, dict)]
+    if not mappings or len(mappings) != len(documents):
+        return text  # a JSON 6902 patch (a list), passed as written
+    group, version = target.get("group") or "", target.get("version") or "v1"
+    filled = []
+    for document in mappings:
+        document.setdefault("apiVersion", f"{group}/{version}" if group else version)
+        document.setdefault("kind", target.get("kind") or "Patched")
+        metadata = document.setdefault("metadata", {})
+        if isinstance(metadata, dict):
+            metadata.setdefault("name", "patched")
+        filled.append(json.dumps(document))
+    return "\n---\n".join(filled)
 
 
 def _with_placeholder(obj: Manifest, index: int) -> Manifest:
