@@ -413,9 +413,7 @@ def register(sub: Any) -> None:
         default=[],
         help="helm value, helm's --set syntax (repeatable, after --values)",
     )
-    render.add_argument(
-        "--namespace", metavar="NS", help="target namespace for namespaced objects"
-    )
+    render.add_argument("--namespace", metavar="NS", help="target namespace for namespaced objects")
     render.add_argument("--release-name", metavar="NAME", help="helm release name")
     render.add_argument(
         "--install-namespace", metavar="NS", help="registry+v1: namespace of the operator"

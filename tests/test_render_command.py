@@ -117,7 +117,11 @@ def test_a_plain_render_reports_every_bad_file_at_once(tmp_path: Path) -> None:
     assert f"fleetlet: {tree}: rendering as plain (no format marker)" in lines
     assert f"fleetlet: {tree}: 3 files refused:" in lines
     listed = [line.strip().split(":")[0] for line in lines if line.startswith("  ")]
-    assert listed == ["02_syntax.yaml", "03_noname.yaml (document 1)", "sub/04_nokind.yaml (document 1)"]
+    assert listed == [
+        "02_syntax.yaml",
+        "03_noname.yaml (document 1)",
+        "sub/04_nokind.yaml (document 1)",
+    ]
     assert "[YamlSyntax]" in shown.stderr and "[MissingName]" in shown.stderr
     assert "[MissingKind]" in shown.stderr and shown.stdout == ""
 
@@ -170,9 +174,7 @@ def test_a_plain_render_of_another_format_says_so(tmp_path: Path) -> None:
 
     with pytest.raises(InvalidManifestError) as refused:
         render_bundle(chart, format="plain", request=RenderRequest())
-    assert "looks like a helm bundle: Chart.yaml; render it with format helm" in str(
-        refused.value
-    )
+    assert "looks like a helm bundle: Chart.yaml; render it with format helm" in str(refused.value)
 
 
 @pytest.mark.parametrize("name", ["helm", "registry+v1"])

@@ -15,7 +15,7 @@ import yaml
 
 from agent.render.cache import RenderCache, tree_digest
 from agent.render.formats import render_bundle
-from agent.render.kustomize import KustomizeError
+from agent.render.kustomize import KustomizeError, KustomizeFormat
 from agent.render.manifests import InvalidManifestError
 from agent.render.patches import PatchFailedError
 from agent.render.plain import ClusterFacts, RenderRequest
@@ -53,7 +53,9 @@ def _kustomize(tree: Path, path: str = "", **request: Any) -> list[dict[str, Any
 
 
 def _ids(objects: list[dict[str, Any]]) -> list[tuple[str, str]]:
-    return [(o["kind"], o["metadata"].get("name") or o["metadata"]["generateName"]) for o in objects]
+    return [
+        (o["kind"], o["metadata"].get("name") or o["metadata"]["generateName"]) for o in objects
+    ]
 
 
 DEPLOYMENT = """
@@ -444,11 +446,11 @@ def test_a_second_render_of_the_same_inputs_runs_no_tool(
 
     content = tree_digest(tree)
     first = cache.render(format="kustomize", content=content, request=request, tree=compose)
-    assert counted_kustomize.runs == 2  # the build, the patches
+    assert counted_kustomize.runs == 1  # one build carries the patches
     first[0]["metadata"]["name"] = "changed by the caller"
 
     second = cache.render(format="kustomize", content=content, request=request, tree=compose)
-    assert counted_kustomize.runs == 2 and len(composed) == 1
+    assert counted_kustomize.runs == 1 and len(composed) == 1
     assert second[0]["metadata"]["name"] == "x-web"
     assert second[0]["metadata"]["namespace"] == "web"
     assert second[0]["metadata"]["labels"] == {"patched": "yes"}
@@ -458,7 +460,7 @@ def test_a_second_render_of_the_same_inputs_runs_no_tool(
     assert restarted.render(format="kustomize", content=content, request=request, tree=compose) == (
         second
     )
-    assert counted_kustomize.runs == 2 and restarted.hits == 1
+    assert counted_kustomize.runs == 1 and restarted.hits == 1
 
     # Anything that shapes the output is in the key: other options, content, cluster facts.
     for changed, changed_content in [
@@ -499,3 +501,17 @@ def test_the_cache_is_bounded_in_memory_and_on_disk(tmp_path: Path) -> None:
     assert disk.get("key9") is None and not (tmp_path / "key9.json.z").exists()
     found = disk.get("key8")
     assert found is not None and found[0]["metadata"]["name"] == "c8"
+
+
+def test_kustomize_runs_with_a_time_and_memory_bound(kustomize_binary: Path) -> None:
+    request = RenderRequest(options={"path": "apps/production"})
+    starved = KustomizeFormat(kustomize=kustomize_binary, max_memory=32 * 1024 * 1024)
+    with pytest.raises(KustomizeError) as refused:
+        starved.render(FLUX_EXAMPLE, request)
+    assert refused.value.rule == "KustomizeFailed"
+    assert "kustomize failed" in str(refused.value)
+
+    hurried = KustomizeFormat(kustomize=kustomize_binary, timeout=0.001)
+    with pytest.raises(KustomizeError) as stopped:
+        hurried.render(FLUX_EXAMPLE, request)
+    assert stopped.value.rule == "KustomizeFailed" and "kustomize" in str(stopped.value)

@@ -361,7 +361,10 @@ class PatchTarget(ApiObject):
         "Label selector, e.g. `app=web,tier in (a,b)`.", default=None, max_length=1024, min_length=1
     )
     annotation_selector: str | None = api_field(
-        "Annotation selector, in label selector syntax.", default=None, max_length=1024, min_length=1
+        "Annotation selector, in label selector syntax.",
+        default=None,
+        max_length=1024,
+        min_length=1,
     )
 
 
@@ -420,12 +423,12 @@ class Patch(ApiObject):
         problems = []
         if len(documents) > 1:
             problems.append(
-                _patch_problem("patch", "one list of JSON 6902 operations", f"{len(documents)} documents")
+                _patch_problem(
+                    "patch", "one list of JSON 6902 operations", f"{len(documents)} documents"
+                )
             )
         if self.target is None:
-            problems.append(
-                _patch_problem("target", "a target for a JSON 6902 patch", "nothing")
-            )
+            problems.append(_patch_problem("target", "a target for a JSON 6902 patch", "nothing"))
         for i, op in enumerate(documents[0]):
             ok = (
                 isinstance(op, dict)

@@ -235,9 +235,7 @@ class RenderCache:
             temporary.write_bytes(blob)
             self._stamp(temporary)
             os.replace(temporary, self.directory / f"{key}.json.z")
-            files = sorted(
-                self.directory.glob("*.json.z"), key=lambda p: p.stat().st_mtime_ns
-            )
+            files = sorted(self.directory.glob("*.json.z"), key=lambda p: p.stat().st_mtime_ns)
             for old in files[: max(0, len(files) - self.max_files)]:
                 old.unlink(missing_ok=True)
         except OSError:

@@ -10,7 +10,8 @@ Kubernetes objects (see :class:`Format`). A plugin package declares, in its
 
 The entry point may name a format object or a class/factory called without arguments.
 :func:`render_objects` validates every object a format returns and applies the bundle's
-``patches``; :func:`render_bundle` then finishes them (target namespace, ownership labels) the
+``patches`` (unless the format says it applied them itself: ``applies_patches = True``, as the
+kustomize format does in its one build); :func:`render_bundle` then finishes them (target namespace, ownership labels) the
 same way for all formats, so no plugin can skip that. A built-in format of the API
 (:data:`agent.api.BUILTIN_FORMATS`) that this build does not carry fails with
 :class:`FormatNotAvailableError`; installing a plugin of that name makes it available without
@@ -139,7 +140,7 @@ def render_objects(tree: Path, *, format: str, request: RenderRequest) -> list[M
         validate_object(obj, source=request.source, file=f"{format} output", index=i)
         for i, obj in enumerate(raw)
     ]
-    if not request.patches:
+    if not request.patches or getattr(renderer, "applies_patches", False):
         return objects
     patched = apply_patches(objects, request.patches, source=request.source)
     return [

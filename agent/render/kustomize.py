@@ -18,7 +18,10 @@ the same bounded parser as plain manifests.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +36,7 @@ from agent.render.manifests import (
     load_documents,
     parse_manifests,
 )
+from agent.render.patches import explain_failure, kustomization_patches
 from agent.render.plain import RenderRequest, render_root
 from agent.render.tools import find_tool, run_tool
 
@@ -279,6 +283,7 @@ class KustomizeFormat:
     """
 
     name = "kustomize"
+    applies_patches = True
 
     def __init__(
         self,
@@ -301,25 +306,25 @@ class KustomizeFormat:
         """What shapes the output besides the input: the kustomize and helm binaries (path,
         size, modification time). Raises the tool lookup's error when there is no kustomize."""
         tools = [self.kustomize()]
-        try:
+        # No helm: a kustomization with helmCharts fails to render, and is not cached.
+        with contextlib.suppress(PermanentError):
             tools.append(self._helm or find_tool("helm"))
-        except PermanentError:
-            pass  # no helm: a kustomization with helmCharts fails to render, uncached
         parts = []
         for tool in tools:
             stat = tool.stat()
             parts.append(f"{tool}:{stat.st_size}:{stat.st_mtime_ns}")
         return " ".join(parts)
 
-    def render(self, tree: Path, request: RenderRequest) -> list[Manifest]:
-        """``kustomize build`` of ``formatOptions.path`` (default: the tree's root).
-
-        Raises KustomizeError, InvalidManifestError (path, output), the tool lookup's errors.
-        """
-        root = render_root(tree, request)
-        plan = check_kustomization(tree, root, source=request.source)
-        relative = os.path.relpath(root, tree)
-        argv: list[str | Path] = [self.kustomize(), "build", relative]
+    def _build(
+        self,
+        tree: Path,
+        target: str,
+        plan: KustomizationPlan,
+        request: RenderRequest,
+        *,
+        where: str,
+    ) -> bytes:
+        argv: list[str | Path] = [self.kustomize(), "build", target]
         if plan.uses_helm:
             helm = self._helm or find_tool("helm")
             argv += ["--enable-helm", "--helm-command", helm]
@@ -329,12 +334,39 @@ class KustomizeFormat:
             for api_version in facts.api_versions:
                 argv += ["--helm-api-versions", api_version]
         try:
-            output = run_tool(argv, cwd=tree, timeout=self.timeout, max_memory=self.max_memory)
+            return run_tool(argv, cwd=tree, timeout=self.timeout, max_memory=self.max_memory)
         except PermanentError as exc:
-            where = Path(relative).as_posix()
             raise KustomizeError(
-                str(exc), source=request.source, file=where, rule="KustomizeFailed"
+                explain_failure(str(exc)), source=request.source, file=where, rule="KustomizeFailed"
             ) from exc
+
+    def render(self, tree: Path, request: RenderRequest) -> list[Manifest]:
+        """``kustomize build`` of ``formatOptions.path`` (default: the tree's root), with the
+        bundle's ``patches`` (this format applies them itself: :attr:`applies_patches`).
+
+        Raises KustomizeError, InvalidManifestError (path, output), the tool lookup's errors.
+        """
+        root = render_root(tree, request)
+        plan = check_kustomization(tree, root, source=request.source)
+        relative = os.path.relpath(root, tree)
+        with tempfile.TemporaryDirectory(prefix="fleetlet-kustomize-") as work:
+            target = relative
+            if request.patches:
+                # One build, as Flux does it: a kustomization around the overlay carries the
+                # patches (the same result as patching the overlay's output afterwards).
+                target = work
+                wrapper = {
+                    "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                    "kind": "Kustomization",
+                    # kustomize takes no absolute directory; a relative one may go up.
+                    "resources": [os.path.relpath(os.path.realpath(root), os.path.realpath(work))],
+                    "patches": kustomization_patches(request.patches, source=request.source),
+                }
+                Path(work, "kustomization.yaml").write_text(json.dumps(wrapper))
+            where = Path(relative).as_posix()
+            if request.patches:
+                where += " (with the bundle's patches)"
+            output = self._build(tree, target, plan, request, where=where)
         limits = request.limits
         return parse_manifests(
             output,

@@ -69,7 +69,7 @@ def apply_patches(
         "kind": "Kustomization",
         "resources": ["objects.yaml"],
         "sortOptions": {"order": "fifo"},
-        "patches": [_entry(p, source=source, index=i) for i, p in enumerate(patches)],
+        "patches": kustomization_patches(patches, source=source),
     }
     with tempfile.TemporaryDirectory(prefix="fleetlet-patch-") as work:
         directory = Path(work)
@@ -84,12 +84,22 @@ def apply_patches(
             )
         except PermanentError as exc:
             raise PatchFailedError(
-                _explain(str(exc)), source=source, file="patches", rule="PatchFailed"
+                explain_failure(str(exc)), source=source, file="patches", rule="PatchFailed"
             ) from exc
     patched = parse_manifests(
         output, source=source, file="patches (kustomize output)", limits=limits or _limits()
     )
     return [_without_placeholder(obj) for obj in patched]
+
+
+def kustomization_patches(
+    patches: Sequence[Mapping[str, Any]], *, source: str
+) -> list[dict[str, Any]]:
+    """``patches`` as entries of a kustomization's ``patches`` field (see :func:`_named`).
+
+    Raises InvalidManifestError (a patch that is not YAML).
+    """
+    return [_entry(p, source=source, index=i) for i, p in enumerate(patches)]
 
 
 def _entry(patch: Mapping[str, Any], *, source: str, index: int) -> dict[str, Any]:
@@ -151,7 +161,8 @@ def _limits() -> ParseLimits:
     return ParseLimits(max_file_bytes=64 * 1024 * 1024, max_documents=10_000)
 
 
-def _explain(message: str) -> str:
+def explain_failure(message: str) -> str:
+    """kustomize's message, with what to do when a strategic merge patch matched nothing."""
     if "no matches for Id" in message or "failed to find unique target" in message:
         return (
             f"{message} (a strategic merge patch without target must name an object as "

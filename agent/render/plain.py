@@ -22,8 +22,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any

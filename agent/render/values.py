@@ -9,6 +9,7 @@ Files and assignments are merged in order: mappings key by key, anything else re
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -123,7 +124,7 @@ def _split_key(text: str, start: int) -> tuple[list[str | int], int]:
 
 def _assign(root: dict[str, Any], path: list[str | int], value: Any) -> None:
     node: Any = root
-    for here, after in zip(path, path[1:], strict=False):
+    for here, after in itertools.pairwise(path):
         empty: Any = [] if isinstance(after, int) else {}
         node = _child(node, here, empty)
     _put(node, path[-1], value)
