@@ -225,6 +225,18 @@ def test_missing_kustomizations_and_files_are_named(tmp_path: Path) -> None:
     assert no_path.value.rule == "PathNotFound"
 
 
+def test_a_chain_of_bases_is_bounded(counted_kustomize: ToolCounter, tmp_path: Path) -> None:
+    for i in range(1_001):
+        _write(tmp_path, {f"k{i}/kustomization.yaml": f"resources: [../k{i + 1}]\n"})
+    _write(tmp_path, {"k1001/kustomization.yaml": "resources: []\n"})
+
+    with pytest.raises(KustomizeError) as refused:
+        _kustomize(tmp_path, "k0")
+
+    assert refused.value.rule == "TooManyKustomizations"
+    assert counted_kustomize.runs == 0
+
+
 CHART = {
     "charts/greeter/Chart.yaml": "apiVersion: v2\nname: greeter\nversion: 0.1.0\n",
     "charts/greeter/values.yaml": "greeting: hello\n",

@@ -22,6 +22,7 @@ import contextlib
 import json
 import os
 import tempfile
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,10 +60,9 @@ class KustomizeError(InvalidManifestError):
 
 @dataclass(frozen=True, kw_only=True)
 class KustomizationPlan:
-    """What checking the kustomizations found: each one read (relative paths), and whether
-    any of them inflates helm charts (the build then needs the pinned helm)."""
+    """What checking the kustomizations found: whether any of them inflates helm charts (the
+    build then needs the pinned helm)."""
 
-    kustomizations: tuple[str, ...] = ()
     uses_helm: bool = False
 
 
@@ -72,7 +72,7 @@ class _Walk:
     real_tree: str
     source: str
     seen: set[str] = field(default_factory=set)
-    order: list[str] = field(default_factory=list)
+    pending: deque[Path] = field(default_factory=deque)
     uses_helm: bool = False
 
     def relative(self, path: Path | str) -> str:
@@ -91,8 +91,10 @@ def check_kustomization(tree: Path, root: Path, *, source: str) -> Kustomization
     InvalidKustomization, TooManyKustomizations).
     """
     walk = _Walk(tree=tree, real_tree=os.path.realpath(tree), source=source)
-    _visit(walk, root)
-    return KustomizationPlan(kustomizations=tuple(walk.order), uses_helm=walk.uses_helm)
+    walk.pending.append(root)
+    while walk.pending:  # breadth first, without recursion: a chain of bases may be long
+        _visit(walk, walk.pending.popleft())
+    return KustomizationPlan(uses_helm=walk.uses_helm)
 
 
 def _kustomization_file(walk: _Walk, directory: Path) -> Path:
@@ -124,7 +126,6 @@ def _visit(walk: _Walk, directory: Path) -> None:
         )
     path = _kustomization_file(walk, directory)
     where = walk.relative(path)
-    walk.order.append(where)
     documents = load_documents(
         path.read_bytes(), source=walk.source, file=where, limits=ParseLimits()
     )
@@ -210,7 +211,7 @@ def _check_reference(
         raise walk.refuse(
             field_where, f"{entry!r} is an absolute path, outside the bundle tree", "OutsideTree"
         )
-    target = directory / entry
+    target = Path(os.path.normpath(directory / entry))  # lexically, as kustomize joins paths
     real = os.path.realpath(target)
     if real != walk.real_tree and not real.startswith(walk.real_tree + os.sep):
         raise walk.refuse(field_where, f"{entry!r} is outside the bundle tree", "OutsideTree")
@@ -219,7 +220,7 @@ def _check_reference(
     if target.is_dir():
         if kind == "file":
             raise walk.refuse(field_where, f"{entry!r} is a directory, not a file", "MissingFile")
-        _visit(walk, target)
+        walk.pending.append(target)
 
 
 def _check_helm(walk: _Walk, directory: Path, where: str, k: dict[str, Any]) -> None:
