@@ -1,3 +1,4 @@
-"""Rendering bundles into Kubernetes objects: safe manifest parsing, the ``plain`` format, the
-format registry (plugins through the ``fleetlet.formats`` entry points) and ``fleetlet render``.
+"""Rendering bundles into Kubernetes objects: safe manifest parsing, the ``plain`` and
+``kustomize`` formats, the format registry (plugins through the ``fleetlet.formats`` entry
+points), post-render patches, format detection, the render cache and ``fleetlet render``.
 """
