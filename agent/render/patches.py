@@ -34,9 +34,6 @@ from agent.render.manifests import (
 )
 from agent.render.tools import find_tool, run_tool
 
-# Marks an object given a placeholder name (value: the generateName it had).
-_PLACEHOLDER = "fleetlet.io/generate-name-placeholder"
-
 
 class PatchFailedError(InvalidManifestError):
     """A patch could not be applied (no object matches a strategic merge patch, a JSON 6902
@@ -63,7 +60,8 @@ def apply_patches(
     if not patches:
         return list(objects)
     tool = kustomize or find_tool("kustomize")
-    placed = [_with_placeholder(obj, i) for i, obj in enumerate(objects)]
+    generated: dict[str, str] = {}  # placeholder name -> generateName
+    placed = [_with_placeholder(obj, i, generated) for i, obj in enumerate(objects)]
     kustomization = {
         "apiVersion": "kustomize.config.k8s.io/v1beta1",
         "kind": "Kustomization",
@@ -89,7 +87,7 @@ def apply_patches(
     patched = parse_manifests(
         output, source=source, file="patches (kustomize output)", limits=limits or _limits()
     )
-    return [_without_placeholder(obj) for obj in patched]
+    return [_without_placeholder(obj, generated) for obj in patched]
 
 
 def kustomization_patches(
@@ -132,27 +130,24 @@ def _named(text: str, target: Mapping[str, Any], *, source: str, index: int) -> 
     return "\n---\n".join(filled)
 
 
-def _with_placeholder(obj: Manifest, index: int) -> Manifest:
+def _with_placeholder(obj: Manifest, index: int, generated: dict[str, str]) -> Manifest:
     meta = obj.get("metadata") or {}
     if meta.get("name") or not meta.get("generateName"):
         return obj
     generate = str(meta["generateName"])
-    annotations = {**(meta.get("annotations") or {}), _PLACEHOLDER: generate}
+    name = f"{generate}fleetlet-placeholder-{index}"
+    generated[name] = generate
     named = {k: v for k, v in meta.items() if k != "generateName"}
-    named.update(name=f"{generate}fleetlet-placeholder-{index}", annotations=annotations)
+    named["name"] = name
     return {**obj, "metadata": named}
 
 
-def _without_placeholder(obj: Manifest) -> Manifest:
-    meta = obj.get("metadata") or {}
-    annotations = meta.get("annotations") or {}
-    if _PLACEHOLDER not in annotations:
-        return obj
-    generate = annotations.pop(_PLACEHOLDER)
-    if not annotations:
-        meta.pop("annotations")
-    meta.pop("name", None)
-    meta["generateName"] = generate
+def _without_placeholder(obj: Manifest, generated: dict[str, str]) -> Manifest:
+    meta = obj["metadata"]
+    generate = generated.get(meta.get("name"))
+    if generate is not None:
+        del meta["name"]
+        meta["generateName"] = generate
     return obj
 
 
