@@ -9,17 +9,36 @@ from typing import Any
 
 def _render(args: argparse.Namespace) -> int:
     # Imported here: rendering pulls in YAML and format plugins the other commands never need.
-    from agent.render.command import run_render
+    from agent.render.command import RenderOptions, run_render
+    from agent.render.plain import InvalidManifestsError
     from agent.render.tools import ToolSettings
 
-    sys.stdout.write(
-        run_render(
+    options = RenderOptions(
+        format=args.format,
+        path=args.path,
+        namespace=args.namespace,
+        values_files=args.values,
+        set_values=args.set,
+        release_name=args.release_name,
+        install_namespace=args.install_namespace,
+        watch_namespace=args.watch_namespace,
+        kube_version=args.kube_version,
+        output=args.output,
+    )
+    try:
+        text = run_render(
             bundle_dir=args.bundle_dir,
-            format=args.format,
-            namespace=args.namespace,
+            options=options,
+            note=lambda line: print(f"fleetlet: {line}", file=sys.stderr),
             tools=ToolSettings.from_env(),
         )
-    )
+    except InvalidManifestsError as exc:
+        # Every bad file, one per line.
+        print(f"fleetlet: {exc.source}: {len(exc.errors)} files refused:", file=sys.stderr)
+        for error in exc.errors:
+            print(f"  {error.file}: {error.detail} [{error.rule}]", file=sys.stderr)
+        return 1
+    sys.stdout.write(text)
     return 0
 
 
@@ -567,11 +586,53 @@ def register(sub: Any) -> None:
     render = sub.add_parser(
         "render",
         help="print the rendered manifests of a bundle directory",
-        description="Render a bundle directory with its format and print the objects as YAML.",
+        description=(
+            "Render a bundle directory as the agent would and print the objects. Without "
+            "--format the format is detected (Chart.yaml: helm; kustomization.yaml: kustomize; "
+            "metadata/annotations.yaml of an OLM bundle: registry+v1; else plain) and the "
+            "choice is said on stderr. Each option is the formatOptions field of the same name."
+        ),
     )
     render.add_argument("bundle_dir", metavar="BUNDLE_DIR")
-    render.add_argument("--format", default="plain", help="plain|kustomize|helm|registry+v1")
-    render.add_argument("--namespace", help="target namespace for namespaced objects")
+    render.add_argument(
+        "--format",
+        metavar="FORMAT",
+        help="plain|kustomize|helm|registry+v1 or a plugin's name (default: detected)",
+    )
+    render.add_argument(
+        "--path",
+        metavar="SUBDIR",
+        help="the directory of the tree to render (a kustomize overlay whose bases sit "
+        "beside it, a chart); formatOptions.path",
+    )
+    render.add_argument(
+        "--values",
+        metavar="FILE",
+        action="append",
+        default=[],
+        help="helm values file (repeatable, merged in order)",
+    )
+    render.add_argument(
+        "--set",
+        metavar="KEY=VALUE",
+        action="append",
+        default=[],
+        help="helm value, helm's --set syntax (repeatable, after --values)",
+    )
+    render.add_argument("--namespace", metavar="NS", help="target namespace for namespaced objects")
+    render.add_argument("--release-name", metavar="NAME", help="helm release name")
+    render.add_argument(
+        "--install-namespace", metavar="NS", help="registry+v1: namespace of the operator"
+    )
+    render.add_argument(
+        "--watch-namespace", metavar="NS", help="registry+v1: the namespace it watches"
+    )
+    render.add_argument(
+        "--kube-version",
+        metavar="VERSION",
+        help="Kubernetes version the cluster runs, e.g. v1.37.2 (helm's Capabilities)",
+    )
+    render.add_argument("-o", "--output", choices=["yaml", "json"], default="yaml")
     render.set_defaults(handler=_render)
 
     health = sub.add_parser(

@@ -22,6 +22,7 @@ The apply, health and prune stages (the outbound half) consume :class:`SyncResul
 from __future__ import annotations
 
 import base64
+import functools
 import logging
 import shutil
 from collections.abc import Callable, Sequence
@@ -50,8 +51,8 @@ from agent.errors import (
     VerificationError,
 )
 from agent.kube import KubeClient
+from agent.render.cache import RenderCache, sources_digest
 from agent.render.facts import ClusterFacts
-from agent.render.formats import render_bundle
 from agent.render.manifests import Manifest
 from agent.render.plain import Ownership, RenderRequest
 from agent.render.scope import with_bundle_crds
@@ -123,11 +124,13 @@ class InboundPipeline:
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         tools: ToolSettings | None = None,
         installed: Callable[[str], bool] | None = None,
+        renders: RenderCache | None = None,
     ) -> None:
         """``bundles``: where a refused publication is reported on the BundleDeployments
         (None: not reported, for clusters without the CRDs); ``tools``: where helm and
         kustomize are (default: PATH, then the cache); ``installed(bundle)``: whether the
-        bundle has a healthy revision already (helm's ``.Release.IsUpgrade``)."""
+        bundle has a healthy revision already (helm's ``.Release.IsUpgrade``); ``renders``: the
+        render cache (default: in memory and under ``workdir/renders``)."""
         self.cluster = cluster
         self._watcher = watcher
         self._trust = trust
@@ -140,6 +143,7 @@ class InboundPipeline:
         self._clock = clock
         self._tools = tools or ToolSettings()
         self._installed = installed or (lambda _bundle: False)
+        self.renders = renders or RenderCache(directory=self._workdir / "renders")
         # Who may sign and which CAs are trusted: a refusal is remembered under this policy.
         identity = trust.identity
         cas = sorted(
@@ -303,13 +307,12 @@ class InboundPipeline:
         try:
             for entry in entries:
                 spec = entry.spec
-                tree = self._content.compose(
-                    spec.sources, root / entry.name, credentials=self._credentials
-                )
                 options = spec.format_options
-                objects = render_bundle(
-                    tree,
+                # The pins name the content: a bundle rendered before for the same options
+                # and cluster facts is neither fetched nor rendered again.
+                objects = self.renders.render(
                     format=spec.format,
+                    content=sources_digest(to_dict(s) for s in spec.sources),
                     request=RenderRequest(
                         source=entry.name,
                         namespace=options.target_namespace if options else None,
@@ -322,7 +325,16 @@ class InboundPipeline:
                         options=_options_dict(options),
                         cluster=facts,
                         tools=self._tools,
-                        upgrade=self._installed(entry.name),
+                        # Only helm renders differently on an upgrade (.Release.IsUpgrade):
+                        # for the others it stays out of the render cache's key.
+                        upgrade=spec.format == "helm" and self._installed(entry.name),
+                        patches=tuple(to_dict(p) for p in spec.patches),
+                    ),
+                    tree=functools.partial(
+                        self._content.compose,
+                        spec.sources,
+                        root / entry.name,
+                        credentials=self._credentials,
                     ),
                 )
                 objects = with_created_namespace(objects, spec, bundle=entry.name)

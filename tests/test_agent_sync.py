@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -326,3 +327,11 @@ def test_agent_sync_once_command(
     idle = run(DEFAULT_IDENTITY)
     assert idle.returncode == 0, idle.stderr
     assert idle.stdout.startswith("beta: unchanged, serial 1"), idle.stdout
+    # The shared cluster is left as found: the hostile suite checks nothing made sync-app.
+    kube = KubeClient(kubeconfig=str(kube_cluster.kubeconfig))
+    ref = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "sync-app"}}
+    kube.delete(ref)
+    deadline = time.monotonic() + 120
+    while kube.get(ref) is not None:
+        assert time.monotonic() < deadline, "namespace sync-app not deleted"
+        time.sleep(0.5)

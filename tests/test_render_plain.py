@@ -17,7 +17,7 @@ import yaml
 from kubernetes import client as k8s_client
 
 from agent.render import formats
-from agent.render.command import BundleDirError, run_render
+from agent.render.command import BundleDirError, RenderOptions, run_render
 from agent.render.formats import UnknownFormatError, render_bundle
 from agent.render.manifests import InvalidManifestError
 from agent.render.plain import (
@@ -282,7 +282,9 @@ def test_run_render_prints_the_rendered_stream(tmp_path: Path) -> None:
         },
     )
 
-    out = run_render(bundle_dir=str(tmp_path), format="plain", namespace="team")
+    out = run_render(
+        bundle_dir=str(tmp_path), options=RenderOptions(format="plain", namespace="team")
+    )
 
     docs = list(yaml.safe_load_all(out))
     assert [(d["kind"], d["metadata"].get("namespace")) for d in docs] == [
@@ -290,7 +292,7 @@ def test_run_render_prints_the_rendered_stream(tmp_path: Path) -> None:
         ("Deployment", "team"),
     ]
     with pytest.raises(BundleDirError):
-        run_render(bundle_dir=str(tmp_path / "missing"), format="plain", namespace=None)
+        run_render(bundle_dir=str(tmp_path / "missing"), options=RenderOptions())
 
 
 def test_scope_from_a_real_api_servers_discovery(kube_cluster: Cluster, tmp_path: Path) -> None:

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, ClassVar, Literal
 
+import yaml
+
 from agent.api.reasons import Phase, RunResult
 from agent.api.validation import ApiObject, PinProblem, Rule, api_field, show
 from agent.errors import FieldProblem
@@ -25,6 +27,11 @@ API_VERSION = "v1alpha1"
 GROUP_VERSION = f"{API_GROUP}/{API_VERSION}"
 
 BUILTIN_FORMATS = ("plain", "kustomize", "helm", "registry+v1")
+
+try:
+    _Loader: type[Any] = yaml.CSafeLoader
+except AttributeError:  # PyYAML built without libyaml
+    _Loader = yaml.SafeLoader
 
 # --- patterns (Go RE2 syntax, checked the same way in Python and by the API server) ----------
 
@@ -395,6 +402,144 @@ class FormatOptions(ApiObject):
     )
 
 
+_JSON6902_OPS = ("add", "remove", "replace", "move", "copy", "test")
+MAX_PATCH_CHARS = 65536
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PatchTarget(ApiObject):
+    """Which rendered objects a patch applies to (kustomize's selector, as Flux's
+    ``patches[].target``): every given field must match. ``name`` and ``namespace`` are regular
+    expressions matched against the whole value."""
+
+    group: str | None = api_field(
+        "API group, e.g. `apps` (empty for the core group).",
+        default=None,
+        pattern=r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*)?$",
+        expected="an API group (DNS subdomain) or empty",
+        max_length=253,
+    )
+    version: str | None = api_field(
+        "API version within the group, e.g. `v1`.",
+        default=None,
+        pattern=r"^v[0-9]+((alpha|beta)[0-9]+)?$",
+        expected="a version such as v1 or v1beta1",
+        max_length=63,
+    )
+    kind: str | None = api_field(
+        "Kind, e.g. `Deployment`.",
+        default=None,
+        pattern=KIND,
+        max_length=63,
+        expected="a Kind (CamelCase, e.g. Deployment)",
+    )
+    name: str | None = api_field(
+        "Name (a regular expression).", default=None, max_length=253, min_length=1
+    )
+    namespace: str | None = api_field(
+        "Namespace as rendered, before the target namespace is given (a regular expression).",
+        default=None,
+        max_length=253,
+        min_length=1,
+    )
+    label_selector: str | None = api_field(
+        "Label selector, e.g. `app=web,tier in (a,b)`.", default=None, max_length=1024, min_length=1
+    )
+    annotation_selector: str | None = api_field(
+        "Annotation selector, in label selector syntax.",
+        default=None,
+        max_length=1024,
+        min_length=1,
+    )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Patch(ApiObject):
+    """A patch applied to the rendered objects, for every format, as Flux's Kustomization
+    ``patches``: a strategic merge patch (a YAML object, or several documents) or a JSON 6902
+    patch (a YAML/JSON list of operations, which needs ``target``). Patches apply in order,
+    after rendering and before the target namespace is given."""
+
+    patch: str = api_field(
+        "The patch, as YAML or JSON text.", max_length=MAX_PATCH_CHARS, min_length=1
+    )
+    target: PatchTarget | None = api_field(
+        "Objects to patch. Without it a strategic merge patch patches the object it names "
+        "(apiVersion, kind, metadata.name and metadata.namespace); with it, a strategic merge "
+        "patch may leave those out.",
+        default=None,
+    )
+
+    def extra_problems(self) -> list[FieldProblem]:
+        """The text is YAML: a list of JSON 6902 operations (with ``target``), or strategic
+        merge documents (each naming apiVersion, kind and metadata.name without ``target``)."""
+        try:
+            documents = [d for d in yaml.load_all(self.patch, Loader=_Loader) if d is not None]
+        except (yaml.YAMLError, RecursionError) as exc:
+            return [_patch_problem("patch", "a YAML or JSON patch", _first_line(exc))]
+        if not documents:
+            return [_patch_problem("patch", "a patch", "an empty document")]
+        if isinstance(documents[0], list):
+            return self._json6902_problems(documents)
+        problems = []
+        for i, document in enumerate(documents):
+            where = "patch" if len(documents) == 1 else f"patch (document {i + 1})"
+            if not isinstance(document, dict):
+                problems.append(
+                    _patch_problem(where, "a strategic merge patch (an object)", show(document))
+                )
+                continue
+            if self.target is not None:
+                continue
+            metadata = document.get("metadata")
+            name = metadata.get("name") if isinstance(metadata, dict) else None
+            if not (document.get("apiVersion") and document.get("kind") and name):
+                problems.append(
+                    _patch_problem(
+                        where,
+                        "apiVersion, kind and metadata.name in a strategic merge patch without "
+                        "target (they say which object it patches)",
+                        show(document),
+                    )
+                )
+        return problems
+
+    def _json6902_problems(self, documents: list[Any]) -> list[FieldProblem]:
+        problems = []
+        if len(documents) > 1:
+            problems.append(
+                _patch_problem(
+                    "patch", "one list of JSON 6902 operations", f"{len(documents)} documents"
+                )
+            )
+        if self.target is None:
+            problems.append(_patch_problem("target", "a target for a JSON 6902 patch", "nothing"))
+        for i, op in enumerate(documents[0]):
+            ok = (
+                isinstance(op, dict)
+                and op.get("op") in _JSON6902_OPS
+                and isinstance(op.get("path"), str)
+            )
+            if not ok:
+                problems.append(
+                    _patch_problem(
+                        f"patch[{i}]",
+                        "a JSON 6902 operation {op: add|remove|replace|move|copy|test, path: ...}",
+                        show(op),
+                    )
+                )
+        return problems
+
+
+def _patch_problem(path: str, expected: str, found: str) -> FieldProblem:
+    return FieldProblem(path=path, expected=expected, found=found)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ConditionCheck(ApiObject):
     """Healthy when the object has a status condition of this type with this status."""
@@ -576,6 +721,12 @@ class BundleDeploymentSpec(ApiObject):
         expected="a format name (plain, kustomize, helm, registry+v1 or a plugin's name)",
     )
     format_options: FormatOptions = api_field("Options of the format.", default=FormatOptions())
+    patches: tuple[Patch, ...] = api_field(
+        "Patches applied to the rendered objects, in order (any format): per-cluster tweaks "
+        "without a new bundle. The hub appends the patches of matching overrides.",
+        default=(),
+        max_items=64,
+    )
     group: str | None = api_field(
         "Lockstep group: the bundles of a group are applied, health-checked and rolled back "
         "together. Default: the bundle's own name (a group of one).",
@@ -1193,6 +1344,8 @@ __all__ = [
     "ObjectReference",
     "Output",
     "OutputValue",
+    "Patch",
+    "PatchTarget",
     "PinProblem",
     "RequestPreview",
     "ResourceCounts",

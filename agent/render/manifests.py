@@ -275,14 +275,14 @@ def load_documents(
     return documents
 
 
-HOOK_ANNOTATIONS = ("helm.sh/hook", "argocd.argoproj.io/hook")
-"""Annotations that make an object a hook (run as a stage of its group, not applied)."""
+# Annotations that make an object a hook (created at a stage, not applied): Argo CD's and Helm's.
+HOOK_ANNOTATIONS = ("argocd.argoproj.io/hook", "helm.sh/hook")
 
 
-def is_hook(obj: Manifest) -> bool:
-    """Whether ``obj`` is a Helm or Argo CD hook object (it has a hook annotation)."""
-    meta = obj.get("metadata")
-    annotations = meta.get("annotations") if isinstance(meta, dict) else None
+def is_hook(document: dict[str, Any]) -> bool:
+    """Whether the object carries a hook annotation (see :data:`HOOK_ANNOTATIONS`)."""
+    metadata = document.get("metadata")
+    annotations = metadata.get("annotations") if isinstance(metadata, dict) else None
     return isinstance(annotations, dict) and any(a in annotations for a in HOOK_ANNOTATIONS)
 
 
@@ -290,7 +290,7 @@ def validate_object(
     document: object, *, source: str, file: str, index: int, item: int | None = None
 ) -> Manifest:
     """Check one document is a Kubernetes object: a mapping with apiVersion, kind, metadata.name
-    (or, for a hook object only, ``metadata.generateName``).
+    (or, for a hook, metadata.generateName; see :func:`is_hook`).
 
     Raises InvalidManifestError (DocumentIsList, DocumentIsScalar, MissingApiVersion,
     MissingKind, MissingName).
@@ -319,13 +319,19 @@ def validate_object(
     if not isinstance(metadata, dict):
         raise refuse(f"{kind} has no metadata", "MissingName")
     name = metadata.get("name")
-    if not isinstance(name, str) or not name:
+    if name is None and is_hook(document):
+        # Hooks (Argo CD's and Helm's) may be created under a generated name, never applied.
         generate = metadata.get("generateName")
-        if not (isinstance(generate, str) and generate and is_hook(document)):
-            raise refuse(f"{kind} has no metadata.name", "MissingName")
-        # A hook object is created (not applied) each time its hook runs: a generated name is
-        # how Helm and Argo CD charts make each run's Job unique.
-        name = generate + "*"
+        if isinstance(generate, str) and generate:
+            name = generate
+    if not isinstance(name, str) or not name:
+        if metadata.get("generateName"):
+            raise refuse(
+                f"{kind} has only metadata.generateName: that is allowed for hooks "
+                f"({', '.join(HOOK_ANNOTATIONS)} annotations); an applied object needs a name",
+                "MissingName",
+            )
+        raise refuse(f"{kind} has no metadata.name", "MissingName")
     namespace = metadata.get("namespace")
     if namespace is not None and (not isinstance(namespace, str) or not namespace):
         raise refuse(f"{kind} {name}: metadata.namespace is not a string", "InvalidNamespace")

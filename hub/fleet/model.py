@@ -51,7 +51,7 @@ _SOURCE_PASSTHROUGH = ("directory", "destination", "auth")
 # BundleDeployment spec unchanged (the agent's API validates it).
 _BUNDLE_OWN_KEYS = ("name", "sources", "targets", "overrides")
 # What an override changes (it needs one at least), and every key it may have.
-_OVERRIDE_FIELDS = ("sources", "values", "paused", "approval", "namespace")
+_OVERRIDE_FIELDS = ("sources", "values", "paused", "approval", "namespace", "path", "patches")
 _OVERRIDE_KEYS = ("clusters", "clusterSelector", *_OVERRIDE_FIELDS)
 
 DEFAULT_EXPIRES_AFTER = timedelta(days=7)
@@ -167,6 +167,10 @@ class Override:
     namespace: str | None
     sources: tuple[SourceRef, ...] | None = None
     """Replaces the bundle's sources (a canary gets the new version first)."""
+    path: str | None = None
+    """Replaces ``formatOptions.path`` (Rancher Fleet's per-target ``kustomize.dir``)."""
+    patches: tuple[Mapping[str, Any], ...] | None = None
+    """Appended to the bundle's ``patches`` (checked by the agent's API when rendered)."""
 
     @property
     def by_name(self) -> bool:
@@ -694,6 +698,16 @@ def _load_override(
     if namespace is not None and (not isinstance(namespace, str) or not _NAME.match(namespace)):
         problems.add(rel, f"{where}.namespace", "a namespace name (DNS label)", namespace)
         ok = False
+    path = raw.get("path")
+    if path is not None and (not isinstance(path, str) or not path):
+        problems.add(rel, f"{where}.path", "a directory of the bundle's tree", path)
+        ok = False
+    patches = raw.get("patches")
+    if patches is not None and not (
+        isinstance(patches, list) and all(isinstance(x, dict) for x in patches)
+    ):
+        problems.add(rel, f"{where}.patches", "a list of patches ({patch, target})", patches)
+        ok = False
     sources = None
     if "sources" in raw:
         start = len(problems.items)
@@ -712,4 +726,6 @@ def _load_override(
         approval=approval,
         namespace=namespace,
         sources=sources,
+        path=path,
+        patches=tuple(patches) if patches is not None else None,
     )

@@ -7,9 +7,10 @@ same fleet commit with the same pins gives the same bytes.
 Override order (for one bundle on one cluster): the bundle's own fields, then every override
 selected by ``clusterSelector`` only, in file order, then every override naming the cluster in
 ``clusters``, in file order. ``values`` are deep-merged (mappings merge key by key, anything else
-is replaced, ``null`` removes a key); ``paused``, ``approval`` and ``namespace`` are replaced.
-Then ``${cluster.name}`` and ``${cluster.labels.<key>}`` in the merged values are substituted
-(:mod:`hub.fleet.templating`), so each set holds its cluster's final values.
+is replaced, ``null`` removes a key); ``patches`` are appended; ``paused``, ``approval``,
+``namespace`` and ``path`` are replaced. Then ``${cluster.name}`` and
+``${cluster.labels.<key>}`` in the merged values are substituted (:mod:`hub.fleet.templating`),
+so each set holds its cluster's final values.
 
 A source resolved from a version range (a Helm repository chart, an OCI chart tag range) is
 written with its exact version, and the dependencies the hub pinned for it follow it as extra
@@ -40,6 +41,7 @@ from hub.fleet.templating import references, substitute
 # Where an override's fields land in a BundleDeployment spec (agent.api field names).
 VALUES_PATH = ("formatOptions", "values")
 NAMESPACE_PATH = ("formatOptions", "targetNamespace")
+PATH_PATH = ("formatOptions", "path")
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,6 +254,12 @@ def bundle_spec(
             spec["approval"] = o.approval
         if o.namespace is not None:
             _set_path(spec, NAMESPACE_PATH, o.namespace, merge=False)
+        if o.path is not None:
+            _set_path(spec, PATH_PATH, o.path, merge=False)
+        own = spec.get("patches")
+        if o.patches is not None and (own is None or isinstance(own, list)):
+            # (a bundle's own patches that are not a list are reported by the validation)
+            spec["patches"] = [*(own or []), *copy.deepcopy(o.patches)]
     values = (spec.get("formatOptions") or {}).get("values")
     if cluster is not None and values and references(values):
         spec["formatOptions"]["values"] = substitute(
