@@ -776,6 +776,43 @@ class KubeClient:
             )
         return self._json(response)
 
+    def create(self, obj: Mapping[str, Any], *, field_manager: str) -> Object:
+        """Create ``obj`` (a POST: it must not exist yet); returns the object as stored.
+
+        Raises ConflictError (it exists already), ForbiddenError, InvalidError, NotFoundError,
+        ApiNotServedError, ApiUnavailableError.
+        """
+        ref = ObjectRef.of(obj)
+        resource, namespace = self._locate(ref)
+        with _converted(str(ref)):
+            response = self._client().create(
+                resource,
+                body=dict(obj),
+                namespace=namespace,
+                field_manager=field_manager,
+                serialize=False,
+                _request_timeout=self._timeout,
+            )
+        return self._json(response)
+
+    def whoami(self) -> str:
+        """The user name the API server authenticates this client as (a SelfSubjectReview).
+
+        Raises KubeApiError, ApiUnavailableError.
+        """
+        review = self.create(
+            {
+                "apiVersion": "authentication.k8s.io/v1",
+                "kind": "SelfSubjectReview",
+                "metadata": {"name": "whoami"},
+            },
+            field_manager=STATE_FIELD_MANAGER,
+        )
+        name = ((review.get("status") or {}).get("userInfo") or {}).get("username")
+        if not isinstance(name, str) or not name:
+            raise KubeApiError("a SelfSubjectReview without a user name", target="whoami")
+        return name
+
     def delete(
         self,
         obj: Mapping[str, Any] | RefLike,

@@ -29,6 +29,7 @@ from agent.api.reasons import Reason
 from agent.apply import Inventory, Key
 from agent.apply.intent import GroupRecords
 from agent.apply.store import RevisionStore
+from agent.approve.gate import Approvals
 from agent.errors import TemporaryError
 from agent.kube import ApiUnavailableError, KubeClient
 from agent.reconcile.context import (
@@ -115,7 +116,10 @@ class Reconciler:
         views: BundleViews,
         outputs: OutputsStage | None = None,
         clock: Callable[[], datetime] = now,
+        approvals: Approvals | None = None,
     ) -> None:
+        """``approvals``: default, this agent's requests and the cluster's ApprovalPolicies
+        through ``kube``."""
         self.kube = kube
         self.settings = settings
         self.store = store
@@ -125,6 +129,7 @@ class Reconciler:
         self.outputs = outputs
         self.clock = clock
         self.identities = Identities(kube=kube, agent_namespace=settings.agent_namespace)
+        self.approvals = approvals or Approvals(kube=kube, agent_namespace=settings.agent_namespace)
 
     def reconcile(
         self,
@@ -174,6 +179,7 @@ class Reconciler:
                 views=self.views,
                 outputs=self.outputs,
                 clock=self.clock,
+                approvals=self.approvals,
             )
 
         outcomes = self._run_groups(deployment_set, context)

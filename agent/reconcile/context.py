@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.api import BundleDeploymentEntry, BundleDeploymentSet, BundleDeploymentSpec, Revision
 from agent.apply import Key
@@ -24,6 +24,9 @@ from agent.kube import KubeClient
 from agent.report.outputs import OutputsStage
 from agent.report.runs import RunLog
 from agent.report.view import BundleView, BundleViews
+
+if TYPE_CHECKING:
+    from agent.approve.gate import Approvals
 
 Manifest = dict[str, Any]
 RenderFn = Callable[
@@ -55,7 +58,8 @@ class ReconcileSettings:
     establish_timeout: float = 60.0
     """Seconds a group's CRDs may take to become Established."""
     failpoint: Callable[[str], None] | None = None
-    """Called with the name of each step of a move (``intent``, ``apply:<progress>``,
+    """Called with the name of each step of a move (``approved``, ``intent``,
+    ``apply:<progress>``,
     ``applied``, ``health``, ``healthy``, ``pruned``, ``stored``, ``finished``, ``rollback``,
     ``rollback:applied``, ``rollback:pruned``): fault injection for crash tests
     (``FLEETLET_FAILPOINT``); None in production."""
@@ -168,6 +172,9 @@ class GroupContext:
     views: BundleViews
     outputs: OutputsStage | None
     clock: Callable[[], datetime]
+    approvals: Approvals | None = None
+    """Approval requests and the cluster's ApprovalPolicies (None: moves are never held for
+    an approval)."""
     owners: dict[Any, str] = field(default_factory=dict)
     """Which bundle of the group each object (and checked object) belongs to (per-bundle
     health counts); filled by the step that applies."""

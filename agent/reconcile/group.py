@@ -1,8 +1,9 @@
 """One lockstep group's part of a reconcile pass, as a pipeline read top to bottom.
 
     resume   a move a crash interrupted: finish it, or return the group (agent.apply.intent)
-    gate     paused, approval, dependsOn, a failed target (agent.gate)
-    move     render -> intent -> dry run + staged apply -> health of the whole group
+    gate     paused, dependsOn, a failed target (agent.gate)
+    move     render -> request approval (agent.approve) -> intent -> dry run + staged apply
+             -> health of the whole group
     finish   prune -> revision store -> outputs -> runs -> intent cleared
     or       roll back: the one way back to the previous healthy revisions
     keep     nothing to move: correct drift, assess health once
@@ -42,6 +43,7 @@ from agent.apply import (
 from agent.apply.intent import BundleMove, FailedTarget, GroupRecord, Intent
 from agent.apply.plan import identity
 from agent.apply.store import HealthyRevision
+from agent.approve.gate import request_approval
 from agent.errors import FleetletError, PermanentError, TemporaryError
 from agent.gate import (
     RETRY_ANNOTATION,
@@ -91,9 +93,7 @@ def reconcile_group(ctx: GroupContext, healthy_groups: set[str]) -> GroupOutcome
     report_held(ctx, decision)
     match decision.verdict:
         case Verdict.HELD:
-            return GroupOutcome(
-                group=ctx.group, state=GroupState.HELD, healthy=not decision.approval
-            )
+            return GroupOutcome(group=ctx.group, state=GroupState.HELD, healthy=True)
         case Verdict.WAITING:
             message = f"waiting for group(s) {', '.join(decision.waiting_for)} to be healthy"
             for entry in decision.active:
@@ -112,8 +112,7 @@ def reconcile_group(ctx: GroupContext, healthy_groups: set[str]) -> GroupOutcome
 
 
 def report_held(ctx: GroupContext, decision: Decision) -> None:
-    """Say on each held bundle why it is held: paused (with any drift found, not corrected),
-    or waiting for an approval."""
+    """Say on each paused bundle why it is held (with any drift found, not corrected)."""
     for entry, why in decision.paused:
         view = ctx.view(entry.name)
         stored = ctx.store.latest(entry.name)
@@ -129,14 +128,6 @@ def report_held(ctx: GroupContext, decision: Decision) -> None:
             else ""
         )
         view.mark_paused(message)
-        ctx.views.write(view)
-    for entry in decision.approval:
-        view = ctx.view(entry.name)
-        view.unpause()
-        view.mark_waiting(
-            Reason.APPROVAL_REQUIRED,
-            "approval: manual is not supported by this agent yet: the bundle is not applied",
-        )
         ctx.views.write(view)
     for entry in decision.active:
         ctx.view(entry.name).unpause()
@@ -269,7 +260,8 @@ def _record_drift(ctx: GroupContext, kept: HealthyRevision, counts: RunCounts) -
 
 
 def move(ctx: GroupContext, decision: Decision) -> GroupOutcome:
-    """Render the targets, record the intent, then :func:`advance`."""
+    """Render the targets, have them approved when they need it (only exactly these objects
+    are applied under an approval), record the intent, then :func:`advance`."""
     active = decision.active
     names = [e.name for e in active]
     for name in names:
@@ -302,6 +294,9 @@ def move(ctx: GroupContext, decision: Decision) -> GroupOutcome:
             view.mark_failed(reason, f"serial {ctx.serial} cannot be rendered: {exc}")
             ctx.views.write(view)
         return GroupOutcome(group=ctx.group, state=GroupState.FAILED, failed_now=True)
+    held = request_approval(ctx, decision, objects)
+    if held is not None:
+        return held
     previous = {name: ctx.store.latest(name) for name in names}
     intent = begin(ctx, active, objects, previous, decision.targets)
     return advance(ctx, intent, active, objects)

@@ -1,0 +1,254 @@
+"""The "request approval" step of a group's move (between render and intent).
+
+:func:`request_approval` decides whether the rendered move may go on now:
+
+1. it needs no approval (no bundle says ``approval: manual`` and no ApprovalPolicy requires
+   one): go on;
+2. the group's requests are read; the one for exactly this set and these pins (each bundle's
+   spec digest and the digest of the objects about to be applied) is the move's request, and
+   every other pending request of the group is marked ``Superseded``;
+3. none yet: the preview is computed (a server-side dry run of the whole group as each
+   bundle's identity, and what pruning would delete) and the request is created;
+4. a pending request is offered to the ApprovalPolicies' rules; the first that matches
+   approves it as the policy's approver ServiceAccount;
+5. ``Approved``: go on, with exactly these objects (nothing else is applied under this
+   approval); ``Denied``: the group stays wholly where it is and says who denied it and why;
+   pending: the group waits and says which request to decide.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from agent.api import set_digest
+from agent.api.reasons import Phase, Reason
+from agent.apply import (
+    ApplyError,
+    ApplySettings,
+    BundleInput,
+    Inventory,
+    dry_run_group,
+    plan_prune,
+)
+from agent.apply.plan import identity
+from agent.approve.decide import decide
+from agent.approve.policy import Policy, has_rules, judge, load, required_by
+from agent.approve.preview import Preview, build_preview, live_changes
+from agent.approve.request import Request, RequestError, Requests, pins_of
+from agent.kube import ForbiddenError, InvalidError, KubeClient
+
+if TYPE_CHECKING:
+    from agent.gate import Decision
+    from agent.reconcile.context import GroupContext, GroupOutcome
+
+log = logging.getLogger(__name__)
+
+Manifest = dict[str, Any]
+
+
+class Approvals:
+    """What the approval step works with: this agent's requests and the cluster's
+    ApprovalPolicies (read once per group move)."""
+
+    def __init__(self, *, kube: KubeClient, agent_namespace: str) -> None:
+        self.kube = kube
+        self.agent_namespace = agent_namespace
+        self.requests = Requests(kube=kube, owner=agent_namespace)
+
+    def policies(self) -> list[Policy]:
+        """Raises the KubeClient's errors."""
+        return load(self.kube)
+
+    def approver(self, service_account: str) -> tuple[KubeClient, str]:
+        """A client acting as an approver ServiceAccount of the agent's namespace, and its
+        user name."""
+        user = f"system:serviceaccount:{self.agent_namespace}:{service_account}"
+        return self.kube.impersonating(service_account, self.agent_namespace), user
+
+
+def request_approval(
+    ctx: GroupContext, decision: Decision, objects: Mapping[str, Sequence[Manifest]]
+) -> GroupOutcome | None:
+    """None when the move may go on with ``objects``; else the group's outcome (waiting for
+    an approval, or denied), said on its bundles. See the module docstring.
+
+    Raises MoveFailed (the group cannot even be dry-run: nothing is requested, nothing
+    applied), RequestError, the KubeClient's errors (ApiUnavailableError: retried).
+    """
+    from agent.reconcile.context import GroupOutcome, GroupState, MoveFailed
+
+    approvals = ctx.approvals
+    if approvals is None:
+        return None
+    policies = approvals.policies()
+    reasons = [
+        f"bundle {e.name} asks for an approval (approval: manual)" for e in decision.approval
+    ] + required_by(policies)
+    if not reasons:
+        return None
+    names = [e.name for e in decision.active]
+    digest = ctx.set_digest or set_digest(ctx.deployment_set)
+    pins = pins_of(decision.targets, objects)
+    requests = approvals.requests.of_group(ctx.group)
+    mine = next(
+        (r for r in requests if r.state != "Superseded" and r.covers(set_digest=digest, pins=pins)),
+        None,
+    )
+    for other in requests:
+        if other is not mine and other.state == "Pending":
+            approvals.requests.supersede(other, serial=ctx.serial)
+    if mine is None:
+        ctx.views.progress(
+            names,
+            Phase.AWAITING_APPROVAL,
+            f"previewing serial {ctx.serial} for an approval (group {ctx.group})",
+        )
+        try:
+            preview = _preview(ctx, decision, objects)
+        except ApplyError as exc:
+            raise MoveFailed(
+                exc.reason,
+                f"the group cannot be dry-run for its approval preview: {exc}",
+                written=False,
+            ) from exc
+        mine = approvals.requests.create(
+            cluster=ctx.deployment_set.cluster,
+            group=ctx.group,
+            serial=ctx.serial,
+            set_digest=digest,
+            pins=pins,
+            reasons=reasons,
+            preview=preview,
+        )
+        requests = [mine, *requests]
+        log.info("group %s: BundleDeploymentRequest %s made, waiting", ctx.group, mine.name)
+    problems: list[str] = []
+    if mine.state == "Pending" and has_rules(policies):
+        mine, problems = _auto_approve(approvals, policies, mine)
+    if mine.state == "Approved":
+        ctx.failpoint("approved")
+        approvals.requests.prune(ctx.group, requests)
+        return None
+    by = mine.status.decided_by
+    running = _running(ctx, names)
+    if mine.state == "Denied":
+        message = (
+            f"serial {ctx.serial} denied by {by}"
+            f"{' at ' + str(mine.status.decided_at) if mine.status.decided_at else ''}: "
+            f"{mine.status.reason} (BundleDeploymentRequest {mine.name}); {running}; a new "
+            "publication makes a new request"
+        )
+        for name in names:
+            view = ctx.view(name)
+            view.mark_stopped(Reason.DENIED, message, phase=Phase.DENIED)
+            ctx.views.write(view)
+        return GroupOutcome(group=ctx.group, state=GroupState.HELD)
+    summary = _summary(mine)
+    message = (
+        f"serial {ctx.serial} waits for an approval of BundleDeploymentRequest {mine.name} "
+        f"({summary}): `fleetlet preview {mine.name}`, then `fleetlet approve {mine.name}` or "
+        f"`fleetlet deny {mine.name} --reason ...`; {running}"
+    )
+    if problems:
+        message += "; " + "; ".join(problems)
+    for name in names:
+        view = ctx.view(name)
+        view.mark_waiting(Reason.AWAITING_APPROVAL, message, phase=Phase.AWAITING_APPROVAL)
+        ctx.views.write(view)
+    return GroupOutcome(group=ctx.group, state=GroupState.HELD)
+
+
+def _auto_approve(
+    approvals: Approvals, policies: Sequence[Policy], request: Request
+) -> tuple[Request, list[str]]:
+    """The request approved by the first matching rule (as its approver), or as it was, and
+    the problems met (rules that cannot be evaluated, an approver refused)."""
+    verdict = judge(policies, request)
+    problems = list(verdict.problems)
+    for problem in problems:
+        log.warning("%s", problem)
+    match = verdict.match
+    if match is None:
+        return request, problems
+    client, user = approvals.approver(match.approver)
+    try:
+        decided = decide(
+            client,
+            request.name,
+            decision="Approved",
+            user=user,
+            policy=match.policy,
+            rule=match.rule,
+            reason=f"ApprovalPolicy {match.policy} rule {match.rule} matched",
+        )
+    except (ForbiddenError, InvalidError, RequestError) as exc:
+        problem = (
+            f"ApprovalPolicy {match.policy} rule {match.rule} matched, but its approver "
+            f"{user} could not approve: {exc}"
+        )
+        log.warning("%s", problem)
+        return request, [*problems, problem]
+    log.info(
+        "BundleDeploymentRequest %s approved by ApprovalPolicy %s rule %s",
+        request.name,
+        match.policy,
+        match.rule,
+    )
+    return decided, problems
+
+
+def _preview(
+    ctx: GroupContext, decision: Decision, objects: Mapping[str, Sequence[Manifest]]
+) -> Preview:
+    """The live preview of the move: the group's dry run, and what pruning would delete.
+    Raises ApplyError (objects that cannot be planned), ApiUnavailableError."""
+    leftovers = ctx.records.load(ctx.group).leftovers
+    inputs = []
+    old: dict[str, Inventory] = {}
+    for entry in decision.active:
+        stored = ctx.store.latest(entry.name)
+        owned = Inventory.of(
+            [*(stored.inventory if stored else ()), *(leftovers.get(entry.name) or ())]
+        )
+        if stored is not None or entry.name in leftovers:
+            old[entry.name] = owned
+        # As the move will apply them: fields of objects the bundle applied before are its
+        # own (taken back), others' only with takeOwnership.
+        settings = replace(
+            ApplySettings.from_spec(entry.spec),
+            reclaim=frozenset(identity(e.ref) for e in owned),
+        )
+        inputs.append(BundleInput(name=entry.name, objects=objects[entry.name], settings=settings))
+    results, _skipped = dry_run_group(
+        ctx.kube,
+        inputs,
+        agent_namespace=ctx.settings.agent_namespace,
+        workers=ctx.settings.workers,
+    )
+    new = {n: Inventory.from_objects(objects[n]) for n in objects}
+    deletions = plan_prune(
+        old,
+        new,
+        keep_crds={e.name: e.spec.keep_crds for e in decision.active},
+        claimed_elsewhere={k: b for k, b in ctx.claims.items() if b not in new},
+    )
+    return build_preview(live_changes(results, deletions), source="live")
+
+
+def _running(ctx: GroupContext, names: Sequence[str]) -> str:
+    serials = sorted({str(v.applied.serial) for n in names if (v := ctx.view(n)).applied})
+    return f"still running serial {', '.join(serials)}" if serials else "nothing applied yet"
+
+
+def _summary(request: Request) -> str:
+    p = request.spec.preview
+    text = f"{p.created} created, {p.changed} changed, {p.deleted} deleted, {p.unchanged} unchanged"
+    if p.refused:
+        text += f", {p.refused} refused by the dry run"
+    return text + (f"; {p.findings} security findings" if p.findings else "")
+
+
+__all__ = ["Approvals", "request_approval"]
