@@ -1,4 +1,5 @@
-"""The agent's subcommands: ``agent run``, ``agent sync``, ``render`` and ``health``."""
+"""The agent's subcommands: ``agent run``, ``agent sync``, ``render``, ``health`` and a cluster
+admin's ``preview``, ``approve`` and ``deny`` of approval requests."""
 
 from __future__ import annotations
 
@@ -54,6 +55,24 @@ def _health(args: argparse.Namespace) -> int:
     )
     print(text)
     return code
+
+
+def _preview(args: argparse.Namespace) -> int:
+    from agent.approve.command import run_preview
+
+    return run_preview(args)
+
+
+def _approve(args: argparse.Namespace) -> int:
+    from agent.approve.command import run_decision
+
+    return run_decision(args, "approve")
+
+
+def _deny(args: argparse.Namespace) -> int:
+    from agent.approve.command import run_decision
+
+    return run_decision(args, "deny")
 
 
 def settings_from_args(args: argparse.Namespace) -> Any:
@@ -648,3 +667,54 @@ def register(sub: Any) -> None:
         "--offline", action="store_true", help="assess the objects as written in FILE"
     )
     health.set_defaults(handler=_health)
+
+    _register_approvals(sub)
+
+
+def _register_approvals(sub: Any) -> None:
+    """``fleetlet preview|approve|deny REQUEST`` (docs/approvals.md)."""
+    from agent.output import add_output_option
+
+    where = (
+        " The user's kubeconfig is used (--kubeconfig, else $KUBECONFIG, else ~/.kube/config): "
+        "the API server decides whether this user may (the verb approve on the request)."
+    )
+    preview = sub.add_parser(
+        "preview",
+        help="show what approving a BundleDeploymentRequest would do",
+        description="Print a request's preview: the group, serial and pins, why it needs an "
+        "approval, each object created, changed, deleted or refused by the server-side dry "
+        "run with its diff, and the security summary (RBAC, CRDs, webhooks, privileged pods, "
+        "namespaces)." + where,
+    )
+    approve = sub.add_parser(
+        "approve",
+        help="approve a BundleDeploymentRequest",
+        description="Approve REQUEST as yourself (recorded as status.decidedBy); the agent "
+        "then applies exactly what it pins. A decision is final." + where,
+    )
+    deny = sub.add_parser(
+        "deny",
+        help="deny a BundleDeploymentRequest",
+        description="Deny REQUEST as yourself, with a reason: the group stays wholly on its "
+        "current revision until a new publication. A decision is final." + where,
+    )
+    for p in (preview, approve, deny):
+        p.add_argument("request", metavar="REQUEST", help="the BundleDeploymentRequest's name")
+        p.add_argument("--kubeconfig", metavar="FILE", help="your kubeconfig")
+        p.add_argument("--context", metavar="NAME", help="kubeconfig context")
+    approve.add_argument("--reason", metavar="TEXT", help="why (recorded on the request)")
+    deny.add_argument("--reason", metavar="TEXT", required=True, help="why (required)")
+    add_output_option(preview)
+    preview.add_argument(
+        "--full", action="store_true", help="whole diffs, from the agent's namespace"
+    )
+    preview.add_argument(
+        "--namespace",
+        metavar="NS",
+        default="fleetlet-system",
+        help="the agent's namespace, where whole diffs are kept (fleetlet-system)",
+    )
+    preview.set_defaults(handler=_preview)
+    approve.set_defaults(handler=_approve)
+    deny.set_defaults(handler=_deny)

@@ -1,5 +1,4 @@
-"""The hub's subcommands: ``hub render|publish|diff|serve|agent-key``, ``installations``,
-``approve|deny``.
+"""The hub's subcommands: ``hub render|publish|diff|serve|agent-key`` and ``installations``.
 
 Progress goes to stderr, results (a summary table, or ``-o json|yaml``) to stdout. Every
 failure is raised as a :class:`~agent.errors.FleetletError`; ``fleetlet.cli`` prints it as one
@@ -18,7 +17,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from agent.errors import NotImplementedYetError, PermanentError
+from agent.errors import PermanentError
 from agent.output import add_output_option
 from agent.output import render as render_output
 from hub import installations as inst_handlers
@@ -31,13 +30,6 @@ GIT_PASSWORD_ENV = "FLEETLET_GIT_PASSWORD"
 
 class UsageError(PermanentError):
     """A command line that cannot work (missing token, bad time...)."""
-
-
-def _not_yet(what: str, issue: str) -> Any:
-    def handler(args: argparse.Namespace) -> int:
-        raise NotImplementedYetError(f"{what} is not implemented yet ({issue})")
-
-    return handler
 
 
 class _Progress:
@@ -475,12 +467,6 @@ def register_installations(sub: Any) -> None:
         lst.set_defaults(
             handler=inst_handlers.runs_list if group == "runs" else inst_handlers.outputs_list
         )
-
-    for verb in ("approve", "deny"):
-        p = sub.add_parser(verb, help=f"{verb} a BundleDeploymentRequest")
-        p.add_argument("request", metavar="REQUEST")
-        p.add_argument("--kubeconfig", metavar="FILE")
-        p.set_defaults(handler=_not_yet(f"fleetlet {verb}", "the approvals issue"))
 
 
 __all__ = ["register", "register_installations"]
