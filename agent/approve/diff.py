@@ -1,8 +1,8 @@
 """What changes in one object, for a person: the changed field paths and a unified diff.
 
-Both sides are cleaned first (:func:`cleaned`): status and the server's bookkeeping
-(managedFields, resourceVersion, generation, uid, creationTimestamp) are not what a move
-changes. Secret values never appear: :func:`redacted` replaces each ``data``/``stringData``
+Both sides are cleaned first (:func:`cleaned`): status, the server's bookkeeping
+(managedFields, resourceVersion, generation, uid, creationTimestamp) and fleetlet's
+``fleetlet.io/revision`` annotation (a new serial each time) are not what a move changes. Secret values never appear: :func:`redacted` replaces each ``data``/``stringData``
 value with a marker that says only whether it changed.
 """
 
@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from typing import Any
 
 import yaml
+
+from agent.render.plain import REVISION_ANNOTATION
 
 Object = dict[str, Any]
 
@@ -36,7 +38,15 @@ def cleaned(obj: Mapping[str, Any] | None) -> Object | None:
     out = {k: copy.deepcopy(v) for k, v in obj.items() if k != "status"}
     meta = out.get("metadata")
     if isinstance(meta, dict):
-        out["metadata"] = {k: v for k, v in meta.items() if k not in _BOOKKEEPING}
+        meta = {k: v for k, v in meta.items() if k not in _BOOKKEEPING}
+        annotations = meta.get("annotations")
+        if isinstance(annotations, dict) and REVISION_ANNOTATION in annotations:
+            rest = {k: v for k, v in annotations.items() if k != REVISION_ANNOTATION}
+            if rest:
+                meta["annotations"] = rest
+            else:
+                meta.pop("annotations")
+        out["metadata"] = meta
     return out
 
 
