@@ -19,7 +19,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -161,6 +161,17 @@ def request_approval(
     return GroupOutcome(group=ctx.group, state=GroupState.HELD)
 
 
+def approval_holds(ctx: GroupContext, serials: Iterable[int]) -> bool:
+    """Whether a move a crash interrupted (targeting ``serials``) may be finished with the
+    set's current serial. Re-rendered at another serial its objects are not those approved,
+    so a move that needs an approval is finished only at the serial it was approved for (else
+    the group goes back and asks anew)."""
+    if all(serial == ctx.serial for serial in serials) or ctx.approvals is None:
+        return True
+    manual = any(e.spec.approval == "manual" for e in ctx.members)
+    return not (manual or required_by(ctx.approvals.policies()))
+
+
 def _auto_approve(
     approvals: Approvals, policies: Sequence[Policy], request: Request
 ) -> tuple[Request, list[str]]:
@@ -251,4 +262,4 @@ def _summary(request: Request) -> str:
     return text + (f"; {p.findings} security findings" if p.findings else "")
 
 
-__all__ = ["Approvals", "request_approval"]
+__all__ = ["Approvals", "approval_holds", "request_approval"]

@@ -43,7 +43,7 @@ from agent.apply import (
 from agent.apply.intent import BundleMove, FailedTarget, GroupRecord, Intent
 from agent.apply.plan import identity
 from agent.apply.store import HealthyRevision
-from agent.approve.gate import request_approval
+from agent.approve.gate import approval_holds, request_approval
 from agent.errors import FleetletError, PermanentError, TemporaryError
 from agent.gate import (
     RETRY_ANNOTATION,
@@ -777,7 +777,7 @@ def resume(ctx: GroupContext, intent: Intent) -> GroupOutcome | None:
     same = all(
         name in wanted and spec_digest(wanted[name]) == move.target_digest
         for name, move in intent.bundles.items()
-    )
+    ) and approval_holds(ctx, (m.target_serial for m in intent.bundles.values()))
     if intent.phase == "applying" and same:
         active = [wanted[n] for n in intent.bundles]
         try:
