@@ -211,7 +211,7 @@ def _request(preview: RequestPreview) -> Request:
             requested_by="agent",
             bundles=(BundlePin(name="web", spec_digest=digest, content_digest=digest),),
             preview=preview,
-        ),  # fmt: skip
+        ),
         status=BundleDeploymentRequestStatus(),
         created=None,
         resource_version="1",
