@@ -447,7 +447,12 @@ def register_installations(sub: Any) -> None:
         else:
             p.add_argument("--cluster", metavar="NAME", help="only this cluster")
             p.add_argument("--bundle", metavar="NAME", help="only this bundle")
-            p.add_argument("--state", metavar="STATE", help="Ready, Progressing, Degraded, ...")
+            p.add_argument(
+                "--state",
+                metavar="STATE",
+                help="Ready, Progressing, AwaitingApproval, Denied, Degraded, RolledBack, "
+                "Paused or Stale",
+            )
         p.add_argument("--hub", metavar="URL")
         p.add_argument("--repo", metavar="GIT_URL")
         add_output_option(p)

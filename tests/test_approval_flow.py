@@ -11,6 +11,7 @@ their own (client certificates of the test cluster's CA), bound to deploy/'s
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -197,6 +198,15 @@ def test_a_lockstep_group_is_approved_once_and_moves_together(
     again = agent.tick()
     assert again.outbound is not None and again.outbound.held == ("app",)
     assert [r.name for r in requests(kube, namespace)] == [request.name]
+    # The hub sees it through the status branch: the state, and the request with its preview.
+    hub = ("--repo", lab.status_url, "--cache-dir", str(tmp_path / "hub"), "-o", "json")
+    listed = fleetlet("installations", "list", "--state", "AwaitingApproval", *hub)
+    assert listed.returncode == 0, listed.stderr
+    assert {i["bundle"] for i in json.loads(listed.stdout)["items"]} == {shop.web, shop.conf}
+    detail = json.loads(fleetlet("installations", "show", f"edge-1/{shop.web}", *hub).stdout)
+    (reported,) = detail["requests"]
+    assert (reported["name"], reported["state"], reported["serial"]) == (request.name, "Pending", 1)
+    assert reported["preview"]["created"] == 2 and "diff" not in reported["preview"]["objects"][0]
 
     approve(alice, request.name, "--reason", "first install")
     moved = agent.tick()
@@ -264,6 +274,15 @@ def test_deny_leaves_the_group_wholly_as_it_was_and_says_who_and_why(
         assert "still running serial 1" in ready["message"]
         assert conditions(kube, bundle)["Degraded"]["status"] == "False"
         assert shop.phase(bundle) == "Denied"
+    hub = ("--repo", lab.status_url, "--cache-dir", str(tmp_path / "hub"), "-o", "json")
+    detail = json.loads(fleetlet("installations", "show", f"edge-1/{shop.conf}", *hub).stdout)
+    assert detail["state"] == "Denied"
+    latest = detail["requests"][0]
+    assert (latest["state"], latest["decidedBy"], latest["reason"]) == (
+        "Denied",
+        alice.name,
+        "not during the sale",
+    )
     # It stays denied: the next pass neither asks again nor moves.
     agent.tick()
     assert [r.state for r in requests(kube, namespace)] == ["Denied", "Approved"]

@@ -193,9 +193,15 @@ class Requests:
 
         Raises the KubeClient's errors.
         """
+        return self._mine(f"{MANAGED_LABEL}={self.owner},{GROUP_LABEL}={group}")
+
+    def all(self) -> list[Request]:
+        """Every request this agent made, newest first. Raises the KubeClient's errors."""
+        return self._mine(f"{MANAGED_LABEL}={self.owner}")
+
+    def _mine(self, selector: str) -> list[Request]:
         me = self.requested_by()
         found = []
-        selector = f"{MANAGED_LABEL}={self.owner},{GROUP_LABEL}={group}"
         for obj in self.kube.list(GROUP_VERSION, KIND, label_selector=selector):
             name = (obj.get("metadata") or {}).get("name")
             try:
@@ -203,7 +209,8 @@ class Requests:
             except FleetletError as exc:
                 log.warning("ignoring malformed BundleDeploymentRequest %s: %s", name, exc)
                 continue
-            if request.spec.requested_by != me or request.spec.group != group:
+            labels = (obj.get("metadata") or {}).get("labels") or {}
+            if request.spec.requested_by != me or request.spec.group != labels.get(GROUP_LABEL):
                 log.warning(
                     "ignoring BundleDeploymentRequest %s: made by %s, not this agent (%s)",
                     name,
