@@ -63,6 +63,10 @@ class Shop:
         self.binding = lab.name("shop-view")
 
     def publish(self, version: int, *, binding: bool = False) -> None:
+        self.lab.publish(self.bundles(version, binding=binding))
+
+    def bundles(self, version: int, *, binding: bool = False) -> list[dict[str, Any]]:
+        """The fleet-repo bundle documents of ``version`` (content pushed to the registry)."""
         lab = self.lab
         web = lab.push(
             "web",
@@ -95,19 +99,17 @@ class Shop:
         }
         if self.manual:
             web_bundle["approval"] = "manual"
-        lab.publish(
-            [
-                {"name": self.base, "sources": [lab.source("base", base)], "group": "base"},
-                web_bundle,
-                {
-                    "name": self.conf,
-                    "sources": [lab.source("conf", conf)],
-                    "group": "app",
-                    "dependsOn": ["base"],
-                    "healthChecks": HEALTH,
-                },
-            ]
-        )
+        return [
+            {"name": self.base, "sources": [lab.source("base", base)], "group": "base"},
+            web_bundle,
+            {
+                "name": self.conf,
+                "sources": [lab.source("conf", conf)],
+                "group": "app",
+                "dependsOn": ["base"],
+                "healthChecks": HEALTH,
+            },
+        ]
 
     def running(self) -> tuple[str | None, str | None]:
         """(web's image, conf's value) in the cluster; None where absent."""
