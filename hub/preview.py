@@ -23,7 +23,7 @@ from typing import Any
 from agent.api import BundleDeploymentEntry, load_set, to_dict
 from agent.api.approvals import RequestPreview
 from agent.approve.preview import build_preview, rendered_changes
-from agent.errors import ValidationError
+from agent.errors import FleetletError, ValidationError
 from agent.inbound import with_created_namespace
 from agent.render.cache import RenderCache, sources_digest
 from agent.render.plain import Ownership, RenderRequest
@@ -152,8 +152,8 @@ def preview_clusters(
 ) -> dict[str, ClusterPreview]:
     """The previews of ``clusters`` (those of ``diffs`` that would change), by cluster.
 
-    Raises PublishError (a branch holding an unreadable set), the renderers' errors (a source
-    that cannot be fetched, content that cannot be rendered).
+    A group whose content cannot be fetched or rendered is named in the cluster's ``notes``
+    with why. Raises PublishError (a branch holding an unreadable set).
     """
     wanted = set(clusters)
     out: dict[str, ClusterPreview] = {}
@@ -176,15 +176,14 @@ def preview_clusters(
         touched = {b.name for b in d.bundles}
         group_of = {n: e.group for n, e in {**old_entries, **new_entries}.items()}
         groups = sorted({group_of[n] for n in touched})
-        members = {n for n, g in group_of.items() if g in groups}
         notes = [
             f"bundle {n}: not rendered here (its source needs the agent's Secret {secret})"
-            for n in sorted(members)
+            for n in sorted(touched)
             if (e := new_entries.get(n) or old_entries.get(n)) and (secret := _needs_secret(e))
         ]
         skipped = {note.split(":", 1)[0].removeprefix("bundle ") for note in notes}
-        before_entries = [old_entries[n] for n in sorted(members & touched) if n in old_entries]
-        after_entries = [new_entries[n] for n in sorted(members & touched) if n in new_entries]
+        before_entries = [old_entries[n] for n in sorted(touched) if n in old_entries]
+        after_entries = [new_entries[n] for n in sorted(touched) if n in new_entries]
         before_entries = [e for e in before_entries if e.name not in skipped]
         after_entries = [e for e in after_entries if e.name not in skipped]
         progress(
@@ -196,18 +195,21 @@ def preview_clusters(
             tools=tools,
             plain_http=plain_http_for([*before_entries, *after_entries]),
         )
-        before = renderer.render(before_entries, serial=old_serial)
-        after = renderer.render(after_entries, serial=old_serial + 1)
         previews = []
         for group in groups:
-            names = {n for n in members & touched if group_of[n] == group}
-            built = build_preview(
-                rendered_changes(
-                    {n: v for n, v in before.items() if n in names},
-                    {n: v for n, v in after.items() if n in names},
-                ),
-                source="rendered",
-            )
+            names = {n for n in touched if group_of[n] == group}
+            try:
+                before = renderer.render(
+                    [e for e in before_entries if e.name in names], serial=old_serial
+                )
+                after = renderer.render(
+                    [e for e in after_entries if e.name in names], serial=old_serial + 1
+                )
+            except FleetletError as exc:
+                # The agent would refuse it too: said here, the rest of the diff still shown.
+                notes.append(f"group {group}: not previewed: {exc}")
+                continue
+            built = build_preview(rendered_changes(before, after), source="rendered")
             previews.append(
                 GroupPreview(group=group, preview=built.preview, full_diffs=built.full_diffs)
             )
