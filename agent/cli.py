@@ -301,6 +301,7 @@ def _summary(cluster: str, result: Any) -> str:
             ("rolled back", out.rolled_back),
             ("failed", tuple(g for g in out.failed if g not in out.rolled_back)),
             ("waiting", out.waiting),
+            ("awaiting approval", out.awaiting_approval),
             ("held", out.held),
             ("removed", out.removed),
         ):
@@ -351,7 +352,8 @@ def _sync(args: argparse.Namespace) -> int:
         return EXIT_FAILED
     if out is not None and not out.converged:
         print(
-            f"{args.cluster}: not everything is Ready: {_failure_lines(agent, out.failed or out.waiting or out.held)}",
+            f"{args.cluster}: not everything is Ready: "
+            + _failure_lines(agent, out.failed or out.waiting or out.awaiting_approval or out.held),
             file=sys.stderr,
         )
         return EXIT_DEGRADED

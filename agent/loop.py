@@ -152,8 +152,11 @@ class Agent:
                     rendered=rendered,
                     set_digest=set_digest(self.accepted),
                 )
-                self._pending_work = outbound_result.temporary is not None or bool(
-                    outbound_result.failed and _retry_due_later(self.reconciler)
+                # A retry due later, or a decision awaited: the poll job keeps looking.
+                self._pending_work = (
+                    outbound_result.temporary is not None
+                    or bool(outbound_result.failed and _retry_due_later(self.reconciler))
+                    or bool(outbound_result.awaiting_approval)
                 )
                 if error is None and outbound_result.temporary is not None:
                     error = outbound_result.temporary

@@ -171,7 +171,8 @@ def test_a_lockstep_group_is_approved_once_and_moves_together(
     agent = lab.agent("edge-1", approvals_enforced, namespace=namespace, workdir=tmp_path / "a")
     first = agent.tick()
     assert first.outbound is not None
-    assert first.outbound.moved == ("base",) and first.outbound.held == ("app",), first
+    assert first.outbound.moved == ("base",), first
+    assert first.outbound.awaiting_approval == ("app",), first
     assert shop.running() == (None, None)  # nothing of the group applied
     for bundle in (shop.web, shop.conf):
         ready = shop.ready(bundle)
@@ -198,7 +199,7 @@ def test_a_lockstep_group_is_approved_once_and_moves_together(
     assert f"created  {shop.web}" in shown.stdout
     # Asking again makes no second request.
     again = agent.tick()
-    assert again.outbound is not None and again.outbound.held == ("app",)
+    assert again.outbound is not None and again.outbound.awaiting_approval == ("app",)
     assert [r.name for r in requests(kube, namespace)] == [request.name]
     # The hub sees it through the status branch: the state, and the request with its preview.
     hub = ("--repo", lab.status_url, "--cache-dir", str(tmp_path / "hub"), "-o", "json")
@@ -211,7 +212,10 @@ def test_a_lockstep_group_is_approved_once_and_moves_together(
     assert reported["preview"]["created"] == 2 and "diff" not in reported["preview"]["objects"][0]
 
     approve(alice, request.name, "--reason", "first install")
-    moved = agent.tick()
+    # The poll job (what `agent run` schedules) looks again while a decision is awaited,
+    # though the branch did not move.
+    moved = agent.poll()
+    assert moved.inbound == "unchanged"
     assert moved.outbound is not None and moved.outbound.moved == ("app",), moved
     assert shop.on(1)
     assert shop.ready(shop.web)["status"] == "True" and shop.ready(shop.conf)["status"] == "True"
@@ -423,7 +427,7 @@ def test_auto_approval_approves_the_harmless_change_and_holds_the_one_adding_a_c
 
         shop.publish(2, binding=True)
         held = agent.tick()
-        assert held.outbound is not None and held.outbound.held == ("app",), held
+        assert held.outbound is not None and held.outbound.awaiting_approval == ("app",), held
         assert shop.on(1)
         assert (
             live(kube, "rbac.authorization.k8s.io/v1", "ClusterRoleBinding", shop.binding) is None

@@ -158,7 +158,7 @@ def request_approval(
         view = ctx.view(name)
         view.mark_waiting(Reason.AWAITING_APPROVAL, message, phase=Phase.AWAITING_APPROVAL)
         ctx.views.write(view)
-    return GroupOutcome(group=ctx.group, state=GroupState.HELD)
+    return GroupOutcome(group=ctx.group, state=GroupState.AWAITING_APPROVAL)
 
 
 def approval_holds(ctx: GroupContext, serials: Iterable[int]) -> bool:

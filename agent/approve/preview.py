@@ -99,6 +99,9 @@ def live_changes(
                     note="the bundle's identity may not read the object: not compared",
                 )
             )
+        elif cleaned(r.live) == cleaned(r.answer):
+            # Only bookkeeping moves (fleetlet's revision annotation, a new serial each time).
+            changes.append(Change(**base, action="unchanged"))
         else:
             changes.append(Change(**base, action="changed", before=r.live, after=r.answer))
     for item in deletions.of("delete") if deletions is not None else ():

@@ -88,7 +88,13 @@ class PassResult:
 
     @property
     def held(self) -> tuple[str, ...]:
+        """Groups paused, or whose move was denied."""
         return self._groups(GroupState.HELD)
+
+    @property
+    def awaiting_approval(self) -> tuple[str, ...]:
+        """Groups whose move waits for a decision on its BundleDeploymentRequest."""
+        return self._groups(GroupState.AWAITING_APPROVAL)
 
     @property
     def drift_corrected(self) -> int:

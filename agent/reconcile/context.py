@@ -127,6 +127,8 @@ class GroupState(StrEnum):
     ROLLED_BACK = "rolledBack"
     FAILED = "failed"
     WAITING = "waiting"
+    AWAITING_APPROVAL = "awaitingApproval"
+    """Its move waits for a decision on its BundleDeploymentRequest (looked at each poll)."""
     HELD = "held"
 
 
