@@ -227,10 +227,74 @@ def _request(preview: RequestPreview) -> Request:
         (cluster_role("r", [{"apiGroups": [""], "resources": ["*"], "verbs": ["*"]}]), False, False),
     ],
     ids=["image-tag", "label-too", "new-clusterrole"],
-)  # fmt: skip
+)
 def test_cel_rules_over_the_preview(after: Object, image_only: bool, no_risk: bool) -> None:
     request = _request(preview_of([deployment("web:1.0")], [after]))
     variables = activation(request)
     assert evaluate(IMAGE_TAGS_ONLY, variables) is image_only
     assert evaluate(NO_RISK, variables) is no_risk
     assert evaluate("request.group == 'app' && request.bundles == ['web']", variables)
+
+
+def test_requests_reach_the_status_document_bounded_pending_first() -> None:
+    """What the hub gets of the requests: no diffs, bounded, the pending ones first, and the
+    document's wire form (canonical bytes) round-trips."""
+    import dataclasses
+    from datetime import UTC, datetime
+
+    import rfc8785
+
+    from agent.api import Condition
+    from agent.api.status import ClusterStatus, dump_status, load_status, status_to_dict
+    from agent.approve.summary import MAX_BYTES, reports
+
+    many = [deployment(f"web:{i}") for i in range(40)]
+    for i, obj in enumerate(many):
+        obj["metadata"]["name"] = f"web-{i}"
+    big = preview_of([], many)
+    requests = []
+    for group in range(30):
+        for n, state in enumerate(("Denied", "Approved", "Approved", "Approved")):
+            request = _request(big)
+            spec = dataclasses.replace(request.spec, group=f"g{group}", serial=10 - n)
+            status = request.status
+            if state != "Pending":
+                status = dataclasses.replace(
+                    status,
+                    decision=state,
+                    decided_by="alice",
+                    reason="no" if state == "Denied" else None,
+                    conditions=(
+                        Condition(
+                            type=state,
+                            status="True",
+                            reason=state,
+                            last_transition_time=datetime(2026, 11, 22, tzinfo=UTC),
+                        ),
+                    )),
+                )
+            requests.append(
+                dataclasses.replace(
+                    request, name=f"g{group}-s{10 - n}-aaaaaa", spec=spec, status=status
+                )
+            )
+    pending = dataclasses.replace(_request(big), name="late-s1-bbbbbb")
+    pending = dataclasses.replace(pending, spec=dataclasses.replace(pending.spec, group="late"))
+    shown = reports([*requests, pending])
+    assert shown[0].name == "late-s1-bbbbbb" and shown[0].state == "Pending"
+    assert all(len(r.preview.objects) <= 20 and not any(o.diff for o in r.preview.objects)
+               for r in shown)  # fmt: skip
+    assert shown[0].preview.created == 40 and shown[0].preview.omitted == 20
+    assert sum(len(rfc8785.dumps(to_dict(r))) for r in shown) <= MAX_BYTES
+    assert all(sum(r.group == f"g{g}" for r in shown) <= 3 for g in range(30))
+    document = ClusterStatus(
+        schema_version=1,
+        cluster="edge-1",
+        agent_version="0.1.0",
+        heartbeat=datetime(2026, 11, 22, 22, tzinfo=UTC),
+        sequence=3,
+        requests=shown,
+    )
+    wire = dump_status(document)
+    assert wire == rfc8785.dumps(status_to_dict(document))
+    assert load_status(wire, origin="t") == document

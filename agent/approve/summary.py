@@ -3,7 +3,8 @@ document (who decided what, when and why, and the preview without diffs, bounded
 
 The status document stays small whatever the requests hold: at most :data:`MAX_OBJECTS`
 objects and :data:`MAX_FINDINGS` findings per category are carried (the counts stay whole),
-and per group only the pending request and the newest decided ones.
+per group only the pending request and the newest decided ones, and :data:`MAX_BYTES` for all
+of them (pending ones first), so requests never crowd the bundles out of the document.
 """
 
 from __future__ import annotations
@@ -12,12 +13,14 @@ from collections.abc import Iterable
 from dataclasses import replace
 
 from agent.api.approvals import RequestPreview, SecuritySummary
+from agent.api.canonical import canonical_bytes
 from agent.api.status import MAX_REQUESTS, RequestReport
 from agent.approve.request import Request
 
 MAX_OBJECTS = 20
 MAX_FINDINGS = 10
 PER_GROUP = 3
+MAX_BYTES = 64 * 1024
 
 
 def brief(preview: RequestPreview) -> RequestPreview:
@@ -67,7 +70,16 @@ def reports(requests: Iterable[Request]) -> tuple[RequestReport, ...]:
             mine.append(request)
     chosen = [r for group in sorted(kept) for r in kept[group]]
     chosen.sort(key=lambda r: r.state != "Pending")
-    return tuple(request_report(r) for r in chosen[:MAX_REQUESTS])
+    out: list[RequestReport] = []
+    budget = MAX_BYTES
+    for request in chosen[:MAX_REQUESTS]:
+        report = request_report(request)
+        size = len(canonical_bytes(report))
+        if size > budget:
+            break
+        budget -= size
+        out.append(report)
+    return tuple(out)
 
 
 __all__ = ["brief", "reports", "request_report"]
