@@ -222,9 +222,19 @@ def _request(preview: RequestPreview) -> Request:
     ("after", "image_only", "no_risk"),
     [
         (deployment("web:2.0"), True, True),
-        ({**deployment("web:2.0"), "metadata": {"name": "web", "namespace": "shop",
-                                                 "labels": {"tier": "x"}}}, False, True),
-        (cluster_role("r", [{"apiGroups": [""], "resources": ["*"], "verbs": ["*"]}]), False, False),
+        (
+            {
+                **deployment("web:2.0"),
+                "metadata": {"name": "web", "namespace": "shop", "labels": {"tier": "x"}},
+            },
+            False,
+            True,
+        ),
+        (
+            cluster_role("r", [{"apiGroups": [""], "resources": ["*"], "verbs": ["*"]}]),
+            False,
+            False,
+        ),
     ],
     ids=["image-tag", "label-too", "new-clusterrole"],
 )
@@ -271,7 +281,7 @@ def test_requests_reach_the_status_document_bounded_pending_first() -> None:
                             reason=state,
                             last_transition_time=datetime(2026, 11, 22, tzinfo=UTC),
                         ),
-                    )),
+                    ),
                 )
             requests.append(
                 dataclasses.replace(
