@@ -8,6 +8,7 @@ CRD rule's), and the request left as it was.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -371,3 +372,46 @@ def test_a_denial_needs_a_reason_and_the_spec_never_changes(
     with pytest.raises(KubeApiError) as changed:
         admin.apply(changed_spec, field_manager=STATE_FIELD_MANAGER, force=True)
     assert "an unchanged spec" in str(changed.value)
+
+
+def test_preview_prints_the_request_and_its_whole_diffs(
+    approvals_enforced: Cluster, admin: KubeClient, namespace: str
+) -> None:
+    """``fleetlet preview``: the table, ``-o json``, and ``--full`` with the diffs the request
+    cut, read back from the ConfigMap in the agent's namespace."""
+    from agent.approve.preview import build_preview, rendered_changes
+    from agent.approve.request import Requests
+
+    big = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "big", "namespace": "shop"},
+        "data": {f"key{i}": "v" * 100 for i in range(100)},
+    }
+    built = build_preview(rendered_changes({}, {"web": [big]}))
+    assert built.full_diffs  # the diff was cut in the request
+    pins = {"web": BundlePin(name="web", spec_digest=DIGEST, content_digest=OTHER)}
+    request = Requests(kube=admin, owner=namespace).create(
+        cluster="edge-1", group="app", serial=3, set_digest=DIGEST, pins=pins,
+        reasons=["bundle web asks for an approval (approval: manual)"], preview=built,
+    )  # fmt: skip
+    try:
+        config = str(approvals_enforced.kubeconfig)
+        table = fleetlet("preview", request.name, "--kubeconfig", config)
+        assert table.returncode == 0, table.stderr
+        assert "Objects (server-side dry run): 1 created, 0 changed" in table.stdout
+        assert f"fleetlet preview {request.name} --full` shows them whole" in table.stdout
+        assert table.stdout.count("vvvv\n") < 100
+        full = fleetlet("preview", request.name, "--kubeconfig", config, "--full",
+                        "--namespace", namespace, "-o", "json")  # fmt: skip
+        assert full.returncode == 0, full.stderr
+        data = json.loads(full.stdout)
+        assert data["state"] == "Pending"
+        assert data["spec"]["preview"]["fullDiff"] == f"fleetlet-preview-{request.name}"
+        whole = data["fullDiffs"]["web: ConfigMap shop/big"]
+        assert whole.count("v" * 100) == 100
+        shown = fleetlet("preview", request.name, "--kubeconfig", config, "--full",
+                         "--namespace", namespace)  # fmt: skip
+        assert shown.stdout.count("v" * 100) == 100
+    finally:
+        admin.delete(ref(request.name))
