@@ -313,12 +313,16 @@ def apply_group(
     establish_timeout: float = DEFAULT_ESTABLISH_TIMEOUT,
     on_progress: Progress | None = None,
     plan: Plan | None = None,
+    between_waves: Callable[[ApplyResult], None] | None = None,
 ) -> ApplyResult:
     """Dry-run, then apply, every object of a group (see the module docstring).
 
     ``kube`` is the agent's client; a bundle with ``serviceAccountName`` is dry-run and applied
     through ``kube.impersonating(name, agent_namespace)``. ``on_progress`` is called with a
-    short message before each step. ``plan`` may be given when already computed.
+    short message before each step. ``plan`` may be given when already computed. Objects
+    after the Namespaces are applied wave by wave (:attr:`PlannedObject.wave`); between two
+    waves ``between_waves`` is called with what was applied so far (a health wait: it raises
+    to stop the apply).
 
     Raises PlanError (an object's API is not served and it is not optional), ApplyError (the
     first object refused, by the dry run or by the apply: bundle, object and server message;
@@ -355,11 +359,9 @@ def apply_group(
         done = _run_all(pool, first_dry_run, works)
         later = [w for w, ok in zip(works, done, strict=True) if not ok]
         results: list[ObjectResult] = []
-        for stage, name in enumerate(STAGE_NAMES):
+        waves = sorted({w.planned.wave for w in works if w.planned.stage > STAGE_NAMESPACES})
+        for stage, name in enumerate(STAGE_NAMES[: STAGE_NAMESPACES + 1]):
             stage_works = [w for w in works if w.planned.stage == stage]
-            if later and stage == STAGE_NAMESPACES + 1:
-                say(f"dry run of {len(later)} objects that needed the group's CRDs/Namespaces")
-                _run_all(pool, _dry_run, later)
             if not stage_works:
                 continue
             say(f"applying {len(stage_works)} {name} ({stage + 1}/{len(STAGE_NAMES)})")
@@ -369,4 +371,25 @@ def apply_group(
                 _wait_established(stage_works, establish_timeout)
                 for client in {id(w.client): w.client for w in works}.values():
                     client.forget_discovery()
+        if later:
+            say(f"dry run of {len(later)} objects that needed the group's CRDs/Namespaces")
+            _run_all(pool, _dry_run, later)
+        for index, wave in enumerate(waves):
+            if index:
+                # The previous waves are applied: they must be healthy before this one starts.
+                say(f"waiting for wave {waves[index - 1]} to be healthy")
+                if between_waves is not None:
+                    between_waves(ApplyResult(objects=tuple(results), skipped=plan.skipped))
+            for stage in range(STAGE_NAMESPACES + 1, len(STAGE_NAMES)):
+                stage_works = [
+                    w for w in works if w.planned.stage == stage and w.planned.wave == wave
+                ]
+                if not stage_works:
+                    continue
+                shown = f" of wave {wave}" if len(waves) > 1 else ""
+                say(
+                    f"applying {len(stage_works)} {STAGE_NAMES[stage]}{shown} "
+                    f"({stage + 1}/{len(STAGE_NAMES)})"
+                )
+                results.extend(_run_all(pool, _apply, stage_works))
     return ApplyResult(objects=tuple(results), skipped=plan.skipped)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from agent.api.models import BundleDeploymentSpec, ManifestSelector
+from agent.apply.hooks import wave_of
 from agent.errors import PermanentError
 from agent.kube import ApiNotServedError, InvalidError, ObjectRef
 
@@ -142,6 +143,9 @@ class PlannedObject:
     manifest: Manifest
     stage: int
     deferred: bool = False
+    wave: int = 0
+    """Its wave (:func:`agent.apply.hooks.wave_of`): objects after the Namespaces are applied
+    wave by wave, lowest first; CRDs and Namespaces go first whatever their wave."""
 
     @property
     def target(self) -> str:
@@ -287,7 +291,12 @@ def plan_group(bundles: Sequence[BundleInput], discovery: Discovery) -> Plan:
             )
             stages[stage].append(
                 PlannedObject(
-                    bundle=bundle.name, ref=ref, manifest=obj, stage=stage, deferred=deferred
+                    bundle=bundle.name,
+                    ref=ref,
+                    manifest=obj,
+                    stage=stage,
+                    deferred=deferred,
+                    wave=wave_of(obj) if stage > STAGE_NAMESPACES else 0,
                 )
             )
     if refused:

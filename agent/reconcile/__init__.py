@@ -43,6 +43,7 @@ from agent.reconcile.context import (
 )
 from agent.reconcile.group import reconcile_group
 from agent.reconcile.removal import remove_absent
+from agent.render.manifests import is_hook
 from agent.report.outputs import OutputsStage
 from agent.report.runs import RunLog
 from agent.report.view import BundleView, BundleViews, now
@@ -295,7 +296,9 @@ class Reconciler:
         the stored revisions. Pruning hands such objects over instead of deleting them."""
         claims: dict[Key, str] = {}
         for name, objects in rendered.items():
-            for key in Inventory.from_objects(objects).entries:
+            # Hooks are created, never owned: they claim nothing.
+            owned = [o for o in objects if not is_hook(o)]
+            for key in Inventory.from_objects(owned).entries:
                 claims.setdefault(key, name)
         for name in sorted(e.name for e in deployment_set.bundle_deployments):
             stored = self.store.latest(name)

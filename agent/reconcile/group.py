@@ -16,8 +16,9 @@ first write and cleared last, so a crash anywhere is resumed at the next start.
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -39,6 +40,20 @@ from agent.apply import (
     plan_prune,
     prune,
 )
+from agent.apply.hooks import (
+    FAIL,
+    MOMENTS,
+    POST,
+    POST_DELETE,
+    PRE,
+    PRE_DELETE,
+    SYNC,
+    HookError,
+    HookFailedError,
+    Split,
+    run_hooks,
+    split,
+)
 from agent.apply.intent import BundleMove, FailedTarget, GroupRecord, Intent
 from agent.apply.plan import identity
 from agent.apply.store import HealthyRevision
@@ -55,7 +70,7 @@ from agent.gate import (
 )
 from agent.health import HealthReport, ObjectHealth, Status
 from agent.health.group import checks_of, group_health
-from agent.kube import ApiUnavailableError, ObjectRef
+from agent.kube import ApiUnavailableError, KubeApiError, ObjectRef
 from agent.reconcile.context import (
     GroupContext,
     GroupOutcome,
@@ -294,17 +309,41 @@ def move(ctx: GroupContext, decision: Decision) -> GroupOutcome:
             if exc.reason in (Reason.FETCH_FAILED, Reason.RENDER_FAILED)
             else Reason.RENDER_FAILED
         )
-        failure = _failure(ctx, decision.targets, reason, str(exc))
-        record = ctx.records.load(ctx.group)
-        ctx.records.save(ctx.group, replace(record, failure=failure))
-        for name in names:
-            view = ctx.view(name)
-            view.mark_failed(reason, f"serial {ctx.serial} cannot be rendered: {exc}")
-            ctx.views.write(view)
-        return GroupOutcome(group=ctx.group, state=GroupState.FAILED, failed_now=True)
+        return _refuse_render(ctx, decision, reason, exc)
     previous = {name: ctx.store.latest(name) for name in names}
-    intent = begin(ctx, active, objects, previous, decision.targets)
-    return advance(ctx, intent, active, objects)
+    try:
+        splits = split_hooks(active, objects, previous)
+    except HookError as exc:
+        return _refuse_render(ctx, decision, Reason.RENDER_FAILED, exc)
+    intent = begin(ctx, active, {n: s.main for n, s in splits.items()}, previous, decision.targets)
+    return advance(ctx, intent, active, splits)
+
+
+def _refuse_render(
+    ctx: GroupContext, decision: Decision, reason: str, exc: Exception
+) -> GroupOutcome:
+    """The targets cannot be rendered (or their hooks cannot be honoured): recorded as a failed
+    target, nothing written."""
+    failure = _failure(ctx, decision.targets, reason, str(exc))
+    record = ctx.records.load(ctx.group)
+    ctx.records.save(ctx.group, replace(record, failure=failure))
+    for entry in decision.active:
+        view = ctx.view(entry.name)
+        view.mark_failed(reason, f"serial {ctx.serial} cannot be rendered: {exc}")
+        ctx.views.write(view)
+    return GroupOutcome(group=ctx.group, state=GroupState.FAILED, failed_now=True)
+
+
+def split_hooks(
+    active: Sequence[BundleDeploymentEntry],
+    objects: Mapping[str, list[Manifest]],
+    previous: Mapping[str, HealthyRevision | None],
+) -> dict[str, Split]:
+    """Each bundle's objects to apply and its hooks (Helm's install or upgrade hooks, by
+    whether it has a healthy revision here). Raises HookError."""
+    return {
+        e.name: split(e.name, objects[e.name], install=previous.get(e.name) is None) for e in active
+    }
 
 
 def render_targets(
@@ -375,18 +414,61 @@ def advance(
     ctx: GroupContext,
     intent: Intent,
     active: Sequence[BundleDeploymentEntry],
-    objects: Mapping[str, list[Manifest]],
+    splits: Mapping[str, Split],
 ) -> GroupOutcome:
-    """Apply the targets and check the group's health; then :func:`finish`, or
-    :func:`roll_back` when a step fails."""
+    """Pre hooks, apply the targets (wave by wave), Sync hooks, the group's health, post
+    hooks; then :func:`finish`, or :func:`roll_back` when a step fails (after the group's
+    SyncFail hooks)."""
     previous = _previous(ctx, intent)
+    objects = {n: s.main for n, s in splits.items()}
     try:
+        hooks = run_moment(ctx, active, splits, PRE)
         result = apply_targets(ctx, active, objects, previous)
+        hooks += run_moment(ctx, active, splits, SYNC)
         report = check_health(ctx, active, objects, result.skipped)
+        hooks += run_moment(ctx, active, splits, POST)
     except MoveFailed as failed:
+        with contextlib.suppress(MoveFailed, FleetletError):
+            run_moment(ctx, active, splits, FAIL)
         return roll_back(ctx, intent, failed)
-    finish(ctx, intent, active, objects, previous, result, report)
+    finish(ctx, intent, active, splits, previous, result, report, hooks)
     return GroupOutcome(group=ctx.group, state=GroupState.MOVED, healthy=True)
+
+
+def run_moment(
+    ctx: GroupContext,
+    active: Sequence[BundleDeploymentEntry],
+    splits: Mapping[str, Split],
+    moment: str,
+) -> list[str]:
+    """Run the group's hooks of one moment (all bundles', by weight), each as its bundle's
+    identity, within the longest of the bundles' health timeouts. Returns what ran.
+    Raises MoveFailed (HookFailed)."""
+    hooks = [h for e in active for h in splits[e.name].of(moment)]
+    if not hooks:
+        return []
+    specs = {e.name: e.spec for e in active}
+    timeout = max(float(s.health_checks.timeout_seconds) for s in specs.values())
+    ctx.views.progress(
+        [e.name for e in active],
+        Phase.APPLYING,
+        f"running {len(hooks)} {moment} hook(s) of serial {ctx.serial} "
+        f"(group {ctx.group}, {ctx.position})",
+    )
+    ctx.failpoint(f"hooks:{moment}")
+    try:
+        return run_hooks(
+            hooks,
+            client_for=lambda bundle: ctx.identities(specs[bundle]),
+            timeout=timeout,
+            interval=ctx.settings.health_interval,
+        )
+    except HookFailedError as exc:
+        raise MoveFailed(Reason.HOOK_FAILED, str(exc), bundle=exc.bundle, target=exc.hook) from exc
+    except KubeApiError as exc:
+        raise MoveFailed(
+            Reason.HOOK_FAILED, f"a {moment} hook cannot be created: {exc}", causes=[exc.reason]
+        ) from exc
 
 
 def apply_targets(
@@ -402,6 +484,18 @@ def apply_targets(
     ctx.views.progress(
         names, Phase.APPLYING, f"applying serial {ctx.serial} (group {ctx.group}, {ctx.position})"
     )
+    specs = {e.name: e.spec for e in active}
+
+    def wave_healthy(applied: ApplyResult) -> None:
+        # The objects applied so far (earlier waves) must be healthy before the next wave.
+        done = {(r.bundle, r.ref) for r in applied.objects}
+        so_far = {n: [o for o in objects[n] if (n, ObjectRef.of(o)) in done] for n in objects}
+        report = group_health(
+            ctx.identities, so_far, specs, wait=True, interval=ctx.settings.health_interval
+        )
+        if not report.healthy:
+            raise _unhealthy(ctx, report, "an earlier wave is not healthy: ")
+
     result = _apply_moving(
         ctx,
         [
@@ -413,6 +507,7 @@ def apply_targets(
             )
             for e in active
         ],
+        between_waves=wave_healthy,
     )
     ctx.failpoint("applied")
     for entry in active:
@@ -444,30 +539,36 @@ def check_health(
         interval=ctx.settings.health_interval,
     )
     if not report.healthy:
-        bad = report.failed or report.unhealthy
-        culprit = bad[0] if bad else None
-        raise MoveFailed(
-            Reason.HEALTH_CHECK_FAILED,
-            report.summary(),
-            bundle=ctx.owners.get(culprit.ref) if culprit else None,
-            target=culprit.name if culprit else None,
-        )
+        raise _unhealthy(ctx, report)
     return report
+
+
+def _unhealthy(ctx: GroupContext, report: HealthReport, prefix: str = "") -> MoveFailed:
+    bad = report.failed or report.unhealthy
+    culprit = bad[0] if bad else None
+    return MoveFailed(
+        Reason.HEALTH_CHECK_FAILED,
+        prefix + report.summary(),
+        bundle=ctx.owners.get(culprit.ref) if culprit else None,
+        target=culprit.name if culprit else None,
+    )
 
 
 def finish(
     ctx: GroupContext,
     intent: Intent,
     active: Sequence[BundleDeploymentEntry],
-    objects: Mapping[str, list[Manifest]],
+    splits: Mapping[str, Split],
     previous: Mapping[str, HealthyRevision | None],
     result: ApplyResult,
     report: HealthReport,
+    hooks: Sequence[str] = (),
 ) -> None:
     """The group is healthy: prune what the new revisions dropped, keep them in the store,
     read outputs, close the runs. The record goes last, so a crash anywhere before it redoes
     these steps (each is idempotent)."""
     ctx.failpoint("healthy")
+    objects = {n: s.main for n, s in splits.items()}
     names = [e.name for e in active]
     ctx.views.progress(names, Phase.APPLYING, f"pruning group {ctx.group} ({ctx.position})")
     leftovers = _leftovers(ctx)
@@ -488,6 +589,7 @@ def finish(
         target = intent.bundles[entry.name].target_digest
         if _current_digest(ctx, entry.name) == target:
             continue  # saved before a crash
+        split_of = splits[entry.name]
         ctx.store.keep(
             entry.name,
             manifests=objects[entry.name],
@@ -495,11 +597,23 @@ def finish(
             digest=target,
             spec=entry.spec,
             revision=ctx.revision(entry, intent.bundles[entry.name].target_serial),
+            delete_hooks=[h.manifest for h in split_of.of(PRE_DELETE) + split_of.of(POST_DELETE)],
         )
         ctx.failpoint("stored")
     for entry in active:
+        mine = [
+            h for h in hooks if h in {x.name for m in MOMENTS for x in splits[entry.name].of(m)}
+        ]
         _close_success(
-            ctx, entry, intent, result, pruned.get(entry.name, 0), report, len(objects[entry.name])
+            ctx,
+            entry,
+            intent,
+            result,
+            pruned.get(entry.name, 0),
+            report,
+            len(objects[entry.name]),
+            hooks=mine,
+            not_run=splits[entry.name].not_run,
         )
     ctx.failpoint("finished")
     ctx.records.save(ctx.group, GroupRecord())
@@ -513,6 +627,9 @@ def _close_success(
     pruned: int,
     report: HealthReport,
     total: int,
+    *,
+    hooks: Sequence[str] = (),
+    not_run: Sequence[str] = (),
 ) -> None:
     """Read the bundle's outputs and close its run; the bundle is Ready (or says which
     output could not be read)."""
@@ -527,6 +644,10 @@ def _close_success(
         f"serial {serial} applied and healthy: {counts.created} created, "
         f"{counts.configured} configured, {counts.unchanged} unchanged, {pruned} pruned"
     )
+    if hooks:
+        message += f"; hooks run: {', '.join(hooks)}"
+    if not_run:
+        message += f"; hooks not run (tests, rollback hooks, Skip): {', '.join(not_run)}"
     output_error: str | None = None
     if ctx.outputs is not None:
         options = entry.spec.format_options
@@ -711,6 +832,7 @@ def _return_to(
                 digest=kept.digest,
                 spec=kept.spec,
                 revision=kept.revision,
+                delete_hooks=kept.delete_hooks,
             )
     return report
 
@@ -797,7 +919,9 @@ def resume(ctx: GroupContext, intent: Intent) -> GroupOutcome | None:
             )
         else:
             log.info("resuming group %s: completing the move to serial %s", ctx.group, ctx.serial)
-            return advance(ctx, intent, active, objects)
+            previous = _previous(ctx, intent)
+            with contextlib.suppress(HookError):
+                return advance(ctx, intent, active, split_hooks(active, objects, previous))
     if intent.phase == "rolling-back":
         failed = MoveFailed(intent.failure_reason or Reason.ROLLED_BACK, intent.failure)
     else:
@@ -875,7 +999,12 @@ def _apply(ctx: GroupContext, inputs: list[BundleInput]) -> ApplyResult:
     )
 
 
-def _apply_moving(ctx: GroupContext, inputs: list[BundleInput]) -> ApplyResult:
+def _apply_moving(
+    ctx: GroupContext,
+    inputs: list[BundleInput],
+    *,
+    between_waves: Callable[[ApplyResult], None] | None = None,
+) -> ApplyResult:
     """Plan and apply as part of a move; failures become MoveFailed (``written`` False when
     the whole group's dry run refused it before anything was written)."""
     try:
@@ -899,6 +1028,7 @@ def _apply_moving(ctx: GroupContext, inputs: list[BundleInput]) -> ApplyResult:
             establish_timeout=ctx.settings.establish_timeout,
             plan=plan,
             on_progress=lambda message: ctx.failpoint(f"apply:{message}"),
+            between_waves=between_waves,
         )
     except ApplyError as exc:
         # The first dry run covers every object that is not deferred, before any write.
