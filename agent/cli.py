@@ -259,7 +259,9 @@ def _add_agent_connection(p: argparse.ArgumentParser) -> None:
     env = os.environ
 
     def flag(name: str, var: str, help: str, **kw: Any) -> None:
-        default = env.get(var) or kw.pop("default", None)
+        # Pop first: a set variable must not leave a second ``default`` in ``kw``.
+        fallback = kw.pop("default", None)
+        default = env.get(var) or fallback
         required = kw.pop("required", False) and default is None
         p.add_argument(name, default=default, required=required, help=f"{help} (${var})", **kw)
 
