@@ -22,6 +22,7 @@ from agent.probe import ProbeServer
 from agent.report.metrics import Metrics
 from agent.source.branch import GitUnavailableError
 from tests.fleetlab import Lab, configmap, namespace_manifest
+from tests.realenv.git_fixtures import GitServerFactory
 from tests.realenv.kube import Cluster
 from tests.test_crds import crds as crds  # the fixture: the CRDs installed
 
@@ -210,3 +211,51 @@ def test_probe_server_serves_metrics_of_a_real_sync(
     assert stamp is not None and stamp > 1.7e9
     kube = KubeClient(kubeconfig=str(crds.kubeconfig))
     assert kube.get({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c", "namespace": ns}})  # fmt: skip
+
+
+# --- the content cache and the status pusher, wired directly ---------------------------------
+
+
+def test_content_cache_counts_hits_and_misses(tmp_path: Path) -> None:
+    from agent.source.cache import ContentCache
+
+    metrics = Metrics(cluster="c", version="v")
+    cache = ContentCache(root=tmp_path / "cache", max_bytes=1 << 20, metrics=metrics)
+    key = "image:sha256:" + "a" * 64
+    assert cache.lookup(key) is None  # a miss ...
+    cache.store(key, lambda tree: (tree / "f.yaml").write_text("x: 1\n"))  # ... then filled
+    assert cache.lookup(key) is not None
+    assert cache.lookup(key) is not None
+    text = metrics.exposition()
+    assert value(text, "fleetlet_agent_content_cache_lookups_total", result="miss") == 1
+    assert value(text, "fleetlet_agent_content_cache_lookups_total", result="hit") == 2
+
+
+def test_status_pusher_counts_pushes_and_failures(
+    git_server_factory: GitServerFactory, tmp_path: Path
+) -> None:
+    from agent.errors import TemporaryError
+    from agent.report.push import StatusPusher
+    from tests.test_status_push import status
+
+    server = git_server_factory("daemon")
+    server.create_bare("status.git")
+    metrics = Metrics(cluster="edge-1", version="v")
+    pusher = StatusPusher(
+        repo_url=server.url_for("status.git"),
+        cluster="edge-1",
+        credentials=None,
+        workdir=tmp_path / "status",
+        connect_timeout=2,
+        io_timeout=5,
+        metrics=metrics,
+    )
+    pusher.update(status("edge-1"))
+    pusher.push()
+    server.stop()
+    pusher.update(status("edge-1", note="changed"))
+    with pytest.raises(TemporaryError):
+        pusher.push()
+    text = metrics.exposition()
+    assert value(text, "fleetlet_agent_status_pushes_total", result="success") == 1
+    assert value(text, "fleetlet_agent_status_pushes_total", result="failure") == 1

@@ -21,6 +21,10 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from agent.report.metrics import Metrics
 
 
 @dataclass(frozen=True)
@@ -43,11 +47,15 @@ def tree_size(path: Path) -> int:
 
 
 class ContentCache:
-    """The cache under ``root`` holding at most about ``max_bytes`` of unpacked content."""
+    """The cache under ``root`` holding at most about ``max_bytes`` of unpacked content.
 
-    def __init__(self, *, root: Path, max_bytes: int) -> None:
+    ``metrics``, when given, counts each :meth:`lookup` as a hit or a miss.
+    """
+
+    def __init__(self, *, root: Path, max_bytes: int, metrics: Metrics | None = None) -> None:
         self.root = Path(root)
         self.max_bytes = max_bytes
+        self._metrics = metrics
         self._entries_dir = self.root / "entries"
         self._staging_dir = self.root / "staging"
         self._lock = threading.Lock()
@@ -92,6 +100,12 @@ class ContentCache:
 
     def lookup(self, key: str) -> Path | None:
         """The tree cached under ``key`` (and mark it used), or None."""
+        found = self._use(key)
+        if self._metrics is not None:
+            self._metrics.cache_lookup(hit=found is not None)
+        return found
+
+    def _use(self, key: str) -> Path | None:
         with self._lock:
             entry = self._index.get(key)
             if entry is None:
@@ -113,7 +127,7 @@ class ContentCache:
         Returns the cached tree. Whatever ``fill`` raises propagates and nothing is cached.
         Evicts least recently used entries until the cache fits ``max_bytes``.
         """
-        existing = self.lookup(key)
+        existing = self._use(key)  # not a lookup of its own: the caller's lookup counted
         if existing is not None:
             return existing
         staging = self._staging_dir / uuid.uuid4().hex
