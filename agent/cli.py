@@ -192,10 +192,8 @@ def _summary(cluster: str, result: Any) -> str:
 
 
 def _sync(args: argparse.Namespace) -> int:
-    import logging
-
     # One clear line on failure (the error itself); progress warnings would repeat it.
-    logging.basicConfig(level=logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
+    _setup_logging(args)
     agent = _build_agent(args)
     result = agent.tick()
     print(_summary(args.cluster, result))
@@ -219,9 +217,7 @@ def _run(args: argparse.Namespace) -> int:
     from agent.probe import ProbeServer
     from agent.schedule import Poller
 
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    _setup_logging(args)
     # The scheduler logs every run; the poller reports outcomes itself.
     logging.getLogger("apscheduler").setLevel(logging.ERROR)
     agent = _build_agent(args)
@@ -250,6 +246,33 @@ def _run(args: argparse.Namespace) -> int:
         if probe is not None:
             probe.stop()
     return 0
+
+
+def _setup_logging(args: argparse.Namespace) -> None:
+    from agent.report.logs import setup_logging
+
+    setup_logging(level=args.log_level, format=args.log_format, cluster=args.cluster)
+
+
+def add_logging_arguments(p: argparse.ArgumentParser, *, default_level: str) -> None:
+    """``--log-level`` and ``--log-format`` (also for the hub's commands)."""
+    import os
+
+    from agent.report.logs import FORMATS, LEVELS
+
+    p.add_argument(
+        "--log-level",
+        choices=LEVELS,
+        default=os.environ.get("FLEETLET_LOG_LEVEL") or default_level,
+        help=f"least severe level logged ($FLEETLET_LOG_LEVEL, default {default_level})",
+    )
+    p.add_argument(
+        "--log-format",
+        choices=FORMATS,
+        default=os.environ.get("FLEETLET_LOG_FORMAT") or "text",
+        help="text lines, or one JSON object per line with cluster, bundle, group, serial and "
+        "run where they apply ($FLEETLET_LOG_FORMAT, default text)",
+    )
 
 
 def _add_agent_connection(p: argparse.ArgumentParser) -> None:
@@ -350,10 +373,12 @@ def register(sub: Any) -> None:
         default=env.get("FLEETLET_PROBE_ADDRESS"),
         help="serve /healthz and /readyz on HOST:PORT, e.g. :8081 ($FLEETLET_PROBE_ADDRESS)",
     )
+    add_logging_arguments(run, default_level="info")
     run.set_defaults(handler=_run)
     sync = agent_sub.add_parser("sync", help="reconcile once; the exit code is the result")
     _add_agent_connection(sync)
     sync.add_argument("--once", action="store_true", help="one reconcile, then exit")
+    add_logging_arguments(sync, default_level="error")
     sync.set_defaults(handler=_sync)
 
     render = sub.add_parser(

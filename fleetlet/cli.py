@@ -8,6 +8,7 @@ Configuration is read here, at the edge, and passed down explicitly.
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from collections.abc import Sequence
 
@@ -77,21 +78,32 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _fail(message: str) -> None:
+    """The one line of a failed command: a log record when the command set up JSON logs (so
+    every line of its stderr is JSON), else ``fleetlet: message``."""
+    from agent.report.logs import JsonFormatter, redact
+
+    if any(isinstance(h.formatter, JsonFormatter) for h in logging.getLogger().handlers):
+        logging.getLogger("fleetlet").error(message)
+    else:
+        print(f"fleetlet: {redact(message)}", file=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         code: int = args.handler(args)
     except NotImplementedYetError as exc:
-        print(f"fleetlet: {exc}", file=sys.stderr)
+        _fail(str(exc))
         return EXIT_NOT_IMPLEMENTED
     except TemporaryError as exc:
-        print(f"fleetlet: {exc} (temporary; retrying may help)", file=sys.stderr)
+        _fail(f"{exc} (temporary; retrying may help)")
         return EXIT_FAILED
     except FleetletError as exc:
-        print(f"fleetlet: {exc}", file=sys.stderr)
+        _fail(str(exc))
         return EXIT_FAILED
     except KeyboardInterrupt:
-        print("fleetlet: interrupted", file=sys.stderr)
+        _fail("interrupted")
         return 130
     return code

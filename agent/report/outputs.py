@@ -59,6 +59,7 @@ from agent.kube import (
     Object,
     ObjectRef,
 )
+from agent.report.logs import mask
 from agent.report.seal import sensitive_output
 
 KIND = "BundleOutputs"
@@ -263,6 +264,8 @@ def read_outputs(
                 )
             )
             continue
+        if output.sensitive:
+            mask(text)  # read into this process: never in a log line from now on
         values.append(ReadOutput(output.name, text, output.sensitive))
     if failures:
         raise OutputError(failures)
