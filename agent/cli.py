@@ -342,6 +342,15 @@ def _add_agent_connection(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _lazy(parser: argparse.ArgumentParser, add: str, run: str) -> None:
+    """Flags and handler from :mod:`agent.install.command` (imported only by these commands'
+    registration, which is cheap: the Kubernetes client is imported when they run)."""
+    from agent.install import command
+
+    getattr(command, add)(parser)
+    parser.set_defaults(handler=getattr(command, run))
+
+
 def register(sub: Any) -> None:
     agent = sub.add_parser(
         "agent",
@@ -380,6 +389,24 @@ def register(sub: Any) -> None:
     sync.add_argument("--once", action="store_true", help="one reconcile, then exit")
     add_logging_arguments(sync, default_level="error")
     sync.set_defaults(handler=_sync)
+    install = agent_sub.add_parser(
+        "install",
+        help="put this cluster into a fleet (idempotent)",
+        description="Apply everything the agent needs to this cluster, in order: fleetlet's "
+        "CRDs, the agent's namespace, least-privilege RBAC, its configuration (repository, "
+        "cluster, trusted root and identity policy, credentials), and the Deployment pinned to "
+        "an image digest. Running it again changes nothing; with another --image it upgrades. "
+        "--dry-run -o yaml prints the objects instead (for kustomize or GitOps).",
+    )
+    _lazy(install, "add_install_arguments", "run_install")
+    uninstall = agent_sub.add_parser(
+        "uninstall",
+        help="take this cluster out of the fleet",
+        description="Remove the agent, its configuration and RBAC, and its namespace if install "
+        "created it. fleetlet's CRDs (and so every BundleDeployment) stay unless --crds; what "
+        "the agent applied keeps running.",
+    )
+    _lazy(uninstall, "add_uninstall_arguments", "run_uninstall")
 
     render = sub.add_parser(
         "render",
