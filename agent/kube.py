@@ -671,6 +671,44 @@ class KubeClient:
             )
         return self._json(response)
 
+    def create(self, obj: Mapping[str, Any]) -> Object:
+        """Create ``obj`` (a POST: it must not exist); returns the object the server stored.
+
+        Raises ConflictError (it exists), ForbiddenError, InvalidError, NotFoundError (its
+        namespace is missing), ApiNotServedError, ApiUnavailableError.
+        """
+        ref = ObjectRef.of(obj)
+        resource, namespace = self._locate(ref)
+        with _converted(str(ref)):
+            response = self._client().create(
+                resource,
+                body=dict(obj),
+                namespace=namespace,
+                serialize=False,
+                _request_timeout=self._timeout,
+            )
+        return self._json(response)
+
+    def patch(self, obj: Mapping[str, Any] | RefLike, patch: Mapping[str, Any]) -> Object:
+        """Apply a JSON merge patch (RFC 7386) to the object; returns the patched object.
+
+        Raises NotFoundError, ForbiddenError, InvalidError, ApiNotServedError,
+        ApiUnavailableError.
+        """
+        ref = ObjectRef.of(obj)
+        resource, namespace = self._locate(ref)
+        with _converted(str(ref)):
+            response = self._client().patch(
+                resource,
+                name=ref.name,
+                namespace=namespace,
+                body=dict(patch),
+                content_type="application/merge-patch+json",
+                serialize=False,
+                _request_timeout=self._timeout,
+            )
+        return self._json(response)
+
     def delete(
         self,
         obj: Mapping[str, Any] | RefLike,
