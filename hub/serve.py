@@ -22,7 +22,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from agent.errors import FleetletError, PermanentError
-from hub.api.metrics import HubMetrics
+from hub.api.metrics import HubMetrics  # prometheus-client only: no web framework
 from hub.status.aggregate import FleetStatus
 
 log = logging.getLogger(__name__)
