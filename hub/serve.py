@@ -206,6 +206,8 @@ def serve(args: argparse.Namespace) -> int:
             log_level="warning",
             access_log=False,
             log_config=None,
+            # SIGTERM: open connections get a few seconds, then the process exits.
+            timeout_graceful_shutdown=5,
             ssl_certfile=str(tls[0]) if tls else None,
             ssl_keyfile=str(tls[1]) if tls else None,
         )

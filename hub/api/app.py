@@ -222,6 +222,11 @@ def create_app(
         assert metrics is not None
         return Response(metrics.exposition(), headers={"Content-Type": metrics.content_type})
 
+    async def healthz(request: Request) -> Response:
+        # Public, and says nothing: the server listens only after its first status refresh.
+        return Response("ok\n", media_type="text/plain")
+
+    routes.append(Route("/healthz", healthz))
     if metrics is not None:
         routes.append(Route("/metrics", metrics_endpoint))
     routes += [
