@@ -310,7 +310,9 @@ def _add_agent_connection(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--plain-http-registries",
         action="store_true",
-        help="talk plain HTTP to OCI registries (local registries only)",
+        default=env.get("FLEETLET_PLAIN_HTTP_REGISTRIES", "").lower() in ("1", "true", "yes"),
+        help="talk plain HTTP to OCI registries (local registries only; "
+        "$FLEETLET_PLAIN_HTTP_REGISTRIES=true)",
     )
     flag(
         "--status-repo",

@@ -27,6 +27,7 @@ from hub.serve import add_serve_arguments
 
 _OUTPUTS = ["table", "json", "yaml"]
 TOKEN_ENV = "SIGSTORE_ID_TOKEN"
+TRUST_CONFIG_ENV = "FLEETLET_TRUST_CONFIG"
 GIT_USERNAME_ENV = "FLEETLET_GIT_USERNAME"
 GIT_PASSWORD_ENV = "FLEETLET_GIT_PASSWORD"
 
@@ -439,7 +440,9 @@ def register(sub: Any) -> None:
     publish.add_argument(
         "--trust-config",
         metavar="FILE",
-        help="Sigstore client trust config (default: the public-good instance)",
+        default=os.environ.get(TRUST_CONFIG_ENV) or None,
+        help=f"Sigstore client trust config, for a private Sigstore (${TRUST_CONFIG_ENV}; "
+        "default: the public-good instance)",
     )
     publish.add_argument(
         "--identity-token",

@@ -17,7 +17,7 @@
 # "<name> <reference>"; sizes go to stderr. Needs root (or rootless podman set up), podman,
 # buildah, mmdebstrap.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$(readlink -f "$0")")/.."
 
 log() { printf '[build-images] %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
