@@ -26,6 +26,8 @@ from hub.api.metrics import HubMetrics  # prometheus-client only: no web framewo
 from hub.status.aggregate import FleetStatus
 
 log = logging.getLogger(__name__)
+OBSERVE_EVERY = 30.0
+"""Seconds between two counts of the fleet's states for /metrics when nothing moved."""
 
 GIT_USERNAME_ENV = "FLEETLET_GIT_USERNAME"
 GIT_PASSWORD_ENV = "FLEETLET_GIT_PASSWORD"
@@ -105,6 +107,7 @@ class RefreshLoop:
         self.interval = interval.total_seconds()
         self.report = report or log.info
         self.metrics = metrics
+        self._observed = float("-inf")
         # Called after a refresh in which clusters moved or went away (the matrix's warm-up).
         self.on_change = on_change
         self._stop = threading.Event()
@@ -128,8 +131,12 @@ class RefreshLoop:
             return
         if self.metrics is not None:
             self.metrics.refreshed(time.perf_counter() - started, ok=True)
-            # Also when nothing moved: clusters go Stale by the clock.
-            self.metrics.observe_fleet(self.status)
+            # One pass over every installation: after a change, and otherwise now and then
+            # (clusters go Stale by the clock alone).
+            now = time.monotonic()
+            if result.moved or result.removed or now - self._observed >= OBSERVE_EVERY:
+                self.metrics.observe_fleet(self.status)
+                self._observed = now
         if result.moved or result.removed:
             if self.on_change is not None:
                 self.on_change()
