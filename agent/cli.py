@@ -117,6 +117,7 @@ def build_agent(settings: Any) -> Any:
     import os
     from pathlib import Path
 
+    from agent import __version__
     from agent.apply.intent import GroupRecords
     from agent.apply.store import RevisionStore
     from agent.inbound import InboundPipeline
@@ -124,6 +125,8 @@ def build_agent(settings: Any) -> Any:
     from agent.loop import Agent
     from agent.reconcile import Reconciler
     from agent.report.bundles import BundleDeployments
+    from agent.report.events import EventRecorder
+    from agent.report.metrics import Metrics
     from agent.report.push import StatusPusher
     from agent.report.runs import RunLog
     from agent.report.view import BundleViews
@@ -135,6 +138,7 @@ def build_agent(settings: Any) -> Any:
     from agent.state import ClusterState
     from agent.verify import IdentityPolicy, TrustPolicy
 
+    metrics = Metrics(cluster=settings.repo.cluster, version=__version__)
     creds_dir = os.environ.get("FLEETLET_GIT_CREDENTIALS_DIR")
     creds = GitCredentials.from_files(Path(creds_dir)) if creds_dir else GitCredentials.from_env()
     credentials = None if creds.kind == "none" else creds
@@ -144,7 +148,13 @@ def build_agent(settings: Any) -> Any:
     kube = KubeClient(kubeconfig=settings.kubeconfig)
     _check_crds(kube)
     state = ClusterState(kube=kube, namespace=namespace)
-    bundles = BundleDeployments(kube=kube, owner=namespace)
+    events = EventRecorder(
+        kube=kube,
+        namespace="default",
+        component="fleetlet-agent",
+        instance=os.environ.get("HOSTNAME"),
+    )
+    bundles = BundleDeployments(kube=kube, owner=namespace, events=events)
     runs = RunLog(kube, namespace=namespace)
     store = RevisionStore(kube, namespace=namespace)
     pipeline = InboundPipeline(
@@ -164,7 +174,7 @@ def build_agent(settings: Any) -> Any:
             max_validity=settings.trust.max_validity,
         ),
         content=ContentStore(
-            cache=ContentCache(root=cache / "content", max_bytes=1 << 30),
+            cache=ContentCache(root=cache / "content", max_bytes=1 << 30, metrics=metrics),
             oci=OciFetcher(settings=OciSettings(plain_http=settings.plain_http_registries)),
         ),
         kube=kube,
@@ -183,6 +193,7 @@ def build_agent(settings: Any) -> Any:
         outputs=_outputs(
             kube, namespace, repo.cluster, settings.hub_public_key, settings.agent_sealing_key
         ),
+        metrics=metrics,
     )
     pusher = None
     if settings.status:
@@ -198,6 +209,7 @@ def build_agent(settings: Any) -> Any:
             credentials=status_creds,
             workdir=cache / "status",
             heartbeat_interval=settings.poll.heartbeat,
+            metrics=metrics,
         )
     return Agent(
         cluster=repo.cluster,
@@ -205,6 +217,7 @@ def build_agent(settings: Any) -> Any:
         reconciler=reconciler,
         state=state,
         pusher=pusher,
+        metrics=metrics,
     )
 
 
@@ -297,12 +310,11 @@ def _summary(cluster: str, result: Any) -> str:
 def _sync(args: argparse.Namespace) -> int:
     """One reconcile. Prints a summary line, always, and on failure the reason in one line
     on stderr; the exit code says how it went (see the EXIT_* constants)."""
-    import logging
-
     from agent.errors import FleetletError, TemporaryError
+    from agent.report.logs import error_line
 
     # One clear line on failure (the error itself); progress warnings would repeat it.
-    logging.basicConfig(level=logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
+    _setup_logging(args)
     agent = _build_agent(args)
     error: FleetletError | None = None
     try:
@@ -314,26 +326,26 @@ def _sync(args: argparse.Namespace) -> int:
         print(_summary(args.cluster, result))
     if error is not None:
         temporary = " (temporary; retrying may help)" if isinstance(error, TemporaryError) else ""
-        print(f"{args.cluster}: sync failed: {error}{temporary}", file=sys.stderr)
+        error_line(f"{args.cluster}: sync failed: {error}{temporary}", prefix="")
         return EXIT_FAILED
     assert result is not None
     if result.inbound == "refused-before":
         state = agent.state.load()
-        print(
+        error_line(
             f"{args.cluster}: commit {(state.refused_commit or '-')[:12]} was refused and the "
             f"branch has not moved since ({state.refusal_reason}: {state.refusal_message})",
-            file=sys.stderr,
+            prefix="",
         )
         return EXIT_DEGRADED
     out = result.outbound
     if out is not None and out.failed_now:
         reasons = _failure_lines(agent, out.failed_now)
-        print(f"{args.cluster}: {reasons}", file=sys.stderr)
+        error_line(f"{args.cluster}: {reasons}", prefix="")
         return EXIT_FAILED
     if out is not None and not out.converged:
-        print(
+        error_line(
             f"{args.cluster}: not everything is Ready: {_failure_lines(agent, out.failed or out.waiting or out.held)}",
-            file=sys.stderr,
+            prefix="",
         )
         return EXIT_DEGRADED
     return EXIT_CONVERGED
@@ -362,17 +374,16 @@ def _run(args: argparse.Namespace) -> int:
     from agent.probe import ProbeServer
     from agent.schedule import AgentScheduler
 
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    _setup_logging(args)
     # The scheduler logs every run; the agent reports outcomes itself.
     logging.getLogger("apscheduler").setLevel(logging.ERROR)
     settings = settings_from_args(args)
     agent = build_agent(settings)
     poll = settings.poll
+    metrics = agent.metrics
     scheduler = AgentScheduler(
-        poll=agent.poll,
-        drift=agent.correct_drift,
+        poll=metrics.instrument(agent, agent.poll),
+        drift=metrics.instrument(agent, agent.correct_drift),
         heartbeat=agent.heartbeat if agent.pusher is not None else None,
         interval=poll.interval,
         jitter=poll.jitter,
@@ -381,7 +392,7 @@ def _run(args: argparse.Namespace) -> int:
         max_backoff=poll.max_backoff,
     )
     probe = (
-        ProbeServer(args.probe_address, agent=agent, poller=scheduler)
+        ProbeServer(args.probe_address, agent=agent, poller=scheduler, metrics=metrics)
         if args.probe_address
         else None
     )
@@ -403,6 +414,33 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _setup_logging(args: argparse.Namespace) -> None:
+    from agent.report.logs import setup_logging
+
+    setup_logging(level=args.log_level, format=args.log_format, cluster=args.cluster)
+
+
+def add_logging_arguments(p: argparse.ArgumentParser, *, default_level: str) -> None:
+    """``--log-level`` and ``--log-format`` (also for the hub's commands)."""
+    import os
+
+    from agent.report.logs import FORMATS, LEVELS
+
+    p.add_argument(
+        "--log-level",
+        choices=LEVELS,
+        default=os.environ.get("FLEETLET_LOG_LEVEL") or default_level,
+        help=f"least severe level logged ($FLEETLET_LOG_LEVEL, default {default_level})",
+    )
+    p.add_argument(
+        "--log-format",
+        choices=FORMATS,
+        default=os.environ.get("FLEETLET_LOG_FORMAT") or "text",
+        help="text lines, or one JSON object per line with cluster, bundle, group, serial and "
+        "run where they apply ($FLEETLET_LOG_FORMAT, default text)",
+    )
+
+
 def _add_agent_connection(p: argparse.ArgumentParser) -> None:
     # Each flag's default comes from its FLEETLET_* variable (the Deployment's ConfigMaps).
     import os
@@ -410,6 +448,7 @@ def _add_agent_connection(p: argparse.ArgumentParser) -> None:
     env = os.environ
 
     def flag(name: str, var: str, help: str, **kw: Any) -> None:
+        # Pop first: a set variable must not leave a second ``default`` in ``kw``.
         fallback = kw.pop("default", None)
         default = env.get(var) or fallback
         required = kw.pop("required", False) and default is None
@@ -437,7 +476,9 @@ def _add_agent_connection(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--plain-http-registries",
         action="store_true",
-        help="talk plain HTTP to OCI registries (local registries only)",
+        default=env.get("FLEETLET_PLAIN_HTTP_REGISTRIES", "").lower() in ("1", "true", "yes"),
+        help="talk plain HTTP to OCI registries (local registries only; "
+        "$FLEETLET_PLAIN_HTTP_REGISTRIES=true)",
     )
     flag(
         "--status-repo",
@@ -530,6 +571,15 @@ def _duration(text: str) -> Any:
     return timedelta(seconds=seconds)
 
 
+def _lazy(parser: argparse.ArgumentParser, add: str, run: str) -> None:
+    """Flags and handler from :mod:`agent.install.command` (imported only by these commands'
+    registration, which is cheap: the Kubernetes client is imported when they run)."""
+    from agent.install import command
+
+    getattr(command, add)(parser)
+    parser.set_defaults(handler=getattr(command, run))
+
+
 def register(sub: Any) -> None:
     from agent.output import add_output_option
 
@@ -570,6 +620,7 @@ def register(sub: Any) -> None:
         default=env.get("FLEETLET_PROBE_ADDRESS"),
         help="serve /healthz and /readyz on HOST:PORT, e.g. :8081 ($FLEETLET_PROBE_ADDRESS)",
     )
+    add_logging_arguments(run, default_level="info")
     run.set_defaults(handler=_run)
     sync = agent_sub.add_parser(
         "sync",
@@ -581,7 +632,26 @@ def register(sub: Any) -> None:
     )
     _add_agent_connection(sync)
     sync.add_argument("--once", action="store_true", help="one reconcile, then exit")
+    add_logging_arguments(sync, default_level="error")
     sync.set_defaults(handler=_sync)
+    install = agent_sub.add_parser(
+        "install",
+        help="put this cluster into a fleet (idempotent)",
+        description="Apply everything the agent needs to this cluster, in order: fleetlet's "
+        "CRDs, the agent's namespace, least-privilege RBAC, its configuration (repository, "
+        "cluster, trusted root and identity policy, credentials), and the Deployment pinned to "
+        "an image digest. Running it again changes nothing; with another --image it upgrades. "
+        "--dry-run -o yaml prints the objects instead (for kustomize or GitOps).",
+    )
+    _lazy(install, "add_install_arguments", "run_install")
+    uninstall = agent_sub.add_parser(
+        "uninstall",
+        help="take this cluster out of the fleet",
+        description="Remove the agent, its configuration and RBAC, and its namespace if install "
+        "created it. fleetlet's CRDs (and so every BundleDeployment) stay unless --crds; what "
+        "the agent applied keeps running.",
+    )
+    _lazy(uninstall, "add_uninstall_arguments", "run_uninstall")
 
     render = sub.add_parser(
         "render",

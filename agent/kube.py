@@ -776,7 +776,7 @@ class KubeClient:
             )
         return self._json(response)
 
-    def create(self, obj: Mapping[str, Any], *, field_manager: str) -> Object:
+    def create(self, obj: Mapping[str, Any], *, field_manager: str = STATE_FIELD_MANAGER) -> Object:
         """Create ``obj`` (POST: ``metadata.generateName`` gives it a fresh name); returns the
         object the server made.
 
@@ -799,6 +799,26 @@ class KubeClient:
                 body=dict(obj),
                 namespace=namespace if resource.namespaced else None,
                 field_manager=field_manager,
+                serialize=False,
+                _request_timeout=self._timeout,
+            )
+        return self._json(response)
+
+    def patch(self, obj: Mapping[str, Any] | RefLike, patch: Mapping[str, Any]) -> Object:
+        """Apply a JSON merge patch (RFC 7386) to the object; returns the patched object.
+
+        Raises NotFoundError, ForbiddenError, InvalidError, ApiNotServedError,
+        ApiUnavailableError.
+        """
+        ref = ObjectRef.of(obj)
+        resource, namespace = self._locate(ref)
+        with _converted(str(ref)):
+            response = self._client().patch(
+                resource,
+                name=ref.name,
+                namespace=namespace,
+                body=dict(patch),
+                content_type="application/merge-patch+json",
                 serialize=False,
                 _request_timeout=self._timeout,
             )

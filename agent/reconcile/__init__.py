@@ -44,6 +44,8 @@ from agent.reconcile.context import (
 from agent.reconcile.group import reconcile_group
 from agent.reconcile.removal import remove_absent
 from agent.render.manifests import is_hook
+from agent.report.logs import log_context
+from agent.report.metrics import Metrics
 from agent.report.outputs import OutputsStage
 from agent.report.runs import RunLog
 from agent.report.view import BundleView, BundleViews, now
@@ -116,6 +118,7 @@ class Reconciler:
         views: BundleViews,
         outputs: OutputsStage | None = None,
         clock: Callable[[], datetime] = now,
+        metrics: Metrics | None = None,
     ) -> None:
         self.kube = kube
         self.settings = settings
@@ -125,6 +128,7 @@ class Reconciler:
         self.views = views
         self.outputs = outputs
         self.clock = clock
+        self.metrics = metrics
         self.identities = Identities(kube=kube, agent_namespace=settings.agent_namespace)
 
     def reconcile(
@@ -175,6 +179,7 @@ class Reconciler:
                 views=self.views,
                 outputs=self.outputs,
                 clock=self.clock,
+                metrics=self.metrics,
             )
 
         outcomes = self._run_groups(deployment_set, context)
@@ -256,7 +261,8 @@ class Reconciler:
         """One group's pipeline; a failure stays with the group. Raises ApiUnavailableError
         only when the API server itself does not answer."""
         try:
-            return reconcile_group(ctx, healthy)
+            with log_context(group=ctx.group, serial=ctx.serial):
+                return reconcile_group(ctx, healthy)
         except ApiUnavailableError as exc:
             if not self.kube.reachable():
                 raise

@@ -21,6 +21,7 @@ from agent.apply.intent import GroupRecords
 from agent.apply.store import RevisionStore
 from agent.errors import PermanentError, TemporaryError
 from agent.kube import KubeClient
+from agent.report.metrics import Metrics
 from agent.report.outputs import OutputsStage
 from agent.report.runs import RunLog
 from agent.report.view import BundleView, BundleViews
@@ -168,6 +169,7 @@ class GroupContext:
     views: BundleViews
     outputs: OutputsStage | None
     clock: Callable[[], datetime]
+    metrics: Metrics | None = None
     owners: dict[Any, str] = field(default_factory=dict)
     """Which bundle of the group each object (and checked object) belongs to (per-bundle
     health counts); filled by the step that applies."""
@@ -178,6 +180,10 @@ class GroupContext:
 
     def view(self, name: str) -> BundleView:
         return self.views.view(name, self.group)
+
+    def event(self, name: str, reason: str, message: str, *, warning: bool = False) -> None:
+        """A Kubernetes Event about bundle ``name`` (see :mod:`agent.report.events`)."""
+        self.views.bundles.record(name, reason, message, warning=warning)
 
     def failpoint(self, name: str) -> None:
         if self.settings.failpoint is not None:

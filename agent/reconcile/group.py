@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -78,6 +79,7 @@ from agent.reconcile.context import (
     Manifest,
     MoveFailed,
 )
+from agent.report import events
 from agent.report.view import BundleView
 
 log = logging.getLogger(__name__)
@@ -256,6 +258,11 @@ def _blocked_message(failure: FailedTarget, running: Revision | None) -> str:
 def _record_drift(ctx: GroupContext, kept: HealthyRevision, counts: RunCounts) -> None:
     view = ctx.view(kept.bundle)
     view.drift_count += counts.created + counts.configured
+    ctx.event(
+        kept.bundle,
+        events.DRIFT_CORRECTED,
+        f"{counts.created + counts.configured} drifted object(s) put back",
+    )
     serial = kept.revision.serial if kept.revision else 0
     now = ctx.clock()
     history = ctx.runs.start(
@@ -531,6 +538,7 @@ def check_health(
         f"health-checking serial {ctx.serial} (group {ctx.group}, {ctx.position})",
     )
     ctx.failpoint("health")
+    started = time.monotonic()
     report = group_health(
         ctx.identities,
         _without(objects, skipped),
@@ -538,6 +546,8 @@ def check_health(
         wait=True,
         interval=ctx.settings.health_interval,
     )
+    if ctx.metrics is not None:
+        ctx.metrics.health_waited(time.monotonic() - started, healthy=report.healthy)
     if not report.healthy:
         raise _unhealthy(ctx, report)
     return report
@@ -682,6 +692,7 @@ def _close_success(
     else:
         view.mark_ready(_healthy_message(revision, view.skipped))
     ctx.views.write(view)
+    ctx.event(entry.name, events.MOVED, f"group {ctx.group} moved to serial {serial}: {message}")
 
 
 # -- roll back: the one way back ------------------------------------------------------------
@@ -758,6 +769,7 @@ def roll_back(ctx: GroupContext, intent: Intent, failed: MoveFailed) -> GroupOut
             f"rollback of group {ctx.group} failed ({exc}); retrying. It rolled back because {why}"
         )
         for name in names:
+            ctx.event(name, Reason.ROLLBACK_FAILED, message, warning=True)
             view = ctx.view(name)
             view.mark_failed(
                 Reason.ROLLBACK_FAILED, message, phase=Phase.ROLLING_BACK, retrying=True
@@ -773,6 +785,12 @@ def roll_back(ctx: GroupContext, intent: Intent, failed: MoveFailed) -> GroupOut
         if report is not None and kept is not None:
             _set_health(ctx, view, report, total=len(kept.manifests))
         to = kept.revision.serial if kept and kept.revision else "-"
+        ctx.event(
+            name,
+            events.ROLLED_BACK,
+            f"serial {serial} rolled back to serial {to}: {why}",
+            warning=not interrupted,
+        )
         if interrupted:
             view.mark_progressing(
                 Phase.PENDING,

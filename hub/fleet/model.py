@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from nodesemver import Range
 
 from agent.errors import FieldProblem
 from hub.errors import FleetRepoError
@@ -631,6 +630,10 @@ def version_range(text: str) -> str | None:
         return None
     # Helm (Masterminds semver) joins comparisons with commas; node-semver with spaces.
     normal = " ".join(text.replace(",", " ").split())
+    # Imported here: the hub's extra, which the agent's image (whose CLI loads this module
+    # for its subcommands' parsers) does not carry.
+    from nodesemver import Range
+
     try:
         Range(normal, True)
     except (ValueError, TypeError):
