@@ -38,6 +38,7 @@ from agent.apply.plan import (
     identity,
     plan_group,
 )
+from agent.backoff import attempts, delay
 from agent.errors import TemporaryError
 from agent.kube import (
     CONTENT_FIELD_MANAGER,
@@ -183,9 +184,7 @@ def _dry_run(work: _Work) -> None:
     # A controller writing to the object between the dry run and the read (a new Deployment's
     # status, several times in its first second) makes them incomparable: try again a few
     # times, backing off so the controller settles, then count it as changed.
-    for attempt in range(_COMPARE_ATTEMPTS):
-        if attempt:
-            time.sleep(_COMPARE_BACKOFF * 2 ** (attempt - 1))
+    for _attempt in attempts(_COMPARE_ATTEMPTS, initial=_COMPARE_BACKOFF, jitter=0.0):
         try:
             answer = work.client.apply(
                 planned.manifest, field_manager=FIELD_MANAGER, force=work.force, dry_run=True
@@ -282,7 +281,7 @@ def _wait_established(crds: Sequence[_Work], timeout: float) -> None:
     """
     deadline = time.monotonic() + timeout
     pending = list(crds)
-    delay = 0.05
+    polls = 0
     while pending:
         still: list[_Work] = []
         for work in pending:
@@ -300,8 +299,8 @@ def _wait_established(crds: Sequence[_Work], timeout: float) -> None:
             raise CrdNotEstablishedError(
                 f"CustomResourceDefinition(s) {names} not Established after {timeout:.0f}s"
             )
-        time.sleep(delay)
-        delay = min(delay * 2, 1.0)
+        polls += 1
+        time.sleep(delay(polls, initial=0.05, maximum=1.0))
 
 
 def apply_group(

@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from agent.api.yamlio import SAFE_LOADER
 from agent.errors import PermanentError
 from agent.health import ObjectHealth, assess, assess_live
 from agent.health.kstatus import Status
@@ -39,9 +40,8 @@ def _documents(filename: str) -> Iterator[Mapping[str, Any]]:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise HealthInputError(f"{filename}: cannot read: {exc}") from exc
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     try:
-        documents = list(yaml.load_all(text, Loader=loader))
+        documents = list(yaml.load_all(text, Loader=SAFE_LOADER))
     except yaml.YAMLError as exc:
         raise HealthInputError(f"{filename}: not YAML: {exc}") from exc
     for index, document in enumerate(documents, start=1):

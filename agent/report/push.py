@@ -38,6 +38,7 @@ from agent.api.status import (
     load_status,
     status_branch,
 )
+from agent.backoff import attempts
 from agent.errors import PermanentError, ValidationError
 from agent.source.credentials import GitAuthError, GitCallbacks, GitCredentials
 from agent.source.lsrefs import GitUnavailableError
@@ -292,7 +293,9 @@ class StatusPusher:
 
     def _push(self, doc: ClusterStatus, now: float) -> PushResult:
         last = ""
-        for attempt in range(PUSH_ATTEMPTS):
+        # Another writer moved the branch between our fetch and our push: fetch again, after a
+        # short backoff with jitter (two writers do not collide again in step).
+        for attempt in attempts(PUSH_ATTEMPTS, initial=0.05, maximum=1.0):
             if attempt:
                 self.retries += 1
             tip = self._fetch()
