@@ -44,11 +44,12 @@ def _render(args: argparse.Namespace) -> int:
 
 def _health(args: argparse.Namespace) -> int:
     from agent.health.command import run_health
+    from agent.options import kubeconfig_of
 
     text, code = run_health(
         filename=args.filename,
         output=args.output,
-        kubeconfig=args.kubeconfig,
+        kubeconfig=kubeconfig_of(args),
         context=args.context,
         offline=args.offline,
     )
@@ -420,27 +421,6 @@ def _setup_logging(args: argparse.Namespace) -> None:
     setup_logging(level=args.log_level, format=args.log_format, cluster=args.cluster)
 
 
-def add_logging_arguments(p: argparse.ArgumentParser, *, default_level: str) -> None:
-    """``--log-level`` and ``--log-format`` (also for the hub's commands)."""
-    import os
-
-    from agent.report.logs import FORMATS, LEVELS
-
-    p.add_argument(
-        "--log-level",
-        choices=LEVELS,
-        default=os.environ.get("FLEETLET_LOG_LEVEL") or default_level,
-        help=f"least severe level logged ($FLEETLET_LOG_LEVEL, default {default_level})",
-    )
-    p.add_argument(
-        "--log-format",
-        choices=FORMATS,
-        default=os.environ.get("FLEETLET_LOG_FORMAT") or "text",
-        help="text lines, or one JSON object per line with cluster, bundle, group, serial and "
-        "run where they apply ($FLEETLET_LOG_FORMAT, default text)",
-    )
-
-
 def _add_agent_connection(p: argparse.ArgumentParser) -> None:
     # Each flag's default comes from its FLEETLET_* variable (the Deployment's ConfigMaps).
     import os
@@ -581,7 +561,7 @@ def _lazy(parser: argparse.ArgumentParser, add: str, run: str) -> None:
 
 
 def register(sub: Any) -> None:
-    from agent.output import add_output_option
+    from agent.options import add_cluster_options, add_logging_arguments, add_output_option
 
     agent = sub.add_parser(
         "agent",
@@ -712,8 +692,7 @@ def register(sub: Any) -> None:
     )
     health.add_argument("-f", "--filename", required=True, metavar="FILE")
     add_output_option(health)
-    health.add_argument("--kubeconfig", metavar="FILE", help="assess the live objects here")
-    health.add_argument("--context", metavar="NAME", help="kubeconfig context")
+    add_cluster_options(health)
     health.add_argument(
         "--offline", action="store_true", help="assess the objects as written in FILE"
     )

@@ -19,9 +19,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from agent.cli import add_logging_arguments
 from agent.errors import NotImplementedYetError, PermanentError
-from agent.output import add_output_option
+from agent.options import add_logging_arguments, add_output_option
 from agent.output import render as render_output
 from hub import installations as inst_handlers
 from hub.serve import add_serve_arguments

@@ -288,7 +288,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         help="serve HTTPS with this certificate (PEM, the chain after it); with --tls-key",
     )
     parser.add_argument("--tls-key", metavar="FILE", help="the private key of --tls-cert (PEM)")
-    from agent.cli import add_logging_arguments
+    from agent.options import add_logging_arguments
 
     add_logging_arguments(parser, default_level="info")
     parser.set_defaults(handler=serve)

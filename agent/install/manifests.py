@@ -25,7 +25,6 @@ The objects, in the order they are applied:
 
 from __future__ import annotations
 
-import argparse
 import base64
 import hashlib
 import json
@@ -33,11 +32,11 @@ import re
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from agent.api.canonical import dump_yaml
-from agent.api.crds import CRDS, REPO_ROOT, crd_document
+from agent.api.crds import CRDS, crd_document
+from agent.api.generated import write_or_check
 from agent.errors import PermanentError
 
 Object = dict[str, Any]
@@ -573,33 +572,12 @@ def base_files() -> dict[str, bytes]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``--write`` the kustomize base or ``--check`` it; returns the exit code."""
-    parser = argparse.ArgumentParser(
+    return write_or_check(
+        base_files,
         prog="python -m agent.install.manifests",
         description="Write deploy/agent/ from the objects `fleetlet agent install` applies.",
+        argv=argv,
     )
-    mode = parser.add_mutually_exclusive_group(required=True)
-    mode.add_argument("--write", action="store_true", help="write the files")
-    mode.add_argument("--check", action="store_true", help="exit 1 if a file is out of date")
-    parser.add_argument("--root", type=Path, default=REPO_ROOT, help="repository root")
-    args = parser.parse_args(argv)
-    stale = []
-    for relative, content in base_files().items():
-        path = args.root / relative
-        if path.exists() and path.read_bytes() == content:
-            continue
-        if args.write:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(content)
-            print(f"wrote {relative}")
-        else:
-            stale.append(relative)
-    if stale:
-        print(
-            "out of date (run python -m agent.install.manifests --write): " + ", ".join(stale),
-            file=sys.stderr,
-        )
-        return 1
-    return 0
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from enum import StrEnum
 from typing import Any
 
 from agent.api import BundleDeploymentEntry, BundleDeploymentSet, BundleDeploymentSpec, Revision
-from agent.apply import Key
+from agent.apply import ApplyError, Key
 from agent.apply.intent import GroupRecords
 from agent.apply.store import RevisionStore
 from agent.errors import PermanentError, TemporaryError
@@ -100,6 +100,19 @@ class MoveFailed(PermanentError):
         self.target = target
         self.written = written
         self.causes = frozenset(causes) or frozenset({reason})
+
+    @classmethod
+    def of_apply(cls, exc: ApplyError, *, reason: str, written: bool) -> MoveFailed:
+        """The move's failure for an apply error: its first object named, the API server's
+        reason of every refused object as the causes."""
+        return cls(
+            reason,
+            str(exc),
+            bundle=exc.bundle,
+            target=exc.target,
+            written=written,
+            causes=(f.reason for f in exc.failures),
+        )
 
     @property
     def culprit(self) -> tuple[str, str] | None:
