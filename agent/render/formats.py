@@ -1,4 +1,4 @@
-"""The format registry: ``plain``, ``helm`` and ``kustomize`` built in, plugins through the
+"""The format registry: ``plain``, ``helm``, ``kustomize`` and ``registry+v1`` built in, plugins through the
 ``fleetlet.formats`` entry points.
 
 A format is an object with a ``name`` and ``render(tree, request) -> list[dict]`` returning
@@ -32,6 +32,7 @@ from agent.render.kustomize import KustomizeFormat
 from agent.render.manifests import InvalidManifestError, Manifest, validate_object
 from agent.render.patches import apply_patches
 from agent.render.plain import PlainFormat, RenderRequest, finish
+from agent.render.registry_v1 import RegistryV1Format
 
 ENTRY_POINT_GROUP = "fleetlet.formats"
 
@@ -66,6 +67,7 @@ _LOADED: dict[str, Format] = {
     "plain": PlainFormat(),
     "helm": HelmFormat(),
     "kustomize": KustomizeFormat(),
+    "registry+v1": RegistryV1Format(),
 }
 
 
