@@ -25,5 +25,10 @@ fi
 log "pip install -e .[hub,test]"
 python3 -m pip install -q --disable-pip-version-check -e '.[hub,test]'
 
+# The example format plugin (its own distribution, with the jsonnet bindings from PyPI):
+# the plugin tests render and deploy with it.
+log "pip install ./examples/fleetlet-jsonnet"
+python3 -m pip install -q --disable-pip-version-check ./examples/fleetlet-jsonnet
+
 log "Kubernetes control-plane binaries, helm and kustomize (a cold build from the Go module proxy takes about 15 minutes on two cores; seconds when cached)"
 python3 -m tests.realenv.binaries
