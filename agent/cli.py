@@ -123,6 +123,7 @@ def build_agent(settings: Any) -> Any:
     from agent.kube import KubeClient
     from agent.loop import Agent
     from agent.reconcile import Reconciler
+    from agent.render.formats import available_formats
     from agent.report.bundles import BundleDeployments
     from agent.report.push import StatusPusher
     from agent.report.runs import RunLog
@@ -198,6 +199,7 @@ def build_agent(settings: Any) -> Any:
             credentials=status_creds,
             workdir=cache / "status",
             heartbeat_interval=settings.poll.heartbeat,
+            formats=available_formats(),
         )
     return Agent(
         cluster=repo.cluster,

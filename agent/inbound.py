@@ -329,8 +329,7 @@ class InboundPipeline:
                         tools=self._tools,
                         # Only helm (.Release.IsUpgrade) and plugins may render differently
                         # on an upgrade: for the others it stays out of the render cache's key.
-                        upgrade=spec.format not in _UPGRADE_BLIND
-                        and self._installed(entry.name),
+                        upgrade=spec.format not in _UPGRADE_BLIND and self._installed(entry.name),
                         patches=tuple(to_dict(p) for p in spec.patches),
                     ),
                     tree=functools.partial(

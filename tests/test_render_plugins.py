@@ -33,7 +33,7 @@ from tests.fleetlab import REPO_ROOT, Lab, conditions, live
 from tests.realenv.kube import Cluster
 from tests.test_crds import crds as crds  # the fixture: the CRDs installed
 
-BAD_PLUGINS = '''
+BAD_PLUGINS = """
 import os, sys, threading
 from agent.errors import TemporaryError
 from agent.render.plugin_api import InvalidManifestError
@@ -98,7 +98,7 @@ class Patcher:
         return [dict(_cm("patched-by-plugin"), data={"patches": str(len(request.patches))})]
 
 raise_on_import = None
-'''
+"""
 NAMES = ["raises", "refuses", "flaky", "hangs", "eats", "crashes", "chatty", "nonsense",
          "future", "patcher"]  # fmt: skip
 
@@ -234,7 +234,9 @@ def test_the_jsonnet_plugin_renders_with_values_and_stays_in_its_tree(tmp_path: 
     )  # fmt: skip
     # No values given: the template's std.extVar('values').tag fails, said in jsonnet's words.
     assert shown.returncode == 1
-    assert "RUNTIME ERROR: field does not exist: replicas (at deploy/main.jsonnet:4:" in shown.stderr
+    assert (
+        "RUNTIME ERROR: field does not exist: replicas (at deploy/main.jsonnet:4:" in shown.stderr
+    )
     assert shown.stderr.count("\n") == 1 and "(rule JsonnetError)" in shown.stderr
 
     objects = _render(

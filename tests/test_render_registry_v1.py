@@ -66,7 +66,9 @@ def _normal(obj: Manifest) -> Manifest:
 
 def _keyed(objects: list[Manifest]) -> dict[tuple[str, str, str], Manifest]:
     normal = [_normal(o) for o in objects]
-    return {(o["kind"], o["metadata"].get("namespace", ""), o["metadata"]["name"]): o for o in normal}
+    return {
+        (o["kind"], o["metadata"].get("namespace", ""), o["metadata"]["name"]): o for o in normal
+    }
 
 
 def _expected(bundle: str, case: str) -> list[Manifest]:

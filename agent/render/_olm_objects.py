@@ -291,8 +291,9 @@ def crds(bundle: Bundle, placement: Placement) -> list[Manifest]:
     out: list[Manifest] = []
     for crd in bundle.crds:
         obj = copy.deepcopy(crd)
-        webhook = conversions.get(str(obj["metadata"]["name"]))
-        if webhook is not None:
+        converting = conversions.get(str(obj["metadata"]["name"]))
+        if converting is not None:
+            webhook = converting
             spec = obj.setdefault("spec", {})
             deployment = str(webhook.get("deploymentName"))
             spec["conversion"] = {
@@ -432,7 +433,9 @@ def admission_webhooks(bundle: Bundle, placement: Placement, kind: str) -> list[
             }
         obj: Manifest = {
             "apiVersion": "admissionregistration.k8s.io/v1",
-            "kind": "MutatingWebhookConfiguration" if mutating else "ValidatingWebhookConfiguration",
+            "kind": "MutatingWebhookConfiguration"
+            if mutating
+            else "ValidatingWebhookConfiguration",
             "metadata": {"name": name},
             "webhooks": [entry],
         }

@@ -39,7 +39,6 @@ from agent.render.registry_v1 import RegistryV1Format
 from agent.render.tools import ToolSettings
 
 
-
 @runtime_checkable
 class Format(Protocol):
     """What a format provides."""

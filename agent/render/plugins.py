@@ -178,7 +178,9 @@ class PluginFormat:
         except ToolMemoryError:
             raise self._out_of_memory(what, request) from None
         except ToolOutputTooLargeError as exc:
-            raise PluginError(f"{what}: {exc}", source=request.source, rule="BadPluginOutput")
+            raise PluginError(
+                f"{what}: {exc}", source=request.source, rule="BadPluginOutput"
+            ) from None
         except ToolFailedError as exc:
             if "MemoryError" in str(exc):
                 raise self._out_of_memory(what, request) from None
@@ -186,7 +188,9 @@ class PluginFormat:
                 f"{what} crashed: {exc}", source=request.source, rule="PluginCrashed"
             ) from None
         except ToolError as exc:  # pragma: no cover - every kind is handled above
-            raise PluginError(f"{what}: {exc}", source=request.source, rule="PluginCrashed")
+            raise PluginError(
+                f"{what}: {exc}", source=request.source, rule="PluginCrashed"
+            ) from None
         try:
             result = json.loads(out)
         except ValueError:

@@ -231,13 +231,17 @@ def validate_bundle(bundle: Bundle) -> list[str]:
     ]
     apiservices = _dict(spec.get("apiservicedefinitions")).get("owned")
     if apiservices:
-        problems.append("APIService definitions (spec.apiservicedefinitions.owned) are not supported")
+        problems.append(
+            "APIService definitions (spec.apiservicedefinitions.owned) are not supported"
+        )
     if not bundle.install_modes() & set(INSTALL_MODES):
         problems.append(f"the CSV supports none of the install modes {', '.join(INSTALL_MODES)}")
     return problems
 
 
-def _webhook_problems(bundle: Bundle, deployments: Sequence[str], owned: Sequence[str]) -> list[str]:
+def _webhook_problems(
+    bundle: Bundle, deployments: Sequence[str], owned: Sequence[str]
+) -> list[str]:
     problems: list[str] = []
     webhooks = bundle.webhooks()
     conversions = bundle.webhooks("ConversionWebhook")
@@ -339,7 +343,9 @@ def placement_for(
 
     def refuse(message: str) -> RegistryV1Error:
         return RegistryV1Error(
-            f"{message} (the CSV supports: {supported})", source=source, rule="UnsupportedInstallMode"
+            f"{message} (the CSV supports: {supported})",
+            source=source,
+            rule="UnsupportedInstallMode",
         )
 
     if watch_namespace is None:
