@@ -68,7 +68,9 @@ def main() -> int:
             (tree / name).write_text(textwrap.dedent(text))
         request = RenderRequest(source="web", namespace="web", options={"values": {"tag": "1"}})
         cache = RenderCache()
-        content = sources_digest([{"kind": "image", "uri": "r/web", "digest": "sha256:" + "a" * 64}])
+        content = sources_digest(
+            [{"kind": "image", "uri": "r/web", "digest": "sha256:" + "a" * 64}]
+        )
         ways: dict[str, Callable[[], object]] = {
             "in-process (baseline)": lambda: JsonnetFormat().render(tree, request),
             "child process (cold)": lambda: render_bundle(tree, format="jsonnet", request=request),

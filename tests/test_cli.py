@@ -18,20 +18,8 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
 @pytest.mark.parametrize(
     ("argv", "expected"),
     [
-        (
-            (),
-            [
-                "hub",
-                "agent",
-                "render",
-                "health",
-                "installations",
-                "approve",
-                "deny",
-                "demo",
-                "import",
-            ],
-        ),  # fmt: skip
+        ((), ["hub", "agent", "render", "health", "installations", "approve", "deny", "import"]),
+        ((), ["demo"]),
         (("import",), ["fleet"]),
         (("agent",), ["run", "sync"]),
         (("hub",), ["render", "publish", "diff", "serve"]),
