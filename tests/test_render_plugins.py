@@ -250,6 +250,10 @@ def test_the_jsonnet_plugin_renders_with_values_and_stays_in_its_tree(tmp_path: 
     assert objects[0]["spec"]["template"]["spec"]["containers"][0]["image"] == "example/web:1.4"
     assert objects[1]["data"] == {"namespace": "shop", "kube": ""}
 
+    # The render cache keys the plugin by its distribution, entry point and jsonnet's version.
+    identity = formats.get_format("jsonnet").cache_identity(ToolSettings())  # type: ignore[attr-defined]
+    assert identity.startswith("fleetlet-jsonnet==0.1.0 fleetlet_jsonnet:JsonnetFormat jsonnet v")
+
     (tree / "deploy" / "main.jsonnet").write_text("importstr '/etc/hostname'\n")
     with pytest.raises(PluginError) as escaped:
         _render(tree, "jsonnet", options={"path": "deploy"})
