@@ -125,6 +125,7 @@ def build_agent(settings: Any) -> Any:
     from agent.kube import KubeClient
     from agent.loop import Agent
     from agent.reconcile import Reconciler
+    from agent.render.formats import available_formats
     from agent.report.bundles import BundleDeployments
     from agent.report.events import EventRecorder
     from agent.report.metrics import Metrics
@@ -211,6 +212,7 @@ def build_agent(settings: Any) -> Any:
             workdir=cache / "status",
             heartbeat_interval=settings.poll.heartbeat,
             metrics=metrics,
+            formats=available_formats(),
         )
     return Agent(
         cluster=repo.cluster,

@@ -269,6 +269,15 @@ def _publish(args: argparse.Namespace) -> int:
         signer, trust = _signer(args)
         prepared = _prepare(args, progress)
         check = _self_check(prepared, trust)
+        from hub.publish.formats import check_formats
+
+        check_formats(
+            prepared.plans,
+            status_url=args.status_repo or args.repo,
+            credentials=_git_credentials(),
+            force=args.force,
+            progress=progress,
+        )
         with _store(args, progress) as store:
             report = publish(prepared, store, signer=signer, progress=progress, check=check)
     except BaseException:
@@ -454,6 +463,17 @@ def register(sub: Any) -> None:
     )
     publish.add_argument(
         "--cluster", action="append", metavar="NAME", help="only this cluster (repeatable)"
+    )
+    publish.add_argument(
+        "--status-repo",
+        metavar="GIT_URL",
+        help="where agents push their status (default: --repo): read to check that each "
+        "cluster's agent can render the formats of its bundles",
+    )
+    publish.add_argument(
+        "--force",
+        action="store_true",
+        help="publish even to clusters whose agents reported they cannot render a bundle's format",
     )
     publish.add_argument(
         "--cache-dir",
