@@ -63,6 +63,7 @@ def settings_from_args(args: argparse.Namespace) -> Any:
     import os
     from pathlib import Path
 
+    from agent.apply.guard import Guard
     from agent.reconcile.context import ReconcileSettings
     from agent.render.tools import ToolSettings
     from agent.settings import AgentSettings, PollSettings, RepoSettings, TrustSettings
@@ -86,6 +87,14 @@ def settings_from_args(args: argparse.Namespace) -> Any:
             uninstall_failed_install=args.uninstall_failed_install,
             parallel_groups=args.parallel_groups,
             retry_backoff=args.retry_backoff,
+            guard=Guard(
+                agent_namespace=args.namespace,
+                allowed=frozenset(
+                    name.strip()
+                    for name in (args.allow_agent_objects or "").split(",")
+                    if name.strip()
+                ),
+            ),
             failpoint=_failpoint(os.environ.get("FLEETLET_FAILPOINT")),
         ),
         poll=PollSettings(
@@ -524,6 +533,14 @@ def _add_agent_connection(p: argparse.ArgumentParser) -> None:
         default=30.0,
         type=float,
         metavar="SECONDS",
+    )
+    flag(
+        "--allow-agent-objects",
+        "FLEETLET_ALLOW_AGENT_OBJECTS",
+        "bundles (comma-separated) allowed to manage the agent's own objects: its namespace, "
+        "the fleetlet.io API and CRDs, its cluster RBAC and admission policies (e.g. a bundle "
+        "that upgrades the agent); off limits to every other bundle",
+        metavar="BUNDLE[,BUNDLE...]",
     )
     p.add_argument("--no-status", action="store_true", help="do not push status to git")
     p.add_argument(

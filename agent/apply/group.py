@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from agent.api.status import RunCounts
+from agent.apply.guard import Guard
 from agent.apply.inventory import Entry, Inventory
 from agent.apply.plan import (
     STAGE_CRDS,
@@ -313,6 +314,7 @@ def apply_group(
     on_progress: Progress | None = None,
     plan: Plan | None = None,
     between_waves: Callable[[ApplyResult], None] | None = None,
+    guard: Guard | None = None,
 ) -> ApplyResult:
     """Dry-run, then apply, every object of a group (see the module docstring).
 
@@ -328,7 +330,7 @@ def apply_group(
     a conflict names the other field managers), CrdNotEstablishedError, ApiUnavailableError.
     """
     say = on_progress or (lambda _message: None)
-    plan = plan if plan is not None else plan_group(bundles, kube)
+    plan = plan if plan is not None else plan_group(bundles, kube, guard=guard)
     settings = {b.name: b.settings for b in bundles}
 
     def client_of(bundle: str) -> KubeClient:

@@ -102,6 +102,7 @@ def apply_steady(ctx: GroupContext, inputs: list[BundleInput]) -> ApplyResult:
         agent_namespace=ctx.settings.agent_namespace,
         workers=ctx.settings.workers,
         establish_timeout=ctx.settings.establish_timeout,
+        guard=ctx.settings.guard,
     )
 
 
@@ -114,7 +115,7 @@ def apply_moving(
     """Plan and apply as part of a move; failures become MoveFailed (``written`` False when
     the whole group's dry run refused it before anything was written)."""
     try:
-        plan = plan_group(inputs, ctx.kube)
+        plan = plan_group(inputs, ctx.kube, guard=ctx.settings.guard)
     except ApplyError as exc:
         raise MoveFailed.of_apply(exc, reason=exc.reason, written=False) from exc
     deferred = {(p.bundle, p.target) for p in plan.objects if p.deferred}

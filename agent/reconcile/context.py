@@ -17,6 +17,7 @@ from typing import Any
 
 from agent.api import BundleDeploymentEntry, BundleDeploymentSet, BundleDeploymentSpec, Revision
 from agent.apply import ApplyError, Key
+from agent.apply.guard import Guard
 from agent.apply.intent import GroupRecords
 from agent.apply.store import RevisionStore
 from agent.errors import PermanentError, TemporaryError
@@ -55,6 +56,9 @@ class ReconcileSettings:
     minutes."""
     establish_timeout: float = 60.0
     """Seconds a group's CRDs may take to become Established."""
+    guard: Guard | None = None
+    """The agent's own objects, off limits to bundle content (None: nothing guarded; the
+    CLI always sets it)."""
     failpoint: Callable[[str], None] | None = None
     """Called with the name of each step of a move (``intent``, ``apply:<progress>``,
     ``applied``, ``health``, ``healthy``, ``pruned``, ``stored``, ``finished``, ``rollback``,

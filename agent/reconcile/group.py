@@ -164,12 +164,15 @@ def move(ctx: GroupContext, decision: Decision) -> GroupOutcome:
         splits = split_hooks(active, objects, previous)
     except HookError as exc:
         return _refuse_render(ctx, decision, Reason.RENDER_FAILED, exc)
+    guarded = _guarded_hooks(ctx, splits)
+    if guarded:
+        return _refuse_render(ctx, decision, "ProtectedObject", "; ".join(guarded))
     intent = begin(ctx, active, {n: s.main for n, s in splits.items()}, previous, decision.targets)
     return advance(ctx, intent, active, splits)
 
 
 def _refuse_render(
-    ctx: GroupContext, decision: Decision, reason: str, exc: Exception
+    ctx: GroupContext, decision: Decision, reason: str, exc: Exception | str
 ) -> GroupOutcome:
     """The targets cannot be rendered (or their hooks cannot be honoured): recorded as a failed
     target, nothing written."""
@@ -181,6 +184,28 @@ def _refuse_render(
         view.mark_failed(reason, f"serial {ctx.serial} cannot be rendered: {exc}")
         ctx.views.write(view)
     return GroupOutcome(group=ctx.group, state=GroupState.FAILED, failed_now=True)
+
+
+def _guarded_hooks(ctx: GroupContext, splits: Mapping[str, Split]) -> list[str]:
+    """The hooks the guard refuses (hooks are created, not planned: checked here)."""
+    guard = ctx.settings.guard
+    if guard is None:
+        return []
+    found = []
+    for name, split_of in splits.items():
+        for moment in MOMENTS:
+            for hook in split_of.of(moment):
+                meta = hook.manifest.get("metadata") or {}
+                ref = ObjectRef(
+                    str(hook.manifest.get("apiVersion")),
+                    str(hook.manifest.get("kind")),
+                    str(meta.get("name") or meta.get("generateName") or ""),
+                    meta.get("namespace"),
+                )
+                refusal = guard.refusal(name, ref)
+                if refusal is not None:
+                    found.append(f"bundle {name}: hook {hook.name}: {refusal}")
+    return found
 
 
 def split_hooks(

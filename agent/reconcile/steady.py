@@ -81,6 +81,7 @@ def _drifted(ctx: GroupContext, stored: HealthyRevision) -> list[str]:
         ctx.kube,
         [apply_input(stored.bundle, stored.manifests, stored.spec, stored.inventory)],
         agent_namespace=ctx.settings.agent_namespace,
+        guard=ctx.settings.guard,
     )
     return [str(ref) for ref in found]
 
