@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -44,6 +45,7 @@ from agent.kube import ApiUnavailableError
 from agent.reconcile import PassResult, Reconciler
 from agent.reconcile.context import Manifest
 from agent.report.bundles import ConditionSpec
+from agent.report.metrics import Metrics
 from agent.report.push import StatusPusher
 from agent.state import AgentState, ClusterState
 
@@ -60,6 +62,8 @@ class TickResult:
     serial: int | None
     outbound: PassResult | None
     error: FleetletError | None = None
+    inbound_seconds: float | None = None
+    """How long the inbound half took (None: it did not run)."""
 
     @property
     def failed_now(self) -> bool:
@@ -79,13 +83,16 @@ class Agent:
         state: ClusterState,
         pusher: StatusPusher | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC).replace(microsecond=0),
+        metrics: Metrics | None = None,
     ) -> None:
+        """``metrics``: the agent's Prometheus metrics (recorded by the jobs and the steps)."""
         self.cluster = cluster
         self.pipeline = pipeline
         self.reconciler = reconciler
         self.state = state
         self.pusher = pusher
         self.clock = clock
+        self.metrics = metrics or Metrics(cluster=cluster, version=__version__)
         self.accepted: BundleDeploymentSet | None = None
         self.last: TickResult | None = None
         self.ticks = 0
@@ -124,7 +131,9 @@ class Agent:
             self.ticks += 1
             error: FleetletError | None = None
             result: SyncResult | None = None
+            inbound_seconds: float | None = None
             if inbound:
+                started = time.perf_counter()
                 try:
                     result = self.pipeline.sync()
                 except ApiUnavailableError:
@@ -132,6 +141,7 @@ class Agent:
                 except FleetletError as exc:
                     log.warning("%s: inbound: %s", self.cluster, exc)
                     error = exc
+                inbound_seconds = time.perf_counter() - started
             rendered: Mapping[str, list[Manifest]] | None = None
             if result is not None and result.deployment_set is not None:
                 self.accepted = result.deployment_set
@@ -176,6 +186,7 @@ class Agent:
                 serial=self.accepted.serial if self.accepted else None,
                 outbound=outbound_result,
                 error=error,
+                inbound_seconds=inbound_seconds,
             )
         if error is not None:
             raise error

@@ -18,20 +18,10 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
 @pytest.mark.parametrize(
     ("argv", "expected"),
     [
-        (
-            (),
-            [
-                "hub",
-                "agent",
-                "render",
-                "health",
-                "installations",
-                "preview",
-                "approve",
-                "deny",
-                "demo",
-            ],
-        ),
+        ((), ["hub", "agent", "render", "health", "installations", "approve", "deny", "import"]),
+        ((), ["preview"]),
+        ((), ["demo"]),
+        (("import",), ["fleet"]),
         (("agent",), ["run", "sync"]),
         (("hub",), ["render", "publish", "diff", "serve"]),
         (("installations",), ["list", "show", "runs", "outputs"]),

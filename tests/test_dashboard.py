@@ -24,11 +24,11 @@ from typing import Any
 
 import pytest
 import requests
-import yaml
 from nacl.public import PrivateKey
 from playwright.sync_api import Browser, Page, expect
 
 from agent.report.seal import OutputPlace, agent_sealing_key, seal
+from hub.api.tokens import write_clear_tokens
 from tests.realenv.browser import chromium
 from tests.realenv.gitserver import GitDaemon
 from tests.realenv.hubserver import serving_hub
@@ -207,7 +207,7 @@ def hub(git_daemon: GitDaemon, tmp_path_factory: pytest.TempPathFactory) -> Iter
     key_file = workdir / "hub.key"
     key_file.write_text(base64.b64encode(bytes(key)).decode() + "\n")
     tokens = workdir / "tokens.yaml"
-    tokens.write_text(yaml.safe_dump({ADMIN: "admin", READER: "read"}))
+    write_clear_tokens(tokens, {ADMIN: "admin", READER: "read"})
     fleet_dir = write_fleet_dir(
         workdir / "fleet", {c: labels for c, (labels, _, _) in FLEET.items() if labels}
     )
@@ -532,7 +532,7 @@ def test_auto_refresh_updates_cells_without_a_reload(
     git_daemon: GitDaemon, tmp_path: Path, browser: Browser
 ) -> None:
     tokens = tmp_path / "tokens.yaml"
-    tokens.write_text(yaml.safe_dump({READER: "read"}))
+    write_clear_tokens(tokens, {READER: "read"})
     repo = new_repo(git_daemon, "dashboard-refresh")
     pusher = StatusPusher(repo, tmp_path / "agents")
     pusher.push({"edge-1": cluster_document("edge-1", {"web": "Progressing"})})

@@ -27,6 +27,7 @@ from openapi_spec_validator import validate as validate_spec
 
 from agent.report.seal import OutputPlace, agent_sealing_key, seal
 from hub import installations as cli
+from hub.api.tokens import write_clear_tokens
 from tests.realenv.gitserver import GitDaemon
 from tests.realenv.hubserver import serving_hub
 from tests.test_hub_status import StatusPusher, make_bundle, make_run, make_status, new_repo
@@ -109,7 +110,7 @@ def hub(git_daemon: GitDaemon, tmp_path_factory: pytest.TempPathFactory) -> Iter
     key_file = workdir / "hub.key"
     key_file.write_text(base64.b64encode(bytes(key)).decode() + "\n")
     tokens = workdir / "tokens.yaml"
-    tokens.write_text(yaml.safe_dump({ADMIN: "admin", READER: "read"}))
+    write_clear_tokens(tokens, {ADMIN: "admin", READER: "read"})
     repo = new_repo(git_daemon, "hub-api")
     pusher = StatusPusher(repo, workdir / "agents")
     pusher.push(_documents(key))
@@ -381,9 +382,14 @@ def test_anonymous_access_only_when_enabled(
 @pytest.mark.parametrize(
     ("text", "problem"),
     [
-        ("short: admin\n", "token shorter than 8"),
-        ("a-long-token-123: root\n", "role must be admin or read"),
-        ("- just a list\n", "expected a mapping"),
+        ("a-long-token-123: admin\n", "holds tokens in clear.*fleetlet hub tokens migrate"),
+        ("tokens: {a-long-token-123: read}\n", "holds tokens in clear"),
+        (
+            f"tokens:\n- {{name: ci, role: root, sha256: {'a' * 64}}}\n",
+            "role must be admin or read",
+        ),
+        ("tokens:\n- {name: ci, role: read, sha256: abc}\n", "sha256 must be 64"),
+        ("- just a list\n", "expected `tokens:`"),
     ],
 )
 def test_bad_tokens_files_are_refused(tmp_path: Path, text: str, problem: str) -> None:

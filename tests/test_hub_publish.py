@@ -145,7 +145,9 @@ def world(
     tmp = tmp_path_factory.mktemp("hub-publish")
     push_image(registry, "hub/e2e-platform", "v1", tmp, "platform")
     push_image(registry, "hub/e2e-reports", "v1", tmp, "reports-1")
-    make_git_source(git_daemon, "hub-e2e-src.git", tmp / "src")
+    # Unique per instance: other modules import this fixture, and the git daemon is shared.
+    source_repo = f"hub-e2e-src-{tmp.name}.git"
+    make_git_source(git_daemon, source_repo, tmp / "src")
     (http_files.root / "web-1.0.tgz").write_bytes(b"web chart archive bytes")
     return World(
         registry=registry,
@@ -153,7 +155,7 @@ def world(
         http=http_files,
         sigstore=mini_sigstore,
         tmp=tmp,
-        git_url=git_daemon.url_for("hub-e2e-src.git"),
+        git_url=git_daemon.url_for(source_repo),
     )
 
 

@@ -7,7 +7,6 @@ what would be written (CI and a test run it, so they never drift).
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from agent.api.approvals import (
     BundleDeploymentRequestStatus,
 )
 from agent.api.canonical import dump_yaml
+from agent.api.generated import write_or_check
 from agent.api.models import (
     API_GROUP,
     API_VERSION,
@@ -371,34 +371,12 @@ def generated_files() -> dict[str, bytes]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``--write`` the generated files or ``--check`` them; returns the exit code."""
-    parser = argparse.ArgumentParser(
+    return write_or_check(
+        generated_files,
         prog="python -m agent.api.crds",
         description="Generate crds/*.yaml and docs/api.md from the API types.",
+        argv=argv,
     )
-    mode = parser.add_mutually_exclusive_group(required=True)
-    mode.add_argument("--write", action="store_true", help="write the files")
-    mode.add_argument("--check", action="store_true", help="exit 1 if a file is out of date")
-    parser.add_argument("--root", type=Path, default=REPO_ROOT, help="repository root")
-    args = parser.parse_args(argv)
-    stale = []
-    for relative, content in generated_files().items():
-        path = args.root / relative
-        current = path.read_bytes() if path.exists() else None
-        if current == content:
-            continue
-        if args.write:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(content)
-            print(f"wrote {relative}")
-        else:
-            stale.append(relative)
-    if stale:
-        print(
-            "out of date (run python -m agent.api.crds --write): " + ", ".join(stale),
-            file=sys.stderr,
-        )
-        return 1
-    return 0
 
 
 if __name__ == "__main__":

@@ -18,8 +18,10 @@ from typing import Any, ClassVar, Literal
 
 import yaml
 
+from agent.api.depgraph import find_cycle
 from agent.api.reasons import Phase, RunResult
 from agent.api.validation import ApiObject, PinProblem, Rule, api_field, show
+from agent.api.yamlio import SAFE_LOADER
 from agent.errors import FieldProblem
 
 API_GROUP = "fleetlet.io"
@@ -28,10 +30,6 @@ GROUP_VERSION = f"{API_GROUP}/{API_VERSION}"
 
 BUILTIN_FORMATS = ("plain", "kustomize", "helm", "registry+v1")
 
-try:
-    _Loader: type[Any] = yaml.CSafeLoader
-except AttributeError:  # PyYAML built without libyaml
-    _Loader = yaml.SafeLoader
 
 # --- patterns (Go RE2 syntax, checked the same way in Python and by the API server) ----------
 
@@ -474,7 +472,7 @@ class Patch(ApiObject):
         """The text is YAML: a list of JSON 6902 operations (with ``target``), or strategic
         merge documents (each naming apiVersion, kind and metadata.name without ``target``)."""
         try:
-            documents = [d for d in yaml.load_all(self.patch, Loader=_Loader) if d is not None]
+            documents = [d for d in yaml.load_all(self.patch, Loader=SAFE_LOADER) if d is not None]
         except (yaml.YAMLError, RecursionError) as exc:
             return [_patch_problem("patch", "a YAML or JSON patch", _first_line(exc))]
         if not documents:
@@ -1131,7 +1129,7 @@ class BundleDeploymentSet(ApiObject):
                         found=show(group),
                     )
                 )
-        cycle = _find_cycle(deps)
+        cycle = find_cycle(deps)
         if cycle:
             where = declared[(cycle[-2], cycle[-1])]
             problems.append(
@@ -1154,30 +1152,6 @@ class BundleDeploymentSet(ApiObject):
                         )
                     )
         return problems
-
-
-def _find_cycle(deps: Mapping[str, set[str]]) -> list[str] | None:
-    """A dependency cycle as ``[a, b, ..., a]``, or ``None`` (iterative DFS, sorted: stable)."""
-    state: dict[str, int] = {}  # 1 = on the current path, 2 = done
-    for start in sorted(deps):
-        if state.get(start):
-            continue
-        path = [start]
-        stack = [iter(sorted(deps.get(start, ())))]
-        state[start] = 1
-        while stack:
-            nxt = next(stack[-1], None)
-            if nxt is None:
-                state[path.pop()] = 2
-                stack.pop()
-                continue
-            if state.get(nxt) == 1:
-                return [*path[path.index(nxt) :], nxt]
-            if not state.get(nxt):
-                state[nxt] = 1
-                path.append(nxt)
-                stack.append(iter(sorted(deps.get(nxt, ()))))
-    return None
 
 
 __all__ = [

@@ -28,6 +28,7 @@ class Reason(StrEnum):
     RENDER_FAILED = "RenderFailed"
     APPLY_FAILED = "ApplyFailed"
     HEALTH_CHECK_FAILED = "HealthCheckFailed"
+    HOOK_FAILED = "HookFailed"
     ROLLED_BACK = "RolledBack"
     ROLLBACK_FAILED = "RollbackFailed"
     INTERRUPTED = "Interrupted"
@@ -57,6 +58,8 @@ REASON_HELP: dict[Reason, str] = {
     Reason.APPLY_FAILED: "The API server refused an object of the group (the message names "
     "each one). When the dry run refused it, nothing was written.",
     Reason.HEALTH_CHECK_FAILED: "The group did not become healthy within its timeout.",
+    Reason.HOOK_FAILED: "A hook of the group (Helm's pre/post install or upgrade, Argo CD's "
+    "PreSync/Sync/PostSync) failed or did not complete in time.",
     Reason.ROLLED_BACK: "The move failed and the whole group went back to its previous healthy "
     "revision.",
     Reason.ROLLBACK_FAILED: "Returning the group to its previous revision failed; retried with "

@@ -1,6 +1,8 @@
 """The status document an agent pushes to ``fleetlet/status/<cluster>`` (``status.json``).
 
-The document (``ClusterStatus``, ``schemaVersion`` 1) is JSON in canonical RFC 8785 bytes. On
+The document (``ClusterStatus``) is JSON in canonical RFC 8785 bytes. ``schemaVersion`` 2
+added ``formats`` (what the agent can render); documents of version 1 are still read, and a
+reader treats their missing ``formats`` as "not reported". On
 the wire ``bundles`` and each run's ``outputs`` are JSON objects keyed by name; in Python they
 are tuples of typed objects carrying their ``name`` (unique, as the wire keys are), because the
 declaration machinery of :mod:`agent.api.validation` types lists of objects, not maps. So:
@@ -36,6 +38,7 @@ from agent.api.models import (
     COMMIT_TEXT,
     DNS_LABEL,
     DNS_LABEL_TEXT,
+    FORMAT_NAME,
     GROUP_VERSION,
     OUTPUT_NAME,
     PIN,
@@ -60,7 +63,10 @@ from agent.api.validation import (
 )
 from agent.errors import FieldProblem, ValidationError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""The version agents write. 2: ``formats`` added."""
+OLDEST_SCHEMA_VERSION = 1
+"""The oldest version still read."""
 STATUS_FILE = "status.json"
 STATUS_BRANCH_PREFIX = "fleetlet/status/"
 MAX_STATUS_BYTES = 256 * 1024
@@ -293,7 +299,9 @@ class ClusterStatus(ApiObject):
     API_KIND: ClassVar[tuple[str, str] | None] = (GROUP_VERSION, "ClusterStatus")
 
     schema_version: int = api_field(
-        "Version of this document's schema.", minimum=SCHEMA_VERSION, maximum=SCHEMA_VERSION
+        "Version of this document's schema (1 or 2; 2 added `formats`).",
+        minimum=OLDEST_SCHEMA_VERSION,
+        maximum=SCHEMA_VERSION,
     )
     cluster: str = api_field(
         "The cluster.", pattern=DNS_LABEL, expected=DNS_LABEL_TEXT, max_length=63
@@ -321,6 +329,16 @@ class ClusterStatus(ApiObject):
     )
     truncated: bool = api_field(
         "History or messages were cut to bound the document's size.", default=False
+    )
+    formats: tuple[str, ...] = api_field(
+        "The formats this agent can render: built in and installed plugins (schema 2; "
+        "absent: not reported). `hub publish` refuses bundles of other formats for this "
+        "cluster.",
+        default=(),
+        pattern=FORMAT_NAME,
+        expected="a format name",
+        max_length=63,
+        max_items=256,
     )
     requests: tuple[RequestReport, ...] = api_field(
         "Approval requests: every pending one and the newest decided ones of each group.",

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from agent.api.status import RunCounts
+from agent.apply.guard import Guard
 from agent.apply.inventory import Entry, Inventory
 from agent.apply.plan import (
     STAGE_CRDS,
@@ -38,6 +39,7 @@ from agent.apply.plan import (
     identity,
     plan_group,
 )
+from agent.backoff import attempts, delay
 from agent.errors import TemporaryError
 from agent.kube import (
     CONTENT_FIELD_MANAGER,
@@ -187,9 +189,7 @@ def _dry_run(work: _Work) -> None:
     # A controller writing to the object between the dry run and the read (a new Deployment's
     # status, several times in its first second) makes them incomparable: try again a few
     # times, backing off so the controller settles, then count it as changed.
-    for attempt in range(_COMPARE_ATTEMPTS):
-        if attempt:
-            time.sleep(_COMPARE_BACKOFF * 2 ** (attempt - 1))
+    for _attempt in attempts(_COMPARE_ATTEMPTS, initial=_COMPARE_BACKOFF, jitter=0.0):
         try:
             answer = work.client.apply(
                 planned.manifest, field_manager=FIELD_MANAGER, force=work.force, dry_run=True
@@ -288,7 +288,7 @@ def _wait_established(crds: Sequence[_Work], timeout: float) -> None:
     """
     deadline = time.monotonic() + timeout
     pending = list(crds)
-    delay = 0.05
+    polls = 0
     while pending:
         still: list[_Work] = []
         for work in pending:
@@ -306,8 +306,8 @@ def _wait_established(crds: Sequence[_Work], timeout: float) -> None:
             raise CrdNotEstablishedError(
                 f"CustomResourceDefinition(s) {names} not Established after {timeout:.0f}s"
             )
-        time.sleep(delay)
-        delay = min(delay * 2, 1.0)
+        polls += 1
+        time.sleep(delay(polls, initial=0.05, maximum=1.0))
 
 
 def _works(
@@ -337,19 +337,24 @@ def apply_group(
     establish_timeout: float = DEFAULT_ESTABLISH_TIMEOUT,
     on_progress: Progress | None = None,
     plan: Plan | None = None,
+    between_waves: Callable[[ApplyResult], None] | None = None,
+    guard: Guard | None = None,
 ) -> ApplyResult:
     """Dry-run, then apply, every object of a group (see the module docstring).
 
     ``kube`` is the agent's client; a bundle with ``serviceAccountName`` is dry-run and applied
     through ``kube.impersonating(name, agent_namespace)``. ``on_progress`` is called with a
-    short message before each step. ``plan`` may be given when already computed.
+    short message before each step. ``plan`` may be given when already computed. Objects
+    after the Namespaces are applied wave by wave (:attr:`PlannedObject.wave`); between two
+    waves ``between_waves`` is called with what was applied so far (a health wait: it raises
+    to stop the apply).
 
     Raises PlanError (an object's API is not served and it is not optional), ApplyError (the
     first object refused, by the dry run or by the apply: bundle, object and server message;
     a conflict names the other field managers), CrdNotEstablishedError, ApiUnavailableError.
     """
     say = on_progress or (lambda _message: None)
-    plan = plan if plan is not None else plan_group(bundles, kube)
+    plan = plan if plan is not None else plan_group(bundles, kube, guard=guard)
     works = _works(kube, bundles, plan, agent_namespace)
     later: list[_Work] = []
 
@@ -369,11 +374,9 @@ def apply_group(
         done = _run_all(pool, first_dry_run, works)
         later = [w for w, ok in zip(works, done, strict=True) if not ok]
         results: list[ObjectResult] = []
-        for stage, name in enumerate(STAGE_NAMES):
+        waves = sorted({w.planned.wave for w in works if w.planned.stage > STAGE_NAMESPACES})
+        for stage, name in enumerate(STAGE_NAMES[: STAGE_NAMESPACES + 1]):
             stage_works = [w for w in works if w.planned.stage == stage]
-            if later and stage == STAGE_NAMESPACES + 1:
-                say(f"dry run of {len(later)} objects that needed the group's CRDs/Namespaces")
-                _run_all(pool, _dry_run, later)
             if not stage_works:
                 continue
             say(f"applying {len(stage_works)} {name} ({stage + 1}/{len(STAGE_NAMES)})")
@@ -383,6 +386,27 @@ def apply_group(
                 _wait_established(stage_works, establish_timeout)
                 for client in {id(w.client): w.client for w in works}.values():
                     client.forget_discovery()
+        if later:
+            say(f"dry run of {len(later)} objects that needed the group's CRDs/Namespaces")
+            _run_all(pool, _dry_run, later)
+        for index, wave in enumerate(waves):
+            if index:
+                # The previous waves are applied: they must be healthy before this one starts.
+                say(f"waiting for wave {waves[index - 1]} to be healthy")
+                if between_waves is not None:
+                    between_waves(ApplyResult(objects=tuple(results), skipped=plan.skipped))
+            for stage in range(STAGE_NAMESPACES + 1, len(STAGE_NAMES)):
+                stage_works = [
+                    w for w in works if w.planned.stage == stage and w.planned.wave == wave
+                ]
+                if not stage_works:
+                    continue
+                shown = f" of wave {wave}" if len(waves) > 1 else ""
+                say(
+                    f"applying {len(stage_works)} {STAGE_NAMES[stage]}{shown} "
+                    f"({stage + 1}/{len(STAGE_NAMES)})"
+                )
+                results.extend(_run_all(pool, _apply, stage_works))
     return ApplyResult(objects=tuple(results), skipped=plan.skipped)
 
 
@@ -413,15 +437,17 @@ def dry_run_group(
     *,
     agent_namespace: str,
     workers: int = DEFAULT_WORKERS,
+    guard: Guard | None = None,
 ) -> tuple[list[DryRunResult], tuple[Skipped, ...]]:
     """The server-side dry run :func:`apply_group` starts with, of every object of a group,
     with what it found per object (refusals included, not raised); nothing is written. For
     the preview of an approval request. Returns the results in plan order and the skipped
-    optional objects.
+    optional objects. ``guard``: as for :func:`apply_group` (objects bundle content may never
+    touch are refused by the plan).
 
     Raises PlanError, ApplyError (objects that cannot be planned), ApiUnavailableError.
     """
-    plan = plan_group(bundles, kube)
+    plan = plan_group(bundles, kube, guard=guard)
     works = _works(kube, bundles, plan, agent_namespace)
 
     def one(work: _Work) -> DryRunResult:

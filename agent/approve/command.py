@@ -1,7 +1,7 @@
 """``fleetlet preview|approve|deny REQUEST``: a cluster admin's side of an approval.
 
 Each command talks to the cluster with the user's own kubeconfig (``--kubeconfig``, else
-``$KUBECONFIG`` or ``~/.kube/config``): the API server authenticates the user, and its
+``$KUBECONFIG`` or ``~/.kube/config``, as kubectl finds it): the API server authenticates the user, and its
 ValidatingAdmissionPolicy decides whether they may decide (its refusal is printed as the server
 wrote it). ``preview`` prints a request's preview (``-o table|json|yaml``; ``--full`` adds the
 whole diffs kept in the agent's namespace).
@@ -9,9 +9,7 @@ whole diffs kept in the agent's namespace).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from agent.api import format_time, to_dict
@@ -19,16 +17,16 @@ from agent.api.approvals import RequestPreview
 from agent.approve.decide import decide
 from agent.approve.request import Request, read, read_full_diffs
 from agent.kube import KubeClient
+from agent.options import kubeconfig_of
 from agent.output import render, table
 
 DEFAULT_AGENT_NAMESPACE = "fleetlet-system"
 
 
-def client(kubeconfig: str | None, context: str | None) -> KubeClient:
-    """The user's client: ``kubeconfig``, else ``$KUBECONFIG``, else ``~/.kube/config``.
+def client(args: Any) -> KubeClient:
+    """The user's client, from ``--kubeconfig``/``--context`` as kubectl resolves them.
     Raises KubeconfigError."""
-    path = kubeconfig or os.environ.get("KUBECONFIG") or str(Path.home() / ".kube" / "config")
-    return KubeClient(kubeconfig=path.split(os.pathsep)[0], context=context)
+    return KubeClient(kubeconfig=kubeconfig_of(args), context=args.context)
 
 
 def document(request: Request, full_diffs: Mapping[str, str] | None = None) -> dict[str, Any]:
@@ -129,7 +127,7 @@ def preview_lines(preview: RequestPreview) -> list[str]:
 
 def run_preview(args: Any) -> int:
     """``fleetlet preview REQUEST``."""
-    with client(args.kubeconfig, args.context) as kube:
+    with client(args) as kube:
         request = read(kube, args.request)
         full = None
         if args.full and request.spec.preview.full_diff:
@@ -148,7 +146,7 @@ def run_preview(args: Any) -> int:
 
 def run_decision(args: Any, decision: str) -> int:
     """``fleetlet approve|deny REQUEST``."""
-    with client(args.kubeconfig, args.context) as kube:
+    with client(args) as kube:
         decided = decide(
             kube,
             args.request,

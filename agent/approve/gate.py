@@ -36,9 +36,10 @@ from agent.apply import (
 from agent.apply.plan import identity
 from agent.approve.decide import decide
 from agent.approve.policy import Policy, has_rules, judge, load, required_by
-from agent.approve.preview import Preview, build_preview, live_changes
+from agent.approve.preview import Change, Preview, build_preview, live_changes
 from agent.approve.request import Request, RequestError, Requests, pins_of
-from agent.kube import ForbiddenError, InvalidError, KubeClient
+from agent.kube import ForbiddenError, InvalidError, KubeClient, ObjectRef
+from agent.report import events
 
 if TYPE_CHECKING:
     from agent.gate import Decision
@@ -70,10 +71,15 @@ class Approvals:
 
 
 def request_approval(
-    ctx: GroupContext, decision: Decision, objects: Mapping[str, Sequence[Manifest]]
+    ctx: GroupContext,
+    decision: Decision,
+    objects: Mapping[str, Sequence[Manifest]],
+    applied: Mapping[str, Sequence[Manifest]] | None = None,
 ) -> GroupOutcome | None:
-    """None when the move may go on with ``objects``; else the group's outcome (waiting for
-    an approval, or denied), said on its bundles. See the module docstring.
+    """None when the move may go on with ``objects`` (every rendered object of each bundle,
+    what the pins cover); else the group's outcome (waiting for an approval, or denied), said
+    on its bundles. ``applied``: the objects the move applies (the rest are its hooks, shown
+    in the preview as created, not dry-run); default all. See the module docstring.
 
     Raises MoveFailed (the group cannot even be dry-run: nothing is requested, nothing
     applied), RequestError, the KubeClient's errors (ApiUnavailableError: retried).
@@ -107,7 +113,7 @@ def request_approval(
             f"previewing serial {ctx.serial} for an approval (group {ctx.group})",
         )
         try:
-            preview = _preview(ctx, decision, objects)
+            preview = _preview(ctx, decision, objects, applied or objects)
         except ApplyError as exc:
             raise MoveFailed(
                 exc.reason,
@@ -125,12 +131,30 @@ def request_approval(
         )
         requests = [mine, *requests]
         log.info("group %s: BundleDeploymentRequest %s made, waiting", ctx.group, mine.name)
+        for name in names:
+            ctx.event(
+                name,
+                events.APPROVAL_REQUESTED,
+                f"serial {ctx.serial} of group {ctx.group} waits for an approval: "
+                f"BundleDeploymentRequest {mine.name} ({_summary(mine)})",
+            )
+        approvals.requests.prune(ctx.group, requests)
     problems: list[str] = []
     if mine.state == "Pending" and has_rules(policies):
         mine, problems = _auto_approve(approvals, policies, mine)
     if mine.state == "Approved":
         ctx.failpoint("approved")
         approvals.requests.prune(ctx.group, requests)
+        by = mine.status.decided_by
+        rule = f" (ApprovalPolicy {mine.status.policy}, rule {mine.status.rule})"
+        for name in names:
+            ctx.event(
+                name,
+                events.APPROVED,
+                f"BundleDeploymentRequest {mine.name} approved by {by}"
+                + (rule if mine.status.policy else "")
+                + f": moving group {ctx.group} to serial {ctx.serial}",
+            )
         return None
     by = mine.status.decided_by
     running = _running(ctx, names)
@@ -143,6 +167,8 @@ def request_approval(
         )
         for name in names:
             view = ctx.view(name)
+            if view.phase != Phase.DENIED:
+                ctx.event(name, events.DENIED, message, warning=True)
             view.mark_stopped(Reason.DENIED, message, phase=Phase.DENIED)
             ctx.views.write(view)
         return GroupOutcome(group=ctx.group, state=GroupState.HELD)
@@ -212,10 +238,14 @@ def _auto_approve(
 
 
 def _preview(
-    ctx: GroupContext, decision: Decision, objects: Mapping[str, Sequence[Manifest]]
+    ctx: GroupContext,
+    decision: Decision,
+    objects: Mapping[str, Sequence[Manifest]],
+    applied: Mapping[str, Sequence[Manifest]],
 ) -> Preview:
-    """The live preview of the move: the group's dry run, and what pruning would delete.
-    Raises ApplyError (objects that cannot be planned), ApiUnavailableError."""
+    """The live preview of the move: the group's dry run of what it applies, its hooks (run
+    during the move: created, not dry-run), and what pruning would delete. Raises ApplyError
+    (objects that cannot be planned), ApiUnavailableError."""
     leftovers = ctx.records.load(ctx.group).leftovers
     inputs = []
     old: dict[str, Inventory] = {}
@@ -232,21 +262,56 @@ def _preview(
             ApplySettings.from_spec(entry.spec),
             reclaim=frozenset(identity(e.ref) for e in owned),
         )
-        inputs.append(BundleInput(name=entry.name, objects=objects[entry.name], settings=settings))
+        inputs.append(BundleInput(name=entry.name, objects=applied[entry.name], settings=settings))
     results, _skipped = dry_run_group(
         ctx.kube,
         inputs,
         agent_namespace=ctx.settings.agent_namespace,
         workers=ctx.settings.workers,
+        guard=ctx.settings.guard,
     )
-    new = {n: Inventory.from_objects(objects[n]) for n in objects}
+    new = {n: Inventory.from_objects(applied[n]) for n in applied}
     deletions = plan_prune(
         old,
         new,
         keep_crds={e.name: e.spec.keep_crds for e in decision.active},
         claimed_elsewhere={k: b for k, b in ctx.claims.items() if b not in new},
     )
-    return build_preview(live_changes(results, deletions), source="live")
+    return build_preview(
+        [*live_changes(results, deletions), *_hooks(objects, applied)], source="live"
+    )
+
+
+def _hooks(
+    objects: Mapping[str, Sequence[Manifest]], applied: Mapping[str, Sequence[Manifest]]
+) -> list[Change]:
+    """The objects of each bundle the move does not apply: its hooks, run (created) during
+    the move. A hook named by ``generateName`` is shown under that prefix."""
+    out = []
+    for bundle, rendered in objects.items():
+        kept = {id(o) for o in applied.get(bundle, ())}
+        for obj in rendered:
+            if id(obj) in kept:
+                continue
+            meta = obj.get("metadata") or {}
+            name = str(meta.get("name") or str(meta.get("generateName") or "hook").rstrip("-."))
+            namespace = meta.get("namespace")
+            ref = ObjectRef(
+                str(obj.get("apiVersion")),
+                str(obj.get("kind")),
+                name,
+                namespace if isinstance(namespace, str) else None,
+            )
+            out.append(
+                Change(
+                    bundle=bundle,
+                    ref=ref,
+                    action="created",
+                    after=obj,
+                    note="a hook of the move: created while the group moves, not dry-run",
+                )
+            )
+    return out
 
 
 def _running(ctx: GroupContext, names: Sequence[str]) -> str:

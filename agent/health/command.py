@@ -8,13 +8,13 @@ assessed as written, which suits the output of ``kubectl get -o yaml`` saved ear
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from agent.api.yamlio import SAFE_LOADER
 from agent.errors import PermanentError
 from agent.health import ObjectHealth, assess, assess_live
 from agent.health.kstatus import Status
@@ -39,9 +39,8 @@ def _documents(filename: str) -> Iterator[Mapping[str, Any]]:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise HealthInputError(f"{filename}: cannot read: {exc}") from exc
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     try:
-        documents = list(yaml.load_all(text, Loader=loader))
+        documents = list(yaml.load_all(text, Loader=SAFE_LOADER))
     except yaml.YAMLError as exc:
         raise HealthInputError(f"{filename}: not YAML: {exc}") from exc
     for index, document in enumerate(documents, start=1):
@@ -77,14 +76,6 @@ def _objects(filename: str) -> list[Mapping[str, Any]]:
             )
         objects.append(obj)
     return objects
-
-
-def _default_kubeconfig() -> str | None:
-    configured = os.environ.get("KUBECONFIG", "").split(os.pathsep)[0]
-    if configured:
-        return configured
-    home = Path.home() / ".kube" / "config"
-    return str(home) if home.exists() else None
 
 
 def _with_namespaces(objects: list[Mapping[str, Any]], kube: Any) -> list[Mapping[str, Any]]:
@@ -131,7 +122,7 @@ def run_health(
         from agent.kube import KubeClient
 
         with KubeClient(
-            kubeconfig=kubeconfig or _default_kubeconfig(),
+            kubeconfig=kubeconfig,
             context=context,
             discovery_cache_dir=discovery_cache_dir,
         ) as kube:

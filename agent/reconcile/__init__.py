@@ -44,6 +44,9 @@ from agent.reconcile.context import (
 )
 from agent.reconcile.group import reconcile_group
 from agent.reconcile.removal import remove_absent
+from agent.render.manifests import is_hook
+from agent.report.logs import log_context
+from agent.report.metrics import Metrics
 from agent.report.outputs import OutputsStage
 from agent.report.runs import RunLog
 from agent.report.view import BundleView, BundleViews, now
@@ -122,6 +125,7 @@ class Reconciler:
         views: BundleViews,
         outputs: OutputsStage | None = None,
         clock: Callable[[], datetime] = now,
+        metrics: Metrics | None = None,
         approvals: Approvals | None = None,
     ) -> None:
         """``approvals``: default, this agent's requests and the cluster's ApprovalPolicies
@@ -134,6 +138,7 @@ class Reconciler:
         self.views = views
         self.outputs = outputs
         self.clock = clock
+        self.metrics = metrics
         self.identities = Identities(kube=kube, agent_namespace=settings.agent_namespace)
         self.approvals = approvals or Approvals(kube=kube, agent_namespace=settings.agent_namespace)
 
@@ -185,6 +190,7 @@ class Reconciler:
                 views=self.views,
                 outputs=self.outputs,
                 clock=self.clock,
+                metrics=self.metrics,
                 approvals=self.approvals,
             )
 
@@ -267,7 +273,8 @@ class Reconciler:
         """One group's pipeline; a failure stays with the group. Raises ApiUnavailableError
         only when the API server itself does not answer."""
         try:
-            return reconcile_group(ctx, healthy)
+            with log_context(group=ctx.group, serial=ctx.serial):
+                return reconcile_group(ctx, healthy)
         except ApiUnavailableError as exc:
             if not self.kube.reachable():
                 raise
@@ -307,7 +314,9 @@ class Reconciler:
         the stored revisions. Pruning hands such objects over instead of deleting them."""
         claims: dict[Key, str] = {}
         for name, objects in rendered.items():
-            for key in Inventory.from_objects(objects).entries:
+            # Hooks are created, never owned: they claim nothing.
+            owned = [o for o in objects if not is_hook(o)]
+            for key in Inventory.from_objects(owned).entries:
                 claims.setdefault(key, name)
         for name in sorted(e.name for e in deployment_set.bundle_deployments):
             stored = self.store.latest(name)

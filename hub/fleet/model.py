@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from nodesemver import Range
 
+from agent.api.pins import is_commit, is_digest, is_sha256_hex
+from agent.api.yamlio import SAFE_LOADER
 from agent.errors import FieldProblem
 from hub.errors import FleetRepoError
 from hub.fleet.selectors import LabelSelector, label_key_ok, label_value_ok, parse_selector
@@ -29,9 +30,6 @@ from hub.fleet.selectors import LabelSelector, label_key_ok, label_value_ok, par
 # Cluster and bundle names end up in branch names and Kubernetes object names.
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _DURATION = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
-_HEX64 = re.compile(r"^[0-9a-f]{64}$")
-_OCI_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
-_GIT_SHA = re.compile(r"^[0-9a-f]{40}$")
 _IMAGE_URI = re.compile(r"^[A-Za-z0-9.-]+(:[0-9]+)?(/[a-z0-9]+([._-][a-z0-9]+)*)+$")
 
 SOURCE_KINDS = ("image", "git", "http", "helm")
@@ -266,9 +264,8 @@ def _load_yaml(path: Path, rel: str, problems: _Problems) -> Any:
     if len(data) > _MAX_FILE_BYTES:
         problems.add(rel, "", f"at most {_MAX_FILE_BYTES} bytes", _found(f"{len(data)} bytes"))
         return None
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     try:
-        return yaml.load(data, Loader=loader)  # a safe loader (C if available)
+        return yaml.load(data, Loader=SAFE_LOADER)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark is not None else ""
@@ -612,11 +609,11 @@ def _ref_ok(ref_field: str, ref: object) -> bool:
     if not isinstance(ref, str):
         return False
     if ref_field == "digest":
-        return bool(_OCI_DIGEST.match(ref))
+        return is_digest(ref)
     if ref_field == "commit":
-        return bool(_GIT_SHA.match(ref))
+        return is_commit(ref)
     if ref_field == "sha256":
-        return bool(_HEX64.match(ref))
+        return is_sha256_hex(ref)
     if ref_field in ("tag", "branch"):
         return bool(_GIT_REF.match(ref)) and not ref.endswith(".lock")
     if ref_field == "version":
@@ -631,6 +628,10 @@ def version_range(text: str) -> str | None:
         return None
     # Helm (Masterminds semver) joins comparisons with commas; node-semver with spaces.
     normal = " ".join(text.replace(",", " ").split())
+    # Imported here: the hub's extra, which the agent's image (whose CLI loads this module
+    # for its subcommands' parsers) does not carry.
+    from nodesemver import Range
+
     try:
         Range(normal, True)
     except (ValueError, TypeError):

@@ -33,6 +33,7 @@ from agent.api import (
     SetSource,
     from_dict,
 )
+from agent.api.depgraph import find_cycle
 from agent.errors import FieldProblem, ValidationError
 from hub.errors import FleetRepoError
 from hub.fleet.model import Bundle, ChartPin, Cluster, Fleet, Override, Pin, SourceRef
@@ -89,44 +90,18 @@ def check_graph(fleet: Fleet) -> None:
                 )
             else:
                 edges[g].add(dep)
-    cycle = _find_cycle(edges)
+    cycle = find_cycle(edges)
     if cycle:
         first = groups[cycle[0]][0]
         problems.append(
             FieldProblem(
                 path=f"{first.file}: dependsOn",
                 expected="no dependency cycle between groups",
-                found=" -> ".join([*cycle, cycle[0]]),
+                found=" -> ".join(cycle),
             )
         )
     if problems:
         raise FleetRepoError(problems, origin=str(fleet.root))
-
-
-def _find_cycle(edges: Mapping[str, set[str]]) -> list[str]:
-    state: dict[str, int] = {}
-    stack: list[str] = []
-
-    def visit(node: str) -> list[str]:
-        state[node] = 1
-        stack.append(node)
-        for nxt in sorted(edges.get(node, ())):
-            if state.get(nxt) == 1:
-                return stack[stack.index(nxt) :]
-            if nxt not in state:
-                found = visit(nxt)
-                if found:
-                    return found
-        stack.pop()
-        state[node] = 2
-        return []
-
-    for node in sorted(edges):
-        if node not in state:
-            found = visit(node)
-            if found:
-                return found
-    return []
 
 
 def order_groups(members: Mapping[str, list[str]]) -> list[str]:

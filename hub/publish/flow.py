@@ -36,6 +36,7 @@ from agent.api import (
     set_digest,
     to_dict,
 )
+from agent.api.yamlio import SAFE_LOADER
 from agent.errors import FieldProblem, ValidationError, VerificationError
 from agent.verify import TrustPolicy, verify_publication
 from agent.verify.merkle import MerkleTree, publication_leaf
@@ -236,7 +237,7 @@ def _current(cluster: str, data: bytes) -> _Current:
     blocks = _blocks(data)
     head = "".join(blocks.get(k, "") for k in ("serial", "expiresAt"))
     try:
-        raw = yaml.load(head, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) or {}
+        raw = yaml.load(head, Loader=SAFE_LOADER) or {}
     except yaml.YAMLError:
         raw = {}
     serial = raw.get("serial") if isinstance(raw, dict) else None
