@@ -10,5 +10,8 @@ person or by the cluster's ApprovalPolicy, enforced by the API server (see docs/
   parts;
 - :mod:`agent.approve.policy`: the ApprovalPolicies (CEL rules over the preview);
 - :mod:`agent.approve.decide`: approving or denying as a user (``fleetlet approve|deny``);
-- :mod:`agent.approve.command`: the ``fleetlet preview|approve|deny`` commands.
+- :mod:`agent.approve.command`: the ``fleetlet preview|approve|deny`` commands;
+- :mod:`agent.approve.summary`: what the status document carries of the requests;
+- :mod:`agent.approve.admission`: the ValidatingAdmissionPolicy and roles that make the API
+  server enforce who decides (installed with the agent).
 """
