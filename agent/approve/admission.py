@@ -73,8 +73,7 @@ def policy_objects() -> list[Object]:
         ),
         (
             "request",
-            "authorizer.group('fleetlet.io').resource('bundledeploymentrequests')"
-            f".name({_NAME})",
+            f"authorizer.group('fleetlet.io').resource('bundledeploymentrequests').name({_NAME})",
         ),
         ("mayApprove", "variables.request.check('approve').allowed()"),
         ("maySupersede", "variables.request.check('supersede').allowed()"),

@@ -592,7 +592,7 @@ def base_files() -> dict[str, bytes]:
         ),
         "deploy/agent/auto-approver/auto-approver.yaml": file(
             "OPT-IN: the identity the agent approves as when a rule of the cluster's\n"
-            "ApprovalPolicy matches (docs/approvals.md, \"What is trusted\").",
+            'ApprovalPolicy matches (docs/approvals.md, "What is trusted").',
             auto_approver_objects(ns),
         ),
         "deploy/agent/monitoring/servicemonitor.yaml": file(
