@@ -1,4 +1,5 @@
-"""The agent's subcommands: ``agent run``, ``agent sync``, ``render`` and ``health``."""
+"""The agent's subcommands: ``agent run``, ``agent sync``, ``render``, ``health`` and a cluster
+admin's ``preview``, ``approve`` and ``deny`` of approval requests."""
 
 from __future__ import annotations
 
@@ -55,6 +56,24 @@ def _health(args: argparse.Namespace) -> int:
     )
     print(text)
     return code
+
+
+def _preview(args: argparse.Namespace) -> int:
+    from agent.approve.command import run_preview
+
+    return run_preview(args)
+
+
+def _approve(args: argparse.Namespace) -> int:
+    from agent.approve.command import run_decision
+
+    return run_decision(args, "approve")
+
+
+def _deny(args: argparse.Namespace) -> int:
+    from agent.approve.command import run_decision
+
+    return run_decision(args, "deny")
 
 
 def settings_from_args(args: argparse.Namespace) -> Any:
@@ -307,6 +326,7 @@ def _summary(cluster: str, result: Any) -> str:
             ("rolled back", out.rolled_back),
             ("failed", tuple(g for g in out.failed if g not in out.rolled_back)),
             ("waiting", out.waiting),
+            ("awaiting approval", out.awaiting_approval),
             ("held", out.held),
             ("removed", out.removed),
         ):
@@ -356,7 +376,7 @@ def _sync(args: argparse.Namespace) -> int:
         return EXIT_FAILED
     if out is not None and not out.converged:
         error_line(
-            f"{args.cluster}: not everything is Ready: {_failure_lines(agent, out.failed or out.waiting or out.held)}",
+            f"{args.cluster}: not everything is Ready: {_failure_lines(agent, out.failed or out.waiting or out.awaiting_approval or out.held)}",
             prefix="",
         )
         return EXIT_DEGRADED
@@ -716,3 +736,53 @@ def register(sub: Any) -> None:
         "--offline", action="store_true", help="assess the objects as written in FILE"
     )
     health.set_defaults(handler=_health)
+
+    _register_approvals(sub)
+
+
+def _register_approvals(sub: Any) -> None:
+    """``fleetlet preview|approve|deny REQUEST`` (docs/approvals.md)."""
+    from agent.options import add_cluster_options, add_output_option
+
+    where = (
+        " Your own kubeconfig is used (--kubeconfig, else $KUBECONFIG, else ~/.kube/config): "
+        "the API server decides whether this user may (the verb approve on the request)."
+    )
+    preview = sub.add_parser(
+        "preview",
+        help="show what approving a BundleDeploymentRequest would do",
+        description="Print a request's preview: the group, serial and pins, why it needs an "
+        "approval, each object created, changed, deleted or refused by the server-side dry "
+        "run with its diff, and the security summary (RBAC, CRDs, webhooks, privileged pods, "
+        "namespaces)." + where,
+    )
+    approve = sub.add_parser(
+        "approve",
+        help="approve a BundleDeploymentRequest",
+        description="Approve REQUEST as yourself (recorded as status.decidedBy); the agent "
+        "then applies exactly what it pins. A decision is final." + where,
+    )
+    deny = sub.add_parser(
+        "deny",
+        help="deny a BundleDeploymentRequest",
+        description="Deny REQUEST as yourself, with a reason: the group stays wholly on its "
+        "current revision until a new publication. A decision is final." + where,
+    )
+    for p in (preview, approve, deny):
+        p.add_argument("request", metavar="REQUEST", help="the BundleDeploymentRequest's name")
+        add_cluster_options(p)
+    approve.add_argument("--reason", metavar="TEXT", help="why (recorded on the request)")
+    deny.add_argument("--reason", metavar="TEXT", required=True, help="why (required)")
+    add_output_option(preview)
+    preview.add_argument(
+        "--full", action="store_true", help="whole diffs, from the agent's namespace"
+    )
+    preview.add_argument(
+        "--namespace",
+        metavar="NS",
+        default="fleetlet-system",
+        help="the agent's namespace, where whole diffs are kept (fleetlet-system)",
+    )
+    preview.set_defaults(handler=_preview)
+    approve.set_defaults(handler=_approve)
+    deny.set_defaults(handler=_deny)

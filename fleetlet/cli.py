@@ -158,7 +158,14 @@ def build_parser() -> argparse.ArgumentParser:
             "Sigstore on loopback, publish fleet-examples/ and run one agent per cluster."
         ),
     )
-    demo.add_argument("--scenario", choices=["install", "failed-upgrade"], default="install")
+    demo.add_argument(
+        "--scenario",
+        choices=["install", "failed-upgrade", "approval"],
+        default="install",
+        help="after the install: a broken upgrade rolled back on the canary (failed-upgrade), "
+        "or an upgrade that needs an approval, approved by the production stores' policy and "
+        "by a person on the canary (approval; see docs/approvals.md)",
+    )
     demo.add_argument(
         "--exit-when-ready",
         action="store_true",

@@ -7,7 +7,10 @@ one agent per cluster and the hub with its dashboard. It waits until every insta
 Ready, prints a summary and the dashboard's address, and keeps running until Ctrl-C, which
 stops everything it started. ``--scenario failed-upgrade`` then gives the canary store a broken
 upgrade of the ``shop`` group (and every store a good upgrade of ``payments-config``) and
-waits for the canary's group to roll back while the others move on.
+waits for the canary's group to roll back while the others move on. ``--scenario approval``
+makes ``payments-config`` need an approval and upgrades it: the production stores' own
+ApprovalPolicy approves it automatically, the canary waits for a person, and the demo shows the
+request's preview and approves it as that person (docs/approvals.md).
 
 The demo runs from a source checkout: the components live in ``tests/realenv`` (test code, not
 shipped in the wheels). ``python -m fleetlet.demo pin [--check]`` recomputes the digests the
@@ -48,6 +51,25 @@ REGISTRY_PORT = 5000
 PINNED_HOST = f"127.0.0.1:{REGISTRY_PORT}"
 REPOSITORY_PREFIX = "retail/"
 CANARY = "store-eu-1"
+APPROVALS = REPO_ROOT / "deploy" / "agent" / "approvals"
+AUTO_APPROVER = REPO_ROOT / "deploy" / "agent" / "auto-approver"
+APPROVER = "alice"
+# The production stores' own rule book: what touches no RBAC, CRD or webhook goes through.
+APPROVAL_POLICY = {
+    "apiVersion": "fleetlet.io/v1alpha1",
+    "kind": "ApprovalPolicy",
+    "metadata": {"name": "store-defaults"},
+    "spec": {
+        "rules": [
+            {
+                "name": "no-rbac-crds-webhooks",
+                "description": "changes that grant nothing and extend no API",
+                "expression": "preview.security.rbac.size() == 0 && "
+                "preview.security.crds.size() == 0 && preview.security.webhooks.size() == 0",
+            }
+        ]
+    },
+}
 _DIGEST_LINE = re.compile(r"^(\s*digest:\s*)(sha256:[0-9a-f]{64})\s*$", re.M)
 
 
@@ -198,6 +220,8 @@ class Demo:
         print(self.summary("Every installation is Ready"), flush=True)
         if self.scenario == "failed-upgrade":
             self.failed_upgrade()
+        elif self.scenario == "approval":
+            self.approval()
         print(
             f"\nDashboard: {self.dashboard}\n"
             f"API: {self.hub_url}/api/v1 (read-only token: {self.read_token})\n"
@@ -383,6 +407,90 @@ class Demo:
             flush=True,
         )
 
+    def approval(self) -> None:
+        """payments-config needs an approval and gets v2: the production stores' ApprovalPolicy
+        approves it, the canary waits for alice, who previews and approves it."""
+        for name, cluster in self.clusters.items():
+            self._kubectl(cluster, "apply", "--server-side", "-k", str(APPROVALS))
+            if name != CANARY:
+                self._kubectl(cluster, "apply", "--server-side", "-k", str(AUTO_APPROVER))
+                self._kubectl_stdin(cluster, yaml.safe_dump(APPROVAL_POLICY), "apply", "-f", "-")
+        canary = self.clusters[CANARY]
+        alice = canary.mint_user(APPROVER)
+        self._kubectl(
+            canary, "create", "clusterrolebinding", "alice-approves",
+            "--clusterrole=fleetlet-approver", f"--user={APPROVER}",
+        )  # fmt: skip
+        _say(
+            f"scenario approval: ValidatingAdmissionPolicy fleetlet-approvals on every store; "
+            f"ApprovalPolicy store-defaults on the production stores; {APPROVER} may approve "
+            f"on {CANARY}"
+        )
+        files = bundle_files(self.fleet)
+        payments = yaml.safe_load(files["payments-config"].read_text())
+        payments["sources"][0]["digest"] = self.digests[("payments-config", "v2")]
+        payments["approval"] = "manual"
+        files["payments-config"].write_text(yaml.safe_dump(payments, sort_keys=False))
+        self._commit("payments-config v2, approval: manual")
+        before = {c: self._installation(c, "payments-config").get("appliedSerial")
+                  for c in self.clusters}  # fmt: skip
+        self._publish()
+
+        def asked() -> str | None:
+            items = self._items()
+            for cluster in self.clusters:
+                item = items.get((cluster, "payments-config")) or {}
+                state = item.get("state", "not reported")
+                if cluster == CANARY:
+                    if state != "AwaitingApproval":
+                        return f"{cluster}/payments-config is {state}, not AwaitingApproval yet"
+                elif state != "Ready" or item.get("appliedSerial") == before[cluster]:
+                    return f"{cluster}/payments-config not approved and upgraded yet"
+            return None
+
+        self.wait_for(asked, "the production stores upgraded, the canary asking for approval")
+        request = self._pending_request(CANARY, "payments-config")
+        preview = self._fleetlet("preview", request, "--kubeconfig", alice)
+        print(f"\n$ fleetlet preview {request}\n{preview}", flush=True)
+        approved = self._fleetlet(
+            "approve", request, "--kubeconfig", alice, "--reason", "new gateway endpoint, reviewed"
+        )
+        print(f"\n$ fleetlet approve {request} --reason ...\n{approved}", flush=True)
+
+        def moved() -> str | None:
+            item = self._items().get((CANARY, "payments-config"))
+            if (
+                item is None
+                or item["state"] != "Ready"
+                or item.get("appliedSerial") == before[CANARY]
+            ):
+                return f"{CANARY}/payments-config not upgraded yet"
+            return None
+
+        self.wait_for(moved, f"{CANARY} to apply the approved request")
+        print(
+            self.summary(
+                f"Scenario approval: payments-config v2 approved by ApprovalPolicy "
+                f"store-defaults on the production stores and by {APPROVER} on {CANARY}"
+            ),
+            flush=True,
+        )
+
+    def _pending_request(self, cluster: str, bundle: str) -> str:
+        for request in self._installation(cluster, bundle).get("requests", []):
+            if request.get("state") == "Pending":
+                return str(request["name"])
+        raise DemoError(f"{cluster}/{bundle}: no pending request reported")
+
+    def _fleetlet(self, *args: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", "fleetlet", *args],
+            capture_output=True, text=True, timeout=120, cwd=REPO_ROOT,
+        )  # fmt: skip
+        if done.returncode != 0:
+            raise DemoError(f"fleetlet {' '.join(args[:2])}: {done.stderr.strip()}")
+        return done.stdout.rstrip("\n")
+
     # -- waiting and reporting ---------------------------------------------------------------
 
     def all_ready(self) -> str | None:
@@ -460,6 +568,17 @@ class Demo:
     def _kubectl(self, cluster: Any, *args: str) -> None:
         done = subprocess.run(
             [self.kubectl, "--kubeconfig", str(cluster.kubeconfig), *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        if done.returncode != 0:
+            raise DemoError(f"kubectl {' '.join(args)} on {cluster.name}: {done.stderr.strip()}")
+
+    def _kubectl_stdin(self, cluster: Any, stdin: str, *args: str) -> None:
+        done = subprocess.run(
+            [self.kubectl, "--kubeconfig", str(cluster.kubeconfig), *args],
+            input=stdin,
             capture_output=True,
             text=True,
             timeout=120,

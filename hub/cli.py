@@ -1,5 +1,4 @@
-"""The hub's subcommands: ``hub render|publish|diff|serve|agent-key``, ``installations``,
-``approve|deny``.
+"""The hub's subcommands: ``hub render|publish|diff|serve|agent-key`` and ``installations``.
 
 Progress goes to stderr, results (a summary table, or ``-o json|yaml``) to stdout. Every
 failure is raised as a :class:`~agent.errors.FleetletError`; ``fleetlet.cli`` prints it as one
@@ -19,7 +18,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from agent.errors import NotImplementedYetError, PermanentError
+from agent.errors import PermanentError
 from agent.options import add_logging_arguments, add_output_option
 from agent.output import render as render_output
 from hub import installations as inst_handlers
@@ -33,13 +32,6 @@ GIT_PASSWORD_ENV = "FLEETLET_GIT_PASSWORD"
 
 class UsageError(PermanentError):
     """A command line that cannot work (missing token, bad time...)."""
-
-
-def _not_yet(what: str, issue: str) -> Any:
-    def handler(args: argparse.Namespace) -> int:
-        raise NotImplementedYetError(f"{what} is not implemented yet ({issue})")
-
-    return handler
 
 
 class _Progress:
@@ -367,15 +359,37 @@ def _short(value: Any) -> str:
 
 
 def _diff(args: argparse.Namespace) -> int:
+    from agent.render.tools import ToolSettings
     from hub.publish.flow import diff
+    from hub.serve import default_cache_dir
 
     progress = _Progress(args.quiet)
     prepared = _prepare(args, progress)
     progress(f"fetching cluster branches from {args.repo}")
+    previews: dict[str, Any] = {}
     with _store(args, progress) as store:
         diffs = diff(prepared, store)
+        if args.cluster and not args.no_preview:
+            from hub.preview import preview_clusters
+
+            cache = Path(args.cache_dir) / "preview" if args.cache_dir else None
+            previews = preview_clusters(
+                prepared,
+                store,
+                diffs,
+                clusters=args.cluster,
+                cache_dir=cache or default_cache_dir(args.repo) / "preview",
+                tools=ToolSettings.from_env(),
+                progress=progress,
+            )
     if args.output != "table":
-        _emit({"clusters": [d.to_dict() for d in diffs]}, args.output)
+        clusters = []
+        for d in diffs:
+            item = d.to_dict()
+            if d.cluster in previews:
+                item["preview"] = previews[d.cluster].to_dict()
+            clusters.append(item)
+        _emit({"clusters": clusters}, args.output)
         return 0
     for d in diffs:
         serial = f" (serial {d.serial_before})" if d.serial_before is not None else ""
@@ -390,7 +404,28 @@ def _diff(args: argparse.Namespace) -> int:
                 f"  groups: {', '.join(d.groups_before) or '(none)'} -> "
                 f"{', '.join(d.groups_after) or '(none)'}"
             )
+        if d.cluster in previews:
+            _print_preview(previews[d.cluster])
     return 0
+
+
+def _print_preview(preview: Any) -> None:
+    """A cluster's previews, group by group, as an approval request shows them."""
+    from agent.approve.command import preview_lines
+
+    for note in preview.notes:
+        print(f"  note: {note}")
+    for group in preview.groups:
+        print(f"  group {group.group} (as an approval request would preview it):")
+        for line in preview_lines(group.preview):
+            print(f"    {line}")
+        for change in group.preview.objects:
+            if change.diff:
+                name = f"{change.bundle}: {change.target}"
+                text = group.full_diffs.get(name) or change.diff
+                print(f"    === {name}")
+                for line in text.rstrip("\n").splitlines():
+                    print(f"    {line}")
 
 
 # --- the command tree -----------------------------------------------------------------------
@@ -501,7 +536,14 @@ def register(sub: Any) -> None:
         help="show what each cluster would receive",
         description="Compare FLEET_DIR with what each cluster branch of GIT_URL holds: per "
         "cluster, the bundles added, removed or changed (with the fields that change: source "
-        "digests, values...). Pushes nothing.",
+        "digests, values...). With --cluster, also each changed group's preview, object by "
+        "object, in the shape of an approval request (rendered from the published and the new "
+        "content, not a live dry run; see docs/approvals.md). Pushes nothing.",
+    )
+    diff.add_argument(
+        "--no-preview",
+        action="store_true",
+        help="with --cluster: skip fetching and rendering content for the object preview",
     )
     diff.add_argument("fleet_dir", metavar="FLEET_DIR")
     diff.add_argument("--repo", required=True, metavar="GIT_URL")
@@ -588,7 +630,12 @@ def register_installations(sub: Any) -> None:
         else:
             p.add_argument("--cluster", metavar="NAME", help="only this cluster")
             p.add_argument("--bundle", metavar="NAME", help="only this bundle")
-            p.add_argument("--state", metavar="STATE", help="Ready, Progressing, Degraded, ...")
+            p.add_argument(
+                "--state",
+                metavar="STATE",
+                help="Ready, Progressing, AwaitingApproval, Denied, Degraded, RolledBack, "
+                "Paused or Stale",
+            )
         p.add_argument("--hub", metavar="URL")
         p.add_argument("--repo", metavar="GIT_URL")
         add_output_option(p)
@@ -608,12 +655,6 @@ def register_installations(sub: Any) -> None:
         lst.set_defaults(
             handler=inst_handlers.runs_list if group == "runs" else inst_handlers.outputs_list
         )
-
-    for verb in ("approve", "deny"):
-        p = sub.add_parser(verb, help=f"{verb} a BundleDeploymentRequest")
-        p.add_argument("request", metavar="REQUEST")
-        p.add_argument("--kubeconfig", metavar="FILE")
-        p.set_defaults(handler=_not_yet(f"fleetlet {verb}", "the approvals issue"))
 
 
 __all__ = ["register", "register_installations"]

@@ -19,6 +19,7 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
     ("argv", "expected"),
     [
         ((), ["hub", "agent", "render", "health", "installations", "approve", "deny", "import"]),
+        ((), ["preview"]),
         ((), ["demo"]),
         (("import",), ["fleet"]),
         (("agent",), ["run", "sync"]),

@@ -41,7 +41,7 @@ SECRET = "db-password-s3cr3t"
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = Path(os.environ.get("FLEETLET_TEST_ARTIFACTS") or ROOT / "test-artifacts") / "dashboard"
 CODES = {"Ready": "R", "Progressing": "P", "Degraded": "D", "RolledBack": "RB", "Paused": "PA"}
-CODES["Stale"] = "S"
+CODES.update(Stale="S", AwaitingApproval="AA", Denied="DN")
 
 # cluster -> (labels in the fleet repo, or None: not in it; bundle -> state; stale)
 FLEET: dict[str, tuple[dict[str, str] | None, dict[str, str], bool]] = {
@@ -76,8 +76,8 @@ FLEET: dict[str, tuple[dict[str, str] | None, dict[str, str], bool]] = {
         {"region": "us", "tier": "store"},
         {
             "platform-crds": "Ready",
-            "platform-operator": "Ready",
-            "shop-frontend": "Ready",
+            "platform-operator": "Denied",
+            "shop-frontend": "AwaitingApproval",
             "shop-backend": "Paused",
             "metrics": "Progressing",
         },
@@ -89,6 +89,65 @@ FLEET: dict[str, tuple[dict[str, str] | None, dict[str, str], bool]] = {
         True,
     ),
 }
+# The approval requests of store-us-001's group "apps": one pending (it adds a
+# ClusterRoleBinding), one denied.
+REQUESTS = [
+    {
+        "name": "apps-s4-1a2b3c",
+        "group": "apps",
+        "serial": 4,
+        "bundles": ["shop-frontend", "platform-operator"],
+        "state": "Pending",
+        "createdAt": "2026-11-22T23:00:00Z",
+        "preview": {
+            "source": "live",
+            "created": 1,
+            "changed": 1,
+            "unchanged": 12,
+            "findings": 1,
+            "security": {
+                "rbac": [
+                    {
+                        "bundle": "shop-frontend",
+                        "object": "ClusterRoleBinding shop-view",
+                        "action": "created",
+                        "details": ["cluster-wide", "roleRef: ClusterRole view"],
+                    }
+                ]
+            },
+            "objects": [
+                {
+                    "bundle": "shop-frontend",
+                    "apiVersion": "apps/v1",
+                    "kind": "Deployment",
+                    "namespace": "shop",
+                    "name": "frontend",
+                    "action": "changed",
+                    "paths": ["spec.template.spec.containers[0].image"],
+                },
+                {
+                    "bundle": "shop-frontend",
+                    "apiVersion": "rbac.authorization.k8s.io/v1",
+                    "kind": "ClusterRoleBinding",
+                    "name": "shop-view",
+                    "action": "created",
+                },
+            ],
+        },
+    },
+    {
+        "name": "apps-s3-9f8e7d",
+        "group": "apps",
+        "serial": 3,
+        "bundles": ["shop-frontend", "platform-operator"],
+        "state": "Denied",
+        "createdAt": "2026-11-22T21:00:00Z",
+        "decidedBy": "alice",
+        "decidedAt": "2026-11-22T21:30:00Z",
+        "reason": "not during the sale",
+        "preview": {"source": "live", "changed": 2, "unchanged": 11},
+    },
+]
 REFUSAL = {
     "reason": "SignatureInvalid",
     "message": "the publication's signature does not verify against the trusted root",
@@ -128,6 +187,7 @@ def _documents(key: PrivateKey) -> dict[str, Any]:
             cluster, states, stale=stale, now=now, outputs=outputs
         )
     documents["store-eu-002"]["lastRefusal"] = REFUSAL
+    documents["store-us-001"]["requests"] = REQUESTS
     return documents
 
 
@@ -367,6 +427,35 @@ def test_installation_page_shows_runs_and_masks_sensitive_outputs(hub: Hub, tab:
     expect(first).to_contain_text("Deployment shop-backend/shop-backend not Available")
     expect(first).to_contain_text("Failed object: apps/v1 Deployment shop-backend/shop-backend")
     expect(page.locator("dl.facts")).to_contain_text("Degraded")
+
+
+def test_installation_page_shows_the_approval_requests_and_their_preview(
+    hub: Hub, tab: Tab
+) -> None:
+    page = open_matrix(tab, hub.url)
+    cell = page.locator('tr[data-cluster="store-us-001"] td[data-bundle="shop-frontend"] a')
+    expect(cell).to_have_attribute("aria-label", "AwaitingApproval")
+    cell.click()
+    expect(page.locator("dl.facts").first).to_contain_text("AwaitingApproval")
+    requests_shown = page.locator("#requests section.request")
+    expect(requests_shown).to_have_count(2)
+    pending = page.locator('#requests section[data-request="apps-s4-1a2b3c"]')
+    expect(pending).to_have_attribute("data-state", "Pending")
+    expect(pending).to_contain_text("fleetlet preview apps-s4-1a2b3c")
+    expect(pending).to_contain_text("1 created, 1 changed, 0 deleted, 12 unchanged")
+    finding = pending.locator('li[data-category="rbac"]')
+    expect(finding).to_contain_text("ClusterRoleBinding shop-view (created): cluster-wide")
+    pending.locator("details summary").click()
+    expect(pending.locator("table.request-objects tbody tr")).to_have_count(2)
+    expect(pending.locator("table.request-objects")).to_contain_text(
+        "spec.template.spec.containers[0].image"
+    )
+    denied = page.locator('#requests section[data-request="apps-s3-9f8e7d"]')
+    expect(denied).to_contain_text("Denied by alice")
+    expect(denied).to_contain_text("not during the sale")
+    # The denied installation says so in its own state.
+    page.goto(f"{hub.url}/ui/installations/store-us-001/platform-operator")
+    expect(page.locator("dl.facts").first).to_contain_text("Denied")
 
 
 def test_admin_token_sees_the_sensitive_value(hub: Hub, tab: Tab) -> None:

@@ -13,14 +13,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agent.api.approvals import (
+    ApprovalPolicySpec,
+    BundleDeploymentRequestSpec,
+    BundleDeploymentRequestStatus,
+)
 from agent.api.canonical import dump_yaml
 from agent.api.generated import write_or_check
 from agent.api.models import (
     API_GROUP,
     API_VERSION,
     BUILTIN_FORMATS,
-    BundleDeploymentRequestSpec,
-    BundleDeploymentRequestStatus,
     BundleDeploymentSet,
     BundleDeploymentSpec,
     BundleDeploymentStatus,
@@ -137,18 +140,60 @@ CRDS: tuple[Crd, ...] = (
         kind="BundleDeploymentRequest",
         plural="bundledeploymentrequests",
         short_names=("bdr",),
-        doc="A request to apply one exact BundleDeploymentSet (pinned by digest) to this "
-        "cluster, in the manner of cert-manager's CertificateRequest: the agent creates it "
-        "with a preview; a person allowed to `approve` sets the Approved or Denied condition "
-        "through the status subresource.",
+        doc="A request to move one lockstep group to exactly pinned revisions, with a preview "
+        "of what that does to the cluster, in the manner of cert-manager's CertificateRequest: "
+        "the agent creates it and waits; a user holding the verb `approve` on it (or the "
+        "cluster's ApprovalPolicy) decides through the status subresource. See "
+        "docs/approvals.md.",
         spec=BundleDeploymentRequestSpec,
         status=BundleDeploymentRequestStatus,
         columns=(
+            Column(name="Group", json_path=".spec.group", description="Lockstep group."),
             Column(name="Serial", json_path=".spec.serial", type="integer"),
-            Column(name="Approved", json_path=_condition("Approved", "status")),
-            Column(name="Denied", json_path=_condition("Denied", "status")),
-            Column(name="By", json_path=".status.approvedBy"),
+            Column(
+                name="Created",
+                json_path=".spec.preview.created",
+                type="integer",
+                description="Objects the move creates.",
+            ),
+            Column(name="Changed", json_path=".spec.preview.changed", type="integer"),
+            Column(name="Deleted", json_path=".spec.preview.deleted", type="integer"),
+            Column(
+                name="Findings",
+                json_path=".spec.preview.findings",
+                type="integer",
+                description="Security findings: RBAC, CRDs, webhooks, privileged pods, namespaces.",
+            ),
+            Column(
+                name="Decision",
+                json_path=".status.decision",
+                description="Approved or Denied (empty while pending).",
+            ),
+            Column(name="By", json_path=".status.decidedBy", description="Who decided."),
+            Column(
+                name="Superseded",
+                json_path=_condition("Superseded", "status"),
+                description="True when a newer publication replaced the request.",
+            ),
+            Column(name="Reason", json_path=".status.reason", priority=1),
+            Column(name="Rule", json_path=".status.rule", priority=1),
             Column(name="Digest", json_path=".spec.setDigest", priority=1),
+            AGE,
+        ),
+    ),
+    Crd(
+        kind="ApprovalPolicy",
+        plural="approvalpolicies",
+        short_names=("ap",),
+        doc="The cluster admin's approval rules for this cluster: whether every move needs "
+        "an approval, and CEL rules over a request's preview that approve it automatically "
+        "(as the approver ServiceAccount named here). See docs/approvals.md.",
+        spec=ApprovalPolicySpec,
+        status=None,
+        columns=(
+            Column(name="RequireApproval", json_path=".spec.requireApproval", type="boolean"),
+            Column(name="Rules", json_path=".spec.rules[*].name"),
+            Column(name="Approver", json_path=".spec.approver"),
             AGE,
         ),
     ),

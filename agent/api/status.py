@@ -31,6 +31,7 @@ from datetime import datetime
 from json.encoder import encode_basestring  # type: ignore[attr-defined]
 from typing import Any, ClassVar, Literal
 
+from agent.api.approvals import RequestPreview
 from agent.api.canonical import canonical_bytes
 from agent.api.models import (
     COMMIT,
@@ -251,6 +252,46 @@ class BundleStatusReport(ApiObject):
         return next((r for r in self.runs if r.result == SUCCEEDED), None)
 
 
+RequestState = Literal["Pending", "Approved", "Denied", "Superseded"]
+MAX_REQUESTS = 64
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RequestReport(ApiObject):
+    """An approval request of the cluster (a BundleDeploymentRequest), as the hub sees it: who
+    decided what, when and why, and its preview (without diffs, bounded)."""
+
+    name: str = api_field("Name of the BundleDeploymentRequest.", max_length=253, min_length=1)
+    group: str = api_field(
+        "The lockstep group it would move.",
+        pattern=DNS_LABEL,
+        expected=DNS_LABEL_TEXT,
+        max_length=63,
+    )
+    serial: int = api_field("Serial it would move the group to.", minimum=1, maximum=2**53 - 1)
+    bundles: tuple[str, ...] = api_field(
+        "The bundles of the group.",
+        default=(),
+        pattern=DNS_LABEL,
+        expected=DNS_LABEL_TEXT,
+        max_length=63,
+        max_items=256,
+    )
+    state: RequestState = api_field("`Pending`, `Approved`, `Denied` or `Superseded`.")
+    created_at: datetime | None = api_field("When the agent made it.", default=None)
+    decided_by: str | None = api_field("Who decided.", default=None, max_length=253)
+    decided_at: datetime | None = api_field("When.", default=None)
+    reason: str | None = api_field("Why (a denial's reason).", default=None, max_length=1024)
+    policy: str | None = api_field(
+        "The ApprovalPolicy that approved it automatically.", default=None, max_length=253
+    )
+    rule: str | None = api_field("Its rule that matched.", default=None, max_length=63)
+    preview: RequestPreview = api_field(
+        "What it does to the cluster (diffs left out, objects and findings bounded).",
+        default=RequestPreview(),
+    )
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ClusterStatus(ApiObject):
     """The status document of one cluster, written by its agent. Newer ``sequence`` wins."""
@@ -298,6 +339,11 @@ class ClusterStatus(ApiObject):
         expected="a format name",
         max_length=63,
         max_items=256,
+    )
+    requests: tuple[RequestReport, ...] = api_field(
+        "Approval requests: every pending one and the newest decided ones of each group.",
+        default=(),
+        max_items=MAX_REQUESTS,
     )
 
     def bundle(self, name: str) -> BundleStatusReport | None:
@@ -360,6 +406,10 @@ def _wire(obj: ApiObject) -> str:
             members.append(f'"{name}":[' + ",".join(_wire(run) for run in value) + "]")
         elif isinstance(value, ApiObject):
             members.append(f'"{name}":' + canonical_bytes(value).decode("utf-8"))
+        elif isinstance(value, tuple) and value and isinstance(value[0], ApiObject):
+            members.append(
+                f'"{name}":[' + ",".join(canonical_bytes(v).decode("utf-8") for v in value) + "]"
+            )
         else:
             members.append(f'"{name}":' + _scalar(value))
     text = "{" + ",".join(members) + "}"

@@ -17,7 +17,9 @@ The objects, in the order they are applied:
 4. the configuration: ConfigMap ``fleetlet-agent`` (repository, cluster), Secret
    ``fleetlet-trust`` (trusted root and identity policy), credentials Secrets, the hub's public
    key;
-5. the approval policy, once the approvals work provides one (:func:`approval_policies`);
+5. approvals enforced by the API server (:func:`approval_policies`): the
+   ValidatingAdmissionPolicy ``fleetlet-approvals`` and its binding, the ClusterRole
+   ``fleetlet-approver`` and the Role ``fleetlet-preview-reader`` (:mod:`agent.approve.admission`);
 6. the probe/metrics Service, an optional ServiceMonitor, and the Deployment, pinned to an
    image digest, with a hash of the configuration in its pod template so a changed
    configuration restarts the agent.
@@ -37,6 +39,7 @@ from typing import Any
 from agent.api.canonical import dump_yaml
 from agent.api.crds import CRDS, crd_document
 from agent.api.generated import write_or_check
+from agent.approve.admission import approver_objects, auto_approver_objects, policy_objects
 from agent.errors import PermanentError
 
 Object = dict[str, Any]
@@ -189,12 +192,25 @@ def rbac_objects(namespace: str) -> list[Object]:
             },
             # Outputs of the latest successful run (sensitive values in Secrets of its namespace).
             {"apiGroups": ["fleetlet.io"], "resources": ["bundleoutputs"], "verbs": all_verbs},
-            # Approval requests: it asks and reads the decision; it may never decide (no
-            # /status, no custom verb "approve").
+            # Approval requests: it asks, reads the decision, marks a pending one Superseded
+            # (custom verb "supersede") and deletes old ones. It may never decide: no custom
+            # verb "approve", which the ValidatingAdmissionPolicy fleetlet-approvals requires
+            # for any decision whatever RBAC allows on /status.
             {
                 "apiGroups": ["fleetlet.io"],
                 "resources": ["bundledeploymentrequests"],
-                "verbs": ["get", "list", "watch", "create", "delete"],
+                "verbs": ["get", "list", "watch", "create", "delete", "supersede"],
+            },
+            {
+                "apiGroups": ["fleetlet.io"],
+                "resources": ["bundledeploymentrequests/status"],
+                "verbs": ["get", "update", "patch"],
+            },
+            # The cluster admin's approval rules, read only.
+            {
+                "apiGroups": ["fleetlet.io"],
+                "resources": ["approvalpolicies"],
+                "verbs": ["get", "list", "watch"],
             },
         ],
     }
@@ -276,13 +292,11 @@ def service_monitor(namespace: str) -> Object:
 
 
 def approval_policies(namespace: str) -> list[Object]:
-    """The ValidatingAdmissionPolicy (and binding) that enforces approvals.
-
-    HOOK for the approvals work (issue 17): none exists yet, so nothing is installed. When
-    deploy/ gains the policy, return its objects here (built like the others); ``install``
-    applies them after the RBAC and before the Deployment, and ``uninstall`` removes them.
-    """
-    return []
+    """What makes the API server enforce approvals (docs/approvals.md): the
+    ValidatingAdmissionPolicy ``fleetlet-approvals`` and its binding, the ClusterRole
+    ``fleetlet-approver`` for people who decide, the Role ``fleetlet-preview-reader`` of the
+    agent's namespace. Not the opt-in auto-approver (``deploy/agent/auto-approver/``)."""
+    return [*policy_objects(), *approver_objects(namespace)]
 
 
 def deployment(
@@ -563,6 +577,23 @@ def base_files() -> dict[str, bytes]:
             "Secrets fleetlet-git-credentials, fleetlet-status-git-credentials. The image is a\n"
             "placeholder digest: set yours with kustomize `images:` (see docs/operations.md).",
             [deployment(namespace=ns, image=RELEASE_IMAGE)],
+        ),
+        "deploy/agent/approvals/policy.yaml": file(
+            "Approvals enforced by kube-apiserver (docs/approvals.md): who may decide a\n"
+            "BundleDeploymentRequest. Needs Kubernetes 1.30+ (ValidatingAdmissionPolicy GA).",
+            policy_objects(),
+        ),
+        "deploy/agent/approvals/approver.yaml": file(
+            "For the people who decide: kubectl create clusterrolebinding alice-approves\n"
+            "--clusterrole=fleetlet-approver --user=alice (or a ClusterRole of your own with\n"
+            "resourceNames: named-resource RBAC works with the verb approve). The Role reads\n"
+            "the whole diffs of large previews (fleetlet preview --full).",
+            approver_objects(ns),
+        ),
+        "deploy/agent/auto-approver/auto-approver.yaml": file(
+            "OPT-IN: the identity the agent approves as when a rule of the cluster's\n"
+            'ApprovalPolicy matches (docs/approvals.md, "What is trusted").',
+            auto_approver_objects(ns),
         ),
         "deploy/agent/monitoring/servicemonitor.yaml": file(
             "Optional: needs the Prometheus Operator's CRDs.", [service_monitor(ns)]

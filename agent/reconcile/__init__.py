@@ -29,6 +29,7 @@ from agent.api.reasons import Reason
 from agent.apply import Inventory, Key
 from agent.apply.intent import GroupRecords
 from agent.apply.store import RevisionStore
+from agent.approve.gate import Approvals
 from agent.errors import TemporaryError
 from agent.kube import ApiUnavailableError, KubeClient
 from agent.reconcile.context import (
@@ -90,7 +91,13 @@ class PassResult:
 
     @property
     def held(self) -> tuple[str, ...]:
+        """Groups paused, or whose move was denied."""
         return self._groups(GroupState.HELD)
+
+    @property
+    def awaiting_approval(self) -> tuple[str, ...]:
+        """Groups whose move waits for a decision on its BundleDeploymentRequest."""
+        return self._groups(GroupState.AWAITING_APPROVAL)
 
     @property
     def drift_corrected(self) -> int:
@@ -119,7 +126,10 @@ class Reconciler:
         outputs: OutputsStage | None = None,
         clock: Callable[[], datetime] = now,
         metrics: Metrics | None = None,
+        approvals: Approvals | None = None,
     ) -> None:
+        """``approvals``: default, this agent's requests and the cluster's ApprovalPolicies
+        through ``kube``."""
         self.kube = kube
         self.settings = settings
         self.store = store
@@ -130,6 +140,7 @@ class Reconciler:
         self.clock = clock
         self.metrics = metrics
         self.identities = Identities(kube=kube, agent_namespace=settings.agent_namespace)
+        self.approvals = approvals or Approvals(kube=kube, agent_namespace=settings.agent_namespace)
 
     def reconcile(
         self,
@@ -180,6 +191,7 @@ class Reconciler:
                 outputs=self.outputs,
                 clock=self.clock,
                 metrics=self.metrics,
+                approvals=self.approvals,
             )
 
         outcomes = self._run_groups(deployment_set, context)

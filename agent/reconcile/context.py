@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.api import BundleDeploymentEntry, BundleDeploymentSet, BundleDeploymentSpec, Revision
 from agent.apply import ApplyError, Key
@@ -26,6 +26,9 @@ from agent.report.metrics import Metrics
 from agent.report.outputs import OutputsStage
 from agent.report.runs import RunLog
 from agent.report.view import BundleView, BundleViews
+
+if TYPE_CHECKING:
+    from agent.approve.gate import Approvals
 
 Manifest = dict[str, Any]
 RenderFn = Callable[
@@ -60,7 +63,8 @@ class ReconcileSettings:
     """The agent's own objects, off limits to bundle content (None: nothing guarded; the
     CLI always sets it)."""
     failpoint: Callable[[str], None] | None = None
-    """Called with the name of each step of a move (``intent``, ``apply:<progress>``,
+    """Called with the name of each step of a move (``approved``, ``intent``,
+    ``apply:<progress>``,
     ``applied``, ``health``, ``healthy``, ``pruned``, ``stored``, ``finished``, ``rollback``,
     ``rollback:applied``, ``rollback:pruned``): fault injection for crash tests
     (``FLEETLET_FAILPOINT``); None in production."""
@@ -141,6 +145,8 @@ class GroupState(StrEnum):
     ROLLED_BACK = "rolledBack"
     FAILED = "failed"
     WAITING = "waiting"
+    AWAITING_APPROVAL = "awaitingApproval"
+    """Its move waits for a decision on its BundleDeploymentRequest (looked at each poll)."""
     HELD = "held"
 
 
@@ -187,6 +193,9 @@ class GroupContext:
     outputs: OutputsStage | None
     clock: Callable[[], datetime]
     metrics: Metrics | None = None
+    approvals: Approvals | None = None
+    """Approval requests and the cluster's ApprovalPolicies (None: moves are never held for
+    an approval)."""
     owners: dict[Any, str] = field(default_factory=dict)
     """Which bundle of the group each object (and checked object) belongs to (per-bundle
     health counts); filled by the step that applies."""

@@ -1,10 +1,11 @@
 """One lockstep group's part of a reconcile pass, as a pipeline read top to bottom.
 
     resume   a move a crash interrupted: finish it, or return the group (agent.apply.intent)
-    gate     paused, approval, dependsOn, a failed target (agent.gate; held and steady
-             groups: agent.reconcile.steady)
-    move     render -> intent -> pre hooks -> dry run + staged apply, wave by wave -> Sync
-             hooks -> health of the whole group -> post hooks
+    gate     paused, dependsOn, a failed target (agent.gate; held and steady groups:
+             agent.reconcile.steady)
+    move     render -> request approval (when needed: agent.approve) -> intent -> pre hooks
+             -> dry run + staged apply, wave by wave -> Sync hooks -> health of the whole
+             group -> post hooks
     finish   prune -> revision store -> outputs -> runs -> intent cleared
     or       roll back: the one way back to the previous healthy revisions
              (agent.reconcile.rollback)
@@ -52,6 +53,7 @@ from agent.apply.hooks import (
 )
 from agent.apply.intent import BundleMove, GroupRecord, Intent
 from agent.apply.store import HealthyRevision
+from agent.approve.gate import approval_holds, request_approval
 from agent.errors import FleetletError, PermanentError, TemporaryError
 from agent.gate import (
     Decision,
@@ -115,9 +117,7 @@ def reconcile_group(ctx: GroupContext, healthy_groups: set[str]) -> GroupOutcome
     report_held(ctx, decision)
     match decision.verdict:
         case Verdict.HELD:
-            return GroupOutcome(
-                group=ctx.group, state=GroupState.HELD, healthy=not decision.approval
-            )
+            return GroupOutcome(group=ctx.group, state=GroupState.HELD, healthy=True)
         case Verdict.WAITING:
             message = f"waiting for group(s) {', '.join(decision.waiting_for)} to be healthy"
             for entry in decision.active:
@@ -133,7 +133,8 @@ def reconcile_group(ctx: GroupContext, healthy_groups: set[str]) -> GroupOutcome
 
 
 def move(ctx: GroupContext, decision: Decision) -> GroupOutcome:
-    """Render the targets, record the intent, then :func:`advance`."""
+    """Render the targets, have them approved when they need it (only exactly these objects
+    are applied under an approval), record the intent, then :func:`advance`."""
     active = decision.active
     names = [e.name for e in active]
     for name in names:
@@ -167,6 +168,9 @@ def move(ctx: GroupContext, decision: Decision) -> GroupOutcome:
     guarded = _guarded_hooks(ctx, splits)
     if guarded:
         return _refuse_render(ctx, decision, "ProtectedObject", "; ".join(guarded))
+    held = request_approval(ctx, decision, objects, {n: s.main for n, s in splits.items()})
+    if held is not None:
+        return held
     intent = begin(ctx, active, {n: s.main for n, s in splits.items()}, previous, decision.targets)
     return advance(ctx, intent, active, splits)
 
@@ -571,7 +575,7 @@ def resume(ctx: GroupContext, intent: Intent) -> GroupOutcome | None:
     same = all(
         name in wanted and spec_digest(wanted[name]) == move.target_digest
         for name, move in intent.bundles.items()
-    )
+    ) and approval_holds(ctx, (m.target_serial for m in intent.bundles.values()))
     if intent.phase == "applying" and same:
         active = [wanted[n] for n in intent.bundles]
         try:

@@ -1,4 +1,4 @@
-"""A group that does not move: held bundles say why (paused, waiting for an approval), and a
+"""A group that does not move: paused bundles say why, and a
 group on its target keeps it — drifted objects are put back and its health is assessed once;
 a group whose target failed stays on its previous revision and says how it is tried again.
 """
@@ -42,8 +42,7 @@ log = logging.getLogger(__name__)
 
 
 def report_held(ctx: GroupContext, decision: Decision) -> None:
-    """Say on each held bundle why it is held: paused (with any drift found, not corrected),
-    or waiting for an approval."""
+    """Say on each paused bundle why it is held (with any drift found, not corrected)."""
     for entry, why in decision.paused:
         view = ctx.view(entry.name)
         stored = ctx.store.latest(entry.name)
@@ -59,14 +58,6 @@ def report_held(ctx: GroupContext, decision: Decision) -> None:
             else ""
         )
         view.mark_paused(message)
-        ctx.views.write(view)
-    for entry in decision.approval:
-        view = ctx.view(entry.name)
-        view.unpause()
-        view.mark_waiting(
-            Reason.APPROVAL_REQUIRED,
-            "approval: manual is not supported by this agent yet: the bundle is not applied",
-        )
         ctx.views.write(view)
     for entry in decision.active:
         ctx.view(entry.name).unpause()

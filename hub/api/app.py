@@ -364,6 +364,13 @@ def openapi_document() -> dict[str, Any]:
                 "lastHealthyRevision": _nullable("object"),
                 "health": _nullable("object"),
                 "runs": {"type": "array", "items": _ref("Run")},
+                "requests": {
+                    "type": "array",
+                    "items": {"type": "object"},
+                    "description": "approval requests of the installation's group (pending "
+                    "and the newest decided ones): name, serial, state, decidedBy, decidedAt, "
+                    "reason, policy, rule, preview (docs/approvals.md)",
+                },
             },
         },
         "Output": {

@@ -38,7 +38,16 @@ _VIEW_FILE = "view.json"
 _VIEW_FORMAT = 1
 _EXPLICIT_REFSPECS = 64
 
-STATES = ("Ready", "Progressing", "Degraded", "RolledBack", "Paused", "Stale")
+STATES = (
+    "Ready",
+    "Progressing",
+    "AwaitingApproval",
+    "Denied",
+    "Degraded",
+    "RolledBack",
+    "Paused",
+    "Stale",
+)
 
 
 class StatusCacheError(PermanentError):
@@ -135,10 +144,11 @@ class RefreshResult:
 def installation_state(bundle: Mapping[str, Any], *, stale: bool) -> str:
     """The one-word state of an installation, from its conditions and its newest run.
 
-    Stale beats everything (an old report says nothing about now); then Paused, Progressing
-    (a run in progress or Progressing=True), RolledBack (the newest run was rolled back, or
-    Ready says RolledBack),
-    Degraded (Degraded=True, Ready=False or the newest run failed), Ready.
+    Stale beats everything (an old report says nothing about now); then Paused,
+    AwaitingApproval and Denied (Ready says so: the group's move waits for, or was refused,
+    an approval), Progressing (a run in progress or Progressing=True), RolledBack (the newest
+    run was rolled back, or Ready says RolledBack), Degraded (Degraded=True, Ready=False or
+    the newest run failed), Ready.
     """
     if stale:
         return "Stale"
@@ -152,6 +162,8 @@ def installation_state(bundle: Mapping[str, Any], *, stale: bool) -> str:
     ready = conditions.get("Ready", {})
     if true("Paused") or ready.get("reason") == "Paused":
         return "Paused"
+    if ready.get("reason") in ("AwaitingApproval", "Denied"):
+        return str(ready["reason"])
     if last == RUNNING or true("Progressing"):
         return "Progressing"
     if last == ROLLED_BACK or ready.get("reason") == "RolledBack":
@@ -439,6 +451,11 @@ class FleetStatus:
             "health": item.get("health"),
             "driftCount": item.get("driftCount", 0),
             "runs": item.get("runs", []),
+            "requests": [
+                r
+                for r in view.document.get("requests", [])
+                if isinstance(r, dict) and r.get("group") == item.get("group")
+            ],
         }
 
     def runs(self, cluster: str, bundle: str) -> list[dict[str, Any]] | None:

@@ -1,10 +1,12 @@
 // Building DOM from data without innerHTML: every value lands in a text node or an attribute.
 
-export const STATES = ["Ready", "Progressing", "Degraded", "RolledBack", "Paused", "Stale"];
+export const STATES = ["Ready", "Progressing", "AwaitingApproval", "Denied", "Degraded", "RolledBack", "Paused", "Stale"];
 // The letters in the matrix cells: state is never told by colour alone.
 export const STATE_CODES = {
   Ready: "R",
   Progressing: "P",
+  AwaitingApproval: "AA",
+  Denied: "DN",
   Degraded: "D",
   RolledBack: "RB",
   Paused: "PA",
