@@ -157,8 +157,9 @@ def world(
     )
 
 
-def server_refs(repo: Path) -> dict[str, str]:
-    """Branch -> commit, read on the server's own bare repository with git."""
+def server_refs(repo: Path, *, every: bool = False) -> dict[str, str]:
+    """Branch -> commit (``every``: every ref, the publication head and staging refs too),
+    read on the server's own bare repository with git."""
     out = subprocess.run(
         ["git", "--git-dir", str(repo), "for-each-ref", "--format=%(refname) %(objectname)"],
         capture_output=True,
@@ -166,7 +167,8 @@ def server_refs(repo: Path) -> dict[str, str]:
         check=True,
         timeout=60,
     ).stdout
-    return {ref: oid for ref, oid in (line.split(" ", 1) for line in out.splitlines())}
+    refs = {ref: oid for ref, oid in (line.split(" ", 1) for line in out.splitlines())}
+    return refs if every else {r: o for r, o in refs.items() if r.startswith("refs/heads/")}
 
 
 def branch_files(repo: Path, cluster: str) -> dict[str, bytes]:
@@ -207,6 +209,8 @@ def test_publish_moves_tags_reruns_refreshes(world: World) -> None:
         "refs/heads/fleetlet/clusters/eu-edge-1",
         "refs/heads/fleetlet/clusters/us-edge-1",
     ]
+    # Beside the branches only the publication head: nothing staged is left behind.
+    assert sorted(set(server_refs(repo, every=True)) - set(refs)) == ["refs/fleetlet/publication"]
     received = {}
     for cluster in ("eu-core", "eu-edge-1", "us-edge-1"):
         files = branch_files(repo, cluster)
@@ -546,7 +550,7 @@ def test_a_signer_agents_would_refuse_stops_the_publish(world: World, tmp_path: 
     line = done.stderr.strip().splitlines()[-1]
     assert line.startswith("fleetlet: the new publication would be refused by agents")
     assert "IdentityMismatch" in line
-    assert server_refs(repo) == {}
+    assert server_refs(repo, every=True) == {}
 
 
 def test_cli_no_sign_is_marked_unsafe(world: World) -> None:
