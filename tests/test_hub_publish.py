@@ -340,18 +340,14 @@ def test_rejected_push_is_reported_and_a_rerun_finishes(world: World) -> None:
         publish(prepare(fleet), store, signer=None)
     assert list(caught.value.rejected) == ["refs/heads/fleetlet/clusters/eu-core"]
     assert "rerun hub publish" in str(caught.value)
-    assert sorted(server_refs(repo)) == [
-        "refs/heads/fleetlet/clusters/eu-edge-1",
-        "refs/heads/fleetlet/clusters/us-edge-1",
-    ]
-    pushed_before = server_refs(repo)
+    # The branches and the head move in one atomic push: a refused branch moves nothing, so
+    # no cluster ever holds a set of a publication that did not land whole.
+    assert server_refs(repo, every=True) == {}
     (repo / "deny").unlink()
     with BranchStore(url=url) as store:
         report = publish(prepare(fleet), store, signer=None)
-    assert report.pushed == ("eu-core",)
-    after = server_refs(repo)
-    for ref, commit in pushed_before.items():
-        assert after[ref] == commit
+    assert sorted(report.pushed) == ["eu-core", "eu-edge-1", "us-edge-1"]
+    assert len(server_refs(repo)) == 3
 
 
 def test_diff_shows_bundles_and_fields(world: World) -> None:

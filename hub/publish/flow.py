@@ -51,7 +51,7 @@ from hub.publish.compare import (
 )
 from hub.publish.compose import SetComposer
 from hub.publish.git import BRANCH_PREFIX, BranchFacts, BranchStore, CommitBatch
-from hub.publish.sendpack import ZERO, RefUpdate
+from hub.publish.sendpack import ZERO, AtomicUnsupportedError, RefUpdate
 from hub.publish.shards import ShardedStore
 from hub.publish.sign import Leaf, PublicationSigner, SignedTree, sign_leaves
 from hub.resolve import Resolver, ResolveSettings
@@ -405,19 +405,29 @@ def _publish_once(
     )
     plan = writer.plan(todo, decisions, stores)
     say(f"writing {len(todo)} cluster commits to {len(plan)} shard(s)")
+    # Shard 0 holds the head: its branches move in the same atomic push as the head (the
+    # commit point); the other shards are staged before it and applied after it.
     staged: dict[int, str] = {}
     try:
         with clock.stage("write+stage"):
-            staged = sharded.each(lambda s, st: writer.stage(st, plan[s], clock), plan)
+            later = [s for s in plan if s != 0]
+            staged = sharded.each(lambda s, st: writer.stage(st, plan[s], clock), later)
         with clock.stage("commit"):
-            _commit(stores[0], head, publication, now, signed, staged)
+            try:
+                _commit(writer, stores[0], head, signed, staged, plan.get(0, []), clock)
+            except AtomicUnsupportedError:
+                # Without atomic pushes shard 0 is staged and applied like the others.
+                if 0 in plan:
+                    staged[0] = writer.stage(stores[0], plan[0], clock)
+                _commit(writer, stores[0], head, signed, staged, [], clock)
     except BaseException:
         # Nothing was committed: what this attempt staged is garbage (best effort).
         _unstage(sharded, publication, staged)
         raise
-    say(f"publication {publication} committed; moving the branches of {len(plan)} shard(s)")
+    say(f"publication {publication} committed; moving the branches of {len(staged)} shard(s)")
+    refused: dict[int, dict[str, str]] = {s: {} for s in plan}
     with clock.stage("apply"):
-        refused = sharded.each(lambda s, st: writer.apply(st, plan[s], staged[s]), plan)
+        refused.update(sharded.each(lambda s, st: writer.apply(st, plan[s], staged[s]), staged))
     sharded.each(lambda _s, st: st.save_facts())
     problems = {ref: reason for s in refused for ref, reason in refused[s].items()}
     pushed = sorted(
@@ -519,10 +529,8 @@ class _Writer:
             out.setdefault(d.shard, []).append(_Update(d.cluster, ref, d.tip, ZERO))
         return out
 
-    def stage(self, store: BranchStore, updates: list[_Update], clock: _Clock) -> str:
-        """Write this shard's commits and its staging commit as one pack and push them with
-        the staging ref. Returns the staging commit. Raises GitTransportError, PublishError."""
-        started = time.perf_counter()
+    def write(self, store: BranchStore, updates: list[_Update]) -> CommitBatch:
+        """The commits of ``updates`` (their ``new`` set), in a batch for one pack."""
         batch = CommitBatch(store)
         shared: dict[str, str] = {}
         if self.signed is not None:
@@ -531,8 +539,14 @@ class _Writer:
                 shared[BUNDLE_FILE] = batch.blob(self.signed.bundle_json)
         bases: dict[tuple[int, tuple[str, ...]], tuple[str, int, int, int]] = {}
         for u in updates:
-            if u.change is not None:
-                u.new = self._commit(batch, u.change, shared, bases)
+            u.new = self._commit(batch, u.change, shared, bases) if u.change else ZERO
+        return batch
+
+    def stage(self, store: BranchStore, updates: list[_Update], clock: _Clock) -> str:
+        """Write this shard's commits and its staging commit as one pack and push them with
+        the staging ref. Returns the staging commit. Raises GitTransportError, PublishError."""
+        started = time.perf_counter()
+        batch = self.write(store, updates)
         real = [RefUpdate(ref=u.ref, old=u.old, new=u.new) for u in updates]
         staging = batch.commit(
             {ledger.UPDATES_FILE: batch.blob(ledger.updates_bytes(real))},
@@ -602,9 +616,16 @@ class _Writer:
         real = [RefUpdate(ref=u.ref, old=u.old, new=u.new) for u in updates]
         ref = ledger.staging_ref(self.publication)
         outcome = store.push([*real, RefUpdate(ref=ref, old=staging, new=ZERO)], pack=None)
+        self.settle(store, updates, outcome.refused)
+        return {r: m for r, m in outcome.refused.items() if r != ref}
+
+    def settle(
+        self, store: BranchStore, updates: list[_Update], refused: Mapping[str, str]
+    ) -> None:
+        """Remember what the moved branches now hold (the next run's diff reads it)."""
         expires = _fmt(self.now + self.prepared.fleet.settings.expires_after) or ""
         for u in updates:
-            if u.ref in outcome.refused:
+            if u.ref in refused:
                 continue
             if u.change is None:
                 store.remember(u.cluster, None)
@@ -620,7 +641,6 @@ class _Writer:
                     moving_since=u.change.moving_since,
                 ),
             )
-        return {r: m for r, m in outcome.refused.items() if r != ref}
 
 
 # --- the two-phase commit (see hub.publish.ledger) ----------------------------------------
@@ -667,34 +687,51 @@ def _recover(sharded: ShardedStore, now: datetime, say: Progress) -> str:
 
 
 def _commit(
+    writer: _Writer,
     store: BranchStore,
     head: str,
-    publication: str,
-    now: datetime,
     signed: SignedTree | None,
     staged: Mapping[int, str],
+    updates: list[_Update],
+    clock: _Clock,
 ) -> None:
-    """Move the head from ``head`` to this publication's record: the commit point.
+    """Move the head from ``head`` to this publication's record, with ``updates`` (shard 0's
+    branches) in the same atomic push: the commit point.
 
-    Raises _LostRace when another hub moved it first.
+    Raises _LostRace when another hub moved the head first, PushRejectedError when the server
+    refused a branch (then nothing moved), AtomicUnsupportedError.
     """
     record = ledger.HeadRecord(
-        publication=publication,
-        issued_at=_fmt(now) or "",
+        publication=writer.publication,
+        issued_at=_fmt(writer.now) or "",
         statement_sha256=hashlib.sha256(signed.statement_bytes).hexdigest() if signed else None,
         staging=dict(staged),
     )
-    batch = CommitBatch(store)
+    started = time.perf_counter()
+    batch = writer.write(store, updates)
     commit = batch.commit(
         {ledger.RECORD_FILE: batch.blob(record.to_bytes())},
         parents=[],
-        message=f"fleetlet: publication {publication}\n",
-        when=now,
+        message=f"fleetlet: publication {writer.publication}\n",
+        when=writer.now,
     )
-    outcome = store.push([RefUpdate(ref=ledger.HEAD_REF, old=head, new=commit)], pack=batch.write())
+    pack = batch.write()
+    clock.add("write", time.perf_counter() - started)
+    started = time.perf_counter()
+    real = [RefUpdate(ref=u.ref, old=u.old, new=u.new) for u in updates]
+    outcome = store.push(
+        [*real, RefUpdate(ref=ledger.HEAD_REF, old=head, new=commit)],
+        pack=pack,
+        atomic=bool(real),
+    )
+    clock.add("push", time.perf_counter() - started)
     if outcome.refused:
-        now_at = store.list_refs().get(ledger.HEAD_REF, ZERO)
-        raise _LostRace(now_at[:12])
+        current = store.list_refs().get(ledger.HEAD_REF, ZERO)
+        if current != head:
+            raise _LostRace(current[:12])
+        reasons = {r: m for r, m in outcome.refused.items() if "atomic" not in m}
+        raise PushRejectedError(reasons or dict(outcome.refused), pushed=[])
+    writer.settle(store, updates, {})
 
 
 def _unstage(sharded: ShardedStore, publication: str, staged: Mapping[int, str]) -> None:

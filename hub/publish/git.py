@@ -32,7 +32,14 @@ import pygit2
 
 from hub.errors import GitTransportError, PublishError
 from hub.publish.pack import DeltaOp, PackWriter
-from hub.publish.sendpack import ZERO, PushOutcome, ReceivePack, RefUpdate, supported
+from hub.publish.sendpack import (
+    ZERO,
+    AtomicUnsupportedError,
+    PushOutcome,
+    ReceivePack,
+    RefUpdate,
+    supported,
+)
 
 BRANCH_PREFIX = "refs/heads/fleetlet/clusters/"
 STATUS_PREFIX = "refs/heads/fleetlet/status/"
@@ -304,13 +311,19 @@ class BranchStore:
 
     # --- writing ----------------------------------------------------------------------------
 
-    def push(self, updates: Sequence[RefUpdate], *, pack: Path | None) -> PushOutcome:
+    def push(
+        self, updates: Sequence[RefUpdate], *, pack: Path | None, atomic: bool = False
+    ) -> PushOutcome:
         """Send ``updates`` (with ``pack`` written into this cache repository by
-        :class:`CommitBatch`). Raises GitTransportError when the transfer fails."""
+        :class:`CommitBatch`); ``atomic``: every ref moves or none. Raises GitTransportError
+        when the transfer fails, AtomicUnsupportedError when ``atomic`` cannot be had."""
         if not updates:
             return PushOutcome(refused={})
         if supported(self.url):
-            return ReceivePack(self.url, credentials=self.credentials).push(updates, pack=pack)
+            receiver = ReceivePack(self.url, credentials=self.credentials)
+            return receiver.push(updates, pack=pack, atomic=atomic)
+        if atomic:
+            raise AtomicUnsupportedError(f"{self.url}: atomic pushes need git:// or http(s)://")
         return self._push_libgit2(updates)
 
     def _push_libgit2(self, updates: Sequence[RefUpdate]) -> PushOutcome:

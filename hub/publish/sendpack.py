@@ -33,6 +33,10 @@ _EMPTY_PACK = b"PACK\x00\x00\x00\x02\x00\x00\x00\x00" + bytes.fromhex(
 )
 
 
+class AtomicUnsupportedError(GitTransportError):
+    """The server does not offer atomic pushes (all refs move or none)."""
+
+
 @dataclass(frozen=True, slots=True)
 class RefUpdate:
     """Move ``ref`` from ``old`` to ``new`` (40 hex; :data:`ZERO` creates or deletes)."""
@@ -121,7 +125,7 @@ def _commands(updates: Sequence[RefUpdate], caps: set[str], atomic: bool) -> byt
     if any(u.new == ZERO for u in updates) and "delete-refs" not in caps:
         raise GitTransportError("the git server does not allow deleting refs (delete-refs)")
     if atomic and "atomic" not in caps:
-        raise GitTransportError("the git server does not offer atomic pushes")
+        raise AtomicUnsupportedError("the git server does not offer atomic pushes")
     chunks = []
     for i, u in enumerate(updates):
         line = f"{u.old} {u.new} {u.ref}".encode()
