@@ -65,12 +65,24 @@ def _git_credentials() -> tuple[str, str] | None:
     return (user, password) if user and password else None
 
 
-def _store(args: argparse.Namespace, progress: _Progress) -> Any:
+def _store(args: argparse.Namespace, progress: _Progress, prepared: Any) -> Any:
+    """The fleet's cluster-branch repositories: ``--repo`` (a template with ``{shard}`` for
+    a sharded fleet), else ``shards.repo`` of fleet.yaml. Raises UsageError, FleetRepoError."""
     from hub.publish.git import BranchStore
+    from hub.publish.shards import ShardedStore
 
-    return BranchStore(
-        url=args.repo,
-        cache_dir=Path(args.cache_dir) if args.cache_dir else None,
+    template = args.repo or prepared.fleet.settings.shards.repo
+    if not template:
+        raise UsageError("--repo is required (or shards.repo in fleet.yaml)")
+    cache = Path(args.cache_dir) if args.cache_dir else None
+    shard_map = prepared.shard_map
+    if shard_map.count == 1 and "{shard}" not in template:
+        return BranchStore(
+            url=template, cache_dir=cache, credentials=_git_credentials(), progress=progress
+        )
+    return ShardedStore(
+        urls=shard_map.urls(template),
+        cache_dir=cache,
         credentials=_git_credentials(),
         progress=progress,
     )
@@ -103,11 +115,15 @@ def _prepare(args: argparse.Namespace, progress: _Progress) -> Any:
     from hub.publish.flow import prepare
 
     progress(f"loading fleet {args.fleet_dir}")
+    cache = getattr(args, "cache_dir", None)
     prepared = prepare(
         args.fleet_dir,
         only=args.cluster or None,
         registry_credentials=_registry_credentials(args.registry_config),
         progress=progress,
+        # Parsed fleet files are kept with the git cache: an unchanged inventory is not
+        # parsed again.
+        cache_dir=Path(cache) / "fleet-files" if cache else None,
     )
     if not prepared.source.committed:
         progress(
@@ -228,21 +244,21 @@ def _publish(args: argparse.Namespace) -> int:
     signer, trust = _signer(args)
     prepared = _prepare(args, progress)
     check = _self_check(prepared, trust)
-    with _store(args, progress) as store:
+    with _store(args, progress, prepared) as store:
         report = publish(prepared, store, signer=signer, progress=progress, check=check)
     seconds = time.perf_counter() - started
     data = report.to_dict(bundles=len(prepared.fleet.bundles), references=prepared.references)
     data["seconds"]["total"] = round(seconds, 3)
     data["source"] = {"repo": prepared.source.repo, "commit": prepared.source.commit}
-    data["repo"] = args.repo
+    data["repo"] = args.repo or prepared.fleet.settings.shards.repo
     if args.output != "table":
         _emit(data, args.output)
         return 0
     counts = data["clusters"]
     print(
-        f"{len(report.pushed)} cluster branches pushed to {args.repo} in one push"
+        f"{len(report.pushed)} cluster branches pushed to {data['repo']} in one publication"
         if report.pushed
-        else f"nothing to publish: {args.repo} is up to date"
+        else f"nothing to publish: {data['repo']} is up to date"
     )
     print(
         "clusters: "
@@ -279,8 +295,8 @@ def _diff(args: argparse.Namespace) -> int:
 
     progress = _Progress(args.quiet)
     prepared = _prepare(args, progress)
-    progress(f"fetching cluster branches from {args.repo}")
-    with _store(args, progress) as store:
+    progress(f"fetching cluster branches from {args.repo or prepared.fleet.settings.shards.repo}")
+    with _store(args, progress, prepared) as store:
         diffs = diff(prepared, store)
     if args.output != "table":
         _emit({"clusters": [d.to_dict() for d in diffs]}, args.output)
@@ -350,7 +366,12 @@ def register(sub: Any) -> None:
         f"{GIT_USERNAME_ENV}/{GIT_PASSWORD_ENV}.",
     )
     publish.add_argument("fleet_dir", metavar="FLEET_DIR")
-    publish.add_argument("--repo", required=True, metavar="GIT_URL")
+    publish.add_argument(
+        "--repo",
+        metavar="GIT_URL",
+        help="the cluster-branch repository; for a sharded fleet a template with {shard} "
+        "(default: shards.repo of fleet.yaml)",
+    )
     publish.add_argument(
         "--trust-config",
         metavar="FILE",
@@ -391,7 +412,11 @@ def register(sub: Any) -> None:
         "digests, values...). Pushes nothing.",
     )
     diff.add_argument("fleet_dir", metavar="FLEET_DIR")
-    diff.add_argument("--repo", required=True, metavar="GIT_URL")
+    diff.add_argument(
+        "--repo",
+        metavar="GIT_URL",
+        help="as for hub publish: a template with {shard} for a sharded fleet",
+    )
     diff.add_argument(
         "--cluster", action="append", metavar="NAME", help="only this cluster (repeatable)"
     )

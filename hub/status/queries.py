@@ -299,7 +299,9 @@ class StatusQueries:
         summary = self.status.cluster(name)
         if summary is None:
             return None
-        cells = {i["bundle"]: i["state"] for i in self.status.installations(cluster=name)}
+        cells = self.status.cells(name)
+        if cells is None:
+            return None
         beat = summary["heartbeat"]
         return _Row(
             tip=tip,
