@@ -35,6 +35,7 @@ class ParsedFiles:
     def __init__(self, directory: Path) -> None:
         self.directory = Path(directory)
         self.used: set[str] = set()
+        self._loaded: dict[str, dict[str, object]] = {}
 
     def _path(self, key: str) -> Path:
         return self.directory / f"{key}.json"
@@ -50,7 +51,23 @@ class ParsedFiles:
         except (OSError, ValueError, KeyError, TypeError, IndexError):
             return None
         self.used.add(key)
+        self._loaded[key] = data
         return rows
+
+    def shards(self, key: str, count: int) -> list[int] | None:
+        """The hashed shard of each cluster of the file (loaded by :meth:`clusters`) among
+        ``count`` shards, if computed before."""
+        found = self._loaded.get(key, {}).get("shards")
+        hints = found.get(str(count)) if isinstance(found, dict) else None
+        return hints if isinstance(hints, list) else None
+
+    def store_shards(self, key: str, count: int, hints: list[int]) -> None:
+        """Remember the hashed shards of the file's clusters for ``count`` shards."""
+        data = self._loaded.get(key)
+        if data is None:
+            return
+        data["shards"] = {str(count): hints}
+        self._write(key, json.dumps(data, separators=(",", ":")))
 
     def store(self, key: str, rows: Iterable[tuple[str, dict[str, str]]]) -> None:
         """Cache the clusters of a file that validated (label sets stored once each)."""
@@ -64,9 +81,11 @@ class ParsedFiles:
                 index = indexes[label_key] = len(table)
                 table.append(dict(labels))
             clusters.append((name, index))
-        body = json.dumps(
-            {"format": _FORMAT, "labels": table, "clusters": clusters}, separators=(",", ":")
-        )
+        data: dict[str, object] = {"format": _FORMAT, "labels": table, "clusters": clusters}
+        self._loaded[key] = data
+        self._write(key, json.dumps(data, separators=(",", ":")))
+
+    def _write(self, key: str, body: str) -> None:
         path = self._path(key)
         tmp = path.with_suffix(f".tmp{os.getpid()}")
         try:

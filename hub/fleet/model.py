@@ -23,6 +23,7 @@ import yaml
 
 from agent.errors import FieldProblem
 from hub.errors import FleetRepoError
+from hub.fleet.jump import shard_of_name
 from hub.fleet.selectors import LabelSelector, label_key_ok, label_value_ok, parse_selector
 
 if TYPE_CHECKING:
@@ -93,6 +94,8 @@ class Cluster:
     name: str
     labels: Mapping[str, str]
     file: str
+    hashed_shard: tuple[int, int] | None = field(default=None, compare=False, repr=False)
+    """(shards, the hashed shard of the name among them), when the parsed-file cache knew it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,7 +276,8 @@ def load_fleet(root: str | Path, *, cache_dir: Path | None = None) -> Fleet:
     for path in _yaml_files(root / "clusters"):
         rel = path.relative_to(root).as_posix()
         files.append(rel)
-        for c in _cluster_file(path, rel, problems, parsed):
+        count = settings.shards.count if settings is not None else 1
+        for c in _cluster_file(path, rel, problems, parsed, count):
             if c.name in clusters:
                 problems.add(
                     rel,
@@ -451,7 +455,7 @@ def _load_sharding(raw: Any, rel: str, problems: _Problems) -> Sharding:
 
 
 def _cluster_file(
-    path: Path, rel: str, problems: _Problems, parsed: ParsedFiles | None
+    path: Path, rel: str, problems: _Problems, parsed: ParsedFiles | None, shards: int
 ) -> list[Cluster]:
     """The clusters of one file, from the parsed-file cache when its bytes were seen before."""
     if parsed is None:
@@ -466,13 +470,16 @@ def _cluster_file(
     key = content_key(data)
     rows = parsed.clusters(key)
     if rows is not None:
-        shared: dict[tuple[tuple[str, str], ...], dict[str, str]] = {}
-        out = []
-        for name, labels in rows:
-            # Clusters with the same labels share one mapping (memory at a million clusters).
-            labels = shared.setdefault(tuple(sorted(labels.items())), labels)
-            out.append(Cluster(name=name, labels=labels, file=rel))
-        return out
+        # Clusters with the same labels share one mapping (the cache stores each label set
+        # once): memory at a million clusters, and one sort per label set when planning.
+        hints = parsed.shards(key, shards)
+        if hints is None or len(hints) != len(rows):
+            hints = [shard_of_name(name, shards) for name, _ in rows]
+            parsed.store_shards(key, shards, hints)
+        return [
+            Cluster(name=name, labels=labels, file=rel, hashed_shard=(shards, hint))
+            for (name, labels), hint in zip(rows, hints, strict=True)
+        ]
     start = len(problems.items)
     found = _load_cluster_file(path, rel, problems, data=data)
     if len(problems.items) == start:

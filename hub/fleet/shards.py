@@ -11,30 +11,15 @@ Repository URLs are templates with ``{shard}``, replaced by the shard number in 
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from agent.errors import FieldProblem
 from hub.errors import FleetRepoError
+from hub.fleet.jump import hash_key, jump_hash, shard_of_name
 from hub.fleet.model import SHARD_PLACEHOLDER, Cluster, Fleet, Sharding
 
-_MASK = (1 << 64) - 1
-
-
-def hash_key(name: str) -> int:
-    """The 64-bit key of a cluster name: the first 8 bytes of its SHA-256, big-endian."""
-    return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big")
-
-
-def jump_hash(key: int, buckets: int) -> int:
-    """Jump consistent hash of a 64-bit ``key`` into ``buckets`` (>= 1) buckets."""
-    b, j = -1, 0
-    while j < buckets:
-        b = j
-        key = (key * 2862933555777941757 + 1) & _MASK
-        j = int((b + 1) * (float(1 << 31) / float((key >> 33) + 1)))
-    return b
+__all__ = ["ShardMap", "assign", "fleet_shards", "hash_key", "jump_hash", "shard_url"]
 
 
 def shard_url(template: str, shard: int) -> str:
@@ -96,7 +81,10 @@ def assign(sharding: Sharding, clusters: Iterable[Cluster]) -> ShardMap:
     for cluster in clusters:
         pinned = cluster.labels.get(label)
         if pinned is None:
-            assignment[cluster.name] = 0 if count == 1 else jump_hash(hash_key(cluster.name), count)
+            hashed = cluster.hashed_shard
+            if hashed is None or hashed[0] != count:
+                hashed = (count, shard_of_name(cluster.name, count))
+            assignment[cluster.name] = hashed[1]
         elif pinned.isdigit() and int(pinned) < count:
             assignment[cluster.name] = int(pinned)
         else:

@@ -184,79 +184,118 @@ def decide(
 
     Raises PublishError when a branch holds an unreadable set.
     """
-    holders: dict[str, dict[int, BranchFacts]] = {}
-    for shard, store in stores.items():
-        for name in store.tips:
-            facts = store.facts(name)
-            if facts is not None:
-                holders.setdefault(name, {})[shard] = facts
+    # Where each branch is: one shard for nearly every cluster, several while it moves.
+    where: dict[str, int | list[int]] = {}
+    for shard in sorted(stores):
+        for name in stores[shard].tips:
+            found = where.get(name)
+            if found is None:
+                where[name] = shard
+            else:
+                where[name] = [*(found if isinstance(found, list) else [found]), shard]
+    # Times in the trailers' fixed format compare as strings: no parsing per cluster.
+    refresh_at = _fmt(now + refresh_before)
     changes: list[ClusterChange] = []
     deletions: list[Deletion] = []
     for name in sorted(plans):
         plan = plans[name]
         home = shard_map.shard_of(name)
-        held = holders.get(name)
-        if not held:
+        found = where.get(name)
+        if found is None:
             changes.append(ClusterChange(name, "added", None, 1, (home,)))
             continue
-        # The branch the cluster's content is judged by: its own shard's, else the newest.
-        source = home if home in held else max(held, key=lambda s: (held[s].serial, -s))
-        facts = held[source]
-        others = sorted(s for s in held if s != home)
-        status: Status
-        serial = max(f.serial for f in held.values())
-        digest = cache.digest(plan)
-        expiry = parse_time(facts.expires_at) if facts.expires_at else None
-        if facts.digest and serial >= 0 and expiry is not None:
-            same = facts.digest == digest
-            unsigned = signed and not facts.signed
-        else:
-            # Not the hub's own commit (no trailers): read the set itself.
-            data = stores[source].read_file(name, SET_FILE)
-            if data is None:
-                raise PublishError(
-                    f"branch fleetlet/clusters/{name} has no {SET_FILE} in {stores[source].url}; "
-                    "fix or delete the branch"
+        if found == home:
+            facts = stores[home].facts(name)
+            assert facts is not None
+            if (
+                facts.digest
+                and facts.serial >= 0
+                and facts.expires_at
+                and not facts.moving_since
+                and facts.digest == cache.digest(plan)
+                and facts.expires_at > refresh_at
+                and not (signed and not facts.signed)
+            ):
+                changes.append(
+                    ClusterChange(name, "unchanged", facts.serial, facts.serial, (home,), facts.tip)
                 )
-            current = read_current(name, data)
-            serial = max(serial, current.serial)
-            expiry = current.expires_at
-            same = current.content is not None and current.content == cache.content(plan)
-            unsigned = signed and stores[source].read_file(name, BUNDLE_FILE) is None
-        since = min((f.moving_since for f in held.values() if f.moving_since), default="")
-        finished = bool(others) and bool(since) and _elapsed(since, now) >= move_window
-        if others and not since:
-            since = _fmt(now)  # the move begins with this publication
-        tips = {f.tip for f in held.values()}
-        if not same:
-            status = "changed"
-        elif others and (home not in held or len(tips) > 1) and not finished:
-            status = "moved"
-        elif unsigned or expiry is None or expiry - now <= refresh_before:
-            status = "refreshed"
-        else:
-            status = "unchanged"
-        if finished:
-            deletions += [Deletion(name, s, held[s].tip) for s in others]
-            others = []
-        targets = (home, *others)
-        if status == "unchanged":
-            changes.append(ClusterChange(name, status, serial, serial, targets, facts.tip))
-            continue
-        changes.append(
-            ClusterChange(
-                name,
-                status,
-                serial,
-                serial + 1,
-                targets,
-                facts.tip,
-                since if others else "",
-            )
+                continue
+        shards = found if isinstance(found, list) else [found]
+        held = {s: f for s in shards if (f := stores[s].facts(name)) is not None}
+        change, gone = _decide_one(
+            name, plan, home, held, stores, now, refresh_at, move_window, cache, signed
         )
-    for name in sorted(set(holders) - fleet_clusters):
-        changes.append(ClusterChange(name, "orphaned", None, None, tuple(sorted(holders[name]))))
+        changes.append(change)
+        deletions += gone
+    for name in sorted(set(where) - fleet_clusters):
+        found = where[name]
+        holding = tuple(found) if isinstance(found, list) else (found,)
+        changes.append(ClusterChange(name, "orphaned", None, None, holding))
     return Decisions(changes=changes, deletions=deletions)
+
+
+def _decide_one(
+    name: str,
+    plan: ClusterPlan,
+    home: int,
+    held: Mapping[int, BranchFacts],
+    stores: Mapping[int, BranchStore],
+    now: datetime,
+    refresh_at: str,
+    move_window: timedelta,
+    cache: ContentCache,
+    signed: bool,
+) -> tuple[ClusterChange, list[Deletion]]:
+    """The general case: a branch not written by a hub, expiring, changed or moving."""
+    # The branch the cluster's content is judged by: its own shard's, else the newest.
+    source = home if home in held else max(held, key=lambda s: (held[s].serial, -s))
+    facts = held[source]
+    others = sorted(s for s in held if s != home)
+    serial = max(f.serial for f in held.values())
+    expiry = facts.expires_at
+    if facts.digest and serial >= 0 and expiry:
+        same = facts.digest == cache.digest(plan)
+        unsigned = signed and not facts.signed
+    else:
+        # Not the hub's own commit (no trailers): read the set itself.
+        data = stores[source].read_file(name, SET_FILE)
+        if data is None:
+            raise PublishError(
+                f"branch fleetlet/clusters/{name} has no {SET_FILE} in {stores[source].url}; "
+                "fix or delete the branch"
+            )
+        current = read_current(name, data)
+        serial = max(serial, current.serial)
+        expiry = _fmt(current.expires_at)
+        same = current.content is not None and current.content == cache.content(plan)
+        unsigned = signed and stores[source].read_file(name, BUNDLE_FILE) is None
+    since = min((f.moving_since for f in held.values() if f.moving_since), default="")
+    finished = bool(others) and bool(since) and _elapsed(since, now) >= move_window
+    if others and not since:
+        since = _fmt(now)  # the move begins with this publication
+    tips = {f.tip for f in held.values()}
+    status: Status
+    if not same:
+        status = "changed"
+    elif others and (home not in held or len(tips) > 1) and not finished:
+        status = "moved"
+    elif unsigned or expiry <= refresh_at:
+        status = "refreshed"
+    elif not others and facts.moving_since:
+        status = "refreshed"  # the move is over: its trailer goes with a new commit
+    else:
+        status = "unchanged"
+    gone: list[Deletion] = []
+    if finished:
+        gone = [Deletion(name, s, held[s].tip) for s in others]
+        others = []
+    targets = (home, *others)
+    if status == "unchanged":
+        return ClusterChange(name, status, serial, serial, targets, facts.tip), gone
+    change = ClusterChange(
+        name, status, serial, serial + 1, targets, facts.tip, since if others else ""
+    )
+    return change, gone
 
 
 def _elapsed(since: str, now: datetime) -> timedelta:
