@@ -88,17 +88,21 @@ def _make_template(plan: ClusterPlan, header: Header) -> _Template | None:
     return template
 
 
-_cluster_lines: dict[str, bytes] = {}
+# Words YAML 1.1 reads as something else than a string when plain (agent.api quotes them).
+_YAML_WORDS = {"y", "n", "yes", "no", "on", "off", "true", "false", "null"}
+_LOWER = frozenset("abcdefghijklmnopqrstuvwxyz")
 
 
 def _cluster_line(name: str) -> bytes:
-    """``cluster: <name>`` as the agent's encoder writes it (quoted when YAML needs it)."""
-    line = _cluster_lines.get(name)
-    if line is None:
-        line = dump_yaml({"cluster": name})
-        if len(_cluster_lines) < 1_000_000:
-            _cluster_lines[name] = line
-    return line
+    """``cluster: <name>`` as the agent's encoder writes it (quoted when YAML needs it).
+
+    A cluster name is a DNS label: one starting with a letter that is no YAML word is plain
+    (the agent's rule; tests/test_hub_compose.py checks the two agree), others go through the
+    agent's encoder.
+    """
+    if name[:1] in _LOWER and name not in _YAML_WORDS and name.isascii():
+        return b"cluster: " + name.encode() + b"\n"
+    return dump_yaml({"cluster": name})
 
 
 def _yaml(template: _Template, name: str, serial: int) -> bytes:

@@ -542,6 +542,11 @@ class _Writer:
     signer: bool
     publication: str
 
+    _expires: str = ""
+
+    def __post_init__(self) -> None:
+        self._expires = _fmt(self.now + self.prepared.fleet.settings.expires_after) or ""
+
     def plan(
         self, todo: list[ClusterChange], decisions: Decisions, stores: Mapping[int, BranchStore]
     ) -> dict[int, list[_Update]]:
@@ -622,15 +627,15 @@ class _Writer:
             )
         files = {**shared, SET_FILE: set_id}
         if self.signed is not None:
-            files[PROOF_FILE] = batch.blob(self.signed.proof(change.cluster).to_bytes())
-        expires = self.now + self.prepared.fleet.settings.expires_after
+            files[PROOF_FILE] = batch.blob(self.signed.proof_bytes(change.cluster))
+        expires = self._expires
         # Trailers let the next run skip unchanged clusters cheaply (see compare.py); the set
         # itself stays the only thing agents trust.
         message = (
             f"fleetlet: {change.status} {change.cluster}, serial {serial}\n\n"
             f"Source: {self.prepared.source.repo}@{self.prepared.source.commit}\n"
             f"Serial: {serial}\n"
-            f"Expires-At: {_fmt(expires)}\n"
+            f"Expires-At: {expires}\n"
             f"Content-Digest: {self.cache.digest(plan)}\n"
             f"Signed: {'true' if self.signer else 'false'}\n"
             + (f"Moving-Since: {change.moving_since}\n" if change.moving_since else "")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
@@ -24,8 +24,10 @@ from agent.api import BundleDeploymentSet, dump_set, set_digest
 from agent.errors import FieldProblem, TemporaryError, ValidationError
 from agent.verify.merkle import MerkleTree, publication_leaf
 from agent.verify.publication import (
+    API_VERSION,
     BUNDLE_FILE,
     PROOF_FILE,
+    PROOF_KIND,
     SET_FILE,
     STATEMENT_FILE,
     ClusterProof,
@@ -109,6 +111,8 @@ class SignedTree:
     tree: MerkleTree
     index: Mapping[str, int]
 
+    checked: dict[str, bool] = field(default_factory=dict, compare=False, repr=False)
+
     def proof(self, cluster: str) -> ClusterProof:
         """The inclusion proof of ``cluster``'s leaf (KeyError if it is not in the tree)."""
         at = self.index[cluster]
@@ -118,6 +122,26 @@ class SignedTree:
             tree_size=self.tree.size,
             hashes=tuple(self.tree.inclusion_proof(at)),
         )
+
+    def proof_bytes(self, cluster: str) -> bytes:
+        """``proof(cluster).to_bytes()``, written directly (100,000 of them per full publish).
+
+        The first one is checked against :meth:`ClusterProof.to_bytes`; if they ever differ,
+        every proof is encoded by it.
+        """
+        if not self.checked.get("fast", True) or not cluster.isascii():
+            return self.proof(cluster).to_bytes()
+        at = self.index[cluster]
+        hashes = ",".join(f'"{h.hex()}"' for h in self.tree.inclusion_proof(at))
+        fast = (
+            f'{{"apiVersion":"{API_VERSION}","cluster":"{cluster}","hashes":[{hashes}],'
+            f'"kind":"{PROOF_KIND}","leafIndex":{at},"treeSize":{self.tree.size}}}'
+        ).encode()
+        if "fast" not in self.checked:
+            self.checked["fast"] = fast == self.proof(cluster).to_bytes()
+            if not self.checked["fast"]:
+                return self.proof(cluster).to_bytes()
+        return fast
 
 
 def sign_leaves(
