@@ -132,8 +132,9 @@ class ClusterChange:
     """What the publication does to one cluster.
 
     ``shards`` are the shards whose branch gets the new commit (its own first, then those
-    still holding its branch while it moves); ``parent`` the commit it follows;
-    ``moving_since`` when its move began (empty when not moving).
+    still holding its branch while it moves); ``parent`` the commit it follows (None: a new
+    history, when a target shard does not hold the current tip); ``moving_since`` when its
+    move began (empty when not moving).
     """
 
     cluster: str
@@ -292,8 +293,18 @@ def _decide_one(
     targets = (home, *others)
     if status == "unchanged":
         return ClusterChange(name, status, serial, serial, targets, facts.tip), gone
+    # The same commit goes to every target shard: it follows the current tip only where every
+    # target holds that tip; otherwise (a shard the cluster moves to) it starts a new history,
+    # whose objects are all in the publication's pack.
+    same_tip = all(s in held and held[s].tip == facts.tip for s in targets)
     change = ClusterChange(
-        name, status, serial, serial + 1, targets, facts.tip, since if others else ""
+        name,
+        status,
+        serial,
+        serial + 1,
+        targets,
+        facts.tip if same_tip else None,
+        since if others else "",
     )
     return change, gone
 
