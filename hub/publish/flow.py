@@ -23,6 +23,7 @@ import hashlib
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -53,7 +54,7 @@ from hub.publish.compare import (
 from hub.publish.compose import SetComposer
 from hub.publish.git import BRANCH_PREFIX, BranchFacts, BranchStore, CommitBatch
 from hub.publish.sendpack import ZERO, AtomicUnsupportedError, RefUpdate
-from hub.publish.shards import ShardedStore
+from hub.publish.shards import PARALLEL, ShardedStore
 from hub.publish.sign import Leaf, PublicationSigner, SignedTree, sign_leaves
 from hub.resolve import Resolver, ResolveSettings
 
@@ -439,8 +440,7 @@ def _publish_once(
     staged: dict[int, str] = {}
     try:
         with clock.stage("write+stage"):
-            later = [s for s in plan if s != 0]
-            staged = sharded.each(lambda s, st: writer.stage(st, plan[s], clock), later)
+            staged = _stage(writer, sharded, plan, clock)
         with clock.stage("commit"):
             try:
                 _commit(writer, stores[0], head, signed, staged, plan.get(0, []), clock)
@@ -577,8 +577,15 @@ class _Writer:
         return batch
 
     def stage(self, store: BranchStore, updates: list[_Update], clock: _Clock) -> str:
-        """Write this shard's commits and its staging commit as one pack and push them with
-        the staging ref. Returns the staging commit. Raises GitTransportError, PublishError."""
+        """:meth:`write_staged` and :meth:`push_staged` in one go."""
+        staging, pack = self.write_staged(store, updates, clock)
+        return self.push_staged(store, staging, pack, clock)
+
+    def write_staged(
+        self, store: BranchStore, updates: list[_Update], clock: _Clock
+    ) -> tuple[str, Path | None]:
+        """Write this shard's commits and its staging commit as one pack: (staging commit,
+        pack). Raises PublishError."""
         started = time.perf_counter()
         batch = self.write(store, updates)
         real = [RefUpdate(ref=u.ref, old=u.old, new=u.new) for u in updates]
@@ -589,8 +596,13 @@ class _Writer:
             when=self.now,
         )
         pack = batch.write()
-        del batch
         clock.add("write", time.perf_counter() - started)
+        return staging, pack
+
+    def push_staged(
+        self, store: BranchStore, staging: str, pack: Path | None, clock: _Clock
+    ) -> str:
+        """Push a shard's pack with its staging ref. Raises GitTransportError, PublishError."""
         started = time.perf_counter()
         ref = ledger.staging_ref(self.publication)
         outcome = store.push([RefUpdate(ref=ref, old=ZERO, new=staging)], pack=pack)
@@ -678,6 +690,31 @@ class _Writer:
 
 
 # --- the two-phase commit (see hub.publish.ledger) ----------------------------------------
+
+
+def _stage(
+    writer: _Writer, sharded: ShardedStore, plan: Mapping[int, list[_Update]], clock: _Clock
+) -> dict[int, str]:
+    """Stage every shard but 0: packs written here, one shard after the other (Python work),
+    each pushed in the background while the next is written (the git server's work)."""
+    later = [s for s in sorted(plan) if s != 0]
+    if len(later) <= 1:
+        return {s: writer.stage(sharded.stores[s], plan[s], clock) for s in later}
+    futures = {}
+    with ThreadPoolExecutor(max_workers=PARALLEL) as pool:
+        try:
+            for s in later:
+                store = sharded.stores[s]
+                staging, pack = writer.write_staged(store, plan[s], clock)
+                futures[s] = pool.submit(writer.push_staged, store, staging, pack, clock)
+        finally:
+            done = {s: f.exception() for s, f in futures.items()}
+        staged = {s: f.result() for s, f in futures.items() if done[s] is None}
+    errors = [e for e in done.values() if e is not None]
+    if errors:
+        _unstage(sharded, writer.publication, staged)
+        raise errors[0]
+    return staged
 
 
 def _read_head(store: BranchStore) -> tuple[str, ledger.HeadRecord | None]:

@@ -585,18 +585,50 @@ class FleetStatus:
         bundle: str | None = None,
         state: str | None = None,
         now: datetime | None = None,
+        offset: int = 0,
+        limit: int | None = None,
     ) -> list[dict[str, Any]]:
-        """Installation summaries (cluster × bundle), sorted, filtered by each given field.
+        """Installation summaries (cluster × bundle), sorted, filtered by each given field;
+        ``offset`` and ``limit`` page through them.
 
-        The summaries' states select the clusters; only their documents are read.
+        The summaries' states select (and skip) installations; only the documents of the
+        clusters on the page are read.
         """
+        found = []
+        skip = offset
+        for view, wanted, stale in self._matching(cluster, bundle, state, now):
+            if skip >= len(wanted):
+                skip -= len(wanted)
+                continue
+            wanted, skip = wanted[skip:], 0
+            items = (self.document(view.name) or {}).get("bundles", {})
+            for name in wanted:
+                if name in items:
+                    found.append(_installation_summary(view.name, name, items[name], stale=stale))
+                if limit is not None and len(found) >= limit:
+                    return found
+        return found
+
+    def count_installations(
+        self,
+        *,
+        cluster: str | None = None,
+        bundle: str | None = None,
+        state: str | None = None,
+        now: datetime | None = None,
+    ) -> int:
+        """How many installations :meth:`installations` would list (no document read)."""
+        return sum(len(w) for _, w, _ in self._matching(cluster, bundle, state, now))
+
+    def _matching(
+        self, cluster: str | None, bundle: str | None, state: str | None, now: datetime | None
+    ) -> Iterator[tuple[ClusterView, list[str], bool]]:
         now = now or datetime.now(UTC)
         with self._lock:
             if cluster is None:
                 views = sorted(self._clusters.values(), key=lambda v: v.name)
             else:
                 views = [self._clusters[cluster]] if cluster in self._clusters else []
-        found = []
         for view in views:
             stale = view.stale(now, self.stale_after)
             wanted = [
@@ -605,13 +637,8 @@ class FleetStatus:
                 if (bundle is None or b == bundle)
                 and (state is None or ("Stale" if stale else st) == state)
             ]
-            if not wanted:
-                continue
-            items = (self.document(view.name) or {}).get("bundles", {})
-            for name in wanted:
-                if name in items:
-                    found.append(_installation_summary(view.name, name, items[name], stale=stale))
-        return found
+            if wanted:
+                yield view, wanted, stale
 
     def installation(
         self, cluster: str, bundle: str, *, now: datetime | None = None

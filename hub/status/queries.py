@@ -210,8 +210,19 @@ class StatusQueries:
     def _labelled(self, summary: dict[str, Any]) -> dict[str, Any]:
         return {**summary, "labels": self.labels.get(summary["name"], {})}
 
-    def clusters(self) -> dict[str, Any]:
-        return {"items": [self._labelled(c) for c in self.status.clusters()]}
+    def clusters(self, *, offset: int = 0, limit: int | None = None) -> dict[str, Any]:
+        """Every cluster, or a page of them (``total`` then says how many there are)."""
+        if limit is None and not offset:
+            return {"items": [self._labelled(c) for c in self.status.clusters()]}
+        _check_page(offset, limit)
+        names = self.status.names()
+        items = [self.status.cluster(n) for n in names[offset : offset + (limit or MAX_PAGE)]]
+        return {
+            "items": [self._labelled(c) for c in items if c is not None],
+            "total": len(names),
+            "offset": offset,
+            "limit": limit,
+        }
 
     def cluster(self, name: str) -> dict[str, Any]:
         found = self.status.cluster(name)
@@ -220,12 +231,28 @@ class StatusQueries:
         return self._labelled(found)
 
     def installations(
-        self, *, cluster: str | None = None, bundle: str | None = None, state: str | None = None
+        self,
+        *,
+        cluster: str | None = None,
+        bundle: str | None = None,
+        state: str | None = None,
+        offset: int = 0,
+        limit: int | None = None,
     ) -> dict[str, Any]:
+        """Installations, filtered; all of them, or a page (``total`` then counts them all:
+        at 100,000 clusters ask for pages, each costs the documents of its clusters only)."""
         if state is not None and state not in STATES:
             raise QueryError(400, f"state must be one of {', '.join(STATES)}, got {state!r}")
-        items = self.status.installations(cluster=cluster, bundle=bundle, state=state)
-        return {"items": items}
+        if limit is None and not offset:
+            items = self.status.installations(cluster=cluster, bundle=bundle, state=state)
+            return {"items": items}
+        _check_page(offset, limit)
+        page = limit or MAX_PAGE
+        items = self.status.installations(
+            cluster=cluster, bundle=bundle, state=state, offset=offset, limit=page
+        )
+        total = self.status.count_installations(cluster=cluster, bundle=bundle, state=state)
+        return {"items": items, "total": total, "offset": offset, "limit": page}
 
     def _missing(self, cluster: str, bundle: str) -> QueryError:
         if self.status.cluster(cluster) is None:
@@ -388,6 +415,12 @@ class StatusQueries:
             run.get("outputs") or {}, admin=admin, opener=self.opener
         )
         return shown
+
+
+def _check_page(offset: int, limit: int | None) -> None:
+    """Raises QueryError (400) for a page out of bounds."""
+    if offset < 0 or (limit is not None and not 1 <= limit <= MAX_PAGE):
+        raise QueryError(400, f"offset must be >= 0 and limit between 1 and {MAX_PAGE}")
 
 
 def _label_values(labels: Labels) -> dict[str, list[str]]:
