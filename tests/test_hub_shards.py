@@ -464,3 +464,76 @@ def test_a_publication_never_committed_is_never_seen(
         assert shards.branches(shard) == before[shard]
         assert not [r for r in shards.refs(shard) if r.startswith(STAGING_PREFIX)]
     assert shards.refs(0)[HEAD_REF] == head_before
+
+
+def test_two_hub_serve_replicas_on_the_same_shards_answer_the_same(
+    git_daemon: GitDaemon, tmp_path: Path
+) -> None:
+    import requests
+
+    from tests.realenv.hubserver import serving_hub
+    from tests.test_hub_status import StatusPusher, make_bundle, make_run, make_status
+
+    stem = f"status-replicas-{next(_stems)}"
+    for shard in range(2):
+        git_daemon.create_bare(f"{stem}-{shard}.git")
+    template = git_daemon.url_for(f"{stem}-{{shard}}.git")
+    for shard in range(2):
+        pusher = StatusPusher(template.replace("{shard}", str(shard)), tmp_path / f"p{shard}")
+        pusher.push(
+            {
+                f"s{shard}-c{i}": make_status(
+                    f"s{shard}-c{i}",
+                    bundles={
+                        "web": make_bundle(
+                            [
+                                make_run(
+                                    f"s{shard}-c{i}",
+                                    "web",
+                                    1,
+                                    1,
+                                    result="failed" if i % 2 else "succeeded",
+                                )
+                            ],
+                            ready=i % 2 == 0,
+                        )
+                    },
+                )
+                for i in range(4)
+            }
+        )
+    paths = [
+        "/api/v1/clusters",
+        "/api/v1/installations",
+        "/api/v1/installations?state=Degraded&limit=2&offset=1",
+        "/api/v1/matrix?state=Degraded",
+        "/api/v1/installations/s1-c1/web",
+    ]
+
+    def answers(base: str) -> list[Any]:
+        out = []
+        for path in paths:
+            answer = requests.get(base + path, timeout=30)
+            assert answer.status_code == 200, answer.text
+            out.append(_timeless(answer.json()))
+        return out
+
+    extra = ["--allow-anonymous", "--shards", "2"]
+    (tmp_path / "one").mkdir()
+    (tmp_path / "two").mkdir()
+    with (
+        serving_hub(template, tmp_path / "one", extra) as one,
+        serving_hub(template, tmp_path / "two", extra) as two,
+    ):
+        first = answers(one)
+        assert len(first[0]["items"]) == 8
+        assert first[2]["total"] == 4 and len(first[2]["items"]) == 2
+        assert first == answers(two)
+
+
+def _timeless(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _timeless(v) for k, v in value.items() if k != "heartbeatAgeSeconds"}
+    if isinstance(value, list):
+        return [_timeless(v) for v in value]
+    return value

@@ -344,3 +344,62 @@ def test_empty_repository_and_unreachable_server(git_daemon: GitDaemon, tmp_path
     gone = FleetStatus(repo_url=f"git://127.0.0.1:{free_port()}/x.git", cache_dir=tmp_path / "x")
     with pytest.raises(GitTransportError, match="cannot list status branches"):
         gone.refresh()
+
+
+def _answers(status: FleetStatus) -> dict[str, Any]:
+    """What a hub answers, without what depends on the moment of asking."""
+    from hub.status.queries import StatusQueries
+
+    queries = StatusQueries(status)
+    clusters = [
+        {k: v for k, v in c.items() if k != "heartbeatAgeSeconds"} for c in status.clusters()
+    ]
+    return {
+        "clusters": clusters,
+        "installations": status.installations(),
+        "matrix": {k: v for k, v in queries.matrix().items() if k != "items"},
+        "rows": [
+            {k: v for k, v in row.items() if k != "heartbeatAgeSeconds"}
+            for row in queries.matrix()["items"]
+        ],
+    }
+
+
+def test_status_over_shards_follows_a_moving_cluster(git_daemon: GitDaemon, tmp_path: Path) -> None:
+    urls = [new_repo(git_daemon, "status-shard") for _ in range(2)]
+    old_shard = StatusPusher(urls[0], tmp_path / "agents-0")
+    new_shard = StatusPusher(urls[1], tmp_path / "agents-1")
+    then = datetime.now(UTC) - timedelta(minutes=2)
+    history = [make_run("mover", "web", 2, 1), make_run("mover", "web", 1, 1)]
+    old_shard.push(
+        {
+            "mover": make_status(
+                "mover", sequence=7, heartbeat=then, bundles={"web": make_bundle(history)}
+            ),
+            "a": make_status("a"),
+        }
+    )
+    new_shard.push({"b": make_status("b")})
+    status = FleetStatus(repo_url=urls, cache_dir=tmp_path / "hub")
+    assert status.refresh().listed == 3
+    assert status.cluster("mover")["sequence"] == 7  # type: ignore[index]
+    # The agent moved and starts afresh in its new shard (sequence 1, its runs kept in the
+    # cluster): the newer document wins, the old one is no longer shown but nothing is lost.
+    moved_runs = [make_run("mover", "web", 3, 1), *history]
+    new_shard.push(
+        {"mover": make_status("mover", sequence=1, bundles={"web": make_bundle(moved_runs)})}
+    )
+    status.refresh()
+    mover = status.cluster("mover")
+    assert mover is not None and mover["sequence"] == 1 and not mover["stale"]
+    runs = status.runs("mover", "web") or []
+    assert [r["id"] for r in runs] == ["mover.web.3.1", "mover.web.2.1", "mover.web.1.1"]
+    assert [c["name"] for c in status.clusters()] == ["a", "b", "mover"]
+    # Another replica, with its own cache, reading the same shards, answers the same; so does
+    # this one restarted from its cache, before any git traffic.
+    replica = FleetStatus(repo_url=list(reversed(urls)), cache_dir=tmp_path / "replica")
+    replica.refresh()
+    restarted = FleetStatus(repo_url=urls, cache_dir=tmp_path / "hub")
+    expected = _answers(status)
+    assert _answers(replica) == expected
+    assert _answers(restarted) == expected
