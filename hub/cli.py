@@ -317,6 +317,41 @@ def _diff(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- shards ---------------------------------------------------------------------------------
+
+
+def _shards(args: argparse.Namespace) -> int:
+    """Each cluster's shard and the repositories its agent is told (``--repo``,
+    ``--status-repo`` of ``fleetlet agent run``)."""
+    from hub.fleet.model import load_fleet
+    from hub.fleet.shards import fleet_shards, shard_url
+
+    fleet = load_fleet(args.fleet_dir)
+    shard_map = fleet_shards(fleet)
+    repo = args.repo or fleet.settings.shards.repo
+    status = args.status_repo or fleet.settings.shards.status_repo or repo
+    wanted = set(args.cluster or shard_map.assignment)
+    unknown = sorted(wanted - set(shard_map.assignment))
+    if unknown:
+        raise UsageError(f"--cluster: not a cluster of the fleet: {', '.join(unknown)}")
+    rows = [
+        {
+            "cluster": name,
+            "shard": shard_map.shard_of(name),
+            "repo": shard_url(repo, shard_map.shard_of(name)) if repo else None,
+            "statusRepo": shard_url(status, shard_map.shard_of(name)) if status else None,
+        }
+        for name in sorted(wanted)
+    ]
+    if args.output != "table":
+        _emit({"shards": shard_map.count, "clusters": rows}, args.output)
+        return 0
+    print(f"{'CLUSTER':<40} {'SHARD':>5}  REPO")
+    for row in rows:
+        print(f"{row['cluster']:<40} {row['shard']:>5}  {row['repo'] or '-'}")
+    return 0
+
+
 # --- the command tree -----------------------------------------------------------------------
 
 
@@ -429,6 +464,26 @@ def register(sub: Any) -> None:
         help="docker config JSON with registry credentials for resolving tags",
     )
     diff.set_defaults(handler=_diff)
+
+    shards = hub_sub.add_parser(
+        "shards",
+        help="each cluster's shard and the repositories its agent uses",
+        description="For a fleet sharded over several repositories (fleet.yaml: shards), print "
+        "each cluster's shard and the repositories its agent is told: fleetlet agent run "
+        "--repo REPO --status-repo STATUS_REPO. See docs/scaling.md.",
+    )
+    shards.add_argument("fleet_dir", metavar="FLEET_DIR")
+    shards.add_argument(
+        "--repo", metavar="GIT_URL", help="cluster-branch repository template with {shard}"
+    )
+    shards.add_argument(
+        "--status-repo", metavar="GIT_URL", help="status repository template with {shard}"
+    )
+    shards.add_argument(
+        "--cluster", action="append", metavar="NAME", help="only this cluster (repeatable)"
+    )
+    shards.add_argument("-o", "--output", choices=_OUTPUTS, default="table")
+    shards.set_defaults(handler=_shards)
 
     serve = hub_sub.add_parser(
         "serve",

@@ -10,7 +10,9 @@ that died half-way is finished by the next one, while one never committed is nev
 from __future__ import annotations
 
 import hashlib
+import json
 import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -209,6 +211,35 @@ def test_shards_are_a_stable_hash_unless_a_label_pins_them(tmp_path: Path) -> No
         assign(bad.settings.shards, bad.clusters)
     with pytest.raises(FleetRepoError, match=r"\{shard\}"):
         shard_map.urls("git://example/one-repo.git")
+    # What the operator hands each agent: its shard's repositories, from the CLI.
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fleetlet",
+            "hub",
+            "shards",
+            str(fleet),
+            "-o",
+            "json",
+            "--repo",
+            "git://h/c-{shard}.git",
+            "--status-repo",
+            "git://h/s-{shard}.git",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    rows = {r["cluster"]: r for r in json.loads(done.stdout)["clusters"]}
+    assert rows["a"] == {
+        "cluster": "a",
+        "shard": 3,
+        "repo": "git://h/c-3.git",
+        "statusRepo": "git://h/s-3.git",
+    }
+    assert rows["b"]["repo"] == f"git://h/c-{shard_map.shard_of('b')}.git"
 
 
 # --- publishing over shards ------------------------------------------------------------------

@@ -25,12 +25,14 @@ from __future__ import annotations
 import contextlib
 import gc
 import json
+import multiprocessing
+import os
 import sqlite3
 import sys
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -53,6 +55,14 @@ _PARALLEL = 4
 
 STATES = ("Ready", "Progressing", "Degraded", "RolledBack", "Paused", "Stale")
 
+_loads: Callable[[bytes], Any] = json.loads
+try:  # 4x faster than the standard library on status documents, when installed
+    from orjson import loads as _orjson_loads
+
+    _loads = _orjson_loads
+except ImportError:  # pragma: no cover - depends on the installation
+    pass
+
 
 class StatusCacheError(PermanentError):
     """The hub's status cache directory cannot be created, opened or written."""
@@ -73,7 +83,7 @@ def parse_status(data: bytes, *, origin: str) -> dict[str, Any]:
     if len(data) > MAX_LOAD_BYTES:
         raise StatusDocumentError(f"{origin}: {len(data)} bytes, more than {MAX_LOAD_BYTES}")
     try:
-        doc = json.loads(data)
+        doc = _loads(data)
     except (ValueError, UnicodeDecodeError) as exc:
         raise StatusDocumentError(f"{origin}: not JSON: {exc}") from exc
     if not isinstance(doc, dict):
@@ -256,6 +266,7 @@ class _Shard:
     def __init__(self, index: int, url: str, path: Path) -> None:
         self.index = index
         self.url = url
+        self.path = path
         try:
             if (path / "HEAD").is_file():
                 self.repo = pygit2.Repository(str(path))
@@ -264,6 +275,16 @@ class _Shard:
                 self.repo = pygit2.init_repository(str(path), bare=True)
         except (pygit2.GitError, OSError) as exc:
             raise StatusCacheError(f"hub status cache {path}: {exc}") from exc
+        self.odb = self.repo.odb
+
+    def refresh(
+        self, known: Mapping[str, ClusterView], credentials: tuple[str, str] | None
+    ) -> tuple[dict[str, str], dict[str, ClusterView]]:
+        """(every branch's tip, the views of the moved ones). Raises GitTransportError."""
+        tips = self.list_and_fetch({n: v.tip for n, v in known.items()}, credentials)
+        moved = [c for c, tip in tips.items() if (v := known.get(c)) is None or v.tip != tip]
+        with _no_gc():
+            return tips, {c: self.read(c, tips[c], known.get(c)) for c in moved}
 
     def list_and_fetch(
         self, known: Mapping[str, str], credentials: tuple[str, str] | None
@@ -315,12 +336,18 @@ class _Shard:
         pygit2.GitError / KeyError (object missing locally).
         """
         origin = f"{STATUS_PREFIX}{cluster}:{STATUS_FILE}"
-        commit = self.repo[pygit2.Oid(hex=commit_id)].peel(pygit2.Commit)
-        try:
-            entry = commit.tree[STATUS_FILE]
-        except KeyError:
-            raise StatusDocumentError(f"{origin}: no such file on the branch") from None
-        doc = parse_status(self.repo[entry.id].read_raw(), origin=origin)
+        # Raw reads from the object database: no Python object per commit and tree.
+        kind, commit = self.odb.read(commit_id)[:2]
+        if kind != pygit2.enums.ObjectType.COMMIT or not commit.startswith(b"tree "):
+            raise StatusDocumentError(f"{origin}: the branch tip is not a commit")
+        kind, tree = self.odb.read(commit[5:45].decode())[:2]
+        entry = _tree_entry(tree, STATUS_FILE.encode())
+        if entry is None:
+            raise StatusDocumentError(f"{origin}: no such file on the branch")
+        kind, data = self.odb.read(entry.hex())[:2]
+        if kind != pygit2.enums.ObjectType.BLOB:
+            raise StatusDocumentError(f"{origin}: {STATUS_FILE} is not a file")
+        doc = parse_status(data, origin=origin)
         if doc["cluster"] != cluster:
             raise StatusDocumentError(
                 f"{origin}: cluster: expected {cluster!r}, got {doc['cluster']!r}"
@@ -346,6 +373,30 @@ class _Shard:
                 f"{known.sequence}; kept the newer document",
             )
         return base.summarised(doc, tip)
+
+
+def _tree_entry(tree: bytes, name: bytes) -> bytes | None:
+    """The object id of regular file ``name`` in a raw tree (``<mode> <name>NUL<20 bytes>``
+    entries), or None."""
+    at = 0
+    while at < len(tree):
+        space = tree.index(b" ", at)
+        nul = tree.index(b"\0", space)
+        if tree[space + 1 : nul] == name:
+            return tree[nul + 1 : nul + 21] if tree[at:space] in (b"100644", b"100755") else None
+        at = nul + 21
+    return None
+
+
+def _cold_refresh(
+    index: int, url: str, path: Path, credentials: tuple[str, str] | None
+) -> tuple[dict[str, str], dict[str, ClusterView]] | str:
+    """:meth:`_Shard.refresh` of a shard known nothing of, in a worker process; the error
+    message instead of raising (exceptions of our own do not always cross processes)."""
+    try:
+        return _Shard(index, url, path).refresh({}, credentials)
+    except (GitTransportError, StatusCacheError) as exc:
+        return str(exc)
 
 
 class FleetStatus:
@@ -401,18 +452,7 @@ class FleetStatus:
             with self._lock:
                 known = [{n: v.tip for n, v in views.items()} for views in self._views]
 
-            def work(shard: _Shard) -> tuple[dict[str, str], dict[str, ClusterView]]:
-                tips = shard.list_and_fetch(known[shard.index], self.credentials)
-                moved = [c for c, tip in tips.items() if known[shard.index].get(c) != tip]
-                views = self._views[shard.index]
-                with _no_gc():
-                    return tips, {c: shard.read(c, tips[c], views.get(c)) for c in moved}
-
-            if len(self._shards) == 1:
-                results = [work(self._shards[0])]
-            else:
-                with ThreadPoolExecutor(max_workers=min(_PARALLEL, len(self._shards))) as pool:
-                    results = list(pool.map(work, self._shards))
+            results = self._refresh_shards()
             result = RefreshResult(listed=0)
             touched: set[str] = set()
             for shard, (tips, updates) in zip(self._shards, results, strict=True):
@@ -437,6 +477,41 @@ class FleetStatus:
                 self._save_view(results, known)
         result.seconds = (datetime.now(UTC) - started).total_seconds()
         return result
+
+    def _refresh_shards(self) -> list[tuple[dict[str, str], dict[str, ClusterView]]]:
+        """Each shard's tips and moved views. Shards this hub knows nothing of yet (a cold
+        start: every document to read) go to worker processes, 2 at a time: parsing is CPU
+        work that threads of one process cannot share. The others are refreshed in threads
+        (their cost is waiting on the server)."""
+        cold = [s for s in self._shards if not self._views[s.index]]
+        warm = [s for s in self._shards if self._views[s.index]]
+        found: dict[int, tuple[dict[str, str], dict[str, ClusterView]]] = {}
+        if len(cold) > 1:
+            context = multiprocessing.get_context("spawn")
+            workers = min(len(cold), max(2, os.cpu_count() or 2))
+            with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+                futures = {
+                    s.index: pool.submit(_cold_refresh, s.index, s.url, s.path, self.credentials)
+                    for s in cold
+                }
+                for index, future in futures.items():
+                    outcome = future.result()
+                    if isinstance(outcome, str):
+                        raise GitTransportError(outcome)
+                    found[index] = outcome
+        else:
+            warm = self._shards
+
+        def work(shard: _Shard) -> tuple[dict[str, str], dict[str, ClusterView]]:
+            return shard.refresh(self._views[shard.index], self.credentials)
+
+        if len(warm) == 1:
+            found[warm[0].index] = work(warm[0])
+        elif warm:
+            with ThreadPoolExecutor(max_workers=min(_PARALLEL, len(warm))) as threads:
+                for shard, outcome in zip(warm, threads.map(work, warm), strict=True):
+                    found[shard.index] = outcome
+        return [found[s.index] for s in self._shards]
 
     def _show(self, name: str) -> None:
         """The newest view of ``name`` over the shards (under the lock)."""
