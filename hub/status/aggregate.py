@@ -436,6 +436,7 @@ class FleetStatus:
         self._clusters: dict[str, ClusterView] = {}  # the shown view of each cluster
         self._documents: OrderedDict[tuple[int, str], dict[str, Any]] = OrderedDict()
         self.last_refresh: datetime | None = None
+        self.version = 0  # grows whenever the view changes
         self._load_view()
 
     # --- refresh -------------------------------------------------------------------------
@@ -471,6 +472,8 @@ class FleetStatus:
                 for name in touched:
                     self._show(name)
                 self.last_refresh = started
+                if touched:
+                    self.version += 1
             result.moved.sort()
             result.removed.sort()
             if touched:

@@ -169,13 +169,17 @@ class _Fleet:
     counts: Counter[str]
     stale: int
     errors: int
+    by_state: dict[str, list[_Row]]  # the rows with a cell in each state, in order
 
     @classmethod
     def of(cls, rows: dict[str, _Row]) -> _Fleet:
         ordered = [rows[name] for name in sorted(rows)]
         counts: Counter[str] = Counter()
+        by_state: dict[str, list[_Row]] = {s: [] for s in STATES}
         for row in ordered:
             counts.update(row.counts)
+            for state in row.counts:
+                by_state[state].append(row)
         return cls(
             rows=rows,
             ordered=ordered,
@@ -183,6 +187,7 @@ class _Fleet:
             counts=counts,
             stale=sum(1 for row in ordered if row.stale),
             errors=sum(1 for row in ordered if row.summary["error"]),
+            by_state=by_state,
         )
 
 
@@ -206,6 +211,8 @@ class StatusQueries:
         self._label_values = _label_values(self.labels)
         self._rows = _Fleet.of({})
         self._fleet_lock = threading.Lock()
+        self._version = -1
+        self._next_flip = datetime.min.replace(tzinfo=UTC)
 
     def _labelled(self, summary: dict[str, Any]) -> dict[str, Any]:
         return {**summary, "labels": self.labels.get(summary["name"], {})}
@@ -297,11 +304,16 @@ class StatusQueries:
 
     def _fleet(self) -> _Fleet:
         """Every cluster's row, recomputed only where the status tip moved or staleness
-        flipped since the last call."""
+        flipped since the last call. Between two refreshes that moved something, and until
+        the next cluster goes stale, the rows are reused as they are: a request at 100,000
+        clusters then costs its page, not a pass over the fleet."""
+        now = datetime.now(UTC)
+        version = self.status.version
+        if version == self._version and now < self._next_flip:
+            return self._rows
         # Tips first: a document read after them is at least as new, and a tip that moved
         # meanwhile only makes the next call compute that cluster again.
         tips = self.status.tips()
-        now = datetime.now(UTC)
         stale_after = self.status.stale_after
         with self._fleet_lock:
             known = self._rows.rows
@@ -320,6 +332,16 @@ class StatusQueries:
                     rows[name] = fresh
             if changed:
                 self._rows = _Fleet.of(rows)
+            # The next moment a row's staleness flips: when the freshest-ending row goes stale.
+            self._next_flip = min(
+                (
+                    r.heartbeat + stale_after
+                    for r in self._rows.ordered
+                    if not r.stale and r.heartbeat
+                ),
+                default=datetime.max.replace(tzinfo=UTC),
+            )
+            self._version = version
             return self._rows
 
     def _row(self, name: str, tip: str) -> _Row | None:
@@ -370,12 +392,22 @@ class StatusQueries:
             matching, counts = fleet.ordered, fleet.counts
         else:
             matching, counts = [], Counter()
-            for row in fleet.ordered:
+            matched: dict[int, bool] = {}  # label sets are shared: one evaluation each
+            candidates = fleet.ordered
+            if state is not None and state != "Stale" and bundle is None:
+                candidates = fleet.by_state.get(state, [])
+            no_labels: dict[str, str] = {}
+            for row in candidates:
                 cluster = row.summary["name"]
                 if needle is not None and needle not in cluster.lower():
                     continue
-                if selector is not None and not selector.matches(self.labels.get(cluster, {})):
-                    continue
+                if selector is not None:
+                    labels = self.labels.get(cluster, no_labels)
+                    hit = matched.get(id(labels))
+                    if hit is None:
+                        hit = matched[id(labels)] = selector.matches(labels)
+                    if not hit:
+                        continue
                 if bundle is not None:
                     if bundle not in row.cells:
                         continue
