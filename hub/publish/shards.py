@@ -13,7 +13,7 @@ from hub.publish.git import BranchStore
 
 T = TypeVar("T")
 # Shards worked on at once: enough to keep the git server busy while this process works.
-PARALLEL = 4
+PARALLEL = 8
 
 
 class ShardedStore:

@@ -51,7 +51,7 @@ _VIEW_FILE = "view.sqlite"
 _VIEW_FORMAT = 2
 _EXPLICIT_REFSPECS = 64
 _DOCUMENTS_KEPT = 256
-_PARALLEL = 4
+_PARALLEL = 8
 
 STATES = ("Ready", "Progressing", "Degraded", "RolledBack", "Paused", "Stale")
 
