@@ -137,13 +137,12 @@ def one_publish(fleet: Path, url: str, cache: Path, token: str, trust: Path) -> 
 
 def child(fleet: Path, url: str, cache: Path, trust: Path) -> int:
     """The child of :func:`one_publish`: prints one JSON line."""
-    from hub.fleet.shards import fleet_shards
     from hub.publish.shards import ShardedStore
 
     signer = PublicationSigner.from_trust_config(trust_config=trust, token=sys.stdin.read().strip())
     started = time.perf_counter()
     prepared = prepare(fleet, cache_dir=cache / "fleet")
-    urls = fleet_shards(prepared.fleet).urls(url)
+    urls = prepared.shard_map.urls(url)
     with ShardedStore(urls=urls, cache_dir=cache) as store:
         report = publish(prepared, store, signer=signer)
     total = time.perf_counter() - started

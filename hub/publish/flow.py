@@ -384,6 +384,7 @@ def _publish_once(
         )
     todo = decisions.todo
     if not todo and not decisions.deletions:
+        sharded.each(lambda _s, st: st.save_facts())  # what a cold cache learnt
         return PublishReport(
             changes=tuple(decisions.changes),
             pushed=(),

@@ -137,6 +137,7 @@ class BranchStore:
         self.refs: dict[str, str] = {}  # every advertised ref -> oid, as of the last listing
         self.tips: dict[str, str] = {}  # cluster -> tip of its branch
         self._facts: dict[str, BranchFacts] = self._load_facts()
+        self._dirty = False  # facts learnt since the last save
 
     def close(self) -> None:
         if self._tmp is not None:
@@ -247,6 +248,7 @@ class BranchStore:
             message = self.repo[pygit2.Oid(hex=tip)].peel(pygit2.Commit).message
             known = BranchFacts.of(tip, str(message))
             self._facts[cluster] = known
+            self._dirty = True
         return known
 
     def read_file(self, cluster: str, name: str) -> bytes | None:
@@ -282,6 +284,7 @@ class BranchStore:
 
     def remember(self, cluster: str, facts: BranchFacts | None) -> None:
         """Record what ``cluster``'s branch now holds (None: the branch is gone)."""
+        self._dirty = True
         if facts is None:
             self._facts.pop(cluster, None)
             self.tips.pop(cluster, None)
@@ -291,6 +294,8 @@ class BranchStore:
 
     def save_facts(self) -> None:
         """Write the facts of the current branches (atomically; a failure costs a cold read)."""
+        if not self._dirty:
+            return
         rows = {
             name: [f.tip, f.digest, f.serial, f.expires_at, f.signed, f.moving_since]
             for name, f in self._facts.items()
@@ -308,6 +313,8 @@ class BranchStore:
             os.replace(tmp, path)
         except OSError:
             tmp.unlink(missing_ok=True)
+            return
+        self._dirty = False
 
     # --- writing ----------------------------------------------------------------------------
 
