@@ -33,6 +33,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -490,18 +491,10 @@ class FleetStatus:
         warm = [s for s in self._shards if self._views[s.index]]
         found: dict[int, tuple[dict[str, str], dict[str, ClusterView]]] = {}
         if len(cold) > 1:
-            context = multiprocessing.get_context("spawn")
-            workers = min(len(cold), max(2, os.cpu_count() or 2))
-            with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
-                futures = {
-                    s.index: pool.submit(_cold_refresh, s.index, s.url, s.path, self.credentials)
-                    for s in cold
-                }
-                for index, future in futures.items():
-                    outcome = future.result()
-                    if isinstance(outcome, str):
-                        raise GitTransportError(outcome)
-                    found[index] = outcome
+            try:
+                found.update(self._in_processes(cold))
+            except (BrokenProcessPool, OSError):
+                warm = self._shards  # no worker processes here: threads, then
         else:
             warm = self._shards
 
@@ -515,6 +508,25 @@ class FleetStatus:
                 for shard, outcome in zip(warm, threads.map(work, warm), strict=True):
                     found[shard.index] = outcome
         return [found[s.index] for s in self._shards]
+
+    def _in_processes(
+        self, shards: list[_Shard]
+    ) -> dict[int, tuple[dict[str, str], dict[str, ClusterView]]]:
+        """Raises GitTransportError, BrokenProcessPool (a worker could not run)."""
+        found = {}
+        context = multiprocessing.get_context("spawn")
+        workers = min(len(shards), max(2, os.cpu_count() or 2))
+        with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+            futures = {
+                s.index: pool.submit(_cold_refresh, s.index, s.url, s.path, self.credentials)
+                for s in shards
+            }
+            for index, future in futures.items():
+                outcome = future.result()
+                if isinstance(outcome, str):
+                    raise GitTransportError(outcome)
+                found[index] = outcome
+        return found
 
     def _show(self, name: str) -> None:
         """The newest view of ``name`` over the shards (under the lock)."""
