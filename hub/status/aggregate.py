@@ -144,10 +144,11 @@ class ClusterView:
     last_accepted_serial: int | None = None
     last_refusal: Any = None
     states: tuple[tuple[str, str], ...] = ()
+    beat: datetime | None = field(default=None, compare=False)  # the heartbeat, parsed
 
-    @property
-    def beat(self) -> datetime | None:
-        return parse_time(self.heartbeat, origin=self.name) if self.heartbeat else None
+    def __post_init__(self) -> None:
+        # Parsed once: staleness is asked of every cluster on every pass over the fleet.
+        self.beat = parse_time(self.heartbeat, origin=self.name) if self.heartbeat else None
 
     def stale(self, now: datetime, stale_after: timedelta) -> bool:
         beat = self.beat

@@ -157,6 +157,7 @@ class _Row:
     stale: bool
     cells: dict[str, str]  # bundle -> state
     counts: Counter[str]  # state -> cells
+    tally: tuple[int, ...]  # counts in the order of STATES, to add up rows fast
 
 
 @dataclass(frozen=True, slots=True)
@@ -358,7 +359,8 @@ class StatusQueries:
             heartbeat=datetime.fromisoformat(beat.replace("Z", "+00:00")) if beat else None,
             stale=bool(summary["stale"]),
             cells=cells,
-            counts=Counter(cells.values()),
+            counts=(counts := Counter(cells.values())),
+            tally=tuple(counts[s] for s in STATES),
         )
 
     def matrix(
@@ -412,13 +414,19 @@ class StatusQueries:
                     if bundle not in row.cells:
                         continue
                     shown = Counter([row.cells[bundle]])
-                else:
-                    shown = row.counts
+                    if state is not None and not shown[state]:
+                        continue
+                    matching.append(row)
+                    counts.update(shown)
+                    continue
                 quiet = state == "Stale" and row.stale and not row.cells
-                if state is not None and not shown[state] and not quiet:
+                if state is not None and not row.counts[state] and not quiet:
                     continue
                 matching.append(row)
-                counts.update(shown)
+            if bundle is None:
+                # Column sums in C: one Counter update per row would cost more than the filter.
+                sums = [sum(column) for column in zip(*(r.tally for r in matching), strict=False)]
+                counts = Counter(dict(zip(STATES, sums, strict=False)))
         items = []
         for row in matching[offset : offset + limit]:
             # A fresh summary for the rows shown: the heartbeat's age is now, not cached.
