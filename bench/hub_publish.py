@@ -79,9 +79,20 @@ def write_fleet(
         }
         for i in range(clusters)
     ]
-    (root / "clusters" / "inventory.yaml").write_text(
-        yaml.dump({"clusters": inventory}, Dumper=getattr(yaml, "CSafeDumper", yaml.SafeDumper))
-    )
+    # A fleet file holds at most 16 MiB (hub.fleet.model): beyond 100,000 clusters the
+    # inventory is split into files of 100,000, as a large fleet keeps it.
+    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+    for old in (root / "clusters").glob("*.yaml"):
+        old.unlink()
+    if clusters <= 100_000:
+        (root / "clusters" / "inventory.yaml").write_text(
+            yaml.dump({"clusters": inventory}, Dumper=dumper)
+        )
+    else:
+        for part, start in enumerate(range(0, clusters, 100_000)):
+            (root / "clusters" / f"inventory-{part:03d}.yaml").write_text(
+                yaml.dump({"clusters": inventory[start : start + 100_000]}, Dumper=dumper)
+            )
     for old in (root / "bundles").glob("*.yaml"):
         old.unlink()
     for b in range(bundles):

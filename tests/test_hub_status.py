@@ -307,6 +307,10 @@ def test_smart_http_with_basic_auth(git_http: GitHttpServer, tmp_path: Path) -> 
     status = FleetStatus(repo_url=url, credentials=creds, cache_dir=tmp_path / "hub")
     assert status.refresh().moved == ["h1"]
     assert [i["name"] for i in status.installations()] == ["h1/web"]
+    # A warm refresh asks for the moved tip only (protocol v2 over smart HTTP).
+    StatusPusher(url, tmp_path / "agents", creds).push({"h1": make_status("h1", sequence=2)})
+    assert status.refresh().moved == ["h1"]
+    assert status.cluster("h1")["sequence"] == 2  # type: ignore[index]
     wrong = FleetStatus(repo_url=url, credentials=(GIT_USER, "wrong"), cache_dir=tmp_path / "hub2")
     with pytest.raises(GitTransportError, match="cannot list status branches"):
         wrong.refresh()

@@ -44,6 +44,8 @@ import pygit2
 from agent.api.status import MAX_LOAD_BYTES
 from agent.errors import PermanentError
 from hub.errors import GitTransportError
+from hub.publish.pack import PackWriter
+from hub.status import fetch as fetch_v2
 
 STATUS_PREFIX = "refs/heads/fleetlet/status/"
 STATUS_FILE = "status.json"
@@ -278,15 +280,54 @@ class _Shard:
         except (pygit2.GitError, OSError) as exc:
             raise StatusCacheError(f"hub status cache {path}: {exc}") from exc
         self.odb = self.repo.odb
+        self.v2 = True  # the server speaks protocol v2 (until it shows it does not)
 
     def refresh(
         self, known: Mapping[str, ClusterView], credentials: tuple[str, str] | None
     ) -> tuple[dict[str, str], dict[str, ClusterView]]:
-        """(every branch's tip, the views of the moved ones). Raises GitTransportError."""
-        tips = self.list_and_fetch({n: v.tip for n, v in known.items()}, credentials)
+        """(every branch's tip, the views of the moved ones). Raises GitTransportError.
+
+        A shard the hub knows goes through protocol v2 when the server speaks it
+        (:mod:`hub.status.fetch`: the moved tips only); a cold one, or a v0-only server,
+        through libgit2.
+        """
+        tips = None
+        if known and self.v2 and fetch_v2.supported(self.url):
+            try:
+                tips = self.list_and_fetch_v2(known, credentials)
+            except fetch_v2.NotProtocolV2:
+                self.v2 = False
+        if tips is None:
+            tips = self.list_and_fetch({n: v.tip for n, v in known.items()}, credentials)
         moved = [c for c, tip in tips.items() if (v := known.get(c)) is None or v.tip != tip]
         with _no_gc():
             return tips, {c: self.read(c, tips[c], known.get(c)) for c in moved}
+
+    def list_and_fetch_v2(
+        self, known: Mapping[str, ClusterView], credentials: tuple[str, str] | None
+    ) -> dict[str, str]:
+        """Protocol v2: list, then fetch the moved tips against their previous ones (one
+        connection over git://). Raises GitTransportError, NotProtocolV2."""
+        with fetch_v2.Session(self.url, credentials=credentials) as session:
+            tips = session.refs(STATUS_PREFIX)
+            moved = [
+                c
+                for c, tip in tips.items()
+                if (v := known.get(c)) is None
+                or (v.tip != tip and pygit2.Oid(hex=tip) not in self.repo)
+            ]
+            if not moved:
+                return tips
+            haves = sorted({known[c].tip for c in moved if c in known})
+            objects = session.fetch(sorted({tips[c] for c in moved}), haves)
+        pack = PackWriter()
+        for kind, data in objects:
+            pack.add(kind, data)
+        try:
+            pack.write(Path(self.repo.path))
+        except OSError as exc:
+            raise StatusCacheError(f"hub status cache {self.repo.path}: {exc}") from exc
+        return tips
 
     def list_and_fetch(
         self, known: Mapping[str, str], credentials: tuple[str, str] | None
