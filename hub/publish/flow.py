@@ -37,7 +37,7 @@ from agent.api import (
 from agent.errors import FieldProblem, TemporaryError, ValidationError, VerificationError
 from agent.verify import TrustPolicy, verify_publication
 from agent.verify.publication import BUNDLE_FILE, PROOF_FILE, SET_FILE, STATEMENT_FILE
-from hub.errors import FleetRepoError, PublishError, PushRejectedError
+from hub.errors import FleetRepoError, GitTransportError, PublishError, PushRejectedError
 from hub.fleet.model import Fleet, load_fleet
 from hub.fleet.render import ClusterPlan, plan_clusters
 from hub.fleet.shards import ShardMap, fleet_shards
@@ -450,9 +450,13 @@ def _publish_once(
                 if 0 in plan:
                     staged[0] = writer.stage(stores[0], plan[0], clock)
                 _commit(writer, stores[0], head, signed, staged, [], clock)
-    except BaseException:
-        # Nothing was committed: what this attempt staged is garbage (best effort).
-        _unstage(sharded, publication, staged)
+    except BaseException as failure:
+        # What this attempt staged is garbage if it did not commit; after a failure whose
+        # outcome is unknown (the connection broke during the commit push) it is left for
+        # the next publish, which finishes the publication if the head names it, and
+        # deletes the staging refs an hour later otherwise.
+        if isinstance(failure, _LostRace | PushRejectedError) or _head_unmoved(stores[0], head):
+            _unstage(sharded, publication, staged)
         raise
     say(f"publication {publication} committed; moving the branches of {len(staged)} shard(s)")
     refused: dict[int, dict[str, str]] = {s: {} for s in plan}
@@ -804,6 +808,14 @@ def _commit(
         reasons = {r: m for r, m in outcome.refused.items() if "atomic" not in m}
         raise PushRejectedError(reasons or dict(outcome.refused), pushed=[])
     writer.settle(store, updates, {})
+
+
+def _head_unmoved(store: BranchStore, head: str) -> bool:
+    """Whether the head is still where this publish found it (False when unknown)."""
+    try:
+        return store.list_refs().get(ledger.HEAD_REF, ZERO) == head
+    except GitTransportError:  # unknown: keep what was staged
+        return False
 
 
 def _unstage(sharded: ShardedStore, publication: str, staged: Mapping[int, str]) -> None:
