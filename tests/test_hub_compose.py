@@ -169,3 +169,42 @@ def test_cluster_files_are_parsed_again_only_when_their_bytes_change(tmp_path: P
     inventory.write_text(yaml.safe_dump(doc))
     with pytest.raises(Exception, match="Not_A_Name"):
         load_fleet(root, cache_dir=cache)
+
+
+def test_packs_from_git_read_back_with_their_deltas(tmp_path: Path) -> None:
+    """What a git server sends (deltas against objects of the same pack, of both kinds) is
+    read as git itself reads it."""
+    import hashlib
+
+    from hub.status.fetch import read_pack
+
+    repo = tmp_path / "r.git"
+    pygit2.init_repository(str(repo), bare=True)
+    base = b"".join(b"line %d of a status document\n" % i for i in range(400))
+    blobs = [base + b"cluster %d\n" % i for i in range(20)]
+    ids = []
+    for data in blobs:
+        done = subprocess.run(
+            ["git", "--git-dir", str(repo), "hash-object", "-w", "--stdin"],
+            input=data,
+            capture_output=True,
+            check=True,
+            timeout=60,
+        )
+        ids.append(done.stdout.decode().strip())
+    for flag in ("", "--no-reuse-delta"):
+        args = ["git", "--git-dir", str(repo), "pack-objects", "--stdout", "--window=10"]
+        for ofs in (True, False):
+            command = args + ([flag] if flag else []) + ([] if ofs else ["--no-delta-base-offset"])
+            pack = subprocess.run(
+                command,
+                input="\n".join(ids).encode() + b"\n",
+                capture_output=True,
+                check=True,
+                timeout=60,
+            ).stdout
+            objects = read_pack(pack)
+            got = {hashlib.sha1(f"{k} {len(d)}\0".encode() + d).hexdigest(): d for k, d in objects}
+            assert got == dict(zip(ids, blobs, strict=True))
+    with pytest.raises(ValueError, match="checksum"):
+        read_pack(pack[:-1] + bytes([pack[-1] ^ 1]))
