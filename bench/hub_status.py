@@ -317,8 +317,11 @@ def main(argv: list[str] | None = None) -> int:
         (f"incremental refresh, {moved_count:,} moved ({args.moved:g}%)", incremental),
         ("idle refresh, nothing moved", idle),
         ("hub restart: load the cached view (no git traffic)", restart),
-        ("baseline: `git clone --mirror` of the same repository (CLI)", mirror),
-        ("baseline: `git ls-remote` of the status branches (CLI)", listing),
+        (
+            "baseline: `git clone --mirror` of the same repositories, one after the other (CLI)",
+            mirror,
+        ),
+        ("baseline: `git ls-remote` of the status branches of each repository (CLI)", listing),
     ]
     table = "\n".join(
         [
