@@ -28,6 +28,7 @@ import json
 import os
 import platform
 import re
+import resource
 import statistics
 import subprocess
 import sys
@@ -161,6 +162,8 @@ def child(fleet: Path, url: str, cache: Path, trust: Path) -> int:
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
             peak = int(line.split()[1]) / 1024
+    # The pack-writing worker processes (forked: most of their pages are shared).
+    writers = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     print(
         json.dumps(
             {
@@ -168,6 +171,7 @@ def child(fleet: Path, url: str, cache: Path, trust: Path) -> int:
                 "pushed": len(report.pushed),
                 "shards_pushed": len(report.shards_pushed),
                 "peak_rss_mb": round(peak, 1),
+                "peak_rss_writer_mb": round(writers, 1),
                 "phases": {k: round(v, 2) for k, v in report.timings.items()},
             }
         )
@@ -287,7 +291,8 @@ def main() -> int:
                 full.append(result)
                 print(
                     f"full run {run + 1}: {result['seconds']:.1f} s, peak "
-                    f"{result['peak_rss_mb']:.0f} MB {result['phases']}",
+                    f"{result['peak_rss_mb']:.0f} MB (writers {result['peak_rss_writer_mb']:.0f}"
+                    f" MB) {result['phases']}",
                     flush=True,
                 )
                 # As a git server keeps its repositories: refs packed (git pack-refs).

@@ -20,10 +20,12 @@ from __future__ import annotations
 import contextlib
 import gc
 import hashlib
+import multiprocessing
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -303,6 +305,7 @@ def publish(
     progress: Progress | None = None,
     check: TrustPolicy | None = None,
     attempts: int = ATTEMPTS,
+    writers: int | None = None,
 ) -> PublishReport:
     """Publish every changed or expiring cluster of ``prepared`` as ONE publication.
 
@@ -312,6 +315,8 @@ def publish(
     ``verify_publication`` before anything is pushed, so a signer that agents would refuse
     (wrong identity or issuer, foreign root) stops the run with PublishError. When another hub
     commits a publication first, this one starts over on top of it, up to ``attempts`` times.
+    ``writers``: processes writing the packs (default: 2 for large publications, see
+    :func:`_stage`).
 
     Raises GitTransportError (a server could not be reached; if the publication was already
     committed, the next publish finishes it), PushRejectedError (some branches refused:
@@ -324,7 +329,7 @@ def publish(
     for attempt in range(1, attempts + 1):
         try:
             with _paused_gc():
-                report = _publish_once(prepared, sharded, signer, now, say, check, clock)
+                report = _publish_once(prepared, sharded, signer, now, say, check, clock, writers)
         except _LostRace as race:
             if attempt == attempts:
                 raise ConcurrentPublishError(
@@ -357,6 +362,7 @@ def _publish_once(
     say: Progress,
     check: TrustPolicy | None,
     clock: _Clock,
+    writers: int | None = None,
 ) -> PublishReport:
     now = (now or datetime.now(UTC)).replace(microsecond=0)
     settings = prepared.fleet.settings
@@ -441,7 +447,7 @@ def _publish_once(
     staged: dict[int, str] = {}
     try:
         with clock.stage("write+stage"):
-            staged = _stage(writer, sharded, plan, clock)
+            staged = _stage(writer, sharded, plan, clock, writers)
         with clock.stage("commit"):
             try:
                 _commit(writer, stores[0], head, signed, staged, plan.get(0, []), clock)
@@ -697,22 +703,66 @@ class _Writer:
 # --- the two-phase commit (see hub.publish.ledger) ----------------------------------------
 
 
+# Commits to write above which the packs are written by worker processes: writing is Python
+# work (about 130 µs per cluster), the pushes are the git server's.
+PROCESS_WRITE_MIN = 20_000
+_FORKED: tuple[_Writer, Mapping[int, BranchStore], Mapping[int, list[_Update]]] | None = None
+
+
+def _write_in_child(shard: int) -> tuple[int, str, str | None, list[str], float]:
+    """A forked worker's share of :func:`_stage`: one shard's pack, written into its cache
+    repository; (shard, staging commit, pack path, the new commits in order, seconds)."""
+    assert _FORKED is not None
+    writer, stores, plan = _FORKED
+    started = time.perf_counter()
+    staging, pack = writer.write_staged(stores[shard], plan[shard], _Clock({}))
+    news = [u.new for u in plan[shard]]
+    return shard, staging, str(pack) if pack else None, news, time.perf_counter() - started
+
+
 def _stage(
-    writer: _Writer, sharded: ShardedStore, plan: Mapping[int, list[_Update]], clock: _Clock
+    writer: _Writer,
+    sharded: ShardedStore,
+    plan: Mapping[int, list[_Update]],
+    clock: _Clock,
+    writers: int | None = None,
 ) -> dict[int, str]:
-    """Stage every shard but 0: packs written here, one shard after the other (Python work),
-    each pushed in the background while the next is written (the git server's work)."""
+    """Stage every shard but 0: packs written one shard after the other, each pushed in the
+    background while the next is written (the git server's work). Large publications are
+    written by ``writers`` forked worker processes (default: 2 from :data:`PROCESS_WRITE_MIN`
+    commits on, where the system can fork), which share this process's plans copy-on-write."""
+    global _FORKED
     later = [s for s in sorted(plan) if s != 0]
     if len(later) <= 1:
         return {s: writer.stage(sharded.stores[s], plan[s], clock) for s in later}
+    if writers is None:
+        count = sum(len(plan[s]) for s in later)
+        writers = min(2, os.cpu_count() or 1) if count >= PROCESS_WRITE_MIN else 1
+    if "fork" not in multiprocessing.get_all_start_methods():
+        writers = 1
     futures = {}
     with ThreadPoolExecutor(max_workers=PARALLEL) as pool:
         try:
-            for s in later:
-                store = sharded.stores[s]
-                staging, pack = writer.write_staged(store, plan[s], clock)
-                futures[s] = pool.submit(writer.push_staged, store, staging, pack, clock)
+            if writers > 1:
+                _FORKED = (writer, sharded.stores, plan)
+                context = multiprocessing.get_context("fork")
+                with ProcessPoolExecutor(max_workers=writers, mp_context=context) as procs:
+                    for shard, staging, pack, news, seconds in procs.map(_write_in_child, later):
+                        for update, new in zip(plan[shard], news, strict=True):
+                            update.new = new
+                        clock.add("write", seconds)
+                        store = sharded.stores[shard]
+                        path = Path(pack) if pack else None
+                        futures[shard] = pool.submit(
+                            writer.push_staged, store, staging, path, clock
+                        )
+            else:
+                for s in later:
+                    store = sharded.stores[s]
+                    staging, pack_path = writer.write_staged(store, plan[s], clock)
+                    futures[s] = pool.submit(writer.push_staged, store, staging, pack_path, clock)
         finally:
+            _FORKED = None
             done = {s: f.exception() for s, f in futures.items()}
         staged = {s: f.result() for s, f in futures.items() if done[s] is None}
     errors = [e for e in done.values() if e is not None]
