@@ -6,16 +6,39 @@ import argparse
 import sys
 from typing import Any
 
-_OUTPUTS = ["table", "json", "yaml"]
-
 
 def _render(args: argparse.Namespace) -> int:
     # Imported here: rendering pulls in YAML and format plugins the other commands never need.
-    from agent.render.command import run_render
+    from agent.render.command import RenderOptions, run_render
+    from agent.render.plain import InvalidManifestsError
+    from agent.render.tools import ToolSettings
 
-    sys.stdout.write(
-        run_render(bundle_dir=args.bundle_dir, format=args.format, namespace=args.namespace)
+    options = RenderOptions(
+        format=args.format,
+        path=args.path,
+        namespace=args.namespace,
+        values_files=args.values,
+        set_values=args.set,
+        release_name=args.release_name,
+        install_namespace=args.install_namespace,
+        watch_namespace=args.watch_namespace,
+        kube_version=args.kube_version,
+        output=args.output,
     )
+    try:
+        text = run_render(
+            bundle_dir=args.bundle_dir,
+            options=options,
+            note=lambda line: print(f"fleetlet: {line}", file=sys.stderr),
+            tools=ToolSettings.from_env(),
+        )
+    except InvalidManifestsError as exc:
+        # Every bad file, one per line.
+        print(f"fleetlet: {exc.source}: {len(exc.errors)} files refused:", file=sys.stderr)
+        for error in exc.errors:
+            print(f"  {error.file}: {error.detail} [{error.rule}]", file=sys.stderr)
+        return 1
+    sys.stdout.write(text)
     return 0
 
 
@@ -33,55 +56,126 @@ def _health(args: argparse.Namespace) -> int:
     return code
 
 
-def _build_agent(args: argparse.Namespace) -> Any:
-    """The agent's objects, built here at the edge from flags and the environment; nothing
-    below reads configuration."""
+def settings_from_args(args: argparse.Namespace) -> Any:
+    """The agent's grouped settings from its flags (whose defaults are the ``FLEETLET_*``
+    variables). Raises SettingsError naming the bad setting."""
     import os
     from pathlib import Path
 
-    from agent.apply import RevisionStore
+    from agent.reconcile.context import ReconcileSettings
+    from agent.render.tools import ToolSettings
+    from agent.settings import AgentSettings, PollSettings, RepoSettings, TrustSettings
+
+    return AgentSettings(
+        repo=RepoSettings(
+            url=args.repo,
+            cluster=args.cluster,
+            status_url=args.status_repo,
+            cache_dir=Path(args.cache_dir),
+            protocol_v2=args.git_protocol == "2",
+        ),
+        trust=TrustSettings(
+            trusted_root=Path(args.trusted_root or ""),
+            identity=args.identity or "",
+            issuer=args.issuer or "",
+            max_validity=args.max_publication_validity,
+        ),
+        reconcile=ReconcileSettings(
+            agent_namespace=args.namespace,
+            uninstall_failed_install=args.uninstall_failed_install,
+            parallel_groups=args.parallel_groups,
+            retry_backoff=args.retry_backoff,
+            failpoint=_failpoint(os.environ.get("FLEETLET_FAILPOINT")),
+        ),
+        poll=PollSettings(
+            interval=getattr(args, "interval", 30.0),
+            jitter=getattr(args, "jitter", 5.0),
+            max_backoff=max(getattr(args, "max_backoff", 300.0), getattr(args, "interval", 30.0)),
+            drift_interval=getattr(args, "drift_interval", 300.0),
+            heartbeat=args.heartbeat,
+        ),
+        kubeconfig=args.kubeconfig,
+        tools=ToolSettings.from_env(),
+        status=not args.no_status,
+        hub_public_key=Path(args.hub_public_key) if args.hub_public_key else None,
+        agent_sealing_key=Path(args.agent_sealing_key) if args.agent_sealing_key else None,
+        plain_http_registries=args.plain_http_registries,
+    )
+
+
+def _build_agent(args: argparse.Namespace) -> Any:
+    """The agent, built from its settings: this is where the parts are wired together."""
+    return build_agent(settings_from_args(args))
+
+
+def build_agent(settings: Any) -> Any:
+    """The agent's objects from :class:`agent.settings.AgentSettings`. Credentials come from
+    the mounted Secrets' directories (``FLEETLET_GIT_CREDENTIALS_DIR``,
+    ``FLEETLET_STATUS_GIT_CREDENTIALS_DIR``) or ``FLEETLET_GIT_*`` variables.
+
+    Raises ConfigurationError (kubeconfig, trust policy, CRDs not installed)."""
+    import os
+    from pathlib import Path
+
+    from agent import __version__
     from agent.apply.intent import GroupRecords
-    from agent.bundles import BundleDeployments
-    from agent.errors import TrustConfigError
+    from agent.apply.store import RevisionStore
+    from agent.inbound import InboundPipeline
     from agent.kube import KubeClient
     from agent.loop import Agent
-    from agent.reconcile import Reconciler, ReconcileSettings
+    from agent.reconcile import Reconciler
+    from agent.report.bundles import BundleDeployments
+    from agent.report.events import EventRecorder
+    from agent.report.metrics import Metrics
     from agent.report.push import StatusPusher
     from agent.report.runs import RunLog
+    from agent.report.view import BundleViews
     from agent.source.branch import BranchWatcher
     from agent.source.cache import ContentCache
     from agent.source.compose import ContentStore
     from agent.source.credentials import GitCredentials
     from agent.source.oci import OciFetcher, OciSettings
-    from agent.sync import ClusterState, InboundPipeline
+    from agent.state import ClusterState
     from agent.verify import IdentityPolicy, TrustPolicy
 
-    if not (args.trusted_root and args.identity and args.issuer):
-        raise TrustConfigError(
-            "--trusted-root, --identity and --issuer are required: the agent never applies "
-            "an unverified publication"
-        )
+    metrics = Metrics(cluster=settings.repo.cluster, version=__version__)
     creds_dir = os.environ.get("FLEETLET_GIT_CREDENTIALS_DIR")
     creds = GitCredentials.from_files(Path(creds_dir)) if creds_dir else GitCredentials.from_env()
     credentials = None if creds.kind == "none" else creds
-    cache = Path(args.cache_dir)
-    kube = KubeClient(kubeconfig=args.kubeconfig)
-    namespace = args.namespace
+    repo = settings.repo
+    cache = repo.cache_dir
+    namespace = settings.namespace
+    kube = KubeClient(kubeconfig=settings.kubeconfig)
     _check_crds(kube)
     state = ClusterState(kube=kube, namespace=namespace)
-    bundles = BundleDeployments(kube=kube, owner=namespace)
+    events = EventRecorder(
+        kube=kube,
+        namespace="default",
+        component="fleetlet-agent",
+        instance=os.environ.get("HOSTNAME"),
+    )
+    bundles = BundleDeployments(kube=kube, owner=namespace, events=events)
+    runs = RunLog(kube, namespace=namespace)
+    store = RevisionStore(kube, namespace=namespace)
     pipeline = InboundPipeline(
-        cluster=args.cluster,
+        tools=settings.tools,
+        installed=lambda bundle: store.latest_number(bundle) is not None,
+        cluster=repo.cluster,
         watcher=BranchWatcher(
-            repo_url=args.repo, cluster=args.cluster, cache_dir=cache, credentials=credentials
+            repo_url=repo.url,
+            cluster=repo.cluster,
+            cache_dir=cache,
+            credentials=credentials,
+            protocol_v2=repo.protocol_v2,
         ),
         trust=TrustPolicy(
-            trusted_root=Path(args.trusted_root),
-            identity=IdentityPolicy(issuer=args.issuer, subject=args.identity),
+            trusted_root=settings.trust.trusted_root,
+            identity=IdentityPolicy(issuer=settings.trust.issuer, subject=settings.trust.identity),
+            max_validity=settings.trust.max_validity,
         ),
         content=ContentStore(
-            cache=ContentCache(root=cache / "content", max_bytes=1 << 30),
-            oci=OciFetcher(settings=OciSettings(plain_http=args.plain_http_registries)),
+            cache=ContentCache(root=cache / "content", max_bytes=1 << 30, metrics=metrics),
+            oci=OciFetcher(settings=OciSettings(plain_http=settings.plain_http_registries)),
         ),
         kube=kube,
         state=state,
@@ -91,19 +185,18 @@ def _build_agent(args: argparse.Namespace) -> Any:
     )
     reconciler = Reconciler(
         kube=kube,
-        settings=ReconcileSettings(
-            agent_namespace=namespace,
-            uninstall_failed_install=args.uninstall_failed_install,
-            failpoint=_failpoint(os.environ.get("FLEETLET_FAILPOINT")),
-        ),
-        store=RevisionStore(kube, namespace=namespace),
+        settings=settings.reconcile,
+        store=store,
         records=GroupRecords(kube, namespace=namespace),
-        runs=RunLog(kube, namespace=namespace),
-        bundles=bundles,
-        outputs=_outputs(kube, namespace, args.hub_public_key),
+        runs=runs,
+        views=BundleViews(bundles=bundles, runs=runs),
+        outputs=_outputs(
+            kube, namespace, repo.cluster, settings.hub_public_key, settings.agent_sealing_key
+        ),
+        metrics=metrics,
     )
     pusher = None
-    if not args.no_status:
+    if settings.status:
         # The status repository may have its own (write) credentials.
         status_dir = os.environ.get("FLEETLET_STATUS_GIT_CREDENTIALS_DIR")
         status_creds = credentials
@@ -111,18 +204,20 @@ def _build_agent(args: argparse.Namespace) -> Any:
             found = GitCredentials.from_files(Path(status_dir))
             status_creds = None if found.kind == "none" else found
         pusher = StatusPusher(
-            repo_url=args.status_repo or args.repo,
-            cluster=args.cluster,
+            repo_url=repo.status_url or repo.url,
+            cluster=repo.cluster,
             credentials=status_creds,
             workdir=cache / "status",
-            heartbeat_interval=args.heartbeat,
+            heartbeat_interval=settings.poll.heartbeat,
+            metrics=metrics,
         )
     return Agent(
-        cluster=args.cluster,
+        cluster=repo.cluster,
         pipeline=pipeline,
         reconciler=reconciler,
         state=state,
         pusher=pusher,
+        metrics=metrics,
     )
 
 
@@ -151,27 +246,44 @@ def _failpoint(spec: str | None) -> Any:
 
 def _check_crds(kube: Any) -> None:
     """Fail at once, and clearly, on a cluster without fleetlet's CRDs."""
-    from agent.bundles import GROUP_VERSION, KIND
-    from agent.errors import PermanentError
+    from agent.errors import ConfigurationError
     from agent.kube import ApiNotServedError
+    from agent.report.bundles import GROUP_VERSION, KIND
 
     try:
         kube.resource_for(GROUP_VERSION, KIND)
     except ApiNotServedError as exc:
-        raise PermanentError(
+        raise ConfigurationError(
             f"{kube.server}: the fleetlet CRDs are not installed ({KIND} {GROUP_VERSION} is not "
             "served): apply crds/ first (kubectl apply --server-side -f crds/)"
         ) from exc
 
 
-def _outputs(kube: Any, namespace: str, hub_key_file: str | None) -> Any:
-    from pathlib import Path
-
+def _outputs(kube: Any, namespace: str, cluster: str, hub_key_file: Any, sealing_file: Any) -> Any:
     from agent.report.outputs import OutputsStage
-    from agent.report.seal import read_public_key
+    from agent.report.seal import read_private_key, read_public_key
 
-    hub_key = read_public_key(Path(hub_key_file)) if hub_key_file else None
-    return OutputsStage(kube=kube, agent_namespace=namespace, hub_key=hub_key)
+    hub_key = read_public_key(hub_key_file) if hub_key_file else None
+    sealing_key = read_private_key(sealing_file, what="agent sealing key") if sealing_file else None
+    return OutputsStage(
+        kube=kube,
+        agent_namespace=namespace,
+        cluster=cluster,
+        hub_key=hub_key,
+        sealing_key=sealing_key,
+    )
+
+
+EXIT_CONVERGED = 0
+"""``agent sync --once``: everything is on its target and healthy."""
+EXIT_FAILED = 1
+"""Something failed in this sync (a publication refused, a group rolled back or refused, a
+server away)."""
+EXIT_USAGE = 2
+"""The command line or the agent's configuration is unusable."""
+EXIT_DEGRADED = 4
+"""The sync itself went fine, but not everything is Ready: a failure kept from an earlier
+sync, a group waiting for a dependency or an approval."""
 
 
 def _summary(cluster: str, result: Any) -> str:
@@ -181,35 +293,78 @@ def _summary(cluster: str, result: Any) -> str:
         for label, groups in (
             ("moved", out.moved),
             ("rolled back", out.rolled_back),
-            ("failed", out.failed),
+            ("failed", tuple(g for g in out.failed if g not in out.rolled_back)),
             ("waiting", out.waiting),
+            ("held", out.held),
+            ("removed", out.removed),
         ):
             if groups:
                 parts.append(f"{label}: {', '.join(groups)}")
         if out.drift_corrected:
             parts.append(f"{out.drift_corrected} drifted objects corrected")
+        if out.converged:
+            parts.append("converged")
     return "; ".join(parts)
 
 
 def _sync(args: argparse.Namespace) -> int:
-    import logging
+    """One reconcile. Prints a summary line, always, and on failure the reason in one line
+    on stderr; the exit code says how it went (see the EXIT_* constants)."""
+    from agent.errors import FleetletError, TemporaryError
+    from agent.report.logs import error_line
 
     # One clear line on failure (the error itself); progress warnings would repeat it.
-    logging.basicConfig(level=logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
+    _setup_logging(args)
     agent = _build_agent(args)
-    result = agent.tick()
-    print(_summary(args.cluster, result))
+    error: FleetletError | None = None
+    try:
+        result = agent.tick()
+    except FleetletError as exc:
+        error = exc
+        result = agent.last
+    if result is not None:
+        print(_summary(args.cluster, result))
+    if error is not None:
+        temporary = " (temporary; retrying may help)" if isinstance(error, TemporaryError) else ""
+        error_line(f"{args.cluster}: sync failed: {error}{temporary}", prefix="")
+        return EXIT_FAILED
+    assert result is not None
     if result.inbound == "refused-before":
         state = agent.state.load()
-        print(
+        error_line(
             f"{args.cluster}: commit {(state.refused_commit or '-')[:12]} was refused and the "
             f"branch has not moved since ({state.refusal_reason}: {state.refusal_message})",
-            file=sys.stderr,
+            prefix="",
         )
-        return 1
-    if result.outbound is not None and result.outbound.failed:
-        return 1
-    return 0
+        return EXIT_DEGRADED
+    out = result.outbound
+    if out is not None and out.failed_now:
+        reasons = _failure_lines(agent, out.failed_now)
+        error_line(f"{args.cluster}: {reasons}", prefix="")
+        return EXIT_FAILED
+    if out is not None and not out.converged:
+        error_line(
+            f"{args.cluster}: not everything is Ready: {_failure_lines(agent, out.failed or out.waiting or out.held)}",
+            prefix="",
+        )
+        return EXIT_DEGRADED
+    return EXIT_CONVERGED
+
+
+def _failure_lines(agent: Any, groups: Any) -> str:
+    """One line naming each group and why it is not Ready."""
+    views = agent.reconciler.views
+    said = []
+    for group in groups:
+        reasons = sorted(
+            {
+                f"{v.conditions['Ready'].reason}: {v.conditions['Ready'].message}"
+                for v in (views.get(n) for n in views.names())
+                if v is not None and v.group == group and "Ready" in v.conditions
+            }
+        )
+        said.append(f"group {group}: " + ("; ".join(reasons) or "failed"))
+    return " | ".join(said)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -217,39 +372,73 @@ def _run(args: argparse.Namespace) -> int:
     import signal
 
     from agent.probe import ProbeServer
-    from agent.schedule import Poller
+    from agent.schedule import AgentScheduler
 
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    # The scheduler logs every run; the poller reports outcomes itself.
+    _setup_logging(args)
+    # The scheduler logs every run; the agent reports outcomes itself.
     logging.getLogger("apscheduler").setLevel(logging.ERROR)
-    agent = _build_agent(args)
-    poller = Poller(
-        interval=args.interval,
-        jitter=args.jitter,
-        max_backoff=max(args.max_backoff, args.interval),
-        reconcile=agent.tick,
+    settings = settings_from_args(args)
+    agent = build_agent(settings)
+    poll = settings.poll
+    metrics = agent.metrics
+    scheduler = AgentScheduler(
+        poll=metrics.instrument(agent, agent.poll),
+        drift=metrics.instrument(agent, agent.correct_drift),
+        heartbeat=agent.heartbeat if agent.pusher is not None else None,
+        interval=poll.interval,
+        jitter=poll.jitter,
+        drift_interval=poll.drift_interval,
+        heartbeat_interval=poll.heartbeat,
+        max_backoff=poll.max_backoff,
     )
     probe = (
-        ProbeServer(args.probe_address, agent=agent, poller=poller) if args.probe_address else None
+        ProbeServer(args.probe_address, agent=agent, poller=scheduler, metrics=metrics)
+        if args.probe_address
+        else None
     )
 
     def stop(signum: int, frame: Any) -> None:
-        poller.stop(wait=False)
+        scheduler.stop(wait=False)
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     if probe is not None:
         probe.start()
-    poller.start()
+    scheduler.start()
     try:
-        poller.wait()
+        scheduler.wait()
     finally:
-        poller.stop(wait=True)
+        scheduler.stop(wait=True)
         if probe is not None:
             probe.stop()
     return 0
+
+
+def _setup_logging(args: argparse.Namespace) -> None:
+    from agent.report.logs import setup_logging
+
+    setup_logging(level=args.log_level, format=args.log_format, cluster=args.cluster)
+
+
+def add_logging_arguments(p: argparse.ArgumentParser, *, default_level: str) -> None:
+    """``--log-level`` and ``--log-format`` (also for the hub's commands)."""
+    import os
+
+    from agent.report.logs import FORMATS, LEVELS
+
+    p.add_argument(
+        "--log-level",
+        choices=LEVELS,
+        default=os.environ.get("FLEETLET_LOG_LEVEL") or default_level,
+        help=f"least severe level logged ($FLEETLET_LOG_LEVEL, default {default_level})",
+    )
+    p.add_argument(
+        "--log-format",
+        choices=FORMATS,
+        default=os.environ.get("FLEETLET_LOG_FORMAT") or "text",
+        help="text lines, or one JSON object per line with cluster, bundle, group, serial and "
+        "run where they apply ($FLEETLET_LOG_FORMAT, default text)",
+    )
 
 
 def _add_agent_connection(p: argparse.ArgumentParser) -> None:
@@ -259,7 +448,9 @@ def _add_agent_connection(p: argparse.ArgumentParser) -> None:
     env = os.environ
 
     def flag(name: str, var: str, help: str, **kw: Any) -> None:
-        default = env.get(var) or kw.pop("default", None)
+        # Pop first: a set variable must not leave a second ``default`` in ``kw``.
+        fallback = kw.pop("default", None)
+        default = env.get(var) or fallback
         required = kw.pop("required", False) and default is None
         p.add_argument(name, default=default, required=required, help=f"{help} (${var})", **kw)
 
@@ -285,7 +476,9 @@ def _add_agent_connection(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--plain-http-registries",
         action="store_true",
-        help="talk plain HTTP to OCI registries (local registries only)",
+        default=env.get("FLEETLET_PLAIN_HTTP_REGISTRIES", "").lower() in ("1", "true", "yes"),
+        help="talk plain HTTP to OCI registries (local registries only; "
+        "$FLEETLET_PLAIN_HTTP_REGISTRIES=true)",
     )
     flag(
         "--status-repo",
@@ -302,6 +495,22 @@ def _add_agent_connection(p: argparse.ArgumentParser) -> None:
         metavar="FILE",
     )
     flag(
+        "--agent-sealing-key",
+        "FLEETLET_AGENT_SEALING_KEY",
+        "this agent's sealing key (from `fleetlet hub agent-key`): the hub can then tell the "
+        "sensitive outputs it sealed from any sealed with the hub's public key alone",
+        metavar="FILE",
+    )
+    flag(
+        "--max-publication-validity",
+        "FLEETLET_MAX_PUBLICATION_VALIDITY",
+        "refuse a publication whose expiresAt is further away than this, e.g. 30d, 36h "
+        "(a set signed to stay valid for years would defeat the freeze protection)",
+        default="30d",
+        type=_duration,
+        metavar="DURATION",
+    )
+    flag(
         "--heartbeat",
         "FLEETLET_HEARTBEAT",
         "seconds between status heartbeats",
@@ -309,15 +518,71 @@ def _add_agent_connection(p: argparse.ArgumentParser) -> None:
         type=float,
         metavar="SECONDS",
     )
+    flag(
+        "--git-protocol",
+        "FLEETLET_GIT_PROTOCOL",
+        "git protocol of the poll: 2 (one ls-refs of this cluster's branch) or 0 (libgit2's "
+        "listing of every branch, for servers without v2)",
+        default="2",
+        choices=["0", "2"],
+    )
+    flag(
+        "--parallel-groups",
+        "FLEETLET_PARALLEL_GROUPS",
+        "independent lockstep groups moved at once",
+        default=4,
+        type=int,
+        metavar="N",
+    )
+    flag(
+        "--retry-backoff",
+        "FLEETLET_RETRY_BACKOFF",
+        "seconds before a target refused for a reason the cluster caused (a missing "
+        "namespace or CRD, a webhook down) is tried again by itself (doubling, up to 10 min)",
+        default=30.0,
+        type=float,
+        metavar="SECONDS",
+    )
     p.add_argument("--no-status", action="store_true", help="do not push status to git")
     p.add_argument(
         "--uninstall-failed-install",
         action="store_true",
-        help="delete what a failed first install created (default: leave it for inspection)",
+        help="delete what a failed first install created (default: leave it for inspection; "
+        "removing the bundle deletes it)",
     )
 
 
+def _duration(text: str) -> Any:
+    """``30d``, ``36h``, ``90m``, ``600s`` (or bare seconds) as a timedelta; argparse's type."""
+    from datetime import timedelta
+
+    units = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+    value = text.strip()
+    factor = units.get(value[-1:], 1) if value else 1
+    number = value[:-1] if value[-1:] in units else value
+    try:
+        seconds = float(number) * factor
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a duration (a number with d, h, m or s, e.g. 30d)"
+        ) from None
+    if not 0 < seconds < 10 * 365 * 86400:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected more than 0 and under 10 years")
+    return timedelta(seconds=seconds)
+
+
+def _lazy(parser: argparse.ArgumentParser, add: str, run: str) -> None:
+    """Flags and handler from :mod:`agent.install.command` (imported only by these commands'
+    registration, which is cheap: the Kubernetes client is imported when they run)."""
+    from agent.install import command
+
+    getattr(command, add)(parser)
+    parser.set_defaults(handler=getattr(command, run))
+
+
 def register(sub: Any) -> None:
+    from agent.output import add_output_option
+
     agent = sub.add_parser(
         "agent",
         help="run the in-cluster agent",
@@ -343,25 +608,101 @@ def register(sub: Any) -> None:
         "--max-backoff", type=float, default=300.0, help="cap of the backoff after errors"
     )
     run.add_argument(
+        "--drift-interval",
+        type=float,
+        default=float(env.get("FLEETLET_DRIFT_INTERVAL") or 300.0),
+        metavar="SECONDS",
+        help="seconds between drift checks of the accepted set ($FLEETLET_DRIFT_INTERVAL)",
+    )
+    run.add_argument(
         "--probe-address",
         metavar="ADDR",
         default=env.get("FLEETLET_PROBE_ADDRESS"),
         help="serve /healthz and /readyz on HOST:PORT, e.g. :8081 ($FLEETLET_PROBE_ADDRESS)",
     )
+    add_logging_arguments(run, default_level="info")
     run.set_defaults(handler=_run)
-    sync = agent_sub.add_parser("sync", help="reconcile once; the exit code is the result")
+    sync = agent_sub.add_parser(
+        "sync",
+        help="reconcile once; the exit code is the result",
+        description="One reconcile: poll, verify and apply, then push status. Prints a "
+        "summary line. Exit codes: 0 converged (everything Ready); 1 this sync failed (the "
+        "reason on stderr); 2 usage or configuration error; 4 the sync went fine but not "
+        "everything is Ready (a failure kept from an earlier sync, a group waiting).",
+    )
     _add_agent_connection(sync)
     sync.add_argument("--once", action="store_true", help="one reconcile, then exit")
+    add_logging_arguments(sync, default_level="error")
     sync.set_defaults(handler=_sync)
+    install = agent_sub.add_parser(
+        "install",
+        help="put this cluster into a fleet (idempotent)",
+        description="Apply everything the agent needs to this cluster, in order: fleetlet's "
+        "CRDs, the agent's namespace, least-privilege RBAC, its configuration (repository, "
+        "cluster, trusted root and identity policy, credentials), and the Deployment pinned to "
+        "an image digest. Running it again changes nothing; with another --image it upgrades. "
+        "--dry-run -o yaml prints the objects instead (for kustomize or GitOps).",
+    )
+    _lazy(install, "add_install_arguments", "run_install")
+    uninstall = agent_sub.add_parser(
+        "uninstall",
+        help="take this cluster out of the fleet",
+        description="Remove the agent, its configuration and RBAC, and its namespace if install "
+        "created it. fleetlet's CRDs (and so every BundleDeployment) stay unless --crds; what "
+        "the agent applied keeps running.",
+    )
+    _lazy(uninstall, "add_uninstall_arguments", "run_uninstall")
 
     render = sub.add_parser(
         "render",
         help="print the rendered manifests of a bundle directory",
-        description="Render a bundle directory with its format and print the objects as YAML.",
+        description=(
+            "Render a bundle directory as the agent would and print the objects. Without "
+            "--format the format is detected (Chart.yaml: helm; kustomization.yaml: kustomize; "
+            "metadata/annotations.yaml of an OLM bundle: registry+v1; else plain) and the "
+            "choice is said on stderr. Each option is the formatOptions field of the same name."
+        ),
     )
     render.add_argument("bundle_dir", metavar="BUNDLE_DIR")
-    render.add_argument("--format", default="plain", help="plain|kustomize|helm|registry+v1")
-    render.add_argument("--namespace", help="target namespace for namespaced objects")
+    render.add_argument(
+        "--format",
+        metavar="FORMAT",
+        help="plain|kustomize|helm|registry+v1 or a plugin's name (default: detected)",
+    )
+    render.add_argument(
+        "--path",
+        metavar="SUBDIR",
+        help="the directory of the tree to render (a kustomize overlay whose bases sit "
+        "beside it, a chart); formatOptions.path",
+    )
+    render.add_argument(
+        "--values",
+        metavar="FILE",
+        action="append",
+        default=[],
+        help="helm values file (repeatable, merged in order)",
+    )
+    render.add_argument(
+        "--set",
+        metavar="KEY=VALUE",
+        action="append",
+        default=[],
+        help="helm value, helm's --set syntax (repeatable, after --values)",
+    )
+    render.add_argument("--namespace", metavar="NS", help="target namespace for namespaced objects")
+    render.add_argument("--release-name", metavar="NAME", help="helm release name")
+    render.add_argument(
+        "--install-namespace", metavar="NS", help="registry+v1: namespace of the operator"
+    )
+    render.add_argument(
+        "--watch-namespace", metavar="NS", help="registry+v1: the namespace it watches"
+    )
+    render.add_argument(
+        "--kube-version",
+        metavar="VERSION",
+        help="Kubernetes version the cluster runs, e.g. v1.37.2 (helm's Capabilities)",
+    )
+    render.add_argument("-o", "--output", choices=["yaml", "json"], default="yaml")
     render.set_defaults(handler=_render)
 
     health = sub.add_parser(
@@ -370,7 +711,7 @@ def register(sub: Any) -> None:
         description="Print Current/InProgress/Failed/... for each object in FILE, and why.",
     )
     health.add_argument("-f", "--filename", required=True, metavar="FILE")
-    health.add_argument("-o", "--output", choices=_OUTPUTS, default="table")
+    add_output_option(health)
     health.add_argument("--kubeconfig", metavar="FILE", help="assess the live objects here")
     health.add_argument("--context", metavar="NAME", help="kubeconfig context")
     health.add_argument(

@@ -9,15 +9,25 @@ from __future__ import annotations
 
 
 class FleetletError(Exception):
-    """Root of every error fleetlet raises on purpose."""
+    """Root of every error fleetlet raises on purpose.
+
+    ``reason`` is the CamelCase word a condition or a status document reports for it
+    (:mod:`agent.api.reasons` lists the condition reasons); each subclass names its own.
+    """
+
+    reason: str = "Failed"
 
 
 class TemporaryError(FleetletError):
     """A failure that may go away by itself (a server down, a timeout).
 
+    ``reason`` defaults to ``Unavailable``.
+
     ``delay`` is the suggested wait in seconds before retrying, or ``None`` to let the caller's
     backoff decide.
     """
+
+    reason = "Unavailable"
 
     def __init__(self, message: str, *, delay: float | None = None) -> None:
         super().__init__(message)
@@ -28,8 +38,17 @@ class PermanentError(FleetletError):
     """A failure that retrying the same input cannot fix (bad input, refused verification)."""
 
 
+class ConfigurationError(PermanentError):
+    """The agent's or the command's own configuration is unusable (a missing flag, a bad
+    kubeconfig, an empty trust policy): the command exits 2, not 1."""
+
+    reason = "ConfigurationInvalid"
+
+
 class NotImplementedYetError(PermanentError):
     """A command or feature whose issue has not landed yet."""
+
+    reason = "NotImplemented"
 
 
 # --- the contract: documents that do not validate ------------------------------------------
@@ -59,6 +78,8 @@ class ValidationError(PermanentError):
     source the document came from.
     """
 
+    reason = "ValidationFailed"
+
     def __init__(self, problems: list[FieldProblem], *, origin: str = "") -> None:
         self.problems = list(problems)
         self.origin = origin
@@ -70,6 +91,8 @@ class ValidationError(PermanentError):
 class FloatingReferenceError(ValidationError):
     """A source in a set is not pinned (a tag, a branch, a URL without a hash)."""
 
+    reason = "FloatingReference"
+
 
 # --- verification of a publication (each failed check is its own type) ----------------------
 
@@ -80,7 +103,7 @@ class VerificationError(PermanentError):
     reason = "VerificationFailed"
 
 
-class TrustConfigError(VerificationError):
+class TrustConfigError(VerificationError, ConfigurationError):
     """The agent's own trust configuration is unusable (no trusted root, empty identity policy)."""
 
     reason = "TrustConfigInvalid"
@@ -126,6 +149,12 @@ class ExpiredError(VerificationError):
     """The publication has expired (or is not valid yet beyond the clock-skew allowance)."""
 
     reason = "PublicationExpired"
+
+
+class ValidityTooLongError(VerificationError):
+    """The publication stays valid further into the future than this agent accepts."""
+
+    reason = "ValidityTooLong"
 
 
 class StatementMismatchError(VerificationError):

@@ -29,10 +29,17 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol
 
-from agent.errors import FleetletError, PermanentError, TemporaryError
+from agent.errors import ConfigurationError, FleetletError, PermanentError, TemporaryError
 
 Object = dict[str, Any]
 Objects = list[Object]
+
+CONTENT_FIELD_MANAGER = "fleetlet"
+"""The field manager of bundle content: every object a bundle renders is applied as it."""
+STATE_FIELD_MANAGER = "fleetlet-agent"
+"""The field manager of the agent's own state (revision store, group records, runs, outputs,
+BundleDeployments): another manager than bundle content's, so content can never take over,
+or be mistaken for, the agent's bookkeeping."""
 
 # Connect quickly or not at all; a read may legitimately take a while (large lists, apply of a
 # big object through admission), but never forever.
@@ -43,6 +50,12 @@ _LIST_PAGE = 500
 # each (a LIST returns the whole kind in the namespace, so it pays only for many).
 LIST_FROM = 16
 _MANAGER_IN_CAUSE = re.compile(r'conflict with "([^"]+)"')
+_WEBHOOK_NAME = re.compile(r'webhook "([^"]+)"')
+_WEBHOOK_FAILURE = re.compile(r"calling webhook|webhook .* (failed|error)", re.IGNORECASE)
+# Every group, version and resource in one answer (Kubernetes 1.30+), else the legacy lists.
+_AGGREGATED_DISCOVERY = (
+    "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json"
+)
 
 
 # --- errors ------------------------------------------------------------------------------------
@@ -91,7 +104,7 @@ class ApiUnavailableError(KubeError, TemporaryError):
         self.status = status
 
 
-class KubeconfigError(KubeError, PermanentError):
+class KubeconfigError(KubeError, ConfigurationError):
     """The kubeconfig (or in-cluster configuration) cannot be loaded."""
 
     reason = "KubeconfigInvalid"
@@ -164,6 +177,19 @@ class ApiNotServedError(KubeApiError):
     reason = "ApiNotServed"
 
 
+class WebhookError(KubeApiError):
+    """An admission webhook could not be called or failed (the API server answers 500 and
+    names it): the object is refused, the API server itself is fine. ``webhook`` is its name
+    when the message gives it."""
+
+    reason = "WebhookFailed"
+
+    @property
+    def webhook(self) -> str | None:
+        found = _WEBHOOK_NAME.search(self.server_message)
+        return found.group(1) if found else None
+
+
 _BY_STATUS: dict[int, type[KubeApiError]] = {
     403: ForbiddenError,
     404: NotFoundError,
@@ -196,6 +222,9 @@ def _from_api_exception(exc: Any, target: str) -> KubeError:
             if isinstance(loaded, dict):
                 document = loaded
     message = str(document.get("message") or body or getattr(exc, "reason", "") or "no message")
+    if status == 500 and _WEBHOOK_FAILURE.search(message):
+        # One object's admission webhook is down: a refusal of that object, not an outage.
+        return WebhookError(message, target=target, status=status, reason="WebhookFailed")
     if status in _TEMPORARY:
         return ApiUnavailableError(
             f"{target}: API server answered {status or 'nothing usable'}: {message}",
@@ -524,10 +553,86 @@ class KubeClient:
         except ApiNotServedError:
             return None
 
+    def reachable(self) -> bool:
+        """Whether the API server answers at all (``/readyz``, which every user may read):
+        tells an API server that is down from one request that failed (an aggregated API
+        away, a slow webhook). Never raises."""
+        try:
+            self._client()
+            api = self._api_client
+            request = api.param_serialize(
+                method="GET", resource_path="/readyz", auth_settings=["BearerToken"]
+            )
+            response = api.call_api(*request, _request_timeout=self._timeout)
+            return 0 < int(getattr(response, "status", 0) or 0) < 500
+        except Exception:
+            return False
+
     def forget_discovery(self) -> None:
         """Drop memoized resources (e.g. after installing CRDs); the next lookups re-discover."""
         with self._lock:
             self._resources.clear()
+
+    def _raw_get(self, path: str, *, accept: str = "application/json") -> Object:
+        with _converted(f"GET {path}"):
+            response = self._client().request(
+                "GET",
+                path,
+                header_params={"Accept": accept},
+                serialize=False,
+                _request_timeout=self._timeout,
+            )
+        return self._json(response)
+
+    def server_version(self) -> str:
+        """The API server's version as it reports it (``/version``'s ``gitVersion``, e.g.
+        ``v1.37.2``): what helm's ``.Capabilities.KubeVersion`` is.
+
+        Raises KubeApiError (no version in the answer), ApiUnavailableError.
+        """
+        version = self._raw_get("/version").get("gitVersion")
+        if not isinstance(version, str) or not version:
+            raise KubeApiError("/version has no gitVersion", target="GET /version")
+        return version
+
+    def api_versions(self) -> list[str]:
+        """Every served ``group/version`` and ``group/version/Kind`` (``v1`` and ``v1/Pod`` for
+        the core group), sorted: what helm's ``.Capabilities.APIVersions`` holds on a real
+        install. Two requests with aggregated discovery (Kubernetes 1.30+); one per group
+        version on older servers.
+
+        Raises KubeApiError, ApiUnavailableError.
+        """
+        found: set[str] = set()
+        for root in ("/api", "/apis"):
+            answer = self._raw_get(root, accept=_AGGREGATED_DISCOVERY)
+            if answer.get("kind") == "APIGroupDiscoveryList":
+                for group in answer.get("items") or []:
+                    name = (group.get("metadata") or {}).get("name") or ""
+                    for version in group.get("versions") or []:
+                        gv = f"{name}/{version.get('version')}" if name else version.get("version")
+                        found.add(str(gv))
+                        for resource in version.get("resources") or []:
+                            kind = (resource.get("responseKind") or {}).get("kind")
+                            if kind:
+                                found.add(f"{gv}/{kind}")
+                continue
+            # Legacy discovery: the group versions, then each one's resource list.
+            if root == "/api":
+                versions = [str(v) for v in answer.get("versions") or []]
+            else:
+                versions = [
+                    str(v.get("groupVersion"))
+                    for g in answer.get("groups") or []
+                    for v in g.get("versions") or []
+                ]
+            for gv in versions:
+                found.add(gv)
+                listing = self._raw_get(f"{root}/{gv}")
+                for resource in listing.get("resources") or []:
+                    if "/" not in str(resource.get("name", "")) and resource.get("kind"):
+                        found.add(f"{gv}/{resource['kind']}")
+        return sorted(found)
 
     # -- requests -----------------------------------------------------------------------------
 
@@ -666,6 +771,54 @@ class KubeClient:
                 field_manager=field_manager,
                 force_conflicts=True if force else None,
                 dry_run="All" if dry_run else None,
+                serialize=False,
+                _request_timeout=self._timeout,
+            )
+        return self._json(response)
+
+    def create(self, obj: Mapping[str, Any], *, field_manager: str = STATE_FIELD_MANAGER) -> Object:
+        """Create ``obj`` (POST: ``metadata.generateName`` gives it a fresh name); returns the
+        object the server made.
+
+        Raises ConflictError (a named object that exists already), ForbiddenError,
+        InvalidError, NotFoundError (its namespace is missing), ApiNotServedError,
+        ApiUnavailableError.
+        """
+        meta = obj.get("metadata")
+        meta = meta if isinstance(meta, Mapping) else {}
+        api_version, kind = str(obj.get("apiVersion") or ""), str(obj.get("kind") or "")
+        shown = meta.get("name") or f"{meta.get('generateName') or '?'}*"
+        namespace = meta.get("namespace") if isinstance(meta.get("namespace"), str) else None
+        target = f"{kind} {api_version} " + (f"{namespace}/{shown}" if namespace else shown)
+        resource = self.resource_for(api_version, kind)
+        if resource.namespaced and not namespace:
+            raise InvalidError("a namespaced object needs metadata.namespace", target=target)
+        with _converted(target):
+            response = self._client().create(
+                resource,
+                body=dict(obj),
+                namespace=namespace if resource.namespaced else None,
+                field_manager=field_manager,
+                serialize=False,
+                _request_timeout=self._timeout,
+            )
+        return self._json(response)
+
+    def patch(self, obj: Mapping[str, Any] | RefLike, patch: Mapping[str, Any]) -> Object:
+        """Apply a JSON merge patch (RFC 7386) to the object; returns the patched object.
+
+        Raises NotFoundError, ForbiddenError, InvalidError, ApiNotServedError,
+        ApiUnavailableError.
+        """
+        ref = ObjectRef.of(obj)
+        resource, namespace = self._locate(ref)
+        with _converted(str(ref)):
+            response = self._client().patch(
+                resource,
+                name=ref.name,
+                namespace=namespace,
+                body=dict(patch),
+                content_type="application/merge-patch+json",
                 serialize=False,
                 _request_timeout=self._timeout,
             )

@@ -1,39 +1,46 @@
-"""One tick of the agent: inbound, outbound, status back to git.
+"""The agent of one cluster: inbound, outbound, status back to git.
 
-:class:`Agent.tick` is what the poll loop runs (``fleetlet agent run``) and what ``fleetlet
-agent sync --once`` runs once:
+:meth:`Agent.tick` is one whole reconcile (``fleetlet agent sync --once`` runs it once):
 
-1. **inbound** (:class:`agent.sync.InboundPipeline`): poll this cluster's branch; when it
+1. **inbound** (:class:`agent.inbound.InboundPipeline`): poll this cluster's branch; when it
    moved, fetch, verify and render the new set, and accept it (kept in the cluster);
 2. **outbound** (:class:`agent.reconcile.Reconciler`): move the accepted set's groups in
-   lockstep, or, when nothing moved, resume interrupted work and correct drift. This runs
-   even when the inbound half failed (git server down, a refused publication): the cluster
-   keeps running, and keeps correcting, what it accepted last;
+   lockstep, or resume interrupted work and correct drift. This runs even when the inbound
+   half failed (git server down, a refused publication): the cluster keeps running, and keeps
+   correcting, what it accepted last;
 3. **status** (:class:`agent.report.push.StatusPusher`): the status document, pushed when it
    changed or the heartbeat is due; kept pending while the git server is away.
 
-The first error of the tick is raised at the end, after all three, so the poll loop backs off
-(temporary) or waits for the branch to move (permanent).
+``fleetlet agent run`` splits the same work into scheduled jobs (:mod:`agent.schedule`):
+:meth:`Agent.poll` (inbound, and outbound only when there is something to do),
+:meth:`Agent.correct_drift` (the outbound pass) and :meth:`Agent.heartbeat` (status).
+
+The first error of a tick is raised at its end, after all three steps, so the caller backs
+off (temporary) or waits for the branch to move (permanent).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
 
 from agent import __version__
-from agent.api import BundleDeploymentEntry, BundleDeploymentSet, set_digest
+from agent.api import BundleDeploymentEntry, BundleDeploymentSet, parse_time, set_digest
 from agent.api.models import Condition
 from agent.api.status import SCHEMA_VERSION, BundleStatusReport, ClusterStatus, Refusal
-from agent.bundles import ConditionSpec
 from agent.errors import FleetletError
+from agent.inbound import InboundPipeline, SyncResult
 from agent.kube import ApiUnavailableError
-from agent.reconcile import Manifest, PassResult, Reconciler
+from agent.reconcile import PassResult, Reconciler
+from agent.reconcile.context import Manifest
+from agent.report.bundles import ConditionSpec
+from agent.report.metrics import Metrics
 from agent.report.push import StatusPusher
-from agent.sync import ClusterState, InboundPipeline, SyncResult
+from agent.state import AgentState, ClusterState
 
 log = logging.getLogger(__name__)
 
@@ -43,10 +50,18 @@ class TickResult:
     """What one tick did: the inbound outcome, the serial running, the outbound pass."""
 
     inbound: str
-    """``unchanged``, ``rendered``, ``serial-advanced``, ``refused-before`` or ``failed``."""
+    """``unchanged``, ``rendered``, ``serial-advanced``, ``refused-before``, ``skipped`` or
+    ``failed``."""
     serial: int | None
     outbound: PassResult | None
     error: FleetletError | None = None
+    inbound_seconds: float | None = None
+    """How long the inbound half took (None: it did not run)."""
+
+    @property
+    def failed_now(self) -> bool:
+        """Something failed in this tick (not a failure kept from an earlier one)."""
+        return self.error is not None or bool(self.outbound and self.outbound.failed_now)
 
 
 class Agent:
@@ -61,76 +76,107 @@ class Agent:
         state: ClusterState,
         pusher: StatusPusher | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC).replace(microsecond=0),
+        metrics: Metrics | None = None,
     ) -> None:
+        """``metrics``: the agent's Prometheus metrics (recorded by the jobs and the steps)."""
         self.cluster = cluster
         self.pipeline = pipeline
         self.reconciler = reconciler
         self.state = state
         self.pusher = pusher
         self.clock = clock
+        self.metrics = metrics or Metrics(cluster=cluster, version=__version__)
         self.accepted: BundleDeploymentSet | None = None
         self.last: TickResult | None = None
         self.ticks = 0
+        self._pending_work = True
+        """The outbound half has something to do without a new set: first pass after a
+        start, a temporary failure to retry, a failed target to retry later."""
+        self._work = threading.Lock()  # one inbound/outbound at a time
+
+    # -- the whole reconcile ----------------------------------------------------------------
 
     def tick(self) -> TickResult:
-        """One reconcile (see the module docstring).
+        """One reconcile: inbound, outbound (always), status.
 
         Raises the first error met, after doing what could be done: ApiUnavailableError and
-        other TemporaryErrors (the poll loop backs off), or PermanentErrors (a refused
-        publication, a group that cannot be rendered: retried when the branch moves).
+        other TemporaryErrors (back off), or PermanentErrors (a refused publication: retried
+        when the branch moves).
         """
-        self.ticks += 1
-        error: FleetletError | None = None
-        result: SyncResult | None = None
-        try:
-            result = self.pipeline.sync()
-        except ApiUnavailableError:
-            raise
-        except FleetletError as exc:
-            log.warning("%s: inbound: %s", self.cluster, exc)
-            error = exc
-        rendered: Mapping[str, list[Manifest]] | None = None
-        if result is not None and result.deployment_set is not None:
-            self.accepted = result.deployment_set
-            if result.outcome == "rendered":
-                rendered = {b.name: b.objects for b in result.bundles}
-        if self.accepted is None:
-            self.accepted = self.state.load_set()
-        state = self.state.load()
-        self.reconciler.refusal = (
-            ConditionSpec(
-                "Ready",
-                "False",
-                state.refusal_reason or "VerificationFailed",
-                f"publication at commit {state.refused_commit[:12]} refused (still running "
-                f"serial {state.last_serial}): {state.refusal_message or ''}",
+        return self._run(outbound="always")
+
+    def poll(self) -> TickResult:
+        """The poll job: inbound; outbound only when a new set was accepted or work is
+        pending (see :meth:`tick` for what it raises)."""
+        return self._run(outbound="when-needed")
+
+    def correct_drift(self) -> TickResult:
+        """The drift job: the outbound pass over the accepted set, without polling."""
+        return self._run(outbound="always", inbound=False)
+
+    def heartbeat(self) -> None:
+        """The heartbeat job: push the status document when it changed or is due."""
+        self._report(self.state.load())
+
+    def _run(self, *, outbound: str, inbound: bool = True) -> TickResult:
+        with self._work:
+            self.ticks += 1
+            error: FleetletError | None = None
+            result: SyncResult | None = None
+            inbound_seconds: float | None = None
+            if inbound:
+                started = time.perf_counter()
+                try:
+                    result = self.pipeline.sync()
+                except ApiUnavailableError:
+                    raise
+                except FleetletError as exc:
+                    log.warning("%s: inbound: %s", self.cluster, exc)
+                    error = exc
+                inbound_seconds = time.perf_counter() - started
+            rendered: Mapping[str, list[Manifest]] | None = None
+            if result is not None and result.deployment_set is not None:
+                self.accepted = result.deployment_set
+                if result.outcome in ("rendered", "serial-advanced"):
+                    self._pending_work = True
+                if result.outcome == "rendered":
+                    rendered = {b.name: b.objects for b in result.bundles}
+            if self.accepted is None:
+                self.accepted = self.state.load_set()
+            state = self.state.load()
+            self.reconciler.views.refusal = _refusal_condition(state)
+            outbound_result: PassResult | None = None
+            wanted = outbound == "always" or self._pending_work or rendered is not None
+            if self.accepted is not None and wanted:
+                outbound_result = self.reconciler.reconcile(
+                    self.accepted,
+                    render=self._render,
+                    rendered=rendered,
+                    set_digest=set_digest(self.accepted),
+                )
+                self._pending_work = outbound_result.temporary is not None or bool(
+                    outbound_result.failed and _retry_due_later(self.reconciler)
+                )
+                if error is None and outbound_result.temporary is not None:
+                    error = outbound_result.temporary
+                for what, groups in (
+                    ("moved to serial", outbound_result.moved),
+                    ("rolled back from serial", outbound_result.rolled_back),
+                ):
+                    for group in groups:
+                        log.info(
+                            "%s: group %s %s %s", self.cluster, group, what, self.accepted.serial
+                        )
+            self._report(state)
+            self.last = TickResult(
+                inbound=(result.outcome if result is not None else "failed")
+                if inbound
+                else "skipped",
+                serial=self.accepted.serial if self.accepted else None,
+                outbound=outbound_result,
+                error=error,
+                inbound_seconds=inbound_seconds,
             )
-            if state.refused_commit
-            else None
-        )
-        outbound: PassResult | None = None
-        if self.accepted is not None:
-            outbound = self.reconciler.reconcile(
-                self.accepted,
-                render=self._render,
-                rendered=rendered,
-                set_digest=set_digest(self.accepted),
-            )
-            if error is None and outbound.temporary is not None:
-                error = outbound.temporary
-            for what, groups in (
-                ("moved to serial", outbound.moved),
-                ("rolled back from serial", outbound.rolled_back),
-            ):
-                for group in groups:
-                    log.info("%s: group %s %s %s", self.cluster, group, what, self.accepted.serial)
-        self._report(state)
-        self.last = TickResult(
-            inbound=result.outcome if result is not None else "failed",
-            serial=self.accepted.serial if self.accepted else None,
-            outbound=outbound,
-            error=error,
-        )
         if error is not None:
             raise error
         return self.last
@@ -142,26 +188,28 @@ class Agent:
 
     # -- status back to git -----------------------------------------------------------------
 
-    def status_document(self, state: Any = None) -> ClusterStatus:
+    def status_document(self, state: AgentState | None = None) -> ClusterStatus:
         """The cluster's status document as the agent sees it now (``heartbeat`` and
         ``sequence`` are set by the pusher)."""
         state = state if state is not None else self.state.load()
         now = self.clock()
+        views = self.reconciler.views
         names = [e.name for e in self.accepted.bundle_deployments] if self.accepted else []
         bundles = []
         for name in names:
-            view = self.reconciler.views.get(name)
+            view = views.get(name)
             if view is None:
                 continue
+            since = dict(view.since)
             conditions = tuple(
                 Condition(
                     type=c.type,
                     status=c.status,  # type: ignore[arg-type]
                     reason=c.reason,
                     message=c.message[:4096],
-                    last_transition_time=view.since.get(c.type, now),
+                    last_transition_time=since.get(c.type, now),
                 )
-                for c in self._conditions(view.conditions).values()
+                for c in views.shown(dict(view.conditions)).values()
             )
             bundles.append(
                 BundleStatusReport(
@@ -181,7 +229,7 @@ class Agent:
                 reason=state.refusal_reason or "VerificationFailed",
                 message=(state.refusal_message or "")[:4096],
                 commit=state.refused_commit,
-                at=_parse(state.refused_at) or now,
+                at=parse_time(state.refused_at or "") or now,
             )
         return ClusterStatus(
             schema_version=SCHEMA_VERSION,
@@ -194,15 +242,7 @@ class Agent:
             bundles=tuple(bundles),
         )
 
-    def _conditions(self, conditions: Mapping[str, ConditionSpec]) -> dict[str, ConditionSpec]:
-        shown = dict(conditions)
-        refusal = self.reconciler.refusal
-        if refusal is not None:
-            for kind, value in (("Ready", "False"), ("Degraded", "True")):
-                shown[kind] = refusal._replace(type=kind, status=value)
-        return shown
-
-    def _report(self, state: Any) -> None:
+    def _report(self, state: AgentState) -> None:
         if self.pusher is None:
             return
         try:
@@ -213,10 +253,27 @@ class Agent:
             log.warning("%s: status not pushed yet: %s", self.cluster, exc)
 
 
-def _parse(text: str | None) -> datetime | None:
-    if not text:
+def _refusal_condition(state: AgentState) -> ConditionSpec | None:
+    if not state.refused_commit:
         return None
-    try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
+    return ConditionSpec(
+        "Ready",
+        "False",
+        state.refusal_reason or "VerificationFailed",
+        f"publication at commit {state.refused_commit[:12]} refused (still running "
+        f"serial {state.last_serial}): {state.refusal_message or ''}",
+    )
+
+
+def _retry_due_later(reconciler: Reconciler) -> bool:
+    """Whether a failed group will retry by itself (a refusal the cluster caused): the poll
+    job keeps running the outbound pass so the retry happens on time."""
+    views = reconciler.views
+    return any(
+        view.conditions.get("Progressing", ConditionSpec("", "False", "")).status == "True"
+        for view in (views.get(n) for n in views.names())
+        if view is not None
+    )
+
+
+__all__ = ["Agent", "TickResult"]

@@ -1,17 +1,25 @@
-"""The agent's poll loop: one APScheduler 3.x job, at most one run at a time, with backoff.
+"""The agent's periodic work as APScheduler 3.x jobs: poll, drift check, heartbeat.
 
-:class:`Poller` runs ``reconcile()`` every ``interval`` seconds plus a random jitter (so a fleet
-restarted at once does not poll in lockstep). The job has ``max_instances=1`` (never two runs at
-once), ``coalesce=True`` (runs missed while the process was stalled collapse into one) and a
-``misfire_grace_time``. After each run the next run time is set from the outcome:
+:class:`AgentScheduler` runs three interval jobs on a ``BackgroundScheduler``:
 
-- success: ``interval`` + jitter, and the backoff is reset;
-- :class:`TemporaryError` (or an unexpected exception): exponential backoff from
-  ``initial_backoff``, doubling up to ``max_backoff``; a ``TemporaryError.delay`` given by the
-  failing code is used instead (still capped at ``max_backoff``);
-- :class:`PermanentError`: reported, then the normal interval. Retrying the same input cannot
-  help, so :class:`OnBranchChange` remembers the commit that failed and makes the following
-  runs idle until the branch moves.
+- **poll** every ``interval`` (plus up to ``jitter`` at random, so a fleet restarted at once
+  does not poll in lockstep): one ref listing of the cluster's branch; when it moved, the new
+  set is fetched, verified, rendered and applied;
+- **drift** every ``drift_interval``: the outbound pass over the accepted set (drift put back,
+  health assessed, retries that are due);
+- **heartbeat** every ``heartbeat_interval``: the status document pushed to git.
+
+Poll and drift share one single-thread executor, so they never run at once and a slow apply
+never stacks polls behind it (``max_instances=1``, ``coalesce=True``: runs missed while one
+ran collapse into one; a ``misfire_grace_time`` drops runs that are too late). The heartbeat
+has its own executor: it still goes out while a group is moving.
+
+After a :class:`~agent.errors.TemporaryError` (or an unexpected exception) the poll and drift
+jobs back off (:class:`~agent.backoff.Backoff`: exponential from ``initial_backoff`` up to ``max_backoff``, or
+the ``delay`` the error suggests, with jitter): their runs return at once until the backoff is
+over (the one policy of :mod:`agent.backoff`). A :class:`~agent.errors.PermanentError` is reported and does not slow the loop down: the
+inbound pipeline remembers the refused commit and the next polls are idle until the branch
+moves.
 """
 
 from __future__ import annotations
@@ -19,75 +27,53 @@ from __future__ import annotations
 import logging
 import random
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 
+from agent.backoff import Backoff
 from agent.errors import PermanentError, TemporaryError
-from agent.source.branch import BranchNotFoundError
 
 log = logging.getLogger(__name__)
 
-JOB_ID = "fleetlet-agent-poll"
-
-
-class Backoff:
-    """Exponential backoff with a cap: ``initial * 2**(n-1)`` after the n-th failure in a row."""
-
-    def __init__(self, *, initial: float, maximum: float) -> None:
-        """Raises ValueError unless 0 < initial <= maximum."""
-        if not 0 < initial <= maximum:
-            raise ValueError(f"backoff needs 0 < initial ({initial}) <= maximum ({maximum})")
-        self.initial = initial
-        self.maximum = maximum
-        self.failures = 0
-
-    def failure(self, suggested: float | None = None) -> float:
-        """Count one more failure; return the delay before the next attempt.
-
-        ``suggested`` (a ``TemporaryError.delay``) replaces the computed delay, capped.
-        """
-        self.failures += 1
-        if suggested is not None:
-            return min(max(suggested, 0.0), self.maximum)
-        # The exponent is bounded so a very long outage cannot overflow the float.
-        return min(self.initial * 2.0 ** min(self.failures - 1, 60), self.maximum)
-
-    def reset(self) -> None:
-        self.failures = 0
-
 
 @dataclass(frozen=True)
-class RunOutcome:
-    """What one run ended with: ``error`` (None on success) and the ``delay`` chosen after it."""
+class JobOutcome:
+    """How one run of a job ended: ``error`` (None on success) and, after a failure, how long
+    the job waits before working again (``delay``, 0 without a backoff)."""
 
+    job: str
     error: BaseException | None
-    delay: float
+    delay: float = 0.0
     permanent: bool = False
 
 
-class Poller:
-    """Runs ``reconcile`` on a BackgroundScheduler until :meth:`stop`. See the module doc."""
+class AgentScheduler:
+    """The agent's jobs on a BackgroundScheduler until :meth:`stop`. See the module doc."""
 
     def __init__(
         self,
         *,
+        poll: Callable[[], Any],
+        drift: Callable[[], Any],
+        heartbeat: Callable[[], Any] | None,
         interval: float,
         jitter: float = 0.0,
+        drift_interval: float | None = None,
+        heartbeat_interval: float = 60.0,
         max_backoff: float = 300.0,
         initial_backoff: float | None = None,
-        misfire_grace_time: float | None = None,
-        reconcile: Callable[[], Any],
-        on_outcome: Callable[[RunOutcome], None] | None = None,
+        on_outcome: Callable[[JobOutcome], None] | None = None,
         rng: Callable[[], float] = random.random,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """``initial_backoff`` defaults to min(interval, max_backoff); ``misfire_grace_time``
-        to ``interval``; ``on_outcome`` is called after every run (status reporting);
-        ``rng`` returns a float in [0, 1) for the jitter.
+        """``drift_interval`` defaults to ten poll intervals; ``initial_backoff`` to
+        min(interval, max_backoff); ``on_outcome`` is called after every poll and drift run.
 
         Raises ValueError for a non-positive interval, a negative jitter, or max_backoff below
         initial_backoff.
@@ -98,96 +84,117 @@ class Poller:
             raise ValueError(f"poll jitter must not be negative, got {jitter}")
         self.interval = interval
         self.jitter = jitter
+        self.drift_interval = drift_interval or interval * 10
+        self.heartbeat_interval = heartbeat_interval
         self.backoff = Backoff(
             initial=initial_backoff if initial_backoff is not None else min(interval, max_backoff),
             maximum=max_backoff,
         )
-        self.misfire_grace_time = misfire_grace_time if misfire_grace_time else interval
-        self._reconcile = reconcile
+        self._jobs: dict[str, Callable[[], Any]] = {"poll": poll, "drift": drift}
+        self._heartbeat = heartbeat
         self._on_outcome = on_outcome
         self._rng = rng
+        self._clock = clock
+        self._resume_at = 0.0
         self._lock = threading.Lock()
         self._scheduler: BackgroundScheduler | None = None
         self._stopped = threading.Event()
         self.runs = 0
-        self.last: RunOutcome | None = None
+        """Runs of the poll and drift jobs that did work (not skipped by a backoff)."""
+        self.last: JobOutcome | None = None
 
-    def _jitter(self) -> float:
-        return self.jitter * self._rng()
+    # -- one run ------------------------------------------------------------------------------
 
-    def tick(self) -> RunOutcome:
-        """Run ``reconcile`` once, now, in this thread; return the outcome and next delay.
-
-        Never raises for errors of ``reconcile`` (they are logged and in the outcome), except
-        KeyboardInterrupt/SystemExit.
-        """
+    def run(self, job: str) -> JobOutcome | None:
+        """Run job ``poll`` or ``drift`` now, in this thread, unless a backoff is running
+        (then None). Never raises for the job's errors (they are logged and in the outcome),
+        except KeyboardInterrupt/SystemExit."""
         with self._lock:
+            if self._clock() < self._resume_at:
+                return None
             self.runs += 1
             try:
-                self._reconcile()
+                self._jobs[job]()
             except PermanentError as exc:
                 # The server answered: no reason to slow down. The branch must move first.
                 self.backoff.reset()
-                log.error("poll refused (permanent, waiting for the branch to move): %s", exc)
-                outcome = RunOutcome(exc, self.interval + self._jitter(), permanent=True)
+                log.error("%s refused (permanent, waiting for the branch to move): %s", job, exc)
+                outcome = JobOutcome(job, exc, permanent=True)
             except TemporaryError as exc:
-                delay = self.backoff.failure(exc.delay)
-                if exc.delay is None:
-                    delay += self._jitter()
-                log.warning("poll failed (retry in %.1f s): %s", delay, exc)
-                outcome = RunOutcome(exc, delay)
+                wait = self.backoff.failure(exc.delay) + self._jitter(exc.delay is None)
+                log.warning("%s failed (retry in %.1f s): %s", job, wait, exc)
+                outcome = JobOutcome(job, exc, wait)
             except Exception as exc:
                 # A bug or an unconverted library error: back off rather than spin on it.
-                delay = self.backoff.failure() + self._jitter()
-                log.exception("poll failed unexpectedly (retry in %.1f s)", delay)
-                outcome = RunOutcome(exc, delay)
+                wait = self.backoff.failure() + self._jitter(True)
+                log.exception("%s failed unexpectedly (retry in %.1f s)", job, wait)
+                outcome = JobOutcome(job, exc, wait)
             else:
                 self.backoff.reset()
-                outcome = RunOutcome(None, self.interval + self._jitter())
+                outcome = JobOutcome(job, None)
+            self._resume_at = self._clock() + outcome.delay
             self.last = outcome
         if self._on_outcome is not None:
             try:
                 self._on_outcome(outcome)
             except Exception:
-                log.exception("reporting the poll outcome failed")
+                log.exception("reporting the %s outcome failed", job)
         return outcome
 
-    def _run(self) -> None:
-        outcome = self.tick()
-        scheduler = self._scheduler
-        if scheduler is None or not scheduler.running:
+    def _jitter(self, wanted: bool) -> float:
+        return self.jitter * self._rng() if wanted else 0.0
+
+    def _beat(self) -> None:
+        if self._heartbeat is None:
             return
-        next_at = datetime.now(UTC) + timedelta(seconds=outcome.delay)
         try:
-            scheduler.modify_job(JOB_ID, next_run_time=next_at)
+            self._heartbeat()
         except Exception:
-            # Shutting down under us, or the job was removed: nothing left to schedule.
-            log.debug("could not reschedule the poll job", exc_info=True)
+            log.warning("heartbeat failed", exc_info=True)
+
+    # -- the scheduler ------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Start polling in a background thread; the first run is immediate."""
+        """Start the jobs in background threads; the first poll is immediate."""
         if self._scheduler is not None:
             return
         self._stopped.clear()
         scheduler = BackgroundScheduler(
-            executors={"default": {"type": "threadpool", "max_workers": 1}},
+            executors={
+                "work": {"type": "threadpool", "max_workers": 1},
+                "default": {"type": "threadpool", "max_workers": 1},
+            },
+            job_defaults={"max_instances": 1, "coalesce": True},
             timezone=UTC,
         )
-        scheduler.add_job(
-            self._run,
-            IntervalTrigger(seconds=self.interval, jitter=self.jitter or None, timezone=UTC),
-            id=JOB_ID,
-            name="fleetlet agent poll",
-            max_instances=1,
-            coalesce=True,
-            misfire_grace_time=max(1, round(self.misfire_grace_time)),
-            next_run_time=datetime.now(UTC),
-        )
+        now = datetime.now(UTC)
+        for job, every, first in (
+            ("poll", self.interval, now),
+            ("drift", self.drift_interval, None),
+        ):
+            scheduler.add_job(
+                self.run,
+                IntervalTrigger(seconds=every, jitter=self.jitter or None, timezone=UTC),
+                args=[job],
+                id=f"fleetlet-agent-{job}",
+                name=f"fleetlet agent {job}",
+                executor="work",
+                misfire_grace_time=max(1, round(every)),
+                **({"next_run_time": first} if first else {}),
+            )
+        if self._heartbeat is not None:
+            scheduler.add_job(
+                self._beat,
+                IntervalTrigger(seconds=self.heartbeat_interval, timezone=UTC),
+                id="fleetlet-agent-heartbeat",
+                name="fleetlet agent heartbeat",
+                misfire_grace_time=max(1, round(self.heartbeat_interval)),
+            )
         self._scheduler = scheduler
         scheduler.start()
 
     def stop(self, *, wait: bool = True) -> None:
-        """Stop scheduling; with ``wait``, return after the current run (if any) ended."""
+        """Stop scheduling; with ``wait``, return after the runs in progress ended."""
         scheduler, self._scheduler = self._scheduler, None
         if scheduler is not None and scheduler.running:
             scheduler.shutdown(wait=wait)
@@ -201,7 +208,7 @@ class Poller:
     def running(self) -> bool:
         return self._scheduler is not None and self._scheduler.running
 
-    def __enter__(self) -> Poller:
+    def __enter__(self) -> AgentScheduler:
         self.start()
         return self
 
@@ -209,48 +216,4 @@ class Poller:
         self.stop()
 
 
-class OnBranchChange:
-    """A ``reconcile`` for :class:`Poller`: poll the branch, and ``apply(commit)`` only when the
-    branch is at a commit not settled yet.
-
-    A commit is settled once ``apply`` succeeded or raised a PermanentError for it: the same
-    commit is not applied again (an idle poll costs one ref listing) until the branch moves.
-    A TemporaryError leaves it unsettled, so the next run tries again. A missing branch raises
-    BranchNotFoundError once (settled as ``None``) and then waits for the branch to appear.
-    """
-
-    def __init__(
-        self,
-        *,
-        poll: Callable[[], str | None],
-        apply: Callable[[str], Any],
-        settled: str | None = None,
-    ) -> None:
-        """``settled`` seeds the last settled commit (e.g. from state kept in the cluster)."""
-        self._poll = poll
-        self._apply = apply
-        self._settled: object = settled if settled is not None else _NOTHING
-        self.applied = 0
-
-    @property
-    def settled(self) -> str | None:
-        return self._settled if isinstance(self._settled, str) else None
-
-    def __call__(self) -> None:
-        """Raises what ``poll`` and ``apply`` raise; BranchNotFoundError for a missing branch."""
-        commit = self._poll()
-        if commit == self._settled:
-            return
-        if commit is None:
-            self._settled = None
-            raise BranchNotFoundError("this cluster's branch does not exist (yet) on the server")
-        try:
-            self.applied += 1
-            self._apply(commit)
-        except PermanentError:
-            self._settled = commit
-            raise
-        self._settled = commit
-
-
-_NOTHING = object()
+__all__ = ["AgentScheduler", "Backoff", "JobOutcome"]

@@ -82,17 +82,15 @@ CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 # ``agent.cli._build_agent`` and ``_run`` import, sigstore (``TrustPolicy``) and the kubernetes
 # client (``KubeClient``; ``agent.kube`` itself imports it lazily).
 AGENT_IMPORTS = (
-    "import fleetlet.cli, agent.cli, agent.apply, agent.apply.intent, agent.bundles, "
+    "import fleetlet.cli, agent.cli, agent.apply, agent.apply.intent, agent.report.bundles, "
     "agent.kube, agent.loop, agent.reconcile, agent.report.push, agent.report.runs, "
     "agent.source.branch, agent.source.cache, agent.source.compose, agent.source.credentials, "
-    "agent.source.oci, agent.sync, agent.verify, agent.probe, agent.schedule, "
+    "agent.source.oci, agent.inbound, agent.state, agent.verify, agent.probe, agent.schedule, "
     "sigstore.models, sigstore.verify"
 )
 # What an idle poll uses: the ref listing and status push (pygit2), the cluster state and
-# drift check (the kubernetes client, lockstep), the scheduler and the probe server.
-IDLE_IMPORTS = (
-    "import agent.kube, agent.apply, agent.lockstep, agent.report.push, agent.schedule, agent.probe"
-)
+# drift check (the kubernetes client, the reconcile), the scheduler and the probe server.
+IDLE_IMPORTS = "import agent.kube, agent.apply, agent.reconcile, agent.report.push, agent.schedule, agent.probe"
 KUBERNETES = "import kubernetes.dynamic, kubernetes.config"
 # securesystemslib (sigstore -> tuf) imports boto3 for its AWS KMS signer when installed.
 NO_BOTO3 = "import sys; sys.modules['boto3'] = None"

@@ -69,7 +69,7 @@ from agent.apply import (  # noqa: E402
 from agent.apply.plan import identity  # noqa: E402
 from agent.health import wait_healthy  # noqa: E402
 from agent.kube import KubeClient, NotFoundError  # noqa: E402
-from agent.lockstep import ReconcileSettings  # noqa: E402
+from agent.reconcile import ReconcileSettings  # noqa: E402
 from agent.render.plain import (  # noqa: E402
     BUNDLE_LABEL,
     GROUP_LABEL,
@@ -275,7 +275,7 @@ class AgentMethod:
             agent_namespace=namespace,
             workers=self.workers,
         )
-        inventory = Inventory.from_result(result, BUNDLE)
+        inventory = result.inventory_of(BUNDLE)
         if previous is not None:
             plan = plan_prune({BUNDLE: previous}, {BUNDLE: inventory})
             outcomes = prune(self.kube, plan)

@@ -43,9 +43,9 @@ from typing import Any
 
 import requests
 import rfc8785
-import yaml
 from playwright.sync_api import Browser
 
+from hub.api.tokens import write_clear_tokens
 from hub.serve import fleet_labels
 from hub.status import FleetStatus
 from hub.status.queries import StatusQueries
@@ -208,7 +208,7 @@ def screenshot(args: argparse.Namespace, tmp: Path, daemon: GitDaemon, out: Path
     clusters, bundles = args.clusters or 36, args.bundles or 5
     url, fleet_dir, _ = build(tmp, daemon, clusters, bundles, history=True)
     tokens = tmp / "tokens.yaml"
-    tokens.write_text(yaml.safe_dump({TOKEN: "read"}))
+    write_clear_tokens(tokens, {TOKEN: "read"})
     extra = ["--tokens", str(tokens), "--fleet", str(fleet_dir), "--stale-after", "1h"]
     with serving_hub(url, tmp, extra) as hub, chromium() as browser:
         context = browser.new_context(viewport={"width": 1280, "height": 860})
@@ -246,7 +246,7 @@ def benchmark(args: argparse.Namespace, tmp: Path, daemon: GitDaemon) -> int:
     built = time.perf_counter() - began
     print(f"built {clusters} status branches in {built:.1f}s", file=sys.stderr)
     tokens = tmp / "tokens.yaml"
-    tokens.write_text(yaml.safe_dump({TOKEN: "read"}))
+    write_clear_tokens(tokens, {TOKEN: "read"})
     # Stale after an hour: the fleet's heartbeats must not age into Stale during the run.
     extra = ["--tokens", str(tokens), "--fleet", str(fleet_dir), "--stale-after", "1h"]
     began = time.perf_counter()

@@ -74,7 +74,7 @@ def document(cluster: str, *, sequence: int, bundles: int, runs: int) -> bytes:
             "sourceDigests": [f"sha256:{os.urandom(32).hex()}"],
             "startedAt": beat,
             "finishedAt": beat,
-            "result": "succeeded",
+            "result": "Succeeded",
             "message": "applied and healthy",
             "counts": {"created": 1, "configured": 2, "unchanged": 12, "pruned": 0},
             "outputs": {"endpoint": {"value": f"10.0.{serial % 256}.1"}},

@@ -8,12 +8,16 @@ Configuration is read here, at the edge, and passed down explicitly.
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Sequence
 
 from agent import __version__
 from agent import cli as agent_cli
-from agent.errors import FleetletError, NotImplementedYetError, TemporaryError
+from agent.errors import (
+    ConfigurationError,
+    FleetletError,
+    NotImplementedYetError,
+    TemporaryError,
+)
 from hub import cli as hub_cli
 
 EXIT_OK = 0
@@ -77,21 +81,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _fail(message: str) -> None:
+    """The one line of a failed command (JSON when the command set up JSON logs)."""
+    from agent.report.logs import error_line
+
+    error_line(message)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         code: int = args.handler(args)
     except NotImplementedYetError as exc:
-        print(f"fleetlet: {exc}", file=sys.stderr)
+        _fail(str(exc))
         return EXIT_NOT_IMPLEMENTED
+    except ConfigurationError as exc:
+        _fail(str(exc))
+        return EXIT_USAGE
     except TemporaryError as exc:
-        print(f"fleetlet: {exc} (temporary; retrying may help)", file=sys.stderr)
+        _fail(f"{exc} (temporary; retrying may help)")
         return EXIT_FAILED
     except FleetletError as exc:
-        print(f"fleetlet: {exc}", file=sys.stderr)
+        _fail(str(exc))
         return EXIT_FAILED
     except KeyboardInterrupt:
-        print("fleetlet: interrupted", file=sys.stderr)
+        _fail("interrupted")
         return 130
     return code

@@ -37,6 +37,7 @@ from typing import Any
 import yaml
 
 from agent.errors import PermanentError
+from hub.api.tokens import write_clear_tokens
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO_ROOT / "fleet-examples"
@@ -294,7 +295,7 @@ class Demo:
         key, public = self.workdir / "hub.key", self.workdir / "hub.pub"
         write_keypair(key, public)
         tokens = self.workdir / "tokens.yaml"
-        tokens.write_text(yaml.safe_dump({self.admin_token: "admin", self.read_token: "read"}))
+        write_clear_tokens(tokens, {self.admin_token: "admin", self.read_token: "read"})
         tokens.chmod(0o600)
         for name, cluster in self.clusters.items():
             self._spawn(

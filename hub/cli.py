@@ -1,4 +1,5 @@
-"""The hub's subcommands: ``hub render|publish|diff|serve``, ``installations``, ``approve|deny``.
+"""The hub's subcommands: ``hub render|publish|diff|serve|agent-key``, ``installations``,
+``approve|deny``.
 
 Progress goes to stderr, results (a summary table, or ``-o json|yaml``) to stdout. Every
 failure is raised as a :class:`~agent.errors.FleetletError`; ``fleetlet.cli`` prints it as one
@@ -10,6 +11,7 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import logging
 import os
 import sys
 import time
@@ -17,14 +19,15 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from agent.cli import add_logging_arguments
 from agent.errors import NotImplementedYetError, PermanentError
+from agent.output import add_output_option
+from agent.output import render as render_output
 from hub import installations as inst_handlers
 from hub.serve import add_serve_arguments
 
-_OUTPUTS = ["table", "json", "yaml"]
 TOKEN_ENV = "SIGSTORE_ID_TOKEN"
+TRUST_CONFIG_ENV = "FLEETLET_TRUST_CONFIG"
 GIT_USERNAME_ENV = "FLEETLET_GIT_USERNAME"
 GIT_PASSWORD_ENV = "FLEETLET_GIT_PASSWORD"
 
@@ -41,27 +44,34 @@ def _not_yet(what: str, issue: str) -> Any:
 
 
 class _Progress:
-    """Progress lines on stderr, stamped with the seconds since the command started."""
+    """Progress lines on stderr, stamped with the seconds since the command started; log
+    records instead (``hub.progress``, level info) when the command logs JSON."""
 
-    def __init__(self, quiet: bool) -> None:
+    def __init__(self, quiet: bool, *, json_logs: bool = False) -> None:
         self.quiet = quiet
+        self.json_logs = json_logs
         self.started = time.perf_counter()
 
     def __call__(self, message: str) -> None:
-        if not self.quiet:
-            elapsed = time.perf_counter() - self.started
+        if self.quiet:
+            return
+        elapsed = time.perf_counter() - self.started
+        if self.json_logs:
+            logging.getLogger("hub.progress").info(message, extra={"elapsed": round(elapsed, 3)})
+        else:
             print(f"[{elapsed:6.1f}s] {message}", file=sys.stderr, flush=True)
 
 
 def _emit(data: Any, output: str) -> None:
-    if output == "json":
-        print(json.dumps(data, indent=2, sort_keys=True, default=str))
-    else:
-        print(yaml.safe_dump(data, sort_keys=True, default_flow_style=False), end="")
+    """``-o json|yaml`` (the table of each command is printed by the command itself)."""
+    print(render_output(data, output, table=str))
 
 
 def _git_credentials() -> tuple[str, str] | None:
+    from agent.report.logs import mask
+
     user, password = os.environ.get(GIT_USERNAME_ENV), os.environ.get(GIT_PASSWORD_ENV)
+    mask(password)
     return (user, password) if user and password else None
 
 
@@ -90,6 +100,8 @@ def _store(args: argparse.Namespace, progress: _Progress, prepared: Any) -> Any:
 
 def _registry_credentials(path: str | None) -> dict[str, tuple[str, str]] | None:
     """host -> (user, password) from a docker config JSON. Raises UsageError."""
+    from agent.report.logs import mask
+
     if not path:
         return None
     try:
@@ -101,6 +113,7 @@ def _registry_credentials(path: str | None) -> dict[str, tuple[str, str]] | None
                 user, _, password = base64.b64decode(entry["auth"]).decode().partition(":")
             else:
                 user, password = entry["username"], entry["password"]
+            mask(password)
             out[host] = (user, password)
     except OSError as exc:
         raise UsageError(f"--registry-config {path}: {exc.strerror}") from exc
@@ -194,18 +207,7 @@ def _signer(args: argparse.Namespace) -> tuple[Any, Any]:
             file=sys.stderr,
         )
         return None, None
-    if args.identity_token:
-        try:
-            token = Path(args.identity_token).read_text().strip()
-        except OSError as exc:
-            raise UsageError(f"--identity-token {args.identity_token}: {exc.strerror}") from exc
-    else:
-        token = os.environ.get(TOKEN_ENV, "").strip()
-    if not token:
-        raise UsageError(
-            f"no OIDC identity token: give --identity-token FILE or set {TOKEN_ENV} "
-            "(or --no-sign, UNSAFE, for local experiments)"
-        )
+    token = _identity_token(args.identity_token)
     from sigstore.models import ClientTrustConfig
 
     from hub.errors import PublishError
@@ -223,6 +225,41 @@ def _signer(args: argparse.Namespace) -> tuple[Any, Any]:
     return PublicationSigner.from_trust_config(trust_config=trust, token=token), trust
 
 
+def _identity_token(path: str | None) -> str:
+    """The OIDC identity token to sign with: ``--identity-token FILE``, else
+    ``$SIGSTORE_ID_TOKEN``, else the CI system's ambient credential, found the way
+    sigstore-python finds it (``sigstore.oidc.detect_credential``: GitHub Actions with
+    ``permissions: id-token: write``, GitLab CI, Google Cloud, Buildkite, CircleCI).
+
+    The token is masked in every log line from then on. Raises UsageError when there is none
+    or the CI system refused one.
+    """
+    from agent.report.logs import mask
+
+    if path:
+        try:
+            token = Path(path).read_text().strip()
+        except OSError as exc:
+            raise UsageError(f"--identity-token {path}: {exc.strerror}") from exc
+    else:
+        token = os.environ.get(TOKEN_ENV, "").strip()
+    if not token and not path:
+        from sigstore.oidc import IdentityError, detect_credential
+
+        try:
+            token = (detect_credential() or "").strip()
+        except IdentityError as exc:
+            raise UsageError(f"ambient OIDC credential of this CI job: {exc}") from exc
+    if not token:
+        raise UsageError(
+            f"no OIDC identity token: give --identity-token FILE, set {TOKEN_ENV}, or run in a "
+            "CI job with an ambient OIDC credential (GitHub Actions: permissions: id-token: "
+            "write); or --no-sign, UNSAFE, for local experiments"
+        )
+    mask(token)
+    return token
+
+
 def _self_check(prepared: Any, trust: Any) -> Any:
     """The agents' trust policy when fleet.yaml names the signing identity, else None."""
     settings = prepared.fleet.settings
@@ -237,17 +274,30 @@ def _self_check(prepared: Any, trust: Any) -> Any:
 
 
 def _publish(args: argparse.Namespace) -> int:
+    from agent.report.logs import setup_logging
+    from hub.api.metrics import HubMetrics
     from hub.publish.flow import publish
 
-    progress = _Progress(args.quiet)
+    setup_logging(level=args.log_level, format=args.log_format)
+    progress = _Progress(args.quiet, json_logs=args.log_format == "json")
+    metrics = HubMetrics() if args.metrics_file else None
     started = time.perf_counter()
-    signer, trust = _signer(args)
-    prepared = _prepare(args, progress)
-    check = _self_check(prepared, trust)
-    with _store(args, progress, prepared) as store:
-        report = publish(prepared, store, signer=signer, progress=progress, check=check)
+    try:
+        signer, trust = _signer(args)
+        prepared = _prepare(args, progress)
+        check = _self_check(prepared, trust)
+        with _store(args, progress, prepared) as store:
+            report = publish(prepared, store, signer=signer, progress=progress, check=check)
+    except BaseException:
+        if metrics is not None:
+            metrics.published(time.perf_counter() - started, ok=False)
+            _write_metrics(metrics, args.metrics_file)
+        raise
     seconds = time.perf_counter() - started
     data = report.to_dict(bundles=len(prepared.fleet.bundles), references=prepared.references)
+    if metrics is not None:
+        metrics.published(seconds, ok=True, clusters=data["clusters"])
+        _write_metrics(metrics, args.metrics_file)
     data["seconds"]["total"] = round(seconds, 3)
     data["source"] = {"repo": prepared.source.repo, "commit": prepared.source.commit}
     data["repo"] = args.repo or prepared.fleet.settings.shards.repo
@@ -277,6 +327,40 @@ def _publish(args: argparse.Namespace) -> int:
         before = c["serialBefore"] if c["serialBefore"] is not None else "-"
         after = c["serialAfter"] if c["serialAfter"] is not None else "-"
         print(f"  {c['cluster']:<40} {c['status']:<10} serial {before} -> {after}")
+    return 0
+
+
+def _write_metrics(metrics: Any, path: str) -> None:
+    try:
+        metrics.write(Path(path))
+    except OSError as exc:
+        raise UsageError(f"--metrics-file {path}: {exc.strerror}") from exc
+
+
+# --- tokens ---------------------------------------------------------------------------------
+
+
+def _tokens_add(args: argparse.Namespace) -> int:
+    from hub.api.tokens import add_token
+
+    token = add_token(Path(args.file), name=args.name, role=args.role)
+    print(token)
+    print(
+        f"token {args.name!r} ({args.role}) added to {args.file} (only its SHA-256 is kept): "
+        "copy it now, it is not shown again",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _tokens_migrate(args: argparse.Namespace) -> int:
+    from hub.api.tokens import migrate_tokens
+
+    count = migrate_tokens(Path(args.file))
+    if count:
+        print(f"{args.file}: {count} tokens now stored as SHA-256 hashes (still valid)")
+    else:
+        print(f"{args.file}: already hashed, nothing to do")
     return 0
 
 
@@ -381,7 +465,7 @@ def register(sub: Any) -> None:
         metavar="TIME",
         help="issuedAt of the sets (default: the fleet commit's time)",
     )
-    render.add_argument("-o", "--output", choices=_OUTPUTS, default="table")
+    add_output_option(render)
     render.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     render.add_argument(
         "--registry-config",
@@ -410,12 +494,15 @@ def register(sub: Any) -> None:
     publish.add_argument(
         "--trust-config",
         metavar="FILE",
-        help="Sigstore client trust config (default: the public-good instance)",
+        default=os.environ.get(TRUST_CONFIG_ENV) or None,
+        help=f"Sigstore client trust config, for a private Sigstore (${TRUST_CONFIG_ENV}; "
+        "default: the public-good instance)",
     )
     publish.add_argument(
         "--identity-token",
         metavar="FILE",
-        help=f"file holding the OIDC identity token (default: ${TOKEN_ENV})",
+        help=f"file holding the OIDC identity token (default: ${TOKEN_ENV}, else the CI "
+        "job's ambient credential, e.g. GitHub Actions with id-token: write)",
     )
     publish.add_argument(
         "--no-sign",
@@ -430,13 +517,20 @@ def register(sub: Any) -> None:
         metavar="DIR",
         help="local git cache reused between runs (default: a temporary one)",
     )
-    publish.add_argument("-o", "--output", choices=_OUTPUTS, default="table")
+    add_output_option(publish)
     publish.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     publish.add_argument(
         "--registry-config",
         metavar="FILE",
         help="docker config JSON with registry credentials for resolving tags",
     )
+    publish.add_argument(
+        "--metrics-file",
+        metavar="FILE",
+        help="write this publication's Prometheus metrics to FILE (for node-exporter's "
+        "textfile collector: name it *.prom)",
+    )
+    add_logging_arguments(publish, default_level="warning")
     publish.set_defaults(handler=_publish)
 
     diff = hub_sub.add_parser(
@@ -456,7 +550,7 @@ def register(sub: Any) -> None:
         "--cluster", action="append", metavar="NAME", help="only this cluster (repeatable)"
     )
     diff.add_argument("--cache-dir", metavar="DIR", help="local git cache reused between runs")
-    diff.add_argument("-o", "--output", choices=_OUTPUTS, default="table")
+    add_output_option(diff)
     diff.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     diff.add_argument(
         "--registry-config",
@@ -482,7 +576,7 @@ def register(sub: Any) -> None:
     shards.add_argument(
         "--cluster", action="append", metavar="NAME", help="only this cluster (repeatable)"
     )
-    shards.add_argument("-o", "--output", choices=_OUTPUTS, default="table")
+    add_output_option(shards)
     shards.set_defaults(handler=_shards)
 
     serve = hub_sub.add_parser(
@@ -493,6 +587,51 @@ def register(sub: Any) -> None:
         "and as a dashboard at / (see docs/dashboard.md).",
     )
     add_serve_arguments(serve)
+
+    agent_key = hub_sub.add_parser(
+        "agent-key",
+        help="issue a cluster's sealing key for its agent",
+        description="Derive CLUSTER's sealing key from the hub's private key and write it to "
+        "FILE (mode 0600). Give it to that cluster's agent (--agent-sealing-key): the hub then "
+        "knows which sealed outputs that agent produced. The hub stores nothing: it derives the "
+        "key again when it opens outputs. See docs/operations.md.",
+    )
+    agent_key.add_argument("--hub-key", required=True, metavar="FILE", help="hub private key")
+    agent_key.add_argument("--cluster", required=True, metavar="NAME")
+    agent_key.add_argument("--out", required=True, metavar="FILE", help="new file, mode 0600")
+    agent_key.set_defaults(handler=_agent_key)
+    tokens = hub_sub.add_parser(
+        "tokens",
+        help="bearer tokens of the hub API (stored hashed)",
+        description="The tokens file of `hub serve --tokens` holds the SHA-256 of each token, "
+        "never a token: `add` makes a random token and prints it once; `migrate` converts a "
+        "file of the old clear-text format in place.",
+    )
+    tokens_sub = tokens.add_subparsers(dest="tokens_command", metavar="COMMAND", required=True)
+    add = tokens_sub.add_parser("add", help="make a token, store its hash, print it once")
+    add.add_argument("file", metavar="FILE", help="the tokens file (created if missing)")
+    add.add_argument("--name", required=True, help="who holds it (shown instead of the token)")
+    add.add_argument("--role", required=True, choices=["admin", "read"])
+    add.set_defaults(handler=_tokens_add)
+    migrate = tokens_sub.add_parser(
+        "migrate", help="rewrite a clear-text tokens file with hashes (tokens stay valid)"
+    )
+    migrate.add_argument("file", metavar="FILE")
+    migrate.set_defaults(handler=_tokens_migrate)
+
+
+def _agent_key(args: argparse.Namespace) -> int:
+    from agent.report.seal import agent_sealing_key, key_text, read_private_key
+
+    key = agent_sealing_key(read_private_key(Path(args.hub_key)), args.cluster)
+    try:
+        fd = os.open(args.out, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="ascii") as out:
+            out.write(key_text(key) + "\n")
+    except OSError as exc:
+        raise UsageError(f"cannot write the sealing key to {args.out}: {exc}") from exc
+    print(f"sealing key of cluster {args.cluster} written to {args.out}", file=sys.stderr)
+    return 0
 
 
 def register_installations(sub: Any) -> None:
@@ -513,7 +652,7 @@ def register_installations(sub: Any) -> None:
             p.add_argument("--state", metavar="STATE", help="Ready, Progressing, Degraded, ...")
         p.add_argument("--hub", metavar="URL")
         p.add_argument("--repo", metavar="GIT_URL")
-        p.add_argument("-o", "--output", choices=_OUTPUTS, default="table")
+        add_output_option(p)
         inst_handlers.add_source_arguments(p)
         p.set_defaults(handler=handlers[name])
     for group in ("runs", "outputs"):
@@ -525,7 +664,7 @@ def register_installations(sub: Any) -> None:
             lst.add_argument("--run", default="latest", metavar="ID|latest")
         lst.add_argument("--hub", metavar="URL")
         lst.add_argument("--repo", metavar="GIT_URL")
-        lst.add_argument("-o", "--output", choices=_OUTPUTS, default="table")
+        add_output_option(lst)
         inst_handlers.add_source_arguments(lst)
         lst.set_defaults(
             handler=inst_handlers.runs_list if group == "runs" else inst_handlers.outputs_list

@@ -14,13 +14,13 @@ import os
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from agent.errors import PermanentError, TemporaryError
+from agent.output import render
+from agent.output import table as columns
 from hub.serve import default_cache_dir, git_credentials, parse_duration
 from hub.status.aggregate import FleetStatus
 from hub.status.queries import QueryError, StatusQueries, load_private_key, sealed_opener
@@ -126,22 +126,8 @@ def _source(args: argparse.Namespace) -> Fetch:
     return _hub_fetch(args) if hub else _repo_fetch(args)
 
 
-def _table(rows: Sequence[Sequence[Any]], header: Sequence[str]) -> str:
-    cells = [[str(h) for h in header]] + [["-" if v is None else str(v) for v in r] for r in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
-    lines = [
-        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells
-    ]
-    return "\n".join(lines)
-
-
 def _print(data: dict[str, Any], output: str, table: Callable[[dict[str, Any]], str]) -> int:
-    if output == "json":
-        print(json.dumps(data, indent=2, sort_keys=True))
-    elif output == "yaml":
-        print(yaml.safe_dump(data, sort_keys=True, default_flow_style=False), end="")
-    else:
-        print(table(data))
+    print(render(data, output, table=table))
     return 0
 
 
@@ -166,7 +152,7 @@ def installations_list(args: argparse.Namespace) -> int:
             )
             for i in d["items"]
         ]
-        return _table(rows, ["INSTALLATION", "GROUP", "STATE", "SERIAL", "LAST RUN", "RESULT"])
+        return columns(rows, ["INSTALLATION", "GROUP", "STATE", "SERIAL", "LAST RUN", "RESULT"])
 
     return _print(data, args.output, table)
 
@@ -186,7 +172,7 @@ def installations_show(args: argparse.Namespace) -> int:
             f"Health:         {health.get('status', '-')} {health.get('message', '')}".rstrip(),
             f"Drift count:    {d.get('driftCount', 0)}",
             "",
-            _table(
+            columns(
                 [
                     (c.get("type"), c.get("status"), c.get("reason"), c.get("message"))
                     for c in d.get("conditions", [])
@@ -214,7 +200,7 @@ def _runs_table(runs: list[dict[str, Any]]) -> str:
         )
         for r in runs
     ]
-    return _table(rows, ["RUN", "OPERATION", "SERIAL", "RESULT", "STARTED", "FINISHED", "FAILED"])
+    return columns(rows, ["RUN", "OPERATION", "SERIAL", "RESULT", "STARTED", "FINISHED", "FAILED"])
 
 
 def runs_list(args: argparse.Namespace) -> int:
@@ -232,11 +218,16 @@ def outputs_list(args: argparse.Namespace) -> int:
 
     def table(d: dict[str, Any]) -> str:
         rows = [
-            (o["name"], "<omitted>" if o.get("omitted") else o["value"], o["sensitive"])
+            (
+                o["name"],
+                "<omitted>" if o.get("omitted") else o["value"],
+                o["sensitive"],
+                o.get("sealedBy", ""),
+            )
             for o in d["items"]
         ]
-        return f"Run: {d['run']} ({d.get('result')})\n" + _table(
-            rows, ["NAME", "VALUE", "SENSITIVE"]
+        return f"Run: {d['run']} ({d.get('result')})\n" + columns(
+            rows, ["NAME", "VALUE", "SENSITIVE", "SEALED BY"]
         )
 
     return _print(data, args.output, table)

@@ -10,10 +10,12 @@ new labels).
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import re
 import sys
 import threading
+import time
 import urllib.parse
 from collections.abc import Callable
 from datetime import timedelta
@@ -21,7 +23,12 @@ from pathlib import Path
 from typing import Any
 
 from agent.errors import FleetletError, PermanentError
+from hub.api.metrics import HubMetrics  # prometheus-client only: no web framework
 from hub.status.aggregate import FleetStatus
+
+log = logging.getLogger(__name__)
+OBSERVE_EVERY = 30.0
+"""Seconds between two counts of the fleet's states for /metrics when nothing moved."""
 
 GIT_USERNAME_ENV = "FLEETLET_GIT_USERNAME"
 GIT_PASSWORD_ENV = "FLEETLET_GIT_PASSWORD"
@@ -96,7 +103,10 @@ def status_urls(repos: list[str], *, shards: int | None, template: str | None) -
 
 
 def git_credentials() -> tuple[str, str] | None:
+    from agent.report.logs import mask
+
     user, password = os.environ.get(GIT_USERNAME_ENV), os.environ.get(GIT_PASSWORD_ENV)
+    mask(password)
     return (user, password) if user and password else None
 
 
@@ -118,10 +128,13 @@ class RefreshLoop:
         interval: timedelta,
         report: Callable[[str], None] | None = None,
         on_change: Callable[[], None] | None = None,
+        metrics: HubMetrics | None = None,
     ) -> None:
         self.status = status
         self.interval = interval.total_seconds()
-        self.report = report or (lambda line: print(line, file=sys.stderr, flush=True))
+        self.report = report or log.info
+        self.metrics = metrics
+        self._observed = float("-inf")
         # Called after a refresh in which clusters moved or went away (the matrix's warm-up).
         self.on_change = on_change
         self._stop = threading.Event()
@@ -135,11 +148,22 @@ class RefreshLoop:
         self._thread.join(timeout=30)
 
     def tick(self) -> None:
+        started = time.perf_counter()
         try:
             result = self.status.refresh()
         except FleetletError as exc:
+            if self.metrics is not None:
+                self.metrics.refreshed(time.perf_counter() - started, ok=False)
             self.report(f"status refresh failed: {exc}")
             return
+        if self.metrics is not None:
+            self.metrics.refreshed(time.perf_counter() - started, ok=True)
+            # One pass over every installation: after a change, and otherwise now and then
+            # (clusters go Stale by the clock alone).
+            now = time.monotonic()
+            if result.moved or result.removed or now - self._observed >= OBSERVE_EVERY:
+                self.metrics.observe_fleet(self.status)
+                self._observed = now
         if result.moved or result.removed:
             if self.on_change is not None:
                 self.on_change()
@@ -163,10 +187,17 @@ def serve(args: argparse.Namespace) -> int:
     # The web framework is the hub extra: imported only when serving.
     import uvicorn
 
-    from hub.api.app import create_app, load_private_key, load_tokens
+    from agent.report.logs import setup_logging
+    from hub.api.app import create_app, load_private_key
+    from hub.api.tokens import Tokens, load_tokens
 
+    setup_logging(
+        level=getattr(args, "log_level", None) or "info",
+        format=getattr(args, "log_format", None) or "text",
+    )
     host, port = parse_listen(args.listen)
-    tokens = load_tokens(Path(args.tokens)) if getattr(args, "tokens", None) else {}
+    tls = tls_files(getattr(args, "tls_cert", None), getattr(args, "tls_key", None))
+    tokens = load_tokens(Path(args.tokens)) if getattr(args, "tokens", None) else Tokens(())
     anonymous = bool(getattr(args, "allow_anonymous", False))
     if not tokens and not anonymous:
         raise ServeUsageError("hub serve needs --tokens FILE (or --allow-anonymous)")
@@ -187,8 +218,11 @@ def serve(args: argparse.Namespace) -> int:
         cache_dir=Path(cache) if cache else default_cache_dir(" ".join(urls)),
         stale_after=parse_duration(getattr(args, "stale_after", None) or "5m"),
     )
+    metrics = HubMetrics()
     loop = RefreshLoop(
-        status=status, interval=parse_duration(getattr(args, "refresh", None) or "10s")
+        status=status,
+        interval=parse_duration(getattr(args, "refresh", None) or "10s"),
+        metrics=metrics,
     )
     app = create_app(
         status=status,
@@ -196,6 +230,7 @@ def serve(args: argparse.Namespace) -> int:
         private_key=private_key,
         allow_anonymous=anonymous,
         labels=labels,
+        metrics=metrics,
     )
     loop.tick()
     # The matrix's cells before the first request, and again after each refresh that moved.
@@ -203,18 +238,42 @@ def serve(args: argparse.Namespace) -> int:
     loop.on_change = app.state.queries.warm
     loop.start()
     try:
-        config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False)
-        shown = f"[{host}]" if ":" in host else host
-        print(
-            f"fleetlet hub serving on http://{shown}:{port}/ (dashboard; "
-            f"API at http://{shown}:{port}/api/v1)",
-            file=sys.stderr,
-            flush=True,
+        # log_config=None: uvicorn's records go through our handler (format, masking).
+        config = uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            log_level="warning",
+            access_log=False,
+            log_config=None,
+            # SIGTERM: open connections get a few seconds, then the process exits.
+            timeout_graceful_shutdown=5,
+            ssl_certfile=str(tls[0]) if tls else None,
+            ssl_keyfile=str(tls[1]) if tls else None,
         )
+        shown = f"[{host}]" if ":" in host else host
+        scheme = "https" if tls else "http"
+        log.info(
+            "fleetlet hub serving on %s://%s:%s/ (dashboard; API at %s://%s:%s/api/v1; "
+            "metrics at /metrics)",
+            scheme, shown, port, scheme, shown, port,
+        )  # fmt: skip
         uvicorn.Server(config).run()
     finally:
         loop.stop()
     return 0
+
+
+def tls_files(cert: str | None, key: str | None) -> tuple[Path, Path] | None:
+    """The TLS certificate and key files, both or neither. Raises ServeUsageError."""
+    if not cert and not key:
+        return None
+    if not (cert and key):
+        raise ServeUsageError("--tls-cert and --tls-key go together: give both or neither")
+    for flag, name in (("--tls-cert", cert), ("--tls-key", key)):
+        if not Path(name).is_file():
+            raise ServeUsageError(f"{flag} {name}: no such file")
+    return Path(cert), Path(key)
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
@@ -236,7 +295,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         "--listen", default="127.0.0.1:8080", metavar="ADDR", help="HOST:PORT (127.0.0.1:8080)"
     )
     parser.add_argument(
-        "--tokens", metavar="FILE", help="YAML mapping bearer token -> role (admin or read)"
+        "--tokens",
+        metavar="FILE",
+        help="bearer tokens, stored hashed (`fleetlet hub tokens add FILE` makes one)",
     )
     parser.add_argument(
         "--hub-key",
@@ -266,6 +327,15 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         help="the fleet repo: cluster labels for the API and the dashboard's label filter "
         "(read at start)",
     )
+    parser.add_argument(
+        "--tls-cert",
+        metavar="FILE",
+        help="serve HTTPS with this certificate (PEM, the chain after it); with --tls-key",
+    )
+    parser.add_argument("--tls-key", metavar="FILE", help="the private key of --tls-cert (PEM)")
+    from agent.cli import add_logging_arguments
+
+    add_logging_arguments(parser, default_level="info")
     parser.set_defaults(handler=serve)
 
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything fleetlet's tests and demo need on a fresh Debian machine of this kind:
-# Debian packages, the project with its extras, and the Kubernetes/etcd/kwok binaries
-# (taken from KUBEBUILDER_ASSETS or the cache, else built once from the Go module proxy).
+# Debian packages, the project with its extras, the Kubernetes/etcd/kwok binaries (taken from
+# KUBEBUILDER_ASSETS or the cache, else built once from the Go module proxy) and the pinned helm
+# and kustomize fleetlet renders with (same machinery, ~/.cache/fleetlet/tools/<name>-<version>/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -14,6 +15,11 @@ command -v git >/dev/null || need_apt+=(git)
 [ -x /usr/lib/git-core/git-http-backend ] || need_apt+=(git)
 # The dashboard's browser tests drive Debian's chromium (Playwright never downloads one).
 [ -x /usr/bin/chromium ] || need_apt+=(chromium)
+# The image tests build the agent image on a Debian base and run it (tests/test_image.py).
+for tool in podman buildah mmdebstrap runc; do
+  command -v "$tool" >/dev/null || need_apt+=("$tool")
+done
+command -v newuidmap >/dev/null || need_apt+=(uidmap)
 if [ ${#need_apt[@]} -gt 0 ]; then
   log "apt-get install ${need_apt[*]}"
   export DEBIAN_FRONTEND=noninteractive
@@ -21,8 +27,11 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
 fi
 
-log "pip install -e .[hub,test]"
-python3 -m pip install -q --disable-pip-version-check -e '.[hub,test]'
+# The locked versions (requirements/ci.txt, made by scripts/lock.sh), the same ones the images
+# install; then the project itself, without resolving anything again.
+log "pip install --require-hashes -r requirements/ci.txt; pip install --no-deps -e ."
+python3 -m pip install -q --disable-pip-version-check --require-hashes -r requirements/ci.txt
+python3 -m pip install -q --disable-pip-version-check --no-deps -e .
 
-log "Kubernetes control-plane binaries (a cold build from the Go module proxy takes about 8 minutes on two cores)"
+log "Kubernetes control-plane binaries, helm and kustomize (a cold build from the Go module proxy takes about 15 minutes on two cores; seconds when cached)"
 python3 -m tests.realenv.binaries

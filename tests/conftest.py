@@ -5,5 +5,6 @@ pytest_plugins = [
     "tests.realenv.registry_fixtures",
     "tests.realenv.git_fixtures",
     "tests.realenv.sigstore_fixtures",
+    "tests.realenv.tool_fixtures",
     "tests.fleetlab",
 ]

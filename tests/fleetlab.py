@@ -14,7 +14,7 @@ import os
 import subprocess
 import sys
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -178,8 +178,11 @@ class Lab:
         workdir: Path,
         status: bool = True,
         hub_public_key: Path | None = None,
+        extra: Sequence[str] = (),
+        sealing_key: Path | None = None,
     ) -> list[str]:
-        """The flags of ``fleetlet agent run``/``sync`` for an agent of ``cluster``."""
+        """The flags of ``fleetlet agent run``/``sync`` for an agent of ``cluster``
+        (``extra``: more flags)."""
         args = [
             "--repo", self.url, "--cluster", cluster,
             "--kubeconfig", str(kube.kubeconfig),
@@ -194,7 +197,9 @@ class Lab:
             args += ["--no-status"]
         if hub_public_key is not None:
             args += ["--hub-public-key", str(hub_public_key)]
-        return args
+        if sealing_key is not None:
+            args += ["--agent-sealing-key", str(sealing_key)]
+        return [*args, *extra]
 
     def agent(
         self,
@@ -205,6 +210,8 @@ class Lab:
         workdir: Path,
         status: bool = True,
         hub_public_key: Path | None = None,
+        extra: Sequence[str] = (),
+        sealing_key: Path | None = None,
     ) -> Agent:
         """An in-process agent built as ``fleetlet agent run`` builds it."""
         from fleetlet.cli import build_parser
@@ -220,6 +227,8 @@ class Lab:
                 workdir=workdir,
                 status=status,
                 hub_public_key=hub_public_key,
+                extra=extra,
+                sealing_key=sealing_key,
             ),
         ]
         args: argparse.Namespace = build_parser().parse_args(argv)
@@ -235,6 +244,7 @@ class Lab:
         workdir: Path,
         env: Mapping[str, str] | None = None,
         timeout: float = 300,
+        extra: Sequence[str] = (),
     ) -> subprocess.CompletedProcess[str]:
         """``python -m fleetlet agent sync --once`` as a separate process."""
         return subprocess.run(
@@ -245,7 +255,7 @@ class Lab:
                 "agent",
                 "sync",
                 "--once",
-                *self.agent_args(cluster, kube, namespace=namespace, workdir=workdir),
+                *self.agent_args(cluster, kube, namespace=namespace, workdir=workdir, extra=extra),
             ],
             capture_output=True,
             text=True,

@@ -68,12 +68,12 @@ def bundle_in(
         newest = make_run(cluster, bundle, serial, 1, outputs=outputs)
         return make_bundle([newest, ok] if history else [newest])
     if state == "Degraded":
-        failed = make_run(cluster, bundle, serial, 1, result="failed", operation="upgrade")
+        failed = make_run(cluster, bundle, serial, 1, result="Failed", operation="upgrade")
         failed["message"] = f"Deployment {bundle}/{bundle} not Available: 0/3 replicas ready"
         failed["failedObject"] = f"apps/v1 Deployment {bundle}/{bundle}"
         return make_bundle([failed, ok], ready=False)
     if state == "RolledBack":
-        rolled = make_run(cluster, bundle, serial, 1, result="rolledBack", operation="upgrade")
+        rolled = make_run(cluster, bundle, serial, 1, result="RolledBack", operation="upgrade")
         rolled["message"] = (
             f"group health check failed (Deployment {bundle}/{bundle} not Available); "
             f"back to serial {serial - 1}"
@@ -81,7 +81,7 @@ def bundle_in(
         rolled["failedObject"] = f"apps/v1 Deployment {bundle}/{bundle}"
         return make_bundle([rolled, ok])
     if state == "Progressing":
-        running = make_run(cluster, bundle, serial, 1, result="inProgress", operation="upgrade")
+        running = make_run(cluster, bundle, serial, 1, result="Running", operation="upgrade")
         running.update(finishedAt=None, failedObject=None, message="applying 14 objects")
         report = make_bundle([running, ok])
         report["conditions"].append(_condition("Progressing", "True", "Applying"))

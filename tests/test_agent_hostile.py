@@ -1,5 +1,6 @@
 """The hostile-input corpus, delivered the way an attacker would: through the git server and
-the registry, to a real agent pipeline with its state in a real API server.
+the registry, to a real agent pipeline with its state in a real API server (and, for outputs,
+to a real agent applying to it).
 
 Every case must be refused with its own reason, recorded in the cluster (the agent's state
 keeps the refusal and its reason; the accepted serial does not move) and nothing else in the
@@ -10,13 +11,17 @@ here they travel the whole inbound path.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import tarfile
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pygit2
 import pytest
+import yaml
 
 from agent.errors import (
     ExpiredError,
@@ -26,14 +31,24 @@ from agent.errors import (
     InclusionProofError,
     SignatureError,
     UntrustedSignerError,
+    ValidityTooLongError,
     WrongClusterError,
 )
 from agent.kube import KubeClient
+from agent.render import formats
+from agent.render.plain import RenderRequest
+from agent.report.runs import RunLog
+from agent.report.seal import OutputPlace, open_sealed, read_private_key, write_keypair
 from agent.source.archive import ArchiveLimits
 from agent.source.branch import BranchContentError
 from agent.source.content import ContentRefusedError
-from agent.sync import ClusterState
+from agent.state import ClusterState
 from agent.verify import BUNDLE_FILE, PROOF_FILE, SET_FILE, STATEMENT_FILE, TrustPolicy
+from hub.publish.flow import prepare, publish
+from hub.publish.git import BranchStore
+from hub.publish.sign import PublicationSigner
+from tests.fleetlab import Lab, conditions, live, namespace_manifest
+from tests.fleetlab import lab as lab  # the fixture
 from tests.hostile import archives, manifests
 from tests.realenv.kube import Cluster
 from tests.realenv.oci import (
@@ -42,12 +57,16 @@ from tests.realenv.oci import (
     EMPTY_CONFIG_MEDIA_TYPE,
     OciClient,
     build_manifest,
+    push_layers,
     sha256_digest,
 )
 from tests.realenv.registry import Registry
 from tests.realenv.sigstore import MiniSigstore
-from tests.test_agent_sync import Published, agent, trust_for
+from tests.realenv.sigstore.mini import DEFAULT_IDENTITY
+from tests.test_agent_sync import CLUSTERS, Published, agent, trust_for
 from tests.test_agent_sync import published as published  # the fixture
+from tests.test_crds import crds as crds  # the fixture: the CRDs installed
+from tests.test_hub_fleet import write_fleet
 
 Files = dict[str, bytes]
 
@@ -103,7 +122,7 @@ TAMPERED: list[tuple[str, Callable[[Files, Files], Files], type[Exception], str]
     ("set-edited", edit_set, InclusionProofError, "InclusionProofInvalid"),
     ("proof-of-another-leaf", foreign_proof, InclusionProofError, "InclusionProofInvalid"),
     ("set-for-another-cluster", other_clusters_publication, WrongClusterError, "WrongCluster"),
-    ("floating-reference", floating_reference, FloatingReferenceError, "ValidationFailed"),
+    ("floating-reference", floating_reference, FloatingReferenceError, "FloatingReference"),
     ("signature-removed", unsigned, BranchContentError, "BranchContentInvalid"),
 ]
 
@@ -296,3 +315,295 @@ def test_a_layer_that_does_not_match_its_digest_is_refused(
     with pytest.raises(ContentRefusedError) as caught:
         pipeline.sync()
     assert caught.value.rule == "LayerDigest", str(caught.value)
+
+
+# --- a bundle tree judged as a whole: layers, sources, the cache (issue 15, items 1 and 5) -----
+
+
+LAYERED_DEFAULT = [c for c in archives.LAYERED if c.limits == ArchiveLimits()]
+
+
+@pytest.mark.parametrize("case", LAYERED_DEFAULT, ids=[c.name for c in LAYERED_DEFAULT])
+def test_an_image_whose_layers_escape_together_is_refused(
+    published: Published,
+    kube_cluster: Cluster,
+    namespace: str,
+    tmp_path: Path,
+    case: archives.LayeredCase,
+) -> None:
+    tag = f"layered-{case.name}"
+    push_layers(OciClient(host=published.registry.host), "agent/app", case.build(), tag=tag)
+    published.publish(tag=tag)
+    pipeline, _, _ = agent(published, kube_cluster, "alpha", tmp_path, namespace)
+    with pytest.raises(ContentRefusedError) as caught:
+        pipeline.sync()
+    assert caught.value.rule == case.rule, str(caught.value)
+    assert caught.value.file.endswith(f"!{case.member}")
+    assert list((tmp_path / "cache" / "entries").iterdir()) == []  # nothing cached
+
+
+def publish_bundles(published: Published, name: str, bundles: list[dict[str, Any]]) -> None:
+    """Publish ``bundles`` (fleet-repo documents, targeting every cluster) to the branches."""
+    fleet = write_fleet(
+        published.tmp / f"fleet-{name}",
+        clusters=CLUSTERS,
+        bundles=[{"targets": [{"clusterSelector": {}}], **b} for b in bundles],
+        settings={
+            "name": "sync",
+            "repo": "https://fleet.example.invalid/sync.git",
+            "publication": {"expiresAfter": "7d", "refreshBefore": "1d"},
+            "signing": {"identity": DEFAULT_IDENTITY, "issuer": published.sigstore.issuer},
+        },
+    )
+    signer = PublicationSigner.from_trust_config(
+        trust_config=published.sigstore.trust_config_path, token=published.sigstore.mint_token()
+    )
+    with BranchStore(url=published.url) as store:
+        publish(prepare(fleet), store, signer=signer)
+
+
+@pytest.mark.parametrize(
+    ("carried", "rule"), [(True, "PathThroughSymlink"), (False, "SymlinkEscapes")]
+)
+def test_sources_whose_links_escape_together_poison_no_other_bundles_cache(
+    published: Published,
+    kube_cluster: Cluster,
+    namespace: str,
+    tmp_path: Path,
+    carried: bool,
+    rule: str,
+) -> None:
+    # The attacker controls one bundle's content and knows another's digest (the fleet repo
+    # is no secret) and the agent's cache layout (the product is open).
+    client = OciClient(host=published.registry.host)
+    registry = published.registry.host
+    victim = client.resolve_tag("agent/app", "v1")
+    entry = hashlib.sha256(f"image:{victim}".encode()).hexdigest()
+    # Composed at <workdir>/trees/<serial>/attack: four levels up from d is the workdir.
+    link = archives.escaping_link(4, f"cache/entries/{entry}/tree")
+    parts = {
+        "a": archives.tar(archives.entry("x", kind=tarfile.SYMTYPE, link=link)),
+        "b": archives.loop_dir(),
+        "c": archives.tar(archives.entry("crb.yaml", data=CLUSTER_ROLE_BINDING)),
+    }
+    sources = []
+    for part, layer in parts.items():
+        if part == "c" and not carried:
+            continue
+        push_layers(client, f"attack/{part}", [layer], tag="v1")
+        source = {"kind": "image", "uri": f"{registry}/attack/{part}", "tag": "v1"}
+        sources.append({**source, "destination": "x/evil"} if part == "c" else source)
+    publish_bundles(
+        published,
+        f"poison-{rule}",
+        [
+            {
+                "name": "app",
+                "sources": [{"kind": "image", "uri": f"{registry}/agent/app", "tag": "v1"}],
+                "formatOptions": {"targetNamespace": "sync-app"},
+            },
+            {"name": "attack", "sources": sources, "dependsOn": ["app"]},
+        ],
+    )
+    pipeline, _, _ = agent(published, kube_cluster, "alpha", tmp_path, namespace)
+    with pytest.raises(ContentRefusedError) as caught:
+        pipeline.sync()
+    assert caught.value.rule == rule, str(caught.value)
+    assert caught.value.file == "x"
+    # The victim's cached tree (rendered first) holds what its digest says, nothing more.
+    cached = tmp_path / "cache" / "entries" / entry / "tree"
+    assert sorted(p.name for p in cached.iterdir()) == ["01_namespace.yaml", "02_config.yaml"]
+
+
+CLUSTER_ROLE_BINDING = b"""apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: attacker-is-admin}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: cluster-admin}
+subjects: [{kind: User, name: attacker, apiGroup: rbac.authorization.k8s.io}]
+"""
+
+
+# --- what is signed is what is acted on; how long it may be valid (items 7 and 8) ------------
+
+
+class _RecordingFormat:
+    """A format plugin that renders one ConfigMap telling the types of the values it got."""
+
+    name = "helm"
+
+    def render(self, tree: Path, request: RenderRequest) -> list[dict[str, Any]]:
+        values = request.options.get("values") or {}
+        data = {k: type(v).__name__ for k, v in values.items()}
+        meta = {"name": "value-types", "namespace": "sync-app"}
+        return [{"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": data}]
+
+
+def test_set_yaml_cannot_retype_a_signed_value(
+    published: Published,
+    kube_cluster: Cluster,
+    namespace: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    registry = published.registry.host
+    publish_bundles(
+        published,
+        "values",
+        [
+            {
+                "name": "app",
+                "sources": [{"kind": "image", "uri": f"{registry}/agent/app", "tag": "v1"}],
+                "format": "helm",
+                "formatOptions": {"values": {"replicas": 3, "offset": 0}},
+            }
+        ],
+    )
+    files = branch_files(published, "alpha")
+    text = files[SET_FILE].decode()
+    assert "replicas: 3\n" in text
+    retyped = text.replace("replicas: 3\n", "replicas: 3.0\n").replace(
+        "offset: 0\n", "offset: -0.0\n"
+    )
+    commit_branch(published, "alpha", {**files, SET_FILE: retyped.encode()})
+    monkeypatch.setitem(formats._LOADED, "helm", _RecordingFormat())
+    pipeline, _, _ = agent(published, kube_cluster, "alpha", tmp_path, namespace)
+
+    result = pipeline.sync()
+
+    assert result.outcome == "rendered"  # the signature still holds: RFC 8785 writes 3.0 as 3
+    [bundle] = result.bundles
+    assert bundle.objects[0]["data"] == {"replicas": "int", "offset": "int"}
+
+
+def test_a_publication_valid_for_too_long_is_refused(
+    published: Published, kube_cluster: Cluster, namespace: str, tmp_path: Path
+) -> None:
+    registry = published.registry.host
+    fleet = write_fleet(
+        published.tmp / "fleet-long",
+        clusters=CLUSTERS,
+        bundles=[
+            {
+                "name": "app",
+                "sources": [{"kind": "image", "uri": f"{registry}/agent/app", "tag": "v1"}],
+                "targets": [{"clusterSelector": {}}],
+            }
+        ],
+        settings={
+            "name": "sync",
+            "repo": "https://fleet.example.invalid/sync.git",
+            "publication": {"expiresAfter": "365d", "refreshBefore": "1d"},
+            "signing": {"identity": DEFAULT_IDENTITY, "issuer": published.sigstore.issuer},
+        },
+    )
+    signer = PublicationSigner.from_trust_config(
+        trust_config=published.sigstore.trust_config_path, token=published.sigstore.mint_token()
+    )
+    with BranchStore(url=published.url) as store:
+        publish(prepare(fleet), store, signer=signer)
+    pipeline, _, _ = agent(published, kube_cluster, "alpha", tmp_path, namespace)
+    with pytest.raises(ValidityTooLongError):
+        pipeline.sync()
+    state = ClusterState(
+        kube=KubeClient(kubeconfig=str(kube_cluster.kubeconfig)),
+        namespace=namespace,
+        name="fleetlet-agent-state-alpha",
+    ).load()
+    assert state.refusal_reason == "ValidityTooLong"
+
+
+# --- outputs: a bundle reads only what it may, a Secret's value stays sealed (item 2) ---------
+
+
+def _secret_manifest(name: str, namespace: str, password: str) -> str:
+    return yaml.safe_dump(
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": name, "namespace": namespace},
+            "stringData": {"password": password},
+        }
+    )
+
+
+def test_outputs_read_only_the_bundles_own_objects_and_a_secret_is_always_sealed(
+    lab: Lab, crds: Cluster, namespace: str, tmp_path: Path
+) -> None:
+    kube = KubeClient(kubeconfig=str(crds.kubeconfig))
+    ns, bundle = lab.name("outputs"), lab.name("reader")
+    own, stolen = f"own-{lab.suffix}", f"stolen-{lab.suffix}"
+    # Something of the agent's own namespace a bundle must never report: another bundle's
+    # sensitive outputs.
+    kube.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "fleetlet-outputs-victim", "namespace": namespace},
+            "stringData": {"password": stolen},
+        },
+        field_manager="fleetlet-tests",
+    )
+    private_key, public_key = tmp_path / "hub.key", tmp_path / "hub.pub"
+    write_keypair(private_key, public_key)
+    digest = lab.push(
+        "outputs",
+        {"01_ns.yaml": namespace_manifest(ns), "02_secret.yaml": _secret_manifest("own", ns, own)},
+        tag="v1",
+    )
+
+    def declare(outputs: list[dict[str, Any]]) -> None:
+        lab.publish(
+            [{"name": bundle, "sources": [lab.source("outputs", digest)], "outputs": outputs}]
+        )
+
+    # Declared not sensitive, both of them: one reads the bundle's own Secret, the other a
+    # Secret of the agent's namespace that the bundle never applied (and names no account).
+    leaked = {
+        "name": "leaked",
+        "object": {"apiVersion": "v1", "kind": "Secret", "namespace": ns, "name": "own"},
+        "fieldPath": ".data.password",
+    }
+    theft = {
+        "name": "theft",
+        "object": {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "namespace": namespace,
+            "name": "fleetlet-outputs-victim",
+        },
+        "fieldPath": ".data.password",
+    }
+    declare([leaked, theft])
+    agent = lab.agent(
+        "edge-1",
+        crds,
+        namespace=namespace,
+        workdir=tmp_path / "agent",
+        status=False,
+        hub_public_key=public_key,
+    )
+    agent.tick()
+    ready = conditions(kube, bundle)["Ready"]
+    assert (ready["status"], ready["reason"]) == ("False", "OutputFailed"), ready
+    assert "output theft" in ready["message"] and "did not apply it" in ready["message"]
+    [run] = RunLog(kube, namespace=namespace).runs(bundle)
+    assert run.result == "Failed" and run.outputs == ()
+    assert live(kube, "fleetlet.io/v1alpha1", "BundleOutputs", bundle) is None
+
+    declare([leaked])
+    agent.tick()
+    assert conditions(kube, bundle)["Ready"]["status"] == "True"
+    latest = RunLog(kube, namespace=namespace).runs(bundle)[0]
+    [reported] = latest.outputs
+    # Read from a Secret: sealed, whatever the declaration said, and only in the Secret.
+    assert reported.value is None and reported.sealed is not None
+    place = OutputPlace(cluster="edge-1", bundle=bundle, output="leaked", run=latest.id)
+    assert open_sealed(read_private_key(private_key), reported.sealed, place=place).value == own
+    outputs = live(kube, "fleetlet.io/v1alpha1", "BundleOutputs", bundle)
+    assert outputs is not None
+    [shown] = outputs["spec"]["outputs"]
+    assert shown["sensitive"] is True and "value" not in shown
+    everything = json.dumps(
+        [live(kube, "v1", "ConfigMap", f"fleetlet-runs-{bundle}", namespace), outputs]
+    )
+    assert own not in everything and stolen not in everything

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,12 +21,13 @@ import pygit2
 import pytest
 
 from agent.errors import IdentityMismatchError, ReplayError, TemporaryError
+from agent.inbound import InboundPipeline
 from agent.kube import KubeClient
 from agent.source.branch import BranchWatcher
 from agent.source.cache import ContentCache
 from agent.source.compose import ContentStore
 from agent.source.oci import OciFetcher, OciSettings
-from agent.sync import ClusterState, InboundPipeline
+from agent.state import ClusterState
 from agent.verify import IdentityPolicy, TrustPolicy
 from hub.publish.flow import prepare, publish
 from hub.publish.git import BranchStore
@@ -301,12 +303,16 @@ def test_agent_sync_once_command(
             capture_output=True, text=True, timeout=120,
         )  # fmt: skip
 
+    # Exit codes: 1 this sync failed, 4 it went fine but something earlier still holds, 0
+    # converged; a summary on stdout every time, the reason in one line on stderr.
     refused = run("intruder@fleet.test")
     assert refused.returncode == 1
     assert "intruder@fleet.test" in refused.stderr and len(refused.stderr.splitlines()) == 1
+    assert refused.stdout.startswith("beta: failed"), refused.stdout
     again = run("intruder@fleet.test")
-    assert again.returncode == 1
+    assert again.returncode == 4
     assert "was refused and the branch has not moved since (IdentityMismatch" in again.stderr
+    assert again.stdout.startswith("beta: refused-before"), again.stdout
     done = run(DEFAULT_IDENTITY)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("beta: rendered, serial 1; moved: app"), done.stdout
@@ -321,3 +327,11 @@ def test_agent_sync_once_command(
     idle = run(DEFAULT_IDENTITY)
     assert idle.returncode == 0, idle.stderr
     assert idle.stdout.startswith("beta: unchanged, serial 1"), idle.stdout
+    # The shared cluster is left as found: the hostile suite checks nothing made sync-app.
+    kube = KubeClient(kubeconfig=str(kube_cluster.kubeconfig))
+    ref = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "sync-app"}}
+    kube.delete(ref)
+    deadline = time.monotonic() + 120
+    while kube.get(ref) is not None:
+        assert time.monotonic() < deadline, "namespace sync-app not deleted"
+        time.sleep(0.5)

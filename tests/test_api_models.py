@@ -326,8 +326,57 @@ def test_source_rules_pin_must_match_kind() -> None:
         "bundleDeployments[1].spec.sources[0].uri: expected an image repository without scheme "
         "or @digest (registry/repository[:tag]; the pin goes in digest), got "
         '"reg.example/cm@sha256:ab"',
-        f"bundleDeployments[2].spec.sources[0].sha256: expected sha256 only on http sources, "
-        f'got "{SHA}"',
+        f"bundleDeployments[2].spec.sources[0].sha256: expected sha256 only on http or helm "
+        f'sources, got "{SHA}"',
+    ]
+
+
+HELM_SOURCE = {
+    "kind": "helm",
+    "uri": "https://charts.example/stable",
+    "chart": "podinfo",
+    "version": "6.5.1",
+    "archiveUrl": "https://charts.example/stable/podinfo-6.5.1.tgz",
+    "sha256": SHA,
+}
+
+
+def test_helm_source_is_pinned_by_version_archive_and_sha256() -> None:
+    data = example()
+    data["bundleDeployments"][0]["spec"]["sources"] = [dict(HELM_SOURCE)]
+    source = set_from_dict(data).bundle_deployments[0].spec.sources[0]
+    assert (source.chart, source.version, source.pin) == ("podinfo", "6.5.1", SHA)
+    loose = dict(HELM_SOURCE, version="^6.5")
+    del loose["sha256"]
+    data["bundleDeployments"][0]["spec"]["sources"] = [loose]
+    with pytest.raises(FloatingReferenceError) as raised:
+        set_from_dict(data)
+    assert [str(p) for p in raised.value.problems] == [
+        "bundleDeployments[0].spec.sources[0].version: expected one exact version such as "
+        '1.2.3 (ranges are resolved by the hub), got "^6.5"',
+    ]
+    unhashed = dict(HELM_SOURCE)
+    del unhashed["sha256"]
+    data["bundleDeployments"][0]["spec"]["sources"] = [unhashed]
+    with pytest.raises(FloatingReferenceError) as raised:
+        set_from_dict(data)
+    assert [str(p) for p in raised.value.problems] == [
+        "bundleDeployments[0].spec.sources[0].sha256: expected <64 hex> (the sha256 of the "
+        "archive) (helm sources are pinned by sha256), got nothing",
+    ]
+
+
+def test_helm_fields_only_on_helm_sources() -> None:
+    data = example()
+    data["bundleDeployments"][2]["spec"]["sources"][0]["chart"] = "podinfo"
+    no_chart = dict(HELM_SOURCE)
+    del no_chart["chart"]
+    data["bundleDeployments"][0]["spec"]["sources"] = [no_chart]
+    assert problems_of(data) == [
+        "bundleDeployments[0].spec.sources[0].chart: expected chart (the chart's name in the "
+        "repository) on a helm source, got nothing",
+        "bundleDeployments[2].spec.sources[0].chart: expected chart only on helm sources, "
+        'got "podinfo"',
     ]
 
 

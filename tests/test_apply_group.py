@@ -424,7 +424,7 @@ def test_prune_deletes_removed_keeps_crds_hands_over_and_spares_foreign_objects(
         ]
 
     first = apply_group(kube, [BundleInput(name="a", objects=rev1())], agent_namespace=namespace)
-    old = Inventory.from_result(first, "a")
+    old = first.inventory_of("a")
     moved_uid = next(r.uid for r in first.objects if r.ref.name == "move")
     # An object someone else made; an old inventory naming it must not get it deleted.
     foreign = kube.apply(configmap(namespace, "foreign", v="theirs"), field_manager="someone-else")
@@ -445,8 +445,8 @@ def test_prune_deletes_removed_keeps_crds_hands_over_and_spares_foreign_objects(
         [BundleInput(name="b", objects=[owned(configmap(namespace, "move", v="1"), "b", "gb")])],
         agent_namespace=namespace,
     )
-    new = {"a": Inventory.from_result(second, "a")}
-    claimed = {e.key: "b" for e in Inventory.from_result(b, "b")}
+    new = {"a": second.inventory_of("a")}
+    claimed = {e.key: "b" for e in b.inventory_of("b")}
 
     plan = plan_prune({"a": old}, new, claimed_elsewhere=claimed)
     by_name = {i.entry.key.name: i.action for i in plan.items}
@@ -501,8 +501,8 @@ def test_hand_over_inside_one_group_keeps_the_uid(kube: KubeClient, namespace: s
         agent_namespace=namespace,
     )
     plan = plan_prune(
-        {"a": Inventory.from_result(first, "a")},
-        {"a": Inventory.from_result(second, "a"), "b": Inventory.from_result(second, "b")},
+        {"a": first.inventory_of("a")},
+        {"a": second.inventory_of("a"), "b": second.inventory_of("b")},
     )
     assert [(i.entry.key.name, i.action) for i in plan.items] == [("moving", "handover")]
     prune(kube, plan)

@@ -175,7 +175,11 @@ def test_valid_bundledeployment_is_accepted_and_shown_by_kubectl(
         # The server filled in the schema's defaults: the same as Python's.
         stored = from_dict(BundleDeploymentSpec, created["spec"])
         assert stored == from_dict(BundleDeploymentSpec, body["spec"])
-        assert created["spec"]["healthChecks"] == {"builtin": True, "timeoutSeconds": 300}
+        assert created["spec"]["healthChecks"] == {
+            "builtin": True,
+            "timeoutSeconds": 300,
+            "waitForLoadBalancer": False,
+        }
         assert created["spec"]["takeOwnership"] is False
         status = BundleDeploymentStatus(
             observed_generation=1,
@@ -188,7 +192,9 @@ def test_valid_bundledeployment_is_accepted_and_shown_by_kubectl(
                     observed_generation=1,
                 ),
             ),
+            phase="Ready",
             applied_revision=Revision(serial=7, sources=(COMMIT,)),
+            target_revision=Revision(serial=7, sources=(COMMIT,)),
             resources=ResourceCounts(total=3, ready=3),
         )
         created["status"] = to_dict(status)
@@ -203,8 +209,10 @@ def test_valid_bundledeployment_is_accepted_and_shown_by_kubectl(
             check=True,
         ).stdout
         header, row = out.splitlines()[:2]
-        assert header.split() == ["NAME", "GROUP", "SERIAL", "READY", "REASON", "AGE"]
-        assert row.split()[:5] == [name, "apps", "7", "True", "Healthy"]
+        assert header.split() == [
+            "NAME", "GROUP", "TARGET", "APPLIED", "READY", "PHASE", "REASON", "AGE"
+        ]  # fmt: skip
+        assert row.split()[:7] == [name, "apps", "7", "7", "True", "Ready", "Healthy"]
         listed = subprocess.run(
             [kubectl(), "--kubeconfig", str(crds.kubeconfig), "get", "fleetlet", "-o", "name"],
             capture_output=True,

@@ -24,10 +24,11 @@ from typing import Any
 
 import pytest
 import requests
-import yaml
-from nacl.public import PrivateKey, SealedBox
+from nacl.public import PrivateKey
 from playwright.sync_api import Browser, Page, expect
 
+from agent.report.seal import OutputPlace, agent_sealing_key, seal
+from hub.api.tokens import write_clear_tokens
 from tests.realenv.browser import chromium
 from tests.realenv.gitserver import GitDaemon
 from tests.realenv.hubserver import serving_hub
@@ -106,7 +107,15 @@ def expected_cells() -> dict[tuple[str, str], str]:
 
 
 def _documents(key: PrivateKey) -> dict[str, Any]:
-    sealed = base64.b64encode(SealedBox(key.public_key).encrypt(SECRET.encode())).decode()
+    # Sealed by store-eu-001's agent for the newest run's output (bound to that place).
+    place = OutputPlace(
+        cluster="store-eu-001",
+        bundle="shop-frontend",
+        output="password",
+        run="store-eu-001.shop-frontend.3.1",
+    )
+    sender = agent_sealing_key(key, place.cluster)
+    sealed = seal(key.public_key, SECRET, place=place, sender=sender)
     now = datetime.now(UTC)
     documents = {}
     for cluster, (_, states, stale) in FLEET.items():
@@ -138,7 +147,7 @@ def hub(git_daemon: GitDaemon, tmp_path_factory: pytest.TempPathFactory) -> Iter
     key_file = workdir / "hub.key"
     key_file.write_text(base64.b64encode(bytes(key)).decode() + "\n")
     tokens = workdir / "tokens.yaml"
-    tokens.write_text(yaml.safe_dump({ADMIN: "admin", READER: "read"}))
+    write_clear_tokens(tokens, {ADMIN: "admin", READER: "read"})
     fleet_dir = write_fleet_dir(
         workdir / "fleet", {c: labels for c, (labels, _, _) in FLEET.items() if labels}
     )
@@ -338,8 +347,8 @@ def test_installation_page_shows_runs_and_masks_sensitive_outputs(hub: Hub, tab:
     assert page.eval_on_selector_all(
         "#runs > tbody > tr", "rows => rows.map(r => [r.dataset.run, r.dataset.result])"
     ) == [
-        ["store-eu-001.shop-frontend.3.1", "succeeded"],
-        ["store-eu-001.shop-frontend.2.1", "succeeded"],
+        ["store-eu-001.shop-frontend.3.1", "Succeeded"],
+        ["store-eu-001.shop-frontend.2.1", "Succeeded"],
     ]
     expect(runs.first).to_contain_text("1 created, 0 configured, 3 unchanged, 0 pruned")
     expect(page.locator("#conditions")).to_contain_text(re.compile(r"Ready\s*True\s*Healthy"))
@@ -354,7 +363,7 @@ def test_installation_page_shows_runs_and_masks_sensitive_outputs(hub: Hub, tab:
     # A failed run: its result, message and failed object.
     page.goto(f"{hub.url}/ui/installations/store-eu-001/shop-backend")
     first = page.locator("#runs > tbody > tr").first
-    expect(first).to_have_attribute("data-result", "failed")
+    expect(first).to_have_attribute("data-result", "Failed")
     expect(first).to_contain_text("Deployment shop-backend/shop-backend not Available")
     expect(first).to_contain_text("Failed object: apps/v1 Deployment shop-backend/shop-backend")
     expect(page.locator("dl.facts")).to_contain_text("Degraded")
@@ -434,7 +443,7 @@ def test_auto_refresh_updates_cells_without_a_reload(
     git_daemon: GitDaemon, tmp_path: Path, browser: Browser
 ) -> None:
     tokens = tmp_path / "tokens.yaml"
-    tokens.write_text(yaml.safe_dump({READER: "read"}))
+    write_clear_tokens(tokens, {READER: "read"})
     repo = new_repo(git_daemon, "dashboard-refresh")
     pusher = StatusPusher(repo, tmp_path / "agents")
     pusher.push({"edge-1": cluster_document("edge-1", {"web": "Progressing"})})

@@ -231,10 +231,10 @@ def test_the_api_shows_the_rollback_its_runs_and_masked_outputs(demo: RunningDem
 
     runs = demo.get(f"/installations/{CANARY}/shop-backend/runs")["items"]
     latest = runs[0]
-    assert (latest["result"], latest["serial"], latest["operation"]) == ("rolledBack", 2, "upgrade")
+    assert (latest["result"], latest["serial"], latest["operation"]) == ("RolledBack", 2, "upgrade")
     assert latest["failedObject"] == "Deployment/shop/catalog-api", latest
     assert "health check timed out" in latest["message"], latest
-    assert [(r["result"], r["serial"]) for r in runs[1:]] == [("succeeded", 1)]
+    assert [(r["result"], r["serial"]) for r in runs[1:]] == [("Succeeded", 1)]
 
     outputs = demo.get("/installations/store-eu-2/payments-config/runs/latest/outputs")
     shown = {o["name"]: o["value"] for o in outputs["items"]}
@@ -279,7 +279,7 @@ def test_the_dashboard_shows_the_demo_fleet(demo: RunningDemo) -> None:
             "Installation store-eu-2/payments-config"
         )
         expect(page.locator("#runs > tbody > tr").first).to_have_attribute(
-            "data-result", "succeeded"
+            "data-result", "Succeeded"
         )
         outputs = page.locator("#outputs tbody tr")
         expect(outputs).to_have_count(3)
@@ -288,7 +288,7 @@ def test_the_dashboard_shows_the_demo_fleet(demo: RunningDemo) -> None:
         expect(token_row.locator(".badge")).to_have_text("masked")
         page.goto(f"{demo.url}/ui/installations/{CANARY}/shop-backend")
         expect(page.locator("#runs > tbody > tr").first).to_have_attribute(
-            "data-result", "rolledBack"
+            "data-result", "RolledBack"
         )
         expect(page.locator("#runs > tbody > tr").first).to_contain_text(
             "Deployment/shop/catalog-api"

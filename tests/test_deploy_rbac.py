@@ -162,7 +162,8 @@ def test_no_cluster_admin_or_wildcards_by_default() -> None:
     assert {"Namespace", "ServiceAccount", "ClusterRole", "Role", "Deployment"} <= kinds
     for doc in docs:
         if doc["kind"] in ("ClusterRoleBinding", "RoleBinding"):
-            assert doc["roleRef"]["name"] == "fleetlet-agent", doc["metadata"]["name"]
+            assert doc["roleRef"]["name"] in ("fleetlet-agent", "fleetlet-agent-events")
+            assert doc["roleRef"]["name"] == doc["metadata"]["name"]
         for rule in doc.get("rules", []):
             for key in ("apiGroups", "resources", "verbs", "nonResourceURLs"):
                 assert "*" not in rule.get(key, []), f"wildcard in {doc['metadata']['name']}"
@@ -194,10 +195,12 @@ def test_objects_accepted_by_the_api_server(install: Install) -> None:
     assert pod["serviceAccountName"] == sa
     assert pod["securityContext"]["runAsNonRoot"] is True
     (container,) = pod["containers"]
-    assert container["image"] == "fleetlet-agent:0.1.0"
-    assert container["command"][:3] == ["fleetlet", "agent", "run"]
-    flags = {arg.split("=", 1)[0] for arg in container["command"][3:]}
-    assert {"--repo", "--cluster", "--trusted-root", "--identity", "--issuer"} <= flags
+    # Pinned by digest (the base's placeholder; an overlay or `agent install` sets the real one).
+    assert "@sha256:" in container["image"]
+    assert container["command"] == ["fleetlet", "agent", "run"]
+    env = {e["name"] for e in container["env"]}
+    assert {"FLEETLET_REPO", "FLEETLET_CLUSTER", "FLEETLET_TRUSTED_ROOT"} <= env
+    assert {"FLEETLET_IDENTITY", "FLEETLET_ISSUER"} <= env
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
@@ -208,7 +211,7 @@ def test_objects_accepted_by_the_api_server(install: Install) -> None:
     volumes = {volume["name"]: volume for volume in pod["volumes"]}
     assert "emptyDir" in volumes[mounts["/var/cache/fleetlet"]]
     # The trusted root comes from the deployment (a ConfigMap of the namespace), and is required.
-    trust = volumes[mounts["/etc/fleetlet/trust"]]["configMap"]
+    trust = volumes[mounts["/etc/fleetlet/trust"]]["secret"]
     assert not trust.get("optional", False)
 
 

@@ -22,10 +22,12 @@ import jsonschema  # type: ignore[import-untyped]
 import pytest
 import requests
 import yaml
-from nacl.public import PrivateKey, SealedBox
+from nacl.public import PrivateKey
 from openapi_spec_validator import validate as validate_spec
 
+from agent.report.seal import OutputPlace, agent_sealing_key, seal
 from hub import installations as cli
+from hub.api.tokens import write_clear_tokens
 from tests.realenv.gitserver import GitDaemon
 from tests.realenv.hubserver import serving_hub
 from tests.test_hub_status import StatusPusher, make_bundle, make_run, make_status, new_repo
@@ -49,16 +51,42 @@ class Hub:
         return requests.get(f"{self.url}{path}", headers=headers, params=params, timeout=30)
 
 
-def _seal(key: PrivateKey, value: str) -> str:
-    return base64.b64encode(SealedBox(key.public_key).encrypt(value.encode())).decode()
+def _seal(key: PrivateKey, value: str, place: OutputPlace, *, by_agent: bool = True) -> str:
+    """What the cluster's agent seals (with its sealing key), or anybody holding only the
+    hub's public key (``by_agent=False``)."""
+    sender = agent_sealing_key(key, place.cluster) if by_agent else None
+    return seal(key.public_key, value, place=place, sender=sender)
+
+
+WEB_A3 = "edge-a.web.3.1"
 
 
 def _documents(key: PrivateKey) -> dict[str, Any]:
     now = datetime.now(UTC)
-    outputs = {"address": {"value": "10.0.0.7"}, "password": {"sealed": _seal(key, SECRET)}}
+    password = _seal(
+        key, SECRET, OutputPlace(cluster="edge-a", bundle="web", output="password", run=WEB_A3)
+    )
+    outputs = {
+        "address": {"value": "10.0.0.7"},
+        "password": {"sealed": password},
+        # Sealed for its place, but with the hub's public key alone: anybody could have.
+        "planted": {
+            "sealed": _seal(
+                key,
+                "planted-value",
+                OutputPlace(cluster="edge-a", bundle="web", output="planted", run=WEB_A3),
+                by_agent=False,
+            )
+        },
+        # The genuine box of another output, replayed under this name.
+        "replayed": {"sealed": password},
+    }
+    # ... and replayed under another cluster.
+    failed_b = make_run("edge-b", "web", 1, 1, result="Failed")
+    failed_b["outputs"] = {"password": {"sealed": password}}
     web_a = [
         make_run("edge-a", "web", 3, 1, operation="upgrade", outputs=outputs),
-        make_run("edge-a", "web", 2, 1, result="rolledBack", operation="upgrade"),
+        make_run("edge-a", "web", 2, 1, result="RolledBack", operation="upgrade"),
         make_run("edge-a", "web", 1, 1, outputs={"address": {"value": "10.0.0.1"}}),
     ]
     db_a = [make_run("edge-a", "db", 1, 1, outputs={"token": {"omitted": True}})]
@@ -68,9 +96,7 @@ def _documents(key: PrivateKey) -> dict[str, Any]:
         ),
         "edge-b": make_status(
             "edge-b",
-            bundles={
-                "web": make_bundle([make_run("edge-b", "web", 1, 1, result="failed")], ready=False)
-            },
+            bundles={"web": make_bundle([failed_b], ready=False)},
         ),
         "edge-old": make_status("edge-old", heartbeat=now - timedelta(hours=1)),
     }
@@ -84,7 +110,7 @@ def hub(git_daemon: GitDaemon, tmp_path_factory: pytest.TempPathFactory) -> Iter
     key_file = workdir / "hub.key"
     key_file.write_text(base64.b64encode(bytes(key)).decode() + "\n")
     tokens = workdir / "tokens.yaml"
-    tokens.write_text(yaml.safe_dump({ADMIN: "admin", READER: "read"}))
+    write_clear_tokens(tokens, {ADMIN: "admin", READER: "read"})
     repo = new_repo(git_daemon, "hub-api")
     pusher = StatusPusher(repo, workdir / "agents")
     pusher.push(_documents(key))
@@ -105,7 +131,12 @@ def test_sensitive_outputs_open_for_admin_only(hub: Hub) -> None:
     path = "/api/v1/installations/edge-a/web/runs/latest/outputs"
     admin = {o["name"]: o for o in hub.get(path, token=ADMIN).json()["items"]}
     reader = {o["name"]: o for o in hub.get(path, token=READER).json()["items"]}
-    assert admin["password"] == {"name": "password", "value": SECRET, "sensitive": True}
+    assert admin["password"] == {
+        "name": "password",
+        "value": SECRET,
+        "sensitive": True,
+        "sealedBy": "agent",
+    }
     assert reader["password"] == {"name": "password", "value": "<sensitive>", "sensitive": True}
     assert admin["address"]["value"] == reader["address"]["value"] == "10.0.0.7"
     # Nothing a read token can reach shows the value, in any endpoint.
@@ -114,6 +145,24 @@ def test_sensitive_outputs_open_for_admin_only(hub: Hub) -> None:
         assert SECRET in hub.get(other, token=ADMIN).text
     omitted = hub.get("/api/v1/installations/edge-a/db/runs/latest/outputs").json()["items"]
     assert omitted == [{"name": "token", "value": None, "sensitive": True, "omitted": True}]
+
+
+def test_a_sealed_value_shows_only_in_its_place_and_says_who_sealed_it(hub: Hub) -> None:
+    path = "/api/v1/installations/edge-a/web/runs/latest/outputs"
+    admin = {o["name"]: o for o in hub.get(path, token=ADMIN).json()["items"]}
+    # Anybody with the hub's public key can seal a value for a place: it opens, and says so.
+    assert admin["planted"]["value"] == "planted-value"
+    assert admin["planted"]["sealedBy"] == "anyone"
+    # The agent's genuine box, copied under another output name or to another cluster, does
+    # not open there: it is not shown as a value of that place.
+    assert SECRET not in json.dumps(admin["replayed"])
+    assert admin["replayed"]["value"].startswith("<sealed: does not open here")
+    assert "sealedBy" not in admin["replayed"]
+    other = hub.get(
+        "/api/v1/installations/edge-b/web/runs/edge-b.web.1.1/outputs", token=ADMIN
+    ).json()["items"]
+    assert other[0]["name"] == "password" and SECRET not in json.dumps(other)
+    assert other[0]["value"].startswith("<sealed: does not open here")
 
 
 def test_installations_filters_states_and_runs(hub: Hub) -> None:
@@ -133,9 +182,9 @@ def test_installations_filters_states_and_runs(hub: Hub) -> None:
 
     runs = hub.get("/api/v1/installations/edge-a/web/runs").json()["items"]
     assert [(r["id"], r["result"]) for r in runs] == [
-        ("edge-a.web.3.1", "succeeded"),
-        ("edge-a.web.2.1", "rolledBack"),
-        ("edge-a.web.1.1", "succeeded"),
+        ("edge-a.web.3.1", "Succeeded"),
+        ("edge-a.web.2.1", "RolledBack"),
+        ("edge-a.web.1.1", "Succeeded"),
     ]
     older = hub.get("/api/v1/installations/edge-a/web/runs/edge-a.web.1.1/outputs").json()
     assert older["run"] == "edge-a.web.1.1" and older["items"][0]["value"] == "10.0.0.1"
@@ -267,7 +316,7 @@ def test_cli_hub_and_repo_modes_print_the_same(
     table = _cli(capsys, cli.runs_list, output="table", installation="edge-a/web", **via_hub)
     lines = table.splitlines()
     assert lines[0].split()[:4] == ["RUN", "OPERATION", "SERIAL", "RESULT"]
-    assert [line.split()[3] for line in lines[1:]] == ["succeeded", "rolledBack", "succeeded"]
+    assert [line.split()[3] for line in lines[1:]] == ["Succeeded", "RolledBack", "Succeeded"]
     outputs = _cli(
         capsys, cli.outputs_list, output="yaml", installation="edge-a/web", run="latest", **via_hub
     )
@@ -343,9 +392,14 @@ def test_anonymous_access_only_when_enabled(
 @pytest.mark.parametrize(
     ("text", "problem"),
     [
-        ("short: admin\n", "token shorter than 8"),
-        ("a-long-token-123: root\n", "role must be admin or read"),
-        ("- just a list\n", "expected a mapping"),
+        ("a-long-token-123: admin\n", "holds tokens in clear.*fleetlet hub tokens migrate"),
+        ("tokens: {a-long-token-123: read}\n", "holds tokens in clear"),
+        (
+            f"tokens:\n- {{name: ci, role: root, sha256: {'a' * 64}}}\n",
+            "role must be admin or read",
+        ),
+        ("tokens:\n- {name: ci, role: read, sha256: abc}\n", "sha256 must be 64"),
+        ("- just a list\n", "expected `tokens:`"),
     ],
 )
 def test_bad_tokens_files_are_refused(tmp_path: Path, text: str, problem: str) -> None:

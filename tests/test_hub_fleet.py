@@ -292,3 +292,84 @@ def test_an_override_gives_some_clusters_other_sources(tmp_path: Path) -> None:
     assert [p.path for p in caught.value.problems] == [
         "bundles/web.yaml: overrides[0].sources[0].digest"
     ]
+
+
+def test_an_override_sets_the_path_and_appends_patches(tmp_path: Path) -> None:
+    """Rancher Fleet's per-target kustomize.dir, and per-cluster patches after the bundle's."""
+    from hub.fleet.render import plan_clusters
+
+    own = {"patch": "spec: {replicas: 2}\n", "target": {"kind": "Deployment"}}
+    edge = {"patch": "spec: {replicas: 1}\n", "target": {"kind": "Deployment"}}
+    canary = {"patch": '[{"op": "add", "path": "/metadata/labels/canary", "value": "yes"}]',
+              "target": {"kind": "Deployment", "name": "web"}}  # fmt: skip
+    root = write_fleet(
+        tmp_path / "fleet",
+        clusters=CLUSTERS,
+        bundles=[
+            image_bundle(
+                "web",
+                format="kustomize",
+                formatOptions={"path": "overlays/default"},
+                patches=[own],
+                overrides=[
+                    {"clusters": ["eu-edge-1"], "path": "overlays/canary", "patches": [canary]},
+                    {"clusterSelector": {"matchLabels": {"tier": "edge"}}, "patches": [edge]},
+                ],
+            )
+        ],
+    )
+    fleet = load_fleet(root)
+    plans = plan_clusters(fleet, {s: s.ref for s in fleet.bundles[0].all_sources})
+
+    def spec(cluster: str) -> tuple[str | None, list[str]]:
+        entry = plans[cluster].entries[0].spec
+        return entry.format_options.path, [p.patch for p in entry.patches]
+
+    # Selector overrides first, then the named one: patches in that order after the bundle's.
+    assert spec("eu-edge-1") == ("overlays/canary", [own["patch"], edge["patch"], canary["patch"]])
+    assert spec("us-edge-1") == ("overlays/default", [own["patch"], edge["patch"]])
+    assert spec("eu-core") == ("overlays/default", [own["patch"]])
+
+
+def test_bad_override_paths_and_patches_are_named(tmp_path: Path) -> None:
+    from hub.fleet.render import plan_clusters
+
+    bad = write_fleet(
+        tmp_path / "bad",
+        clusters=CLUSTERS,
+        bundles=[
+            image_bundle(
+                "web",
+                overrides=[
+                    {"clusters": ["eu-core"], "path": 3},
+                    {"clusters": ["eu-core"], "patches": "spec: {}"},
+                ],
+            )
+        ],
+    )
+    with pytest.raises(FleetRepoError) as caught:
+        load_fleet(bad)
+    assert [p.path for p in caught.value.problems] == [
+        "bundles/web.yaml: overrides[0].path",
+        "bundles/web.yaml: overrides[1].patches",
+    ]
+
+    # A patch the API refuses (JSON 6902 without a target) is named where it lands.
+    unchecked = write_fleet(
+        tmp_path / "unchecked",
+        clusters=CLUSTERS,
+        bundles=[
+            image_bundle(
+                "web",
+                overrides=[{"clusters": ["eu-core"], "path": "../up",
+                            "patches": [{"patch": '[{"op": "remove", "path": "/x"}]'}]}],
+            )
+        ],
+    )  # fmt: skip
+    fleet = load_fleet(unchecked)
+    with pytest.raises(FleetRepoError) as refused:
+        plan_clusters(fleet, {s: s.ref for s in fleet.bundles[0].all_sources})
+    assert sorted(p.path for p in refused.value.problems) == [
+        "bundles/web.yaml: formatOptions.path",
+        "bundles/web.yaml: patches[0].target",
+    ]

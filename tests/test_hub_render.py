@@ -190,3 +190,96 @@ def test_a_committed_fleet_records_its_commit_and_commit_time(tmp_path: Path) ->
     )
     edited = prepare(root)
     assert not edited.source.committed and edited.source.commit != head
+
+
+def test_cluster_templating_in_values_is_substituted_per_cluster(tmp_path: Path) -> None:
+    helm: dict[str, Any] = {
+        "format": "helm",
+        "formatOptions": {
+            "values": {
+                "ingress": {"host": "${cluster.name}.shop.example"},
+                "region": "${cluster.labels.region}",
+                "literal": "$${cluster.name} stays",
+                "replicas": 2,
+            }
+        },
+        "overrides": [
+            {
+                "clusterSelector": {"matchLabels": {"gpu": "yes"}},
+                "values": {"gpu": "${cluster.labels.gpu}"},
+            },
+        ],
+    }
+    root = write_fleet(tmp_path / "fleet", clusters=CLUSTERS, bundles=[image_bundle("h", **helm)])
+    plans = prepare(root).plans
+    values = {name: plans[name].entries[0].spec.format_options.values for name in plans}
+    assert values["eu-core"] == {
+        "ingress": {"host": "eu-core.shop.example"},
+        "region": "eu",
+        "literal": "${cluster.name} stays",
+        "replicas": 2,
+    }
+    assert values["us-edge-1"] is not None
+    assert values["us-edge-1"]["ingress"] == {"host": "us-edge-1.shop.example"}
+    assert (values["us-edge-1"]["region"], values["us-edge-1"]["gpu"]) == ("us", "yes")
+    # What is published is final: the rendered set holds no reference any more.
+    written = render(prepare(root), tmp_path / "out")
+    for path in written:  # only the escaped literal is left
+        text = path.read_text()
+        assert text.count("${cluster.") == text.count("${cluster.name} stays") == 1
+
+
+def test_a_label_a_cluster_lacks_is_named_with_the_cluster(tmp_path: Path) -> None:
+    helm: dict[str, Any] = {
+        "format": "helm",
+        "formatOptions": {
+            "values": {"gpu": {"kind": "${cluster.labels.gpu}"}, "x": "${cluster.nme}"}
+        },
+    }
+    root = write_fleet(tmp_path / "fleet", clusters=CLUSTERS, bundles=[image_bundle("h", **helm)])
+    with pytest.raises(FleetRepoError) as refused:
+        prepare(root)
+    problems = [str(p) for p in refused.value.problems]
+    assert (
+        "bundles/h.yaml: formatOptions.values.gpu.kind: expected a label of cluster eu-core "
+        '(it has: region, tier), got "${cluster.labels.gpu}"'
+    ) in problems
+    assert (
+        "bundles/h.yaml: formatOptions.values.x: expected ${cluster.name} or "
+        '${cluster.labels.<key>}, got "${cluster.nme}"'
+    ) in problems
+
+
+def test_helm_sources_in_the_fleet_repo_need_a_chart_and_a_version_range(tmp_path: Path) -> None:
+    good = {
+        "kind": "helm",
+        "uri": "https://charts.example/stable",
+        "chart": "podinfo",
+        "version": "^6.5",
+    }
+    bad = [
+        {"kind": "helm", "uri": "https://charts.example/stable", "version": "^6.5"},
+        {"kind": "helm", "uri": "oci://charts.example/stable", "chart": "podinfo", "version": "1"},
+        {
+            "kind": "helm",
+            "uri": "https://charts.example/stable",
+            "chart": "podinfo",
+            "version": "one",
+        },
+        {"kind": "image", "uri": "127.0.0.1:5000/charts/podinfo", "version": "~6"},
+    ]
+    bundles = [image_bundle("ok", sources=[good], format="helm")] + [
+        image_bundle(f"bad{i}", sources=[s], format="helm") for i, s in enumerate(bad)
+    ]
+    root = write_fleet(tmp_path / "fleet", clusters=CLUSTERS, bundles=bundles)
+    with pytest.raises(FleetRepoError) as refused:
+        prepare(root)
+    problems = [str(p) for p in refused.value.problems]
+    assert problems == [
+        "bundles/bad0.yaml: sources[0].chart: expected the chart's name in the repository, "
+        "got None",
+        "bundles/bad1.yaml: sources[0].uri: expected an http:// or https:// URL, got "
+        '"oci://charts.example/stable"',
+        "bundles/bad2.yaml: sources[0].version: expected a version or a SemVer range such as "
+        '1.2.3, ^1.2, ~1.2.3 or >=1.0 <2.0, got "one"',
+    ]

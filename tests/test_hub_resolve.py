@@ -209,7 +209,7 @@ def test_pinned_references_cost_no_request() -> None:
     ref = SourceRef(kind="image", uri="127.0.0.1:1/x", ref_field="digest", ref="sha256:" + "c" * 64)
     with Resolver() as resolver:
         assert resolver.resolve_bundles([bundle("a", ref)]) == {ref: "sha256:" + "c" * 64}
-        assert resolver.requests == {"image": 0, "git": 0, "http": 0}
+        assert resolver.requests == {"image": 0, "git": 0, "http": 0, "helm": 0}
 
 
 def test_tags_on_an_htpasswd_registry_resolve_with_credentials(

@@ -36,7 +36,7 @@ def make_run(
     serial: int,
     attempt: int,
     *,
-    result: str = "succeeded",
+    result: str = "Succeeded",
     operation: str = "install",
     outputs: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
@@ -48,8 +48,8 @@ def make_run(
         "startedAt": "2026-11-22T23:00:00Z",
         "finishedAt": "2026-11-22T23:01:00Z",
         "result": result,
-        "failedObject": "apps/v1 Deployment web/web" if result != "succeeded" else None,
-        "message": "ok" if result == "succeeded" else "Deployment web/web not Available",
+        "failedObject": "apps/v1 Deployment web/web" if result != "Succeeded" else None,
+        "message": "ok" if result == "Succeeded" else "Deployment web/web not Available",
         "counts": {"created": 1, "configured": 0, "unchanged": 3, "pruned": 0},
         "outputs": dict(outputs or {}),
     }
@@ -162,7 +162,7 @@ def test_aggregates_clusters_and_installations(git_daemon: GitDaemon, tmp_path: 
     url = new_repo(git_daemon, "status-agg")
     pusher = StatusPusher(url, tmp_path / "agents")
     rolled = [
-        make_run("edge-b", "web", 2, 1, result="rolledBack", operation="upgrade"),
+        make_run("edge-b", "web", 2, 1, result="RolledBack", operation="upgrade"),
         make_run("edge-b", "web", 1, 1),
     ]
     pusher.push(
@@ -173,7 +173,7 @@ def test_aggregates_clusters_and_installations(git_daemon: GitDaemon, tmp_path: 
                 "edge-c",
                 bundles={
                     "web": make_bundle(
-                        [make_run("edge-c", "web", 1, 1, result="failed")], ready=False
+                        [make_run("edge-c", "web", 1, 1, result="Failed")], ready=False
                     )
                 },
             ),
@@ -193,7 +193,7 @@ def test_aggregates_clusters_and_installations(git_daemon: GitDaemon, tmp_path: 
     latest = status.run("edge-b", "web", "latest")
     assert latest is not None and latest["id"] == "edge-b.web.1.1"
     assert status.run("edge-c", "web", "latest") is None
-    assert [r["result"] for r in status.runs("edge-b", "web") or []] == ["rolledBack", "succeeded"]
+    assert [r["result"] for r in status.runs("edge-b", "web") or []] == ["RolledBack", "Succeeded"]
 
 
 def test_refresh_fetches_only_moved_branches(git_daemon: GitDaemon, tmp_path: Path) -> None:

@@ -3,7 +3,10 @@ impersonation, discovery, and an unreachable server."""
 
 from __future__ import annotations
 
+import json
+import re
 import socket
+import subprocess
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -26,6 +29,7 @@ from agent.kube import (
     KubeconfigError,
     NotFoundError,
 )
+from tests.realenv.binaries import kubectl
 from tests.realenv.kube import Cluster
 
 MANAGER = "fleetlet-agent"
@@ -274,6 +278,28 @@ def test_impersonated_service_account_is_refused_then_allowed_after_a_rolebindin
 
 
 # --- discovery ---------------------------------------------------------------------------------
+
+
+def test_server_version_and_api_versions_are_what_kubectl_reports(
+    kube: KubeClient, kube_cluster: Cluster
+) -> None:
+    shown = subprocess.run(
+        [kubectl(), "--kubeconfig", str(kube_cluster.kubeconfig), "version", "-o", "json"],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    assert kube.server_version() == json.loads(shown.stdout)["serverVersion"]["gitVersion"]
+    listed = subprocess.run(
+        [kubectl(), "--kubeconfig", str(kube_cluster.kubeconfig), "api-versions"],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    versions = kube.api_versions()
+    assert versions == sorted(versions)
+    # Every group/version kubectl lists, and each served kind as group/version/Kind (helm's
+    # .Capabilities.APIVersions.Has "apps/v1/Deployment").
+    group_versions = {v for v in versions if re.match(r"^v\d", v.rsplit("/", 1)[-1])}
+    assert set(listed.stdout.split()) == group_versions
+    assert {"v1", "v1/ConfigMap", "apps/v1/Deployment", "batch/v1/Job"} <= set(versions)
+    assert "v1/pods/status" not in versions and not any(v.endswith("/") for v in versions)
 
 
 def test_scope_of_builtin_and_custom_kinds_and_unknown_kinds(kube: KubeClient) -> None:

@@ -146,7 +146,7 @@ def test_two_groups_install_a_broken_upgrade_rolls_the_group_back_and_a_fix_goes
     assert conditions(kube, shop.platform)["Ready"]["status"] == "True"
     # The rolled-back run of the failing bundle names the object; the other bundle's does not.
     rolled = {b: agent.reconciler.views[b].runs[0] for b in (shop.web, shop.conf)}
-    assert [r.result for r in rolled.values()] == ["rolledBack", "rolledBack"]
+    assert [r.result for r in rolled.values()] == ["RolledBack", "RolledBack"]
     assert rolled[shop.web].failed_object is not None
     assert "Deployment" in rolled[shop.web].failed_object, rolled[shop.web]
     assert rolled[shop.conf].failed_object is None
@@ -166,7 +166,7 @@ def test_two_groups_install_a_broken_upgrade_rolls_the_group_back_and_a_fix_goes
     for bundle in (shop.web, shop.conf):
         assert conditions(kube, bundle)["Ready"]["status"] == "True"
     results = [r.result for r in agent.reconciler.views[shop.web].runs]
-    assert results == ["succeeded", "rolledBack", "succeeded"]
+    assert results == ["Succeeded", "RolledBack", "Succeeded"]
 
 
 def _bundle(lab: Lab, name: str, files: dict[str, str], **extra: Any) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from agent.api.status import Run
 from agent.api.validation import to_dict
 from agent.errors import PermanentError, TemporaryError
 from agent.kube import ApiUnavailableError, KubeClient, ObjectRef
+from agent.render.plain import BUNDLE_LABEL
 from agent.report.outputs import (
     MAX_VALUE_BYTES,
     OUTPUTS_OF_LABEL,
@@ -37,7 +38,7 @@ from agent.report.outputs import (
     secret_name,
     status_outputs,
 )
-from agent.report.seal import open_sealed
+from agent.report.seal import OutputPlace, open_sealed
 from tests.realenv.binaries import kubectl
 from tests.realenv.kube import Cluster, free_ports
 from tests.test_crds import crds as crds  # the fixture: the CRDs installed
@@ -153,18 +154,24 @@ def test_status_form_seals_or_omits_sensitive_values() -> None:
     hub = nacl.public.PrivateKey.generate()
     values = [ReadOutput("ip", "10.0.0.7"), ReadOutput("password", PASSWORD, sensitive=True)]
 
-    sealed = status_outputs(values, hub_key=hub.public_key)
+    place = {"cluster": "edge-a", "bundle": "web", "run_id": "web.1"}
+    sealed = status_outputs(values, hub_key=hub.public_key, **place)
     assert [o.name for o in sealed] == ["ip", "password"]
     assert sealed[0].value == "10.0.0.7"
     assert sealed[1].value is None and not sealed[1].omitted
     assert sealed[1].sealed is not None
-    assert open_sealed(hub, sealed[1].sealed) == PASSWORD
+    opened = open_sealed(
+        hub,
+        sealed[1].sealed,
+        place=OutputPlace(cluster="edge-a", bundle="web", output="password", run="web.1"),
+    )
+    assert opened.value == PASSWORD
     # Nothing that leaves the cluster holds the clear value: the whole run, as JSON.
-    run = Run(id="web.1", operation="install", started_at=NOW, result="succeeded", outputs=sealed)
+    run = Run(id="web.1", operation="install", started_at=NOW, result="Succeeded", outputs=sealed)
     assert PASSWORD not in json.dumps(to_dict(run))
     assert b64(PASSWORD) not in json.dumps(to_dict(run))
 
-    omitted = status_outputs(values, hub_key=None)
+    omitted = status_outputs(values, hub_key=None, **place)
     assert omitted[0].value == "10.0.0.7"
     assert omitted[1].omitted is True
     assert omitted[1].value is None and omitted[1].sealed is None
@@ -385,12 +392,14 @@ def test_outputs_are_read_written_to_bundleoutputs_and_a_secret_and_shown_by_kub
 
     # The status document's form of the same values.
     hub = nacl.public.PrivateKey.generate()
-    reported = {o.name: o for o in status_outputs(values, hub_key=hub.public_key)}
+    place = {"cluster": "edge-a", "bundle": bundle, "run_id": f"{bundle}.1"}
+    reported = {o.name: o for o in status_outputs(values, hub_key=hub.public_key, **place)}
     assert reported["ip"].value == cluster_ip
     assert reported["password"].sealed is not None
     assert PASSWORD not in reported["password"].sealed
-    assert open_sealed(hub, reported["password"].sealed) == PASSWORD
-    assert status_outputs(values, hub_key=None)[3].omitted
+    password = OutputPlace(cluster="edge-a", bundle=bundle, output="password", run=f"{bundle}.1")
+    assert open_sealed(hub, reported["password"].sealed, place=password).value == PASSWORD
+    assert status_outputs(values, hub_key=None, **place)[3].omitted
 
 
 def test_removed_outputs_disappear_from_bundleoutputs_and_the_secret(
@@ -546,10 +555,16 @@ def test_a_field_a_controller_fills_a_moment_later_is_waited_for_then_named(
 ) -> None:
     # Healthy does not mean filled in: a token controller writes its Secret's data after the
     # run. The stage re-reads for `settle` seconds, then fails naming the field.
+    late_bundle = f"late-{uuid.uuid4().hex[:6]}"
     settings = {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": {"name": "late", "namespace": namespace},
+        # Read as the agent itself (no ServiceAccount): only the bundle's own objects.
+        "metadata": {
+            "name": "late",
+            "namespace": namespace,
+            "labels": {BUNDLE_LABEL: late_bundle},
+        },
         "data": {},
     }
     kube.apply(settings, field_manager="fleetlet-tests")
@@ -560,22 +575,28 @@ def test_a_field_a_controller_fills_a_moment_later_is_waited_for_then_named(
         kube.apply({**settings, "data": {"token": "filled"}}, field_manager="fleetlet-tests")
 
     stage = OutputsStage(
-        kube=kube, agent_namespace=agent_namespace, hub_key=None, sleep=controller_fills_it
+        kube=kube,
+        agent_namespace=agent_namespace,
+        cluster="edge-a",
+        hub_key=None,
+        sleep=controller_fills_it,
     )
     late = [output("token", "ConfigMap", "late", ".data.token")]
     got = stage.collect(
-        bundle=f"late-{uuid.uuid4().hex[:6]}", outputs=late, reader=kube,
+        bundle=late_bundle, outputs=late, reader=kube,
         default_namespace=namespace, run_id="r.1", serial=1, now=NOW,
     )  # fmt: skip
     assert [(o.name, o.value) for o in got] == [("token", "filled")]
     assert len(waits) == 1
 
     never = [output("nope", "ConfigMap", "late", ".data.nope")]
-    stage = OutputsStage(kube=kube, agent_namespace=agent_namespace, hub_key=None, settle=1.0)
+    stage = OutputsStage(
+        kube=kube, agent_namespace=agent_namespace, cluster="edge-a", hub_key=None, settle=1.0
+    )
     started = time.monotonic()
     with pytest.raises(OutputError, match=r"output nope .*no such field"):
         stage.collect(
-            bundle="never", outputs=never, reader=kube, default_namespace=namespace,
+            bundle=late_bundle, outputs=never, reader=kube, default_namespace=namespace,
             run_id="r.1", serial=1, now=NOW,
         )  # fmt: skip
     assert time.monotonic() - started >= 1.0

@@ -17,6 +17,7 @@ from agent.api import (
     BundleDeploymentEntry,
     BundleDeploymentSet,
     BundleDeploymentSpec,
+    FormatOptions,
     SetSource,
     Source,
     dump_set,
@@ -34,12 +35,14 @@ from agent.errors import (
     TrustConfigError,
     UntrustedSignerError,
     ValidationError,
+    ValidityTooLongError,
     WrongClusterError,
 )
 from agent.verify import (
     BRANCH_FILES,
     BUNDLE_FILE,
     DEFAULT_CLOCK_SKEW,
+    DEFAULT_MAX_VALIDITY,
     PROOF_FILE,
     SET_FILE,
     STATEMENT_FILE,
@@ -388,6 +391,95 @@ def test_the_clock_skew_allowance_applies_at_both_ends(
         now=late + timedelta(minutes=1),
         clock_skew=skew + timedelta(minutes=2),
     )
+
+
+def test_an_expiry_further_away_than_the_agents_maximum_is_refused(
+    mini_sigstore: MiniSigstore, trust: TrustPolicy
+) -> None:
+    # A hub (or a stolen signing identity) that signs sets valid for years defeats the freeze
+    # protection; year 9999 also once crashed the check itself (OverflowError).
+    assert trust.max_validity == DEFAULT_MAX_VALIDITY == timedelta(days=30)
+    for expires in (NOW + timedelta(days=31), datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC)):
+        publication = publish(mini_sigstore, expires=expires)
+        files = publication.clusters["edge-a"].files
+        with pytest.raises(ValidityTooLongError, match="more than 30 days") as caught:
+            verify_publication(files=files, cluster="edge-a", last_serial=1, trust=trust)
+        assert caught.value.reason == "ValidityTooLong"
+        # An agent configured for a longer maximum accepts it, without overflowing.
+        patient = TrustPolicy(
+            trusted_root=mini_sigstore.trusted_root_path,
+            identity=trust.identity,
+            max_validity=timedelta(days=4_000_000),
+        )
+        verified = verify_publication(files=files, cluster="edge-a", last_serial=1, trust=patient)
+        assert verified.deployment_set.expires_at == expires
+    with pytest.raises(TrustConfigError, match="positive"):
+        TrustPolicy(
+            trusted_root=mini_sigstore.trusted_root_path,
+            identity=trust.identity,
+            max_validity=timedelta(0),
+        )
+
+
+def test_what_the_agent_acts_on_is_what_the_digest_covers_number_types_included(
+    mini_sigstore: MiniSigstore, trust: TrustPolicy
+) -> None:
+    # RFC 8785 writes 3.0 as 3 and -0.0 as 0: set.yaml can change a value's type without
+    # changing the signed digest. The agent must act on the values as signed.
+    values = {"replicas": 3, "offset": 0, "ratio": 0.5, "big": 1e300}
+    sets = [
+        dataclasses.replace(
+            make_set(c, s),
+            bundle_deployments=(
+                BundleDeploymentEntry(
+                    name="app",
+                    spec=BundleDeploymentSpec(
+                        sources=(
+                            Source(
+                                kind="image",
+                                uri="registry.fleet.test/app",
+                                digest="sha256:" + "1" * 64,
+                            ),
+                        ),
+                        format="helm",
+                        format_options=FormatOptions(values=values),
+                    ),
+                ),
+            ),
+        )
+        for c, s in CLUSTERS.items()
+    ]
+    publication = sign_publication(
+        sets=sets,
+        signer=signer_for(mini_sigstore),
+        issued_at=ISSUED,
+        expires_at=EXPIRES,
+        source_repo=REPO,
+        source_commit=COMMIT,
+    )
+    files = publication.clusters["edge-a"].files
+    text = files[SET_FILE].decode()
+    assert "replicas: 3\n" in text and "offset: 0\n" in text
+    tampered = text.replace("replicas: 3\n", "replicas: 3.0\n").replace(
+        "offset: 0\n", "offset: -0.0\n"
+    )
+    # As YAML reads it, the tampered set carries floats where the signed one had integers.
+    spec = yaml.safe_load(tampered)["bundleDeployments"][0]["spec"]
+    assert type(spec["formatOptions"]["values"]["replicas"]) is float
+    verified = verify_publication(
+        files=replaced(files, set=tampered.encode()), cluster="edge-a", last_serial=1, trust=trust
+    )
+    options = verified.deployment_set.bundle_deployments[0].spec.format_options
+    assert options is not None and options.values is not None
+    acted = dict(options.values)
+    assert acted == values
+    assert [type(acted[k]) for k in ("replicas", "offset", "ratio", "big")] == [
+        int,
+        int,
+        float,
+        float,
+    ]
+    assert verified.set_digest == publication.clusters["edge-a"].set_digest
 
 
 def test_a_floating_reference_is_refused(published: Publication, trust: TrustPolicy) -> None:

@@ -104,3 +104,14 @@ def test_list_item_without_kind_is_refused_by_its_position() -> None:
         parse_manifests(text, source="s", file="l.yaml")
     assert refused.value.rule == "MissingKind"
     assert refused.value.file == "l.yaml (document 1, item 1)"
+
+
+def test_a_key_a_merge_brings_in_may_be_overridden() -> None:
+    # YAML's merge keys are meant to be overridden: that is not a duplicate.
+    data = (
+        b"defaults: &d {replicas: 1, image: web}\n"
+        b"apiVersion: v1\nkind: ConfigMap\nmetadata: {name: merged}\n"
+        b"data:\n  <<: *d\n  replicas: 3\n"
+    )
+    [obj] = parse_manifests(data, source="bundle web", file="merge.yaml")
+    assert obj["data"] == {"replicas": 3, "image": "web"}

@@ -16,8 +16,9 @@ import pytest
 import yaml
 from kubernetes import client as k8s_client
 
+from agent.kube import KubeClient
 from agent.render import formats
-from agent.render.command import BundleDirError, run_render
+from agent.render.command import BundleDirError, RenderOptions, run_render
 from agent.render.formats import UnknownFormatError, render_bundle
 from agent.render.manifests import InvalidManifestError
 from agent.render.plain import (
@@ -28,7 +29,7 @@ from agent.render.plain import (
     RenderRequest,
     manifest_files,
 )
-from agent.render.scope import DiscoveryScope, builtin_scope, mapping_scope
+from agent.render.scope import builtin_scope, mapping_scope
 from tests.realenv.kube import Cluster
 
 SCOPE = mapping_scope(
@@ -181,6 +182,36 @@ def test_symlinks_inside_are_followed_outside_refused(tmp_path: Path) -> None:
     assert refused.value.file == "03_escape.yaml"
 
 
+@pytest.mark.parametrize(
+    ("name", "target"),
+    [
+        (".x", "/etc"),  # a hidden symlinked directory: not walked, judged all the same
+        (".cache/x", "../../.."),  # a link in a hidden directory
+        ("x", "sub/../../bundle/01_cm.yaml"),  # out and back in by the tree's own name
+    ],
+)
+def test_every_link_is_judged_hidden_or_not_and_none_may_climb_out(
+    tmp_path: Path, name: str, target: str
+) -> None:
+    # Other formats' tools (kustomize, helm) read what the plain format skips.
+    bundle = _write(tmp_path / "bundle", {"01_cm.yaml": _obj("ConfigMap", "a")})
+    (bundle / "sub").mkdir()
+    (bundle / name).parent.mkdir(parents=True, exist_ok=True)
+    os.symlink(target, bundle / name)
+    with pytest.raises(InvalidManifestError) as refused:
+        render_bundle(bundle, format="plain", request=RenderRequest(scope=SCOPE))
+    assert refused.value.rule == "SymlinkEscapes"
+    assert refused.value.file == name
+
+
+def test_a_dangling_or_looping_manifest_link_is_a_refusal(tmp_path: Path) -> None:
+    bundle = _write(tmp_path / "bundle", {"01_cm.yaml": _obj("ConfigMap", "a")})
+    os.symlink("missing.yaml", bundle / "02_dangling.yaml")
+    with pytest.raises(InvalidManifestError) as refused:
+        render_bundle(bundle, format="plain", request=RenderRequest(scope=SCOPE))
+    assert (refused.value.rule, refused.value.file) == ("UnreadableFile", "02_dangling.yaml")
+
+
 def test_unknown_format_names_the_available_ones(tmp_path: Path) -> None:
     with pytest.raises(UnknownFormatError) as unknown:
         render_bundle(tmp_path, format="nope", request=RenderRequest())
@@ -252,7 +283,9 @@ def test_run_render_prints_the_rendered_stream(tmp_path: Path) -> None:
         },
     )
 
-    out = run_render(bundle_dir=str(tmp_path), format="plain", namespace="team")
+    out = run_render(
+        bundle_dir=str(tmp_path), options=RenderOptions(format="plain", namespace="team")
+    )
 
     docs = list(yaml.safe_load_all(out))
     assert [(d["kind"], d["metadata"].get("namespace")) for d in docs] == [
@@ -260,7 +293,7 @@ def test_run_render_prints_the_rendered_stream(tmp_path: Path) -> None:
         ("Deployment", "team"),
     ]
     with pytest.raises(BundleDirError):
-        run_render(bundle_dir=str(tmp_path / "missing"), format="plain", namespace=None)
+        run_render(bundle_dir=str(tmp_path / "missing"), options=RenderOptions())
 
 
 def test_scope_from_a_real_api_servers_discovery(kube_cluster: Cluster, tmp_path: Path) -> None:
@@ -284,8 +317,10 @@ def test_scope_from_a_real_api_servers_discovery(kube_cluster: Cluster, tmp_path
             ],
         },
     }
-    with kube_cluster.api_client() as api:
-        scope = DiscoveryScope(api, cache_file=str(tmp_path / "discovery.json"))
+    with KubeClient(
+        kubeconfig=str(kube_cluster.kubeconfig), discovery_cache_dir=tmp_path / "discovery"
+    ) as kube:
+        scope = kube.scope
         assert scope("v1", "ConfigMap") is True
         assert scope("apps/v1", "Deployment") is True
         assert scope("v1", "Namespace") is False
@@ -299,14 +334,15 @@ def test_scope_from_a_real_api_servers_discovery(kube_cluster: Cluster, tmp_path
         ]:
             assert builtin_scope(api_version, builtin) == scope(api_version, builtin)
 
-        extensions = k8s_client.ApiextensionsV1Api(api)
-        extensions.create_custom_resource_definition(body=crd)  # type: ignore[arg-type]
-        try:
-            # A kind that appears later (a CRD applied by an earlier group) is discovered.
-            for _ in range(100):
-                if scope("render.fleetlet.test/v1", kind) is not None:
-                    break
-                time.sleep(0.1)
-            assert scope("render.fleetlet.test/v1", kind) is True
-        finally:
-            extensions.delete_custom_resource_definition(crd["metadata"]["name"])
+        with kube_cluster.api_client() as api:
+            extensions = k8s_client.ApiextensionsV1Api(api)
+            extensions.create_custom_resource_definition(body=crd)  # type: ignore[arg-type]
+            try:
+                # A kind that appears later (a CRD applied by an earlier group) is discovered.
+                for _ in range(100):
+                    if scope("render.fleetlet.test/v1", kind) is not None:
+                        break
+                    time.sleep(0.1)
+                assert scope("render.fleetlet.test/v1", kind) is True
+            finally:
+                extensions.delete_custom_resource_definition(crd["metadata"]["name"])

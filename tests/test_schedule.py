@@ -1,5 +1,6 @@
-"""The poll loop: backoff that grows, is capped and resets; one run at a time; recovery by
-itself when a real git server comes back; the agent's poll settings."""
+"""The agent's jobs: backoff that grows, is capped and resets; poll and drift never at once, the
+heartbeat even while a poll is slow; recovery by itself when a real git server comes back; the
+agent's settings from its flags and FLEETLET_* variables."""
 
 from __future__ import annotations
 
@@ -13,9 +14,9 @@ import pygit2
 import pytest
 
 from agent.errors import PermanentError, TemporaryError
-from agent.schedule import Backoff, OnBranchChange, Poller, RunOutcome
-from agent.settings import PollSettings, RepoSettings, Settings, SettingsError
-from agent.source.branch import BranchNotFoundError, BranchWatcher, GitUnavailableError
+from agent.schedule import AgentScheduler, Backoff, JobOutcome
+from agent.settings import PollSettings, RepoSettings, SettingsError
+from agent.source.branch import BranchWatcher, GitUnavailableError
 from tests.realenv.git_fixtures import GitServerFactory
 from tests.realenv.gitserver import GitDaemon
 
@@ -33,7 +34,7 @@ def wait_for(condition: Callable[[], bool], *, timeout: float = 60.0, what: str)
 
 
 class Script:
-    """A reconcile that raises the queued errors in order, then succeeds."""
+    """A job that raises the queued errors in order, then succeeds."""
 
     def __init__(self, *errors: BaseException | None) -> None:
         self.errors = list(errors)
@@ -47,11 +48,38 @@ class Script:
                 raise error
 
 
-def delays(poller: Poller, runs: int) -> list[float]:
-    return [poller.tick().delay for _ in range(runs)]
+class Clock:
+    """A monotonic clock the test moves: each job run happens once the backoff is over."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
 
 
-# --- backoff, by the delays the poller computes -------------------------------------------
+def scheduler(script: Callable[[], None], clock: Clock, **kw: object) -> AgentScheduler:
+    return AgentScheduler(
+        poll=script,
+        drift=script,
+        heartbeat=None,
+        clock=clock,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def delays(jobs: AgentScheduler, clock: Clock, runs: int) -> list[float]:
+    """The backoff after each of ``runs`` poll runs (each run when the previous wait ended)."""
+    out = []
+    for _ in range(runs):
+        outcome = jobs.run("poll")
+        assert outcome is not None
+        out.append(outcome.delay)
+        clock.now += outcome.delay
+    return out
+
+
+# --- backoff, by the delays the scheduler computes ------------------------------------------
 
 
 def test_backoff_doubles_up_to_the_cap_and_resets() -> None:
@@ -68,105 +96,74 @@ def test_backoff_doubles_up_to_the_cap_and_resets() -> None:
         Backoff(initial=5.0, maximum=1.0)
 
 
-def test_poller_backs_off_on_temporary_errors_and_resets_on_success() -> None:
+def test_jobs_back_off_on_temporary_errors_and_reset_on_success() -> None:
     down = GitUnavailableError("git server down")
+    clock = Clock()
     script = Script(down, down, down, down, down, None, down, None)
-    poller = Poller(interval=2.0, max_backoff=12.0, reconcile=script)
-    assert delays(poller, 8) == [2.0, 4.0, 8.0, 12.0, 12.0, 2.0, 2.0, 2.0]
+    jobs = scheduler(script, clock, interval=2.0, max_backoff=12.0)
+    assert delays(jobs, clock, 8) == [2.0, 4.0, 8.0, 12.0, 12.0, 0.0, 2.0, 0.0]
     assert script.calls == 8
-    assert poller.backoff.failures == 0
+    assert jobs.backoff.failures == 0
 
     # A delay suggested by the failing code is honoured, within the cap.
     script = Script(TemporaryError("busy", delay=5.0), TemporaryError("x", delay=999.0), None)
-    poller = Poller(interval=2.0, max_backoff=60.0, reconcile=script)
-    assert delays(poller, 3) == [5.0, 60.0, 2.0]
+    jobs = scheduler(script, clock, interval=2.0, max_backoff=60.0)
+    assert delays(jobs, clock, 3) == [5.0, 60.0, 0.0]
 
 
-def test_poller_permanent_error_is_reported_and_does_not_back_off() -> None:
-    seen: list[RunOutcome] = []
+def test_runs_during_a_backoff_do_nothing_and_drift_shares_it() -> None:
+    clock = Clock()
+    script = Script(TemporaryError("api server down"), None)
+    jobs = scheduler(script, clock, interval=2.0, max_backoff=60.0)
+    first = jobs.run("poll")
+    assert first is not None and first.delay == 2.0
+    assert jobs.run("poll") is None and jobs.run("drift") is None  # within the backoff
+    assert script.calls == 1
+    clock.now += 2.0
+    assert jobs.run("drift") == JobOutcome("drift", None)
+    assert script.calls == 2
+
+
+def test_a_permanent_error_is_reported_and_does_not_back_off() -> None:
+    seen: list[JobOutcome] = []
     refused = PermanentError("signature invalid")
     down = TemporaryError("down")
+    clock = Clock()
     script = Script(down, down, refused, RuntimeError("bug"), None)
-    poller = Poller(interval=3.0, max_backoff=30.0, reconcile=script, on_outcome=seen.append)
-    assert delays(poller, 5) == [3.0, 6.0, 3.0, 3.0, 3.0]
-    assert [o.error for o in seen] == [down, down, refused, script_error(seen[3]), None]
+    jobs = scheduler(script, clock, interval=3.0, max_backoff=30.0, on_outcome=seen.append)
+    assert delays(jobs, clock, 5) == [3.0, 6.0, 0.0, 3.0, 0.0]
+    assert [o.error for o in seen] == [down, down, refused, seen[3].error, None]
+    assert isinstance(seen[3].error, RuntimeError)  # a bug backs off too, rather than spin
     assert [o.permanent for o in seen] == [False, False, True, False, False]
-    assert poller.last == seen[-1]
+    assert jobs.last == seen[-1]
 
 
-def script_error(outcome: RunOutcome) -> BaseException:
-    assert isinstance(outcome.error, RuntimeError)
-    return outcome.error
-
-
-def test_jitter_is_added_to_each_wait() -> None:
-    values = iter([0.5, 0.25, 0.0])
-    poller = Poller(
+def test_jitter_is_added_to_each_backoff() -> None:
+    values = iter([0.5, 0.25])
+    clock = Clock()
+    jobs = scheduler(
+        Script(TemporaryError("x"), TemporaryError("y"), None),
+        clock,
         interval=10.0,
         jitter=4.0,
         max_backoff=100.0,
-        reconcile=Script(None, TemporaryError("x"), None),
         rng=lambda: next(values),
     )
-    assert delays(poller, 3) == [12.0, 11.0, 10.0]
+    assert delays(jobs, clock, 3) == [12.0, 21.0, 0.0]
     with pytest.raises(ValueError, match="jitter"):
-        Poller(interval=1.0, jitter=-1.0, reconcile=Script())
+        scheduler(Script(), clock, interval=1.0, jitter=-1.0)
     with pytest.raises(ValueError, match="interval"):
-        Poller(interval=0.0, reconcile=Script())
-
-
-def test_on_branch_change_applies_each_commit_once() -> None:
-    branch: list[str | None] = ["c1"]
-    applied: list[str] = []
-    failures: dict[str, BaseException] = {}
-
-    def apply(commit: str) -> None:
-        applied.append(commit)
-        if commit in failures:
-            raise failures.pop(commit)
-
-    gate = OnBranchChange(poll=lambda: branch[0], apply=apply)
-    gate()
-    gate()
-    assert applied == ["c1"]
-    assert gate.settled == "c1"
-
-    # A temporary failure is retried on the next run; a permanent one waits for a new commit.
-    branch[0] = "c2"
-    failures["c2"] = TemporaryError("registry down")
-    with pytest.raises(TemporaryError):
-        gate()
-    gate()
-    assert applied == ["c1", "c2", "c2"]
-    branch[0] = "c3"
-    failures["c3"] = PermanentError("serial not newer")
-    with pytest.raises(PermanentError):
-        gate()
-    gate()
-    assert applied == ["c1", "c2", "c2", "c3"]
-
-    # A deleted branch is reported once, then the gate waits for it to come back.
-    branch[0] = None
-    with pytest.raises(BranchNotFoundError):
-        gate()
-    gate()
-    branch[0] = "c4"
-    gate()
-    assert applied[-1] == "c4"
-
-    # Seeded with what the cluster already runs: nothing to do until the branch moves.
-    seeded = OnBranchChange(poll=lambda: "c4", apply=apply, settled="c4")
-    seeded()
-    assert applied[-1] == "c4" and len(applied) == 5
+        scheduler(Script(), clock, interval=0.0)
 
 
 # --- the scheduler, for real ----------------------------------------------------------------
 
 
-def test_never_two_runs_at_once_and_stop_is_clean() -> None:
+def test_poll_and_drift_never_run_at_once_the_heartbeat_does_and_stop_is_clean() -> None:
     active = 0
     most = 0
     runs = 0
+    beats_during_a_run = 0
     lock = threading.Lock()
 
     def slow() -> None:
@@ -174,25 +171,39 @@ def test_never_two_runs_at_once_and_stop_is_clean() -> None:
         with lock:
             active += 1
             most = max(most, active)
-        time.sleep(0.3)  # much longer than the interval
+        time.sleep(0.3)  # much longer than the intervals
         with lock:
             active -= 1
             runs += 1
 
-    poller = Poller(interval=0.02, max_backoff=1.0, reconcile=slow)
-    poller.start()
+    def beat() -> None:
+        nonlocal beats_during_a_run
+        with lock:
+            if active:
+                beats_during_a_run += 1
+
+    jobs = AgentScheduler(
+        poll=slow,
+        drift=slow,
+        heartbeat=beat,
+        interval=0.02,
+        drift_interval=0.03,
+        heartbeat_interval=0.05,
+        max_backoff=1.0,
+    )
+    jobs.start()
     try:
-        wait_for(lambda: runs >= 3, what="three slow runs")
+        wait_for(lambda: runs >= 4 and beats_during_a_run >= 2, what="slow runs and heartbeats")
     finally:
         # As a signal handler would: stop from another thread while the main one waits.
-        threading.Thread(target=poller.stop).start()
-        assert poller.wait(timeout=60)
-    assert most == 1
-    assert not poller.running
-    stopped_at = poller.runs
+        threading.Thread(target=jobs.stop).start()
+        assert jobs.wait(timeout=60)
+    assert most == 1  # poll and drift never overlapped, nor stacked
+    assert not jobs.running
+    stopped_at = jobs.runs
     assert active == 0  # stop() waited for the run in progress
     time.sleep(0.1)
-    assert poller.runs == stopped_at
+    assert jobs.runs == stopped_at
 
 
 def publish(repo: pygit2.Repository, server: GitDaemon, cluster: str, serial: int) -> str:
@@ -223,7 +234,7 @@ def private_daemon(git_server_factory: GitServerFactory) -> Iterator[GitDaemon]:
     yield server
 
 
-def test_poller_recovers_by_itself_when_the_git_server_is_back(
+def test_the_poll_job_recovers_by_itself_when_the_git_server_is_back(
     private_daemon: GitDaemon, tmp_path: Path
 ) -> None:
     name = f"fleet-{uuid.uuid4().hex[:8]}.git"
@@ -236,24 +247,36 @@ def test_poller_recovers_by_itself_when_the_git_server_is_back(
         repo_url=private_daemon.url_for(name), cluster="edge", cache_dir=tmp_path / "agent"
     )
     received: list[bytes] = []
-    outcomes: list[RunOutcome] = []
-    gate = OnBranchChange(
-        poll=watcher.poll, apply=lambda c: received.append(watcher.fetch(c)["set.yaml"])
+    settled: list[str] = []
+
+    def poll() -> None:
+        # As the inbound pipeline does: fetch a commit only once.
+        commit = watcher.poll()
+        if commit is not None and commit not in settled:
+            received.append(watcher.fetch(commit)["set.yaml"])
+            settled.append(commit)
+
+    outcomes: list[JobOutcome] = []
+    jobs = AgentScheduler(
+        poll=poll,
+        drift=lambda: None,
+        heartbeat=None,
+        interval=0.1,
+        jitter=0.05,
+        max_backoff=0.4,
+        on_outcome=outcomes.append,
     )
-    poller = Poller(
-        interval=0.1, jitter=0.05, max_backoff=0.4, reconcile=gate, on_outcome=outcomes.append
-    )
-    with poller:
+    with jobs:
         wait_for(lambda: received == [b"set.yaml edge 1\n"], what="the first publication")
-        # Idle: the poller keeps listing refs without fetching again.
+        # Idle: the job keeps listing refs without fetching again.
         polls = watcher.polls
         wait_for(lambda: watcher.polls >= polls + 3, what="idle polls")
         assert watcher.fetches == 1
-        assert gate.settled == first
+        assert settled == [first]
 
         private_daemon.kill()
         wait_for(
-            lambda: poller.backoff.failures >= 3, what="three failed polls while the server is down"
+            lambda: jobs.backoff.failures >= 3, what="three failed polls while the server is down"
         )
         errors = [o.error for o in outcomes if o.error is not None]
         assert all(isinstance(e, GitUnavailableError) for e in errors)
@@ -263,8 +286,8 @@ def test_poller_recovers_by_itself_when_the_git_server_is_back(
 
         private_daemon.start()
         second = publish(hub, private_daemon, "edge", 2)
-        wait_for(lambda: gate.settled == second, what="the publication made after recovery")
-        assert poller.backoff.failures == 0
+        wait_for(lambda: second in settled, what="the publication made after recovery")
+        assert jobs.backoff.failures == 0
     assert received == [b"set.yaml edge 1\n", b"set.yaml edge 2\n"]
     assert watcher.fetches == 2
 
@@ -272,7 +295,12 @@ def test_poller_recovers_by_itself_when_the_git_server_is_back(
 # --- settings -------------------------------------------------------------------------------
 
 
-def test_settings_from_env(tmp_path: Path) -> None:
+def test_settings_come_from_flags_whose_defaults_are_the_fleetlet_variables(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from agent.cli import settings_from_args
+    from fleetlet.cli import build_parser
+
     env = {
         "FLEETLET_REPO": "https://git.example.invalid/fleet.git",
         "FLEETLET_CLUSTER": "edge-7",
@@ -280,28 +308,28 @@ def test_settings_from_env(tmp_path: Path) -> None:
         "FLEETLET_IDENTITY": "https://hub.example.invalid/ci",
         "FLEETLET_ISSUER": "https://issuer.example.invalid",
         "FLEETLET_POLL_INTERVAL": "15",
-        "FLEETLET_GIT_TOKEN": "t0k",
+        "FLEETLET_DRIFT_INTERVAL": "120",
+        "FLEETLET_GIT_PROTOCOL": "0",
+        "FLEETLET_PARALLEL_GROUPS": "2",
     }
-    settings = Settings.from_env(env)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    settings = settings_from_args(build_parser().parse_args(["agent", "run"]))
     assert settings.repo.cluster == "edge-7"
-    assert settings.repo.credentials is not None and settings.repo.credentials.kind == "token"
     assert settings.poll.interval == 15.0 and settings.poll.jitter == 5.0
+    assert settings.poll.drift_interval == 120.0
     assert settings.trust.issuer == "https://issuer.example.invalid"
-    assert settings.repo.protocol_v2 is True
-    assert not Settings.from_env({**env, "FLEETLET_GIT_PROTOCOL_V2": "false"}).repo.protocol_v2
-    assert "t0k" not in repr(settings)
+    assert settings.repo.protocol_v2 is False
+    assert settings.reconcile.parallel_groups == 2
+    # A flag wins over its variable.
+    flagged = settings_from_args(
+        build_parser().parse_args(["agent", "run", "--interval", "7", "--git-protocol", "2"])
+    )
+    assert flagged.poll.interval == 7.0 and flagged.repo.protocol_v2 is True
 
-    secret = tmp_path / "secret"
-    secret.mkdir()
-    (secret / "username").write_text("bot")
-    (secret / "password").write_text("pw")
-    mounted = Settings.from_env({**env, "FLEETLET_GIT_CREDENTIALS_DIR": str(secret)})
-    assert mounted.repo.credentials is not None and mounted.repo.credentials.kind == "basic"
-
-    with pytest.raises(SettingsError, match="FLEETLET_CLUSTER must be set"):
-        Settings.from_env({k: v for k, v in env.items() if k != "FLEETLET_CLUSTER"})
-    with pytest.raises(SettingsError, match="FLEETLET_POLL_INTERVAL: expected seconds"):
-        Settings.from_env({**env, "FLEETLET_POLL_INTERVAL": "soon"})
+    monkeypatch.delenv("FLEETLET_IDENTITY")
+    with pytest.raises(SettingsError, match="--identity"):
+        settings_from_args(build_parser().parse_args(["agent", "run"]))
     with pytest.raises(SettingsError, match="cluster"):
         RepoSettings(url="git://x/y.git", cluster="a/b")
     with pytest.raises(SettingsError, match="max backoff"):

@@ -15,13 +15,22 @@ from agent.source.cache import ContentCache
 from agent.source.compose import ContentStore
 from agent.source.oci import OciFetcher, OciSettings
 from tests.hostile import Src
-from tests.hostile.archives import CASES, GOOD_YAML, ArchiveCase, entry, tar
+from tests.hostile.archives import (
+    CASES,
+    GOOD_YAML,
+    LAYERED,
+    ArchiveCase,
+    LayeredCase,
+    entry,
+    tar,
+)
 from tests.realenv.oci import (
     BUNDLE_LAYER_MEDIA_TYPE,
     EMPTY_CONFIG,
     EMPTY_CONFIG_MEDIA_TYPE,
     OciClient,
     build_manifest,
+    push_layers,
     sha256_digest,
 )
 from tests.realenv.registry import Registry
@@ -101,3 +110,29 @@ def test_honest_archive_unpacks_with_in_tree_links_and_safe_modes(tmp_path: Path
     assert not os.path.samefile(out / "copy.yaml", out / "manifests/01_cm.yaml")
     assert (out / "bin/tool.sh").stat().st_mode & 0o7777 == 0o755
     assert stats.files == 5
+
+
+@pytest.mark.parametrize("case", LAYERED, ids=[c.name for c in LAYERED])
+def test_layers_are_one_tree_judged_together_from_the_registry(
+    case: LayeredCase, registry: Registry, tmp_path: Path
+) -> None:
+    # Each layer alone passes every check; unpacked into one tree they escape it, write
+    # through each other's links, or together exceed the limits meant for the image.
+    layers = case.build()
+    for layer in layers:
+        alone = tmp_path / "alone" / sha256_digest(layer)[7:19]
+        (tmp_path / "layer").write_bytes(layer)
+        extract_archive(tmp_path / "layer", alone, source="one layer", limits=case.limits)
+    repository = f"layered/{case.name}"
+    digest = push_layers(OciClient(host=registry.host), repository, layers)
+    settings = OciSettings(plain_http=True, backoff=0.05, archive_limits=case.limits)
+    cache = ContentCache(root=tmp_path / "cache", max_bytes=1 << 26)
+    store = ContentStore(cache=cache, oci=OciFetcher(settings=settings), limits=case.limits)
+
+    with pytest.raises(UnsafeArchiveError) as refused:
+        store.tree(Src("image", f"{registry.host}/{repository}", digest=digest))
+
+    assert refused.value.rule == case.rule, str(refused.value)
+    assert refused.value.file.endswith(f"!{case.member}")
+    assert cache.keys() == []
+    assert list((tmp_path / "cache" / "staging").iterdir()) == []

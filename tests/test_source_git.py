@@ -13,7 +13,7 @@ from agent.source.cache import ContentCache
 from agent.source.compose import ContentStore
 from agent.source.content import AuthenticationError, Credentials, FetchError
 from agent.source.git import CommitNotFoundError, GitContentError, GitFetcher
-from tests.hostile import Src, commit_files
+from tests.hostile import GIT_TREES, RawEntry, Src, commit_files, commit_raw_tree
 from tests.realenv.git_fixtures import GIT_PASSWORD, GIT_USER, GitServerFactory
 from tests.realenv.gitserver import GitDaemon, GitHttpServer
 
@@ -176,3 +176,26 @@ def test_git_server_down_is_a_temporary_error_then_recovers(
     assert server.url_for(name) in str(down.value)
     server.start()
     assert _tree(store.tree(source)) == BUNDLE
+
+
+@pytest.mark.parametrize(
+    ("case", "entries", "rule", "path"), GIT_TREES, ids=[c[0] for c in GIT_TREES]
+)
+def test_a_hostile_git_tree_is_refused_with_its_rule(
+    git_daemon: GitDaemon,
+    tmp_path: Path,
+    case: str,
+    entries: list[RawEntry],
+    rule: str,
+    path: str,
+) -> None:
+    # Trees git itself would not write, served by a real git server: each is content
+    # refused for good (never a crash, never a temporary error retried forever).
+    name = f"hostile-{case}-{uuid.uuid4().hex[:6]}.git"
+    pinned = commit_raw_tree(git_daemon.create_bare(name), entries)
+    store = _store(tmp_path)
+    with pytest.raises(UnsafeArchiveError) as refused:
+        store.tree(Src("git", git_daemon.url_for(name), commit=pinned))
+    assert refused.value.rule == rule, str(refused.value)
+    assert refused.value.file == path
+    assert store.cache.keys() == []

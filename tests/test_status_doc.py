@@ -5,9 +5,12 @@ Pure unit tests: the bytes an agent writes and the messages a hub or an operator
 
 from __future__ import annotations
 
+import base64
+import dataclasses
 import json
 from datetime import UTC, datetime, timedelta
 
+import nacl.public
 import pytest
 import rfc8785
 
@@ -30,19 +33,23 @@ from agent.api.status import (
 )
 from agent.errors import ValidationError
 from agent.report.seal import (
+    OutputPlace,
     SealError,
+    agent_sealing_key,
     generate_keypair,
     open_sealed,
     private_key_from_text,
     public_key_from_text,
+    seal,
     sensitive_output,
 )
 
 T0 = datetime(2026, 11, 22, 23, 0, 0, tzinfo=UTC)
+PLACE = OutputPlace(cluster="edge-a", bundle="db", output="password", run="r1")
 DIGEST = "sha256:" + "ab" * 32
 
 
-def make_run(bundle: str, n: int, *, result: str = "succeeded", message: str = "applied") -> Run:
+def make_run(bundle: str, n: int, *, result: str = "Succeeded", message: str = "applied") -> Run:
     return Run(
         id=f"edge-a.{bundle}.{n}.1",
         operation="install" if n == 1 else "upgrade",
@@ -154,7 +161,7 @@ def test_validation_reports_every_problem_with_wire_paths() -> None:
     text = str(err)
     assert text.startswith("status.json: ")
     assert "exactly one of value, sealed or omitted: true" in text
-    assert "one of succeeded, failed, rolledBack, inProgress" in text
+    assert "one of Running, Succeeded, Failed, RolledBack" in text
 
 
 def test_load_refuses_bad_bytes() -> None:
@@ -226,7 +233,7 @@ def test_oldest_runs_go_first_across_bundles() -> None:
 def test_sealed_output_opens_only_with_the_hub_key() -> None:
     private_text, public_text = generate_keypair()
     public = public_key_from_text(public_text)
-    output = sensitive_output("password", "s3cret-value", public)
+    output = sensitive_output("s3cret-value", public, place=PLACE)
     assert output.sealed is not None and output.value is None
     assert (
         "s3cret-value"
@@ -245,7 +252,7 @@ def test_sealed_output_opens_only_with_the_hub_key() -> None:
                                 id="r1",
                                 operation="install",
                                 started_at=T0,
-                                result="succeeded",
+                                result="Succeeded",
                                 outputs=(output,),
                             ),
                         ),
@@ -254,10 +261,44 @@ def test_sealed_output_opens_only_with_the_hub_key() -> None:
             )
         ).decode()
     )
-    assert open_sealed(private_key_from_text(private_text), output.sealed) == "s3cret-value"
+    opened = open_sealed(private_key_from_text(private_text), output.sealed, place=PLACE)
+    assert opened.value == "s3cret-value"
     other_private, _ = generate_keypair()
     with pytest.raises(SealError):
-        open_sealed(private_key_from_text(other_private), output.sealed)
-    assert sensitive_output("password", "s3cret-value", None) == OutputValue(
+        open_sealed(private_key_from_text(other_private), output.sealed, place=PLACE)
+    assert sensitive_output("s3cret-value", None, place=PLACE) == OutputValue(
         name="password", omitted=True
     )
+
+
+def test_a_sealed_value_opens_only_for_its_place_and_tells_who_sealed_it() -> None:
+    hub = nacl.public.PrivateKey.generate()
+    agent_key = agent_sealing_key(hub, PLACE.cluster)
+    by_agent = seal(hub.public_key, "s3cret-value", place=PLACE, sender=agent_key)
+    opened = open_sealed(hub, by_agent, place=PLACE)
+    assert (opened.value, opened.from_agent) == ("s3cret-value", True)
+    assert "s3cret-value" not in repr(opened)
+    # Replayed under another cluster, bundle, output name or run: it does not open there.
+    for moved in (
+        dataclasses.replace(PLACE, cluster="edge-b"),
+        dataclasses.replace(PLACE, bundle="web"),
+        dataclasses.replace(PLACE, output="token"),
+        dataclasses.replace(PLACE, run="r2"),
+    ):
+        with pytest.raises(SealError, match="does not open"):
+            open_sealed(hub, by_agent, place=moved)
+    # Anybody holding only the hub's public key can seal for the right place, and the hub
+    # says so; another cluster's agent key is not this cluster's.
+    by_anyone = seal(hub.public_key, "planted", place=PLACE)
+    assert open_sealed(hub, by_anyone, place=PLACE).from_agent is False
+    by_other_agent = seal(
+        hub.public_key, "planted", place=PLACE, sender=agent_sealing_key(hub, "edge-b")
+    )
+    assert open_sealed(hub, by_other_agent, place=PLACE).from_agent is False
+    # The older unbound format (a bare sealed box) is refused, not shown as genuine.
+    legacy = base64.b64encode(nacl.public.SealedBox(hub.public_key).encrypt(b"x")).decode()
+    with pytest.raises(SealError, match="not a sealed value of version 2"):
+        open_sealed(hub, legacy, place=PLACE)
+    # The key is the hub's to derive: the same cluster always gets the same key.
+    assert bytes(agent_sealing_key(hub, "edge-a")) == bytes(agent_key)
+    assert bytes(agent_sealing_key(hub, "edge-b")) != bytes(agent_key)

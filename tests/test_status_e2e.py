@@ -26,6 +26,7 @@ import yaml
 
 from agent.kube import KubeClient
 from agent.report.seal import write_keypair
+from hub.api.tokens import write_clear_tokens
 from tests.fleetlab import (
     REPO_ROOT,
     Lab,
@@ -105,6 +106,15 @@ def test_runs_and_outputs_of_the_lockstep_scenario_reach_the_cli_the_cluster_and
     ns, web, conf = lab.name("shop"), lab.name("web"), lab.name("conf")
     private_key, public_key = tmp_path / "hub.key", tmp_path / "hub.pub"
     write_keypair(private_key, public_key)
+    # The agent's sealing key, issued by the hub (fleetlet hub agent-key).
+    sealing_key = tmp_path / "edge-1.sealing.key"
+    issued = subprocess.run(
+        [sys.executable, "-m", "fleetlet", "hub", "agent-key", "--hub-key", str(private_key),
+         "--cluster", "edge-1", "--out", str(sealing_key)],
+        capture_output=True, text=True, timeout=60, cwd=REPO_ROOT,
+    )  # fmt: skip
+    assert issued.returncode == 0, issued.stderr
+    assert sealing_key.stat().st_mode & 0o077 == 0
 
     def publish(web_image: str, value: str) -> None:
         web_digest = lab.push("web", {"d.yaml": deployment("web", ns, web_image)}, tag=value)
@@ -142,7 +152,12 @@ def test_runs_and_outputs_of_the_lockstep_scenario_reach_the_cli_the_cluster_and
         )
 
     agent = lab.agent(
-        "edge-1", crds, namespace=namespace, workdir=tmp_path / "agent", hub_public_key=public_key
+        "edge-1",
+        crds,
+        namespace=namespace,
+        workdir=tmp_path / "agent",
+        hub_public_key=public_key,
+        sealing_key=sealing_key,
     )
     publish("example/web:1", "one")
     agent.tick()
@@ -156,10 +171,10 @@ def test_runs_and_outputs_of_the_lockstep_scenario_reach_the_cli_the_cluster_and
     status = ["--repo", lab.status_url, "--cache-dir", str(tmp_path / "cli-cache")]
     for bundle in (conf, web):
         runs = _cli("runs", "list", f"edge-1/{bundle}", *status)["items"]
-        assert [r["result"] for r in runs] == ["succeeded", "rolledBack", "succeeded"], runs
+        assert [r["result"] for r in runs] == ["Succeeded", "RolledBack", "Succeeded"], runs
         assert [r["serial"] for r in runs] == [3, 2, 1]
     latest = _cli("outputs", "list", f"edge-1/{conf}", "--run", "latest", *status)
-    assert latest["result"] == "succeeded"
+    assert latest["result"] == "Succeeded"
     outputs = {o["name"]: o for o in latest["items"]}
     assert outputs["endpoint"]["value"] == "db-three.example"
     assert outputs["password"]["value"] == "<sensitive>"
@@ -174,6 +189,8 @@ def test_runs_and_outputs_of_the_lockstep_scenario_reach_the_cli_the_cluster_and
         str(private_key),
     )
     assert {o["name"]: o["value"] for o in opened["items"]}["password"] == secret_value
+    # Sealed with this cluster's own key, for this place: the hub knows the agent made it.
+    assert {o["name"]: o.get("sealedBy") for o in opened["items"]}["password"] == "agent"
 
     # The cluster: kubectl shows the same values; the sensitive one is in a Secret.
     shown = subprocess.run(
@@ -197,7 +214,7 @@ def test_runs_and_outputs_of_the_lockstep_scenario_reach_the_cli_the_cluster_and
 
     # The hub: the value for admins, <sensitive> for readers, nothing without a token.
     tokens = tmp_path / "tokens.yaml"
-    tokens.write_text(yaml.safe_dump({ADMIN: "admin", READER: "read"}))
+    write_clear_tokens(tokens, {ADMIN: "admin", READER: "read"})
     workdir = tmp_path / "hub"
     workdir.mkdir()
     with serving_hub(
@@ -246,7 +263,7 @@ def test_a_quiet_agent_goes_stale_and_status_made_during_a_git_outage_arrives_la
     workdir = tmp_path / "hub"
     workdir.mkdir()
     tokens = tmp_path / "tokens.yaml"
-    tokens.write_text(yaml.safe_dump({ADMIN: "admin"}))
+    write_clear_tokens(tokens, {ADMIN: "admin"})
     with serving_hub(lab.status_url, workdir, ["--tokens", str(tokens)], stale_after="4s") as url:
 
         def states() -> dict[str, str]:

@@ -28,6 +28,7 @@ from agent.api.status import (
 from agent.errors import TemporaryError
 from agent.report.push import StatusPusher, StatusSupersededError
 from agent.report.seal import (
+    OutputPlace,
     generate_keypair,
     open_sealed,
     private_key_from_text,
@@ -40,6 +41,11 @@ from tests.realenv.gitserver import GitDaemon, GitHttpServer
 
 T0 = 1_795_000_000.0  # 2026-11-18, a fixed clock for the heartbeat logic
 HTTP_CREDENTIALS = GitCredentials(username=GIT_USER, password=GIT_PASSWORD)
+
+
+def _place(cluster: str) -> OutputPlace:
+    """Where the ``password`` output of :func:`status`'s run sits."""
+    return OutputPlace(cluster=cluster, bundle="web", output="password", run=f"{cluster}.web.4.1")
 
 
 def status(
@@ -64,7 +70,7 @@ def status(
                         serial=4,
                         started_at=started,
                         finished_at=started,
-                        result="succeeded",
+                        result="Succeeded",
                         message=note,
                         outputs=outputs,
                     ),
@@ -322,14 +328,15 @@ def test_a_sensitive_output_is_sealed_and_never_in_clear_in_the_repository(
     hub_public = public_key_from_text(public_text)
     outputs = (
         OutputValue(name="endpoint", value="10.0.0.7"),
-        sensitive_output("password", secret, hub_public),
+        sensitive_output(secret, hub_public, place=_place("edge-h")),
     )
     pusher = pusher_for(git_http, repo, "edge-h", tmp_path_factory.mktemp("agent"))
     pusher.update(status("edge-h", outputs=outputs), now=T0)
     pusher.push(now=T0)
     # An agent without a hub key: the value is omitted, on another cluster's branch.
     other = pusher_for(git_http, repo, "edge-i", tmp_path_factory.mktemp("agent-other"))
-    other.update(status("edge-i", outputs=(sensitive_output("password", secret, None),)), now=T0)
+    omit = sensitive_output(secret, None, place=_place("edge-i"))
+    other.update(status("edge-i", outputs=(omit,)), now=T0)
     other.push(now=T0)
 
     bare = pygit2.Repository(str(git_http.root / repo))
@@ -352,7 +359,8 @@ def test_a_sensitive_output_is_sealed_and_never_in_clear_in_the_repository(
     run = remote_status(git_http, repo, "edge-h").bundles[0].runs[0]
     sealed = run.output("password")
     assert sealed is not None and sealed.sealed is not None and sealed.value is None
-    assert open_sealed(private_key_from_text(private_text), sealed.sealed) == secret
+    opened = open_sealed(private_key_from_text(private_text), sealed.sealed, place=_place("edge-h"))
+    assert opened.value == secret
     assert run.output("endpoint") == OutputValue(name="endpoint", value="10.0.0.7")
     omitted = remote_status(git_http, repo, "edge-i").bundles[0].runs[0].output("password")
     assert omitted == OutputValue(name="password", omitted=True)

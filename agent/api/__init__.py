@@ -6,7 +6,8 @@ Quick reference:
 - ``set_from_dict(d, origin=...)`` / ``load_set(bytes, origin=...)`` -> :class:`BundleDeploymentSet`
   (raise ``ValidationError`` with every problem, ``FloatingReferenceError`` for unpinned sources);
 - ``set_to_dict(s)``, ``dump_set(s)`` (canonical YAML), ``canonical_bytes(obj)`` (RFC 8785 JSON),
-  ``set_digest(s)`` (``sha256:<hex>`` of the canonical bytes);
+  ``set_digest(s)`` (``sha256:<hex>`` of the canonical bytes), ``set_from_canonical(bytes)``
+  (the set exactly as its canonical bytes say);
 - ``from_dict(cls, d)`` / ``to_dict(obj)`` for any API type (e.g. a BundleDeploymentStatus).
 """
 
@@ -18,6 +19,7 @@ from agent.api.canonical import (
     load_set,
     load_yaml,
     set_digest,
+    set_from_canonical,
     set_from_dict,
     set_to_dict,
 )
@@ -43,6 +45,8 @@ from agent.api.models import (
     ObjectReference,
     Output,
     OutputValue,
+    Patch,
+    PatchTarget,
     RequestPreview,
     ResourceCounts,
     Revision,
@@ -85,6 +89,8 @@ __all__ = [
     "ObjectReference",
     "Output",
     "OutputValue",
+    "Patch",
+    "PatchTarget",
     "PinProblem",
     "RequestPreview",
     "ResourceCounts",
@@ -105,6 +111,7 @@ __all__ = [
     "load_yaml",
     "parse_time",
     "set_digest",
+    "set_from_canonical",
     "set_from_dict",
     "set_to_dict",
     "to_dict",

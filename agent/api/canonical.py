@@ -13,7 +13,10 @@ Two forms, each fully specified by fleetlet (not by a library version):
   our own: block style, keys sorted, two-space indentation, lists not indented under their key,
   strings plain when unambiguous and double-quoted (JSON escapes) otherwise. It is readable in
   diffs and stable byte for byte; the agent does not hash these bytes but the set parsed from
-  them, so formatting never matters to verification.
+  them, so formatting never matters to verification. What the agent then acts on is the set
+  read back from the canonical bytes it hashed (:func:`set_from_canonical`): RFC 8785 writes
+  ``3.0`` as ``3``, so a ``set.yaml`` that turned an integer into a float would otherwise
+  change a value without changing the digest.
 
 Loading is hostile-input safe: bounded size, UTF-8 only, one document, no aliases (no billion
 laughs), no duplicate keys, bounded nesting and node count, only JSON types (timestamps stay
@@ -46,13 +49,14 @@ from agent.api.validation import (
     thaw,
     to_dict,
 )
+from agent.api.yamlio import SAFE_LOADER
 from agent.errors import FieldProblem, ValidationError
 
 MAX_DOCUMENT_BYTES = 16 * 1024 * 1024
 MAX_YAML_NODES = 2_000_000
 MAX_YAML_DEPTH = 128
 
-_BaseLoader: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_BaseLoader = SAFE_LOADER
 _REFUSED_TAGS = {
     f"tag:yaml.org,2002:{name}" for name in ("timestamp", "binary", "set", "omap", "pairs")
 }
@@ -373,6 +377,31 @@ def set_from_dict(d: Any, *, origin: str = "") -> BundleDeploymentSet:
     only problems are unpinned sources.
     """
     return from_dict(BundleDeploymentSet, d, origin=origin)
+
+
+def _signed_int(text: str) -> int | float:
+    # RFC 8785 refuses integers beyond 2**53, and writes an integral float below 1e21 with
+    # digits only: such a literal can only be a float.
+    value = int(text)
+    return value if abs(value) <= MAX_SAFE_INTEGER else float(text)
+
+
+def set_from_canonical(data: bytes, *, origin: str = "") -> BundleDeploymentSet:
+    """The set its canonical bytes (:func:`canonical_bytes`, what the digest covers) say, read
+    from exactly those bytes. Numbers are typed as RFC 8785 wrote them: ``3.0`` and ``-0.0``
+    come back as the integers ``3`` and ``0`` that were hashed, so nothing the set carries
+    (helm values...) can differ from what was signed by a type the digest does not see.
+
+    Raises ``ValidationError``.
+    """
+    try:
+        raw = json.loads(data, parse_int=_signed_int)
+    except (ValueError, RecursionError) as exc:
+        raise ValidationError(
+            [FieldProblem(path=ROOT_PATH, expected="canonical JSON", found=str(exc))],
+            origin=origin,
+        ) from exc
+    return set_from_dict(raw, origin=origin)
 
 
 def dump_set(s: BundleDeploymentSet) -> bytes:

@@ -26,6 +26,7 @@ from agent.api.models import (
     BundleDeploymentStatus,
     BundleOutputsSpec,
 )
+from agent.api.reasons import FAILED, REASON_HELP, ROLLED_BACK, RUNNING, SUCCEEDED, Phase
 from agent.api.schema import anchor, object_schema, types_markdown
 from agent.api.validation import ApiObject
 
@@ -84,15 +85,28 @@ CRDS: tuple[Crd, ...] = (
         columns=(
             Column(name="Group", json_path=".spec.group", description="Lockstep group."),
             Column(
-                name="Serial",
+                name="Target",
+                json_path=".status.targetRevision.serial",
+                type="integer",
+                description="Serial of the revision the agent is moving to, or stopped short "
+                "of (the applied one once there).",
+            ),
+            Column(
+                name="Applied",
                 json_path=".status.appliedRevision.serial",
                 type="integer",
-                description="Serial of the set the applied revision came with.",
+                description="Serial of the revision whose objects are in the cluster.",
             ),
             Column(
                 name="Ready",
                 json_path=_condition("Ready", "status"),
-                description="Whether the bundle is applied and healthy.",
+                description="Whether the applied revision is healthy (Unknown while moving).",
+            ),
+            Column(
+                name="Phase",
+                json_path=".status.phase",
+                description="What is happening now (Applying, HealthChecking, RollingBack, "
+                "Ready, Failed, RolledBack, Waiting, Paused).",
             ),
             Column(
                 name="Reason",
@@ -269,6 +283,22 @@ def api_markdown() -> str:
             "",
         ]
     parts += [
+        "## Condition reasons",
+        "",
+        "The reasons of a BundleDeployment's `Ready`, `Progressing` and `Degraded` conditions",
+        "(`agent/api/reasons.py`). A failed step reports the reason of its error instead when",
+        "it has one of its own (a refused publication: `SignatureInvalid`, `SerialNotNewer`...).",
+        "",
+        "| reason | meaning |",
+        "| --- | --- |",
+        *[f"| `{reason}` | {text} |" for reason, text in REASON_HELP.items()],
+        "",
+        "`status.phase` (the PHASE column): "
+        + ", ".join(f"`{p}`" for p in Phase)
+        + ". Run results (`status.lastRun.result`, the run history, the status document): "
+        + ", ".join(f"`{r}`" for r in (RUNNING, SUCCEEDED, FAILED, ROLLED_BACK))
+        + ".",
+        "",
         "## The per-cluster set (`set.yaml`)",
         "",
         "Not a custom resource: the payload the hub publishes on each cluster's branch and the",

@@ -16,7 +16,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, ClassVar, Literal
 
+import yaml
+
+from agent.api.depgraph import find_cycle
+from agent.api.reasons import Phase, RunResult
 from agent.api.validation import ApiObject, PinProblem, Rule, api_field, show
+from agent.api.yamlio import SAFE_LOADER
 from agent.errors import FieldProblem
 
 API_GROUP = "fleetlet.io"
@@ -24,6 +29,7 @@ API_VERSION = "v1alpha1"
 GROUP_VERSION = f"{API_GROUP}/{API_VERSION}"
 
 BUILTIN_FORMATS = ("plain", "kustomize", "helm", "registry+v1")
+
 
 # --- patterns (Go RE2 syntax, checked the same way in Python and by the API server) ----------
 
@@ -41,6 +47,18 @@ COMMIT_TEXT = "a full commit id (40 lower-case hex)"
 SHA256_HEX = r"^[0-9a-f]{64}$"
 SHA256_HEX_TEXT = "<64 hex> (the sha256 of the archive)"
 PIN = r"^(sha256:[0-9a-f]{64}|[0-9a-f]{40}|[0-9a-f]{64})$"
+HTTP_URL = r"^https?://\S+$"
+HTTP_URL_TEXT = "an http:// or https:// URL without whitespace"
+CHART_NAME = r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$"
+CHART_NAME_TEXT = "a chart name (letters, digits, '.', '_', '-')"
+# One exact SemVer 2 version (Helm tolerates a leading 'v'); ranges are resolved by the hub.
+CHART_VERSION = (
+    r"^v?(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)"
+    r"(-[0-9A-Za-z-]+(\.[0-9A-Za-z-]+)*)?(\+[0-9A-Za-z-]+(\.[0-9A-Za-z-]+)*)?$"
+)
+CHART_VERSION_TEXT = "one exact version such as 1.2.3 (ranges are resolved by the hub)"
+RELEASE_NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+RELEASE_NAME_TEXT = "a Helm release name (lower case letters, digits, '-' and '.', at most 53)"
 FORMAT_NAME = r"^[a-z0-9]([a-z0-9.+-]*[a-z0-9])?$"
 API_VERSION_PATTERN = (
     r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?v[0-9]+"
@@ -63,11 +81,10 @@ NO_WHITESPACE = r"^\S+$"
 MAX_SOURCES = 16
 MAX_NAMES = 256
 
-SourceKind = Literal["image", "git", "http"]
+SourceKind = Literal["image", "git", "http", "helm"]
 Approval = Literal["none", "manual"]
 DeletionPolicy = Literal["Delete", "Orphan"]
 ConditionStatus = Literal["True", "False", "Unknown"]
-RunResult = Literal["Running", "Succeeded", "Failed", "RolledBack"]
 
 
 def _escapes(path: str) -> bool:
@@ -160,6 +177,16 @@ def _only(field: str, attr: str, kind: str) -> Rule:
     )
 
 
+def _only_kinds(field: str, attr: str, kinds: tuple[str, ...]) -> Rule:
+    listed = ", ".join(f"'{k}'" for k in kinds)
+    return Rule(
+        cel=f"!has(self.{field}) || self.kind in [{listed}]",
+        expected=f"{field} only on {' or '.join(kinds)} sources",
+        check=lambda s: getattr(s, attr) is None or s.kind in kinds,
+        field=field,
+    )
+
+
 def _pinned(field: str, attr: str, kind: str, text: str) -> Rule:
     return Rule(
         cel=f"self.kind != '{kind}' || has(self.{field})",
@@ -175,23 +202,43 @@ class Source(ApiObject):
     """One place content is fetched from, pinned to immutable content.
 
     Exactly one pin, matching ``kind``: ``digest`` for ``image``, ``commit`` for ``git``,
-    ``sha256`` for ``http``. Floating references (tags, branches, URLs without a hash) are never
-    accepted. Several sources compose one tree through ``destination``.
+    ``sha256`` for ``http`` and ``helm``. Floating references (tags, branches, URLs without a
+    hash, version ranges) are never accepted. Several sources compose one tree through
+    ``destination``.
+
+    A ``helm`` source is a chart of a Helm repository: ``uri`` is the repository, ``chart`` and
+    ``version`` say which chart, and the hub resolved them (from the repository's
+    ``index.yaml``) to ``archiveUrl`` and its ``sha256``. The agent downloads ``archiveUrl``
+    and checks the sha256; it never reads the index.
     """
 
     RULES: ClassVar[tuple[Rule, ...]] = (
         _pinned("digest", "digest", "image", DIGEST_TEXT),
         _pinned("commit", "commit", "git", COMMIT_TEXT),
         _pinned("sha256", "sha256", "http", SHA256_HEX_TEXT),
+        _pinned("sha256", "sha256", "helm", SHA256_HEX_TEXT),
+        _pinned("version", "version", "helm", CHART_VERSION_TEXT),
+        _pinned("archiveUrl", "archive_url", "helm", HTTP_URL_TEXT),
         _only("digest", "digest", "image"),
         _only("commit", "commit", "git"),
-        _only("sha256", "sha256", "http"),
+        _only_kinds("sha256", "sha256", ("http", "helm")),
         _only("directory", "directory", "git"),
+        _only("chart", "chart", "helm"),
+        _only("version", "version", "helm"),
+        _only("archiveUrl", "archive_url", "helm"),
         Rule(
-            cel="self.kind != 'http' || self.uri.startsWith('https://') "
+            cel="self.kind != 'helm' || has(self.chart)",
+            expected="chart (the chart's name in the repository) on a helm source",
+            check=lambda s: s.kind != "helm" or s.chart is not None,
+            field="chart",
+        ),
+        Rule(
+            cel="!(self.kind in ['http', 'helm']) || self.uri.startsWith('https://') "
             "|| self.uri.startsWith('http://')",
-            expected="an http(s):// URL for an http source",
-            check=lambda s: s.kind != "http" or s.uri.startswith(("https://", "http://")),
+            expected="an http(s):// URL for an http or helm source",
+            check=lambda s: (
+                s.kind not in ("http", "helm") or s.uri.startswith(("https://", "http://"))
+            ),
             field="uri",
         ),
         Rule(
@@ -204,13 +251,14 @@ class Source(ApiObject):
     )
 
     kind: SourceKind = api_field(
-        "What the source is: an OCI artifact or image (`image`), a git repository (`git`) or "
-        "an archive over HTTP(S) (`http`, tar or tar.gz)."
+        "What the source is: an OCI artifact or image (`image`, also a Helm chart pushed to "
+        "a registry), a git repository (`git`), an archive over HTTP(S) (`http`, tar or "
+        "tar.gz) or a chart of a Helm repository (`helm`)."
     )
     uri: str = api_field(
         "Where the content lives. `image`: `registry/repository[:tag]` (a tag is informational "
         "only; content is fetched by `digest`); `git`: the repository URL; `http`: the "
-        "archive's URL.",
+        "archive's URL; `helm`: the Helm repository's URL (where its `index.yaml` is).",
         pattern=NO_WHITESPACE,
         expected="a URI without whitespace",
         max_length=2048,
@@ -232,12 +280,36 @@ class Source(ApiObject):
         max_length=40,
     )
     sha256: str | None = api_field(
-        "`http` pin: the sha256 of the archive, in hex.",
+        "`http` and `helm` pin: the sha256 of the archive, in hex.",
         default=None,
         pattern=SHA256_HEX,
         expected=SHA256_HEX_TEXT,
         pin=True,
         max_length=64,
+    )
+    chart: str | None = api_field(
+        "`helm` only: the chart's name in the repository.",
+        default=None,
+        pattern=CHART_NAME,
+        expected=CHART_NAME_TEXT,
+        max_length=250,
+    )
+    version: str | None = api_field(
+        "`helm` only: the chart's exact version (the hub resolves a range to one).",
+        default=None,
+        pattern=CHART_VERSION,
+        expected=CHART_VERSION_TEXT,
+        pin=True,
+        max_length=128,
+    )
+    archive_url: str | None = api_field(
+        "`helm` pin: the URL of the chart archive (`.tgz`) that the hub resolved from the "
+        "repository's index; the agent downloads it and checks `sha256`.",
+        default=None,
+        pattern=HTTP_URL,
+        expected=HTTP_URL_TEXT,
+        pin=True,
+        max_length=2048,
     )
     directory: str | None = api_field(
         "`git` only: the directory of the repository to take (default: the whole tree).",
@@ -278,9 +350,27 @@ class FormatOptions(ApiObject):
         default=None,
         free_form=True,
     )
+    values_files: tuple[str, ...] = api_field(
+        "`helm`: values files inside the bundle tree (paths from the tree's root), applied in "
+        "order over the chart's own `values.yaml` and under `values`.",
+        default=(),
+        pattern=RELATIVE_PATH,
+        expected=RELATIVE_PATH_TEXT,
+        max_length=512,
+        max_items=32,
+        rules=(STAYS_INSIDE,),
+    )
+    release_name: str | None = api_field(
+        "`helm`: the release name (`.Release.Name`). Default: the bundle's name.",
+        default=None,
+        pattern=RELEASE_NAME,
+        expected=RELEASE_NAME_TEXT,
+        max_length=53,
+    )
     path: str | None = api_field(
         "Directory inside the bundle tree to render from (a kustomize overlay, a helm chart, "
-        "a directory of plain manifests). Default: the tree's root.",
+        "a directory of plain manifests). Default: the tree's root (for `helm`: the root, or "
+        "the one chart directory at the root, as a chart archive unpacks).",
         default=None,
         pattern=RELATIVE_PATH,
         expected=RELATIVE_PATH_TEXT,
@@ -308,6 +398,144 @@ class FormatOptions(ApiObject):
         expected=DNS_LABEL_TEXT,
         max_length=63,
     )
+
+
+_JSON6902_OPS = ("add", "remove", "replace", "move", "copy", "test")
+MAX_PATCH_CHARS = 65536
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PatchTarget(ApiObject):
+    """Which rendered objects a patch applies to (kustomize's selector, as Flux's
+    ``patches[].target``): every given field must match. ``name`` and ``namespace`` are regular
+    expressions matched against the whole value."""
+
+    group: str | None = api_field(
+        "API group, e.g. `apps` (empty for the core group).",
+        default=None,
+        pattern=r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*)?$",
+        expected="an API group (DNS subdomain) or empty",
+        max_length=253,
+    )
+    version: str | None = api_field(
+        "API version within the group, e.g. `v1`.",
+        default=None,
+        pattern=r"^v[0-9]+((alpha|beta)[0-9]+)?$",
+        expected="a version such as v1 or v1beta1",
+        max_length=63,
+    )
+    kind: str | None = api_field(
+        "Kind, e.g. `Deployment`.",
+        default=None,
+        pattern=KIND,
+        max_length=63,
+        expected="a Kind (CamelCase, e.g. Deployment)",
+    )
+    name: str | None = api_field(
+        "Name (a regular expression).", default=None, max_length=253, min_length=1
+    )
+    namespace: str | None = api_field(
+        "Namespace as rendered, before the target namespace is given (a regular expression).",
+        default=None,
+        max_length=253,
+        min_length=1,
+    )
+    label_selector: str | None = api_field(
+        "Label selector, e.g. `app=web,tier in (a,b)`.", default=None, max_length=1024, min_length=1
+    )
+    annotation_selector: str | None = api_field(
+        "Annotation selector, in label selector syntax.",
+        default=None,
+        max_length=1024,
+        min_length=1,
+    )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Patch(ApiObject):
+    """A patch applied to the rendered objects, for every format, as Flux's Kustomization
+    ``patches``: a strategic merge patch (a YAML object, or several documents) or a JSON 6902
+    patch (a YAML/JSON list of operations, which needs ``target``). Patches apply in order,
+    after rendering and before the target namespace is given."""
+
+    patch: str = api_field(
+        "The patch, as YAML or JSON text.", max_length=MAX_PATCH_CHARS, min_length=1
+    )
+    target: PatchTarget | None = api_field(
+        "Objects to patch. Without it a strategic merge patch patches the object it names "
+        "(apiVersion, kind, metadata.name and metadata.namespace); with it, a strategic merge "
+        "patch may leave those out.",
+        default=None,
+    )
+
+    def extra_problems(self) -> list[FieldProblem]:
+        """The text is YAML: a list of JSON 6902 operations (with ``target``), or strategic
+        merge documents (each naming apiVersion, kind and metadata.name without ``target``)."""
+        try:
+            documents = [d for d in yaml.load_all(self.patch, Loader=SAFE_LOADER) if d is not None]
+        except (yaml.YAMLError, RecursionError) as exc:
+            return [_patch_problem("patch", "a YAML or JSON patch", _first_line(exc))]
+        if not documents:
+            return [_patch_problem("patch", "a patch", "an empty document")]
+        if isinstance(documents[0], list):
+            return self._json6902_problems(documents)
+        problems = []
+        for i, document in enumerate(documents):
+            where = "patch" if len(documents) == 1 else f"patch (document {i + 1})"
+            if not isinstance(document, dict):
+                problems.append(
+                    _patch_problem(where, "a strategic merge patch (an object)", show(document))
+                )
+                continue
+            if self.target is not None:
+                continue
+            metadata = document.get("metadata")
+            name = metadata.get("name") if isinstance(metadata, dict) else None
+            if not (document.get("apiVersion") and document.get("kind") and name):
+                problems.append(
+                    _patch_problem(
+                        where,
+                        "apiVersion, kind and metadata.name in a strategic merge patch without "
+                        "target (they say which object it patches)",
+                        show(document),
+                    )
+                )
+        return problems
+
+    def _json6902_problems(self, documents: list[Any]) -> list[FieldProblem]:
+        problems = []
+        if len(documents) > 1:
+            problems.append(
+                _patch_problem(
+                    "patch", "one list of JSON 6902 operations", f"{len(documents)} documents"
+                )
+            )
+        if self.target is None:
+            problems.append(_patch_problem("target", "a target for a JSON 6902 patch", "nothing"))
+        for i, op in enumerate(documents[0]):
+            ok = (
+                isinstance(op, dict)
+                and op.get("op") in _JSON6902_OPS
+                and isinstance(op.get("path"), str)
+            )
+            if not ok:
+                problems.append(
+                    _patch_problem(
+                        f"patch[{i}]",
+                        "a JSON 6902 operation {op: add|remove|replace|move|copy|test, path: ...}",
+                        show(op),
+                    )
+                )
+        return problems
+
+
+def _patch_problem(path: str, expected: str, found: str) -> FieldProblem:
+    return FieldProblem(path=path, expected=expected, found=found)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= 120 else text[:117] + "..."
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -373,6 +601,12 @@ class HealthChecks(ApiObject):
     )
     checks: tuple[HealthCheck, ...] = api_field(
         "Extra checks on named objects; all must pass.", default=(), max_items=64
+    )
+    wait_for_load_balancer: bool = api_field(
+        "Also wait until each LoadBalancer Service has an ingress address (by default it is "
+        "healthy once it has a cluster IP, as in kstatus: most edge clusters have no "
+        "load-balancer controller).",
+        default=False,
     )
 
 
@@ -462,6 +696,13 @@ class BundleDeploymentSpec(ApiObject):
             ("plain", "kustomize", "helm"),
             "registry+v1 or a plugin format",
         ),
+        Rule(
+            cel="!has(self.createNamespace) || !self.createNamespace || "
+            "(has(self.formatOptions) && has(self.formatOptions.targetNamespace))",
+            expected="formatOptions.targetNamespace with createNamespace (the namespace to create)",
+            check=lambda s: not s.create_namespace or s.format_options.target_namespace is not None,
+            field="createNamespace",
+        ),
     )
 
     sources: tuple[Source, ...] = api_field(
@@ -478,6 +719,12 @@ class BundleDeploymentSpec(ApiObject):
         expected="a format name (plain, kustomize, helm, registry+v1 or a plugin's name)",
     )
     format_options: FormatOptions = api_field("Options of the format.", default=FormatOptions())
+    patches: tuple[Patch, ...] = api_field(
+        "Patches applied to the rendered objects, in order (any format): per-cluster tweaks "
+        "without a new bundle. The hub appends the patches of matching overrides.",
+        default=(),
+        max_items=64,
+    )
     group: str | None = api_field(
         "Lockstep group: the bundles of a group are applied, health-checked and rolled back "
         "together. Default: the bundle's own name (a group of one).",
@@ -539,6 +786,39 @@ class BundleDeploymentSpec(ApiObject):
         "Default false: a conflict fails the apply.",
         default=False,
     )
+    create_namespace: bool = api_field(
+        "Create `formatOptions.targetNamespace` with the bundle when it does not render it "
+        "(Fleet's and Argo CD's CreateNamespace), with `namespaceLabels` and "
+        "`namespaceAnnotations` (e.g. Pod Security labels). The namespace is kept when the "
+        "bundle is removed.",
+        default=False,
+    )
+    namespace_labels: Mapping[str, Any] | None = api_field(
+        "Labels of the namespace `createNamespace` makes (label key to string value).",
+        default=None,
+        free_form=True,
+    )
+    namespace_annotations: Mapping[str, Any] | None = api_field(
+        "Annotations of the namespace `createNamespace` makes (key to string value).",
+        default=None,
+        free_form=True,
+    )
+
+    def extra_problems(self) -> list[FieldProblem]:
+        """Namespace labels and annotations are string to string."""
+        problems: list[FieldProblem] = []
+        for field_name, values in (
+            ("namespaceLabels", self.namespace_labels),
+            ("namespaceAnnotations", self.namespace_annotations),
+        ):
+            for key, value in (values or {}).items():
+                if not isinstance(value, str):
+                    problems.append(
+                        FieldProblem(
+                            path=f"{field_name}.{key}", expected="a string value", found=show(value)
+                        )
+                    )
+        return problems
 
 
 # --- status ---------------------------------------------------------------------------------
@@ -637,7 +917,17 @@ class BundleDeploymentStatus(ApiObject):
         list_type="map",
         list_keys=("type",),
     )
+    phase: str | None = api_field(
+        "What is happening now: " + ", ".join(f"`{p}`" for p in Phase) + ".",
+        default=None,
+        enum=tuple(str(p) for p in Phase),
+    )
     applied_revision: Revision | None = api_field("The revision currently applied.", default=None)
+    target_revision: Revision | None = api_field(
+        "The revision the agent is moving to, or stopped short of (the applied revision "
+        "once it is there).",
+        default=None,
+    )
     last_healthy_revision: Revision | None = api_field(
         "The last revision that passed its health checks (what a rollback returns to).",
         default=None,
@@ -981,7 +1271,7 @@ class BundleDeploymentSet(ApiObject):
                         found=show(group),
                     )
                 )
-        cycle = _find_cycle(deps)
+        cycle = find_cycle(deps)
         if cycle:
             where = declared[(cycle[-2], cycle[-1])]
             problems.append(
@@ -1006,30 +1296,6 @@ class BundleDeploymentSet(ApiObject):
         return problems
 
 
-def _find_cycle(deps: Mapping[str, set[str]]) -> list[str] | None:
-    """A dependency cycle as ``[a, b, ..., a]``, or ``None`` (iterative DFS, sorted: stable)."""
-    state: dict[str, int] = {}  # 1 = on the current path, 2 = done
-    for start in sorted(deps):
-        if state.get(start):
-            continue
-        path = [start]
-        stack = [iter(sorted(deps.get(start, ())))]
-        state[start] = 1
-        while stack:
-            nxt = next(stack[-1], None)
-            if nxt is None:
-                state[path.pop()] = 2
-                stack.pop()
-                continue
-            if state.get(nxt) == 1:
-                return [*path[path.index(nxt) :], nxt]
-            if not state.get(nxt):
-                state[nxt] = 1
-                path.append(nxt)
-                stack.append(iter(sorted(deps.get(nxt, ()))))
-    return None
-
-
 __all__ = [
     "API_GROUP",
     "API_VERSION",
@@ -1052,6 +1318,8 @@ __all__ = [
     "ObjectReference",
     "Output",
     "OutputValue",
+    "Patch",
+    "PatchTarget",
     "PinProblem",
     "RequestPreview",
     "ResourceCounts",

@@ -44,6 +44,7 @@ from agent.api.models import (
     Condition,
     Revision,
 )
+from agent.api.reasons import SUCCEEDED, RunResult
 from agent.api.validation import (
     ROOT_PATH,
     ApiObject,
@@ -71,7 +72,6 @@ MAX_MESSAGE = 32768
 BASE64 = r"^[A-Za-z0-9+/]+={0,2}$"
 
 RunOperation = Literal["install", "upgrade", "rollback", "driftCorrection", "uninstall"]
-StatusRunResult = Literal["succeeded", "failed", "rolledBack", "inProgress"]
 
 
 def status_branch(cluster: str) -> str:
@@ -147,7 +147,7 @@ class Run(ApiObject):
     )
     started_at: datetime = api_field("When the run started.")
     finished_at: datetime | None = api_field("When the run finished.", default=None)
-    result: StatusRunResult = api_field("How the run ended (or `inProgress`).")
+    result: RunResult = api_field("How the run ended (or `Running`).")
     failed_object: str | None = api_field(
         "The object that failed, as `apiVersion Kind namespace/name`.",
         default=None,
@@ -241,8 +241,8 @@ class BundleStatusReport(ApiObject):
     )
 
     def latest_successful_run(self) -> Run | None:
-        """The newest run whose result is ``succeeded`` (the ``latest`` of the outputs API)."""
-        return next((r for r in self.runs if r.result == "succeeded"), None)
+        """The newest run whose result is ``Succeeded`` (the ``latest`` of the outputs API)."""
+        return next((r for r in self.runs if r.result == SUCCEEDED), None)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

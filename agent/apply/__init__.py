@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from agent.apply.group import (
     FIELD_MANAGER,
+    ApplyResult,
     CrdNotEstablishedError,
-    GroupResult,
     ObjectResult,
     apply_group,
 )
@@ -33,16 +33,18 @@ from agent.apply.plan import (
     Skipped,
     plan_group,
 )
-from agent.apply.store import Revision, RevisionStore, RevisionStoreError, StoredRevision
+from agent.apply.store import HealthyRevision, IndexEntry, RevisionStore, RevisionStoreError
 
 __all__ = [
     "FIELD_MANAGER",
     "ApplyError",
+    "ApplyResult",
     "ApplySettings",
     "BundleInput",
     "CrdNotEstablishedError",
     "Entry",
-    "GroupResult",
+    "HealthyRevision",
+    "IndexEntry",
     "Inventory",
     "Key",
     "ObjectResult",
@@ -52,11 +54,9 @@ __all__ = [
     "PruneItem",
     "PruneOutcome",
     "PrunePlan",
-    "Revision",
     "RevisionStore",
     "RevisionStoreError",
     "Skipped",
-    "StoredRevision",
     "apply_group",
     "plan_group",
     "plan_prune",

@@ -24,6 +24,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from agent.api.status import RunCounts
+from agent.apply.inventory import Entry, Inventory
 from agent.apply.plan import (
     STAGE_CRDS,
     STAGE_NAMES,
@@ -36,18 +38,21 @@ from agent.apply.plan import (
     identity,
     plan_group,
 )
+from agent.backoff import attempts, delay
 from agent.errors import TemporaryError
 from agent.kube import (
+    CONTENT_FIELD_MANAGER,
     ApiNotServedError,
     ConflictError,
     ForbiddenError,
+    InvalidError,
     KubeApiError,
     KubeClient,
     NotFoundError,
     ObjectRef,
 )
 
-FIELD_MANAGER = "fleetlet"
+FIELD_MANAGER = CONTENT_FIELD_MANAGER
 DEFAULT_WORKERS = 8
 DEFAULT_ESTABLISH_TIMEOUT = 60.0
 _COMPARE_ATTEMPTS = 5
@@ -70,7 +75,7 @@ class ObjectResult:
 
 
 @dataclass(frozen=True, kw_only=True)
-class GroupResult:
+class ApplyResult:
     """The outcome of :func:`apply_group`: per object, in plan order, and the skipped ones."""
 
     objects: tuple[ObjectResult, ...]
@@ -87,6 +92,19 @@ class GroupResult:
     def for_bundle(self, bundle: str) -> list[ObjectResult]:
         """The results of one bundle's objects."""
         return [r for r in self.objects if r.bundle == bundle]
+
+    def counts_of(self, bundle: str) -> RunCounts:
+        """One bundle's objects by what the apply did to them."""
+        mine = self.for_bundle(bundle)
+        return RunCounts(
+            created=sum(1 for r in mine if r.action == "created"),
+            configured=sum(1 for r in mine if r.action == "configured"),
+            unchanged=sum(1 for r in mine if r.action == "unchanged"),
+        )
+
+    def inventory_of(self, bundle: str) -> Inventory:
+        """One bundle's objects as applied (with their UIDs)."""
+        return Inventory.of(Entry.of(r.ref, uid=r.uid) for r in self.for_bundle(bundle))
 
 
 class CrdNotEstablishedError(TemporaryError):
@@ -121,12 +139,23 @@ def _as_apply_error(exc: KubeApiError, planned: PlannedObject, *, dry_run: bool)
             f"{message} (fields owned by field manager(s) {', '.join(managers)}; set "
             f"takeOwnership to take them over)"
         )
+    elif isinstance(exc, InvalidError) and "needs metadata.namespace" in message:
+        message += (
+            " (give the object a namespace, or the bundle formatOptions.targetNamespace or "
+            "createNamespace)"
+        )
+    elif isinstance(exc, NotFoundError) and planned.ref.namespace and "namespaces" in message:
+        message += (
+            f" (namespace {planned.ref.namespace} does not exist: create it in the bundle or "
+            "set createNamespace)"
+        )
     return ApplyError(
         f"{when}: {message}",
         bundle=planned.bundle,
         target=planned.target,
         reason=exc.reason,
         managers=managers,
+        dry_run=dry_run,
     )
 
 
@@ -155,9 +184,7 @@ def _dry_run(work: _Work) -> None:
     # A controller writing to the object between the dry run and the read (a new Deployment's
     # status, several times in its first second) makes them incomparable: try again a few
     # times, backing off so the controller settles, then count it as changed.
-    for attempt in range(_COMPARE_ATTEMPTS):
-        if attempt:
-            time.sleep(_COMPARE_BACKOFF * 2 ** (attempt - 1))
+    for _attempt in attempts(_COMPARE_ATTEMPTS, initial=_COMPARE_BACKOFF, jitter=0.0):
         try:
             answer = work.client.apply(
                 planned.manifest, field_manager=FIELD_MANAGER, force=work.force, dry_run=True
@@ -220,13 +247,17 @@ def _apply(work: _Work) -> ObjectResult:
 def _run_all(
     pool: ThreadPoolExecutor, task: Callable[[_Work], Any], works: Sequence[_Work]
 ) -> list[Any]:
-    """Run ``task`` on every work item concurrently; results in order. The first error (in
-    order) is raised after every started task has finished, so nothing runs on behind us."""
+    """Run ``task`` on every work item concurrently; results in order. Raised after every
+    started task has finished, so nothing runs on behind us: the first error that is not a
+    refusal (the API server away), else every object refused, as one ApplyError."""
     futures = [pool.submit(task, w) for w in works]
-    errors = [f.exception() for f in futures]
+    errors = [e for e in (f.exception() for f in futures) if e is not None]
+    refusals = [e for e in errors if isinstance(e, ApplyError)]
     for error in errors:
-        if error is not None:
+        if not isinstance(error, ApplyError):
             raise error
+    if refusals:
+        raise ApplyError.combine(refusals)
     return [f.result() for f in futures]
 
 
@@ -250,7 +281,7 @@ def _wait_established(crds: Sequence[_Work], timeout: float) -> None:
     """
     deadline = time.monotonic() + timeout
     pending = list(crds)
-    delay = 0.05
+    polls = 0
     while pending:
         still: list[_Work] = []
         for work in pending:
@@ -268,8 +299,8 @@ def _wait_established(crds: Sequence[_Work], timeout: float) -> None:
             raise CrdNotEstablishedError(
                 f"CustomResourceDefinition(s) {names} not Established after {timeout:.0f}s"
             )
-        time.sleep(delay)
-        delay = min(delay * 2, 1.0)
+        polls += 1
+        time.sleep(delay(polls, initial=0.05, maximum=1.0))
 
 
 def apply_group(
@@ -281,12 +312,16 @@ def apply_group(
     establish_timeout: float = DEFAULT_ESTABLISH_TIMEOUT,
     on_progress: Progress | None = None,
     plan: Plan | None = None,
-) -> GroupResult:
+    between_waves: Callable[[ApplyResult], None] | None = None,
+) -> ApplyResult:
     """Dry-run, then apply, every object of a group (see the module docstring).
 
     ``kube`` is the agent's client; a bundle with ``serviceAccountName`` is dry-run and applied
     through ``kube.impersonating(name, agent_namespace)``. ``on_progress`` is called with a
-    short message before each step. ``plan`` may be given when already computed.
+    short message before each step. ``plan`` may be given when already computed. Objects
+    after the Namespaces are applied wave by wave (:attr:`PlannedObject.wave`); between two
+    waves ``between_waves`` is called with what was applied so far (a health wait: it raises
+    to stop the apply).
 
     Raises PlanError (an object's API is not served and it is not optional), ApplyError (the
     first object refused, by the dry run or by the apply: bundle, object and server message;
@@ -323,11 +358,9 @@ def apply_group(
         done = _run_all(pool, first_dry_run, works)
         later = [w for w, ok in zip(works, done, strict=True) if not ok]
         results: list[ObjectResult] = []
-        for stage, name in enumerate(STAGE_NAMES):
+        waves = sorted({w.planned.wave for w in works if w.planned.stage > STAGE_NAMESPACES})
+        for stage, name in enumerate(STAGE_NAMES[: STAGE_NAMESPACES + 1]):
             stage_works = [w for w in works if w.planned.stage == stage]
-            if later and stage == STAGE_NAMESPACES + 1:
-                say(f"dry run of {len(later)} objects that needed the group's CRDs/Namespaces")
-                _run_all(pool, _dry_run, later)
             if not stage_works:
                 continue
             say(f"applying {len(stage_works)} {name} ({stage + 1}/{len(STAGE_NAMES)})")
@@ -337,4 +370,25 @@ def apply_group(
                 _wait_established(stage_works, establish_timeout)
                 for client in {id(w.client): w.client for w in works}.values():
                     client.forget_discovery()
-    return GroupResult(objects=tuple(results), skipped=plan.skipped)
+        if later:
+            say(f"dry run of {len(later)} objects that needed the group's CRDs/Namespaces")
+            _run_all(pool, _dry_run, later)
+        for index, wave in enumerate(waves):
+            if index:
+                # The previous waves are applied: they must be healthy before this one starts.
+                say(f"waiting for wave {waves[index - 1]} to be healthy")
+                if between_waves is not None:
+                    between_waves(ApplyResult(objects=tuple(results), skipped=plan.skipped))
+            for stage in range(STAGE_NAMESPACES + 1, len(STAGE_NAMES)):
+                stage_works = [
+                    w for w in works if w.planned.stage == stage and w.planned.wave == wave
+                ]
+                if not stage_works:
+                    continue
+                shown = f" of wave {wave}" if len(waves) > 1 else ""
+                say(
+                    f"applying {len(stage_works)} {STAGE_NAMES[stage]}{shown} "
+                    f"({stage + 1}/{len(STAGE_NAMES)})"
+                )
+                results.extend(_run_all(pool, _apply, stage_works))
+    return ApplyResult(objects=tuple(results), skipped=plan.skipped)

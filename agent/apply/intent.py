@@ -8,7 +8,12 @@ One ConfigMap per lockstep group in the agent's namespace, ``fleetlet-group-<gro
   the interrupted revision may have created, even when the target can no longer be rendered
   (registry or git server down);
 - the **failure** of the last target that had to be rolled back, so the agent does not retry
-  the same target in a loop: it waits for a newer target or an explicit retry request.
+  the same target in a loop: it waits for a newer target or an explicit retry request (or,
+  for a refusal the cluster caused, such as a missing namespace or a webhook that is down,
+  retries it with backoff);
+- the **leftovers**: what a failed first install wrote and left for inspection (there was no
+  previous revision to return to), so that whatever the agent ever wrote stays known until
+  it is deleted, pruned or handed over.
 
 The intent is written (and read back from the server's answer) before the first write of a
 group and deleted only once the group is wholly on one revision again; on start the agent
@@ -24,15 +29,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from agent.apply.group import FIELD_MANAGER
 from agent.apply.inventory import Inventory
 from agent.errors import PermanentError
-from agent.kube import KubeClient, ObjectRef
+from agent.kube import STATE_FIELD_MANAGER, KubeClient, ObjectRef
 
 NAME_PREFIX = "fleetlet-group-"
 GROUP_LABEL = "fleetlet.io/group-record"
 _INTENT_KEY = "intent.json.z"
 _FAILURE_KEY = "failure.json"
+_LEFTOVERS_KEY = "leftovers.json.z"
 _FORMAT = 1
 
 Phase = Literal["applying", "rolling-back"]
@@ -70,6 +75,8 @@ class Intent:
     bundles: Mapping[str, BundleMove]
     failure: str = ""
     """Why a rollback started (``rolling-back`` only)."""
+    failure_reason: str = ""
+    """The reason of that failure (``HealthCheckFailed``, ``ApplyFailed``...)."""
 
     def to_json(self) -> dict[str, Any]:
         """As JSON data."""
@@ -80,6 +87,7 @@ class Intent:
             "runIds": dict(self.run_ids),
             "startedAt": self.started_at,
             "failure": self.failure,
+            "failureReason": self.failure_reason,
             "bundles": {
                 name: {
                     "from": move.from_revision,
@@ -103,6 +111,7 @@ class Intent:
             run_ids={str(k): str(v) for k, v in dict(data.get("runIds") or {}).items()},
             started_at=str(data["startedAt"]),
             failure=str(data.get("failure") or ""),
+            failure_reason=str(data.get("failureReason") or ""),
             bundles={
                 str(name): BundleMove(
                     from_revision=None if move["from"] is None else int(move["from"]),
@@ -116,9 +125,10 @@ class Intent:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Failure:
-    """A target that failed and was rolled back (or could not be): not retried until the
-    target changes or a BundleDeployment of the group asks for a retry."""
+class FailedTarget:
+    """A target that failed and was rolled back (or could not be applied): not retried until
+    the target changes or a BundleDeployment of the group asks for a retry, except a failure
+    the cluster caused (``retry_at``), which is retried by itself with backoff."""
 
     target: str
     """Digest over the group's bundle targets."""
@@ -128,19 +138,28 @@ class Failure:
     retry_tokens: Mapping[str, str] = field(default_factory=dict)
     """The ``fleetlet.io/retry`` annotation of each bundle when the failure was recorded: a
     changed value asks for another attempt."""
+    attempts: int = 1
+    """How many times this target failed in a row."""
+    retry_at: str | None = None
+    """When (RFC 3339) the agent tries the same target again by itself; None: only a new
+    target or a retry annotation moves it."""
 
     def to_json(self) -> dict[str, Any]:
         """As JSON data."""
-        return {
+        data: dict[str, Any] = {
             "target": self.target,
             "serial": self.serial,
             "reason": self.reason,
             "message": self.message,
             "retryTokens": dict(self.retry_tokens),
+            "attempts": self.attempts,
         }
+        if self.retry_at:
+            data["retryAt"] = self.retry_at
+        return data
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Failure:
+    def from_json(cls, data: Mapping[str, Any]) -> FailedTarget:
         """Parse :meth:`to_json`'s output. Raises KeyError, TypeError, ValueError."""
         return cls(
             target=str(data["target"]),
@@ -148,6 +167,8 @@ class Failure:
             reason=str(data["reason"]),
             message=str(data.get("message") or ""),
             retry_tokens={str(k): str(v) for k, v in dict(data.get("retryTokens") or {}).items()},
+            attempts=int(data.get("attempts") or 1),
+            retry_at=str(data["retryAt"]) if data.get("retryAt") else None,
         )
 
 
@@ -156,7 +177,14 @@ class GroupRecord:
     """What the cluster remembers of one group."""
 
     intent: Intent | None = None
-    failure: Failure | None = None
+    failure: FailedTarget | None = None
+    leftovers: Mapping[str, Inventory] = field(default_factory=dict)
+    """Per bundle, objects a failed move wrote and left (a first install has nothing to return
+    to): pruned by the next successful move, deleted when the bundle is removed."""
+
+    @property
+    def empty(self) -> bool:
+        return self.intent is None and self.failure is None and not self.leftovers
 
 
 class GroupRecords:
@@ -187,10 +215,25 @@ class GroupRecords:
                 else None
             )
             raw = (live.get("data") or {}).get(_FAILURE_KEY)
-            failure = Failure.from_json(json.loads(raw)) if raw else None
-        except (KeyError, TypeError, ValueError, zlib.error) as exc:
+            failure = FailedTarget.from_json(json.loads(raw)) if raw else None
+            packed = (live.get("binaryData") or {}).get(_LEFTOVERS_KEY)
+            leftovers = (
+                {
+                    str(bundle): Inventory.from_json(entries)
+                    for bundle, entries in json.loads(
+                        zlib.decompress(base64.b64decode(packed))
+                    ).items()
+                }
+                if packed
+                else {}
+            )
+        except (KeyError, TypeError, ValueError, AttributeError, zlib.error) as exc:
             raise IntentStoreError(f"{where}: unreadable group record ({exc})") from exc
-        return GroupRecord(intent=intent, failure=failure)
+        return GroupRecord(intent=intent, failure=failure, leftovers=leftovers)
+
+    def delete(self, group: str) -> None:
+        """Forget a group (removed from the set). Raises ApiUnavailableError, KubeApiError."""
+        self.kube.delete(self._ref(group))
 
     def groups(self) -> list[str]:
         """Groups that have a record. Raises ApiUnavailableError, KubeApiError."""
@@ -202,7 +245,7 @@ class GroupRecords:
     def save(self, group: str, record: GroupRecord) -> None:
         """Store ``record`` (the whole record: what it leaves out is removed); an empty record
         deletes the ConfigMap. Raises ApiUnavailableError, KubeApiError."""
-        if record.intent is None and record.failure is None:
+        if record.empty:
             self.kube.delete(self._ref(group))
             return
         body: dict[str, Any] = {
@@ -223,5 +266,14 @@ class GroupRecords:
             ).decode("ascii")
         if record.failure is not None:
             body["data"][_FAILURE_KEY] = json.dumps(record.failure.to_json(), sort_keys=True)
+        if record.leftovers:
+            text = json.dumps(
+                {b: inv.to_json() for b, inv in sorted(record.leftovers.items()) if len(inv)},
+                sort_keys=True,
+                separators=(",", ":"),
+            )
+            body["binaryData"][_LEFTOVERS_KEY] = base64.b64encode(
+                zlib.compress(text.encode(), 6)
+            ).decode("ascii")
         # Ours alone; a full apply with force also drops keys we no longer send.
-        self.kube.apply(body, field_manager=FIELD_MANAGER, force=True)
+        self.kube.apply(body, field_manager=STATE_FIELD_MANAGER, force=True)

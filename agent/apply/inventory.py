@@ -21,9 +21,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from agent.apply.group import FIELD_MANAGER, GroupResult
 from agent.apply.plan import api_group
-from agent.kube import ConflictError, KubeClient, ObjectRef
+from agent.kube import CONTENT_FIELD_MANAGER, ConflictError, KubeClient, ObjectRef
 from agent.render.plain import BUNDLE_LABEL
 
 CRD_GROUP = "apiextensions.k8s.io"
@@ -115,11 +114,6 @@ class Inventory:
     def from_objects(cls, objects: Iterable[Mapping[str, Any]]) -> Inventory:
         """The inventory of rendered manifests (no UIDs yet). Raises InvalidError."""
         return cls.of(Entry.of(ObjectRef.of(obj)) for obj in objects)
-
-    @classmethod
-    def from_result(cls, result: GroupResult, bundle: str) -> Inventory:
-        """The inventory of one bundle's objects as applied (with UIDs)."""
-        return cls.of(Entry.of(r.ref, uid=r.uid) for r in result.for_bundle(bundle))
 
     def __contains__(self, key: object) -> bool:
         return key in self.entries
@@ -265,8 +259,8 @@ def prune(kube: KubeClient, plan: PrunePlan) -> list[PruneOutcome]:
                 report("not-ours", "not labelled as a fleetlet bundle's object")
             continue
         managers = {m.get("manager") for m in meta.get("managedFields") or []}
-        if FIELD_MANAGER not in managers:
-            report("not-ours", f"labelled {owner} but never applied by {FIELD_MANAGER}")
+        if CONTENT_FIELD_MANAGER not in managers:
+            report("not-ours", f"labelled {owner} but never applied by {CONTENT_FIELD_MANAGER}")
             continue
         uid = str(meta.get("uid") or "")
         if entry.uid and uid != entry.uid:

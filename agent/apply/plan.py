@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from agent.api.models import BundleDeploymentSpec, ManifestSelector
+from agent.apply.hooks import wave_of
 from agent.errors import PermanentError
-from agent.kube import ApiNotServedError, ObjectRef
+from agent.kube import ApiNotServedError, InvalidError, ObjectRef
 
 Manifest = dict[str, Any]
 
@@ -31,10 +32,12 @@ STAGE_NAMES = ("CustomResourceDefinitions", "Namespaces", "ServiceAccounts", "ob
 
 
 class ApplyError(PermanentError):
-    """Applying a group failed on one object. ``bundle`` and ``target`` (``Kind ns/name``) name
-    it, ``server_message`` is the API server's message (or ours), ``reason`` a CamelCase word
-    (ApplyFailed, Conflict, Forbidden, Invalid, ApiNotServed, ...), ``managers`` the other field
-    managers of a conflict."""
+    """Applying a group failed. ``bundle`` and ``target`` (``Kind ns/name``) name the (first)
+    object, ``server_message`` is the API server's message (or ours), ``reason`` a CamelCase
+    word (ApplyFailed, Conflict, Forbidden, Invalid, NotFound, ApiNotServed, WebhookFailed...),
+    ``managers`` the other field managers of a conflict, ``dry_run`` whether the dry run (not
+    a write) refused it. ``failures`` lists every object refused when there were several
+    (see :meth:`combine`); each is named once in the message."""
 
     reason = "ApplyFailed"
 
@@ -46,14 +49,48 @@ class ApplyError(PermanentError):
         target: str,
         reason: str | None = None,
         managers: Sequence[str] = (),
+        dry_run: bool = False,
+        failures: Sequence[ApplyError] = (),
+        message: str | None = None,
     ) -> None:
-        super().__init__(f"bundle {bundle}: {target}: {server_message}")
+        super().__init__(message or f"bundle {bundle}: {target}: {server_message}")
         self.bundle = bundle
         self.target = target
         self.server_message = server_message
         self.managers = tuple(managers)
+        self.dry_run = dry_run
+        self.failures: tuple[ApplyError, ...] = tuple(failures) or (self,)
         if reason:
             self.reason = reason
+
+    @property
+    def where(self) -> set[tuple[str, str]]:
+        """(bundle, object) of every refused object."""
+        return {(f.bundle, f.target) for f in self.failures}
+
+    @classmethod
+    def combine(cls, errors: Sequence[ApplyError]) -> ApplyError:
+        """One error for several refused objects (the first one's bundle, object and
+        reason; every object in the message)."""
+        if len(errors) == 1:
+            return errors[0]
+        first = errors[0]
+        reasons = {e.reason for e in errors}
+        when = "dry run" if all(e.dry_run for e in errors) else "apply"
+        shown = errors[:20]
+        text = f"{len(errors)} objects refused ({when}): " + "; ".join(str(e) for e in shown)
+        if len(errors) > len(shown):
+            text += f"; and {len(errors) - len(shown)} more"
+        return cls(
+            first.server_message,
+            bundle=first.bundle,
+            target=first.target,
+            reason=first.reason if len(reasons) == 1 else "ApplyFailed",
+            managers=first.managers,
+            dry_run=all(e.dry_run for e in errors),
+            failures=[f for e in errors for f in e.failures],
+            message=text,
+        )
 
 
 class PlanError(ApplyError):
@@ -106,6 +143,9 @@ class PlannedObject:
     manifest: Manifest
     stage: int
     deferred: bool = False
+    wave: int = 0
+    """Its wave (:func:`agent.apply.hooks.wave_of`): objects after the Namespaces are applied
+    wave by wave, lowest first; CRDs and Namespaces go first whatever their wave."""
 
     @property
     def target(self) -> str:
@@ -199,8 +239,8 @@ def matches(selector: ManifestSelector, ref: ObjectRef) -> bool:
 def plan_group(bundles: Sequence[BundleInput], discovery: Discovery) -> Plan:
     """The apply plan of a group.
 
-    Raises PlanError (a non-optional object whose API is not served, naming it),
-    ApplyError (an object without apiVersion/kind/name), ApiUnavailableError.
+    Raises PlanError (non-optional objects whose API is not served, naming each),
+    ApplyError (objects without apiVersion/kind/name), ApiUnavailableError.
     """
     everything = [obj for bundle in bundles for obj in bundle.objects]
     from_crds = _crd_kinds(everything)
@@ -212,12 +252,16 @@ def plan_group(bundles: Sequence[BundleInput], discovery: Discovery) -> Plan:
     served: dict[tuple[str, str], str | None] = {}
     stages: list[list[PlannedObject]] = [[] for _ in STAGE_NAMES]
     skipped: list[Skipped] = []
+    refused: list[ApplyError] = []
     for bundle in bundles:
         for obj in bundle.objects:
             try:
                 ref = ObjectRef.of(obj)
-            except Exception as exc:  # InvalidError: no apiVersion/kind/name
-                raise ApplyError(str(exc), bundle=bundle.name, target="object") from exc
+            except InvalidError as exc:  # no apiVersion/kind/name
+                refused.append(
+                    ApplyError(str(exc), bundle=bundle.name, target="object", dry_run=True)
+                )
+                continue
             key = (ref.api_version, ref.kind)
             if key not in served:
                 try:
@@ -232,18 +276,32 @@ def plan_group(bundles: Sequence[BundleInput], discovery: Discovery) -> Plan:
                     skipped.append(Skipped(bundle=bundle.name, ref=ref, reason=problem))
                     continue
                 planned = PlannedObject(bundle=bundle.name, ref=ref, manifest=obj, stage=0)
-                raise PlanError(
-                    f"{problem} (install the API first, or mark the manifest optional)",
-                    bundle=bundle.name,
-                    target=planned.target,
+                refused.append(
+                    PlanError(
+                        f"{problem} (install the API first, or mark the manifest optional)",
+                        bundle=bundle.name,
+                        target=planned.target,
+                        dry_run=True,
+                    )
                 )
+                continue
             stage = _stage(obj)
             deferred = stage > STAGE_NAMESPACES and (
                 (problem is not None and from_group_crd) or ref.namespace in new_namespaces
             )
             stages[stage].append(
                 PlannedObject(
-                    bundle=bundle.name, ref=ref, manifest=obj, stage=stage, deferred=deferred
+                    bundle=bundle.name,
+                    ref=ref,
+                    manifest=obj,
+                    stage=stage,
+                    deferred=deferred,
+                    wave=wave_of(obj) if stage > STAGE_NAMESPACES else 0,
                 )
             )
+    if refused:
+        # Every object that cannot be applied, not only the first.
+        if all(isinstance(e, PlanError) for e in refused):
+            raise PlanError.combine(refused)
+        raise ApplyError.combine(refused)
     return Plan(stages=tuple(tuple(s) for s in stages), skipped=tuple(skipped))

@@ -17,18 +17,21 @@ sha256, so a rollback needs only this store (no hub, git server or registry).
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
+import threading
 import zlib
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.apply.group import FIELD_MANAGER
+from agent.api import BundleDeploymentSpec, from_dict, to_dict
+from agent.api import Revision as AppliedRevision
 from agent.apply.inventory import Inventory
-from agent.errors import PermanentError
-from agent.kube import InvalidError, KubeClient, ObjectRef
+from agent.errors import FleetletError, PermanentError
+from agent.kube import STATE_FIELD_MANAGER, InvalidError, KubeClient, ObjectRef
 
 CHUNK_BYTES = 900 * 1024
 DEFAULT_HISTORY = 3
@@ -51,18 +54,61 @@ class RevisionStoreError(PermanentError):
 
 
 @dataclass(frozen=True, kw_only=True)
-class Revision:
-    """One stored revision of a bundle. ``number`` grows by one per save."""
+class HealthyRevision:
+    """One stored revision of a bundle: what to re-apply to return to it. ``number`` grows by
+    one per save. ``digest`` (the spec digest of the target it was: what makes a revision the
+    same or another), ``spec`` and ``revision`` (the serial and pins it came with) are what
+    :meth:`RevisionStore.keep` records in ``info``."""
 
     bundle: str
     number: int
     manifests: tuple[dict[str, Any], ...]
     inventory: Inventory
     info: Mapping[str, Any] = field(default_factory=dict)
+    digest: str = ""
+    spec: BundleDeploymentSpec | None = None
+    revision: AppliedRevision | None = None
+    delete_hooks: tuple[dict[str, Any], ...] = ()
+    """The revision's pre-delete and post-delete hooks (run when the bundle is removed)."""
+
+    @classmethod
+    def of(
+        cls,
+        *,
+        bundle: str,
+        number: int,
+        manifests: Sequence[Mapping[str, Any]],
+        inventory: Inventory,
+        info: Mapping[str, Any],
+    ) -> HealthyRevision:
+        """The revision with ``digest``, ``spec`` and ``revision`` read from ``info`` (left
+        unset when ``info`` does not hold them or they do not validate)."""
+        spec: BundleDeploymentSpec | None = None
+        revision: AppliedRevision | None = None
+        with contextlib.suppress(FleetletError):
+            if isinstance(info.get("spec"), Mapping):
+                spec = from_dict(BundleDeploymentSpec, info["spec"])
+        with contextlib.suppress(FleetletError):
+            if isinstance(info.get("revision"), Mapping):
+                revision = from_dict(AppliedRevision, info["revision"])
+        hooks = info.get("deleteHooks")
+        return cls(
+            bundle=bundle,
+            number=number,
+            manifests=tuple(dict(m) for m in manifests),
+            inventory=inventory,
+            info=dict(info),
+            digest=str(info.get("digest") or ""),
+            spec=spec,
+            revision=revision,
+            delete_hooks=tuple(dict(h) for h in hooks if isinstance(h, Mapping))
+            if isinstance(hooks, list)
+            else (),
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
-class StoredRevision:
+class IndexEntry:
     """An index entry: a revision's number, chunk count, compressed size and sha256."""
 
     number: int
@@ -104,6 +150,10 @@ class RevisionStore:
         self.namespace = namespace
         self.history = history
         self.chunk_bytes = chunk_bytes
+        # Loaded revisions by (bundle, number, sha256): a pass reads the index (one small
+        # Secret) and reuses the revision in memory while the index still names it.
+        self._loaded: dict[tuple[str, int, str], HealthyRevision] = {}
+        self._lock = threading.Lock()  # groups move concurrently, each its own bundles
 
     # -- names ------------------------------------------------------------------------------
 
@@ -139,7 +189,7 @@ class RevisionStore:
 
     # -- index ------------------------------------------------------------------------------
 
-    def entries(self, bundle: str) -> list[StoredRevision]:
+    def entries(self, bundle: str) -> list[IndexEntry]:
         """The kept revisions of a bundle, newest first (empty when none).
 
         Raises RevisionStoreError (unreadable index), ApiUnavailableError, KubeApiError.
@@ -151,7 +201,7 @@ class RevisionStore:
             raw = base64.b64decode((live.get("data") or {})[INDEX_KEY])
             document = json.loads(raw)
             return [
-                StoredRevision(
+                IndexEntry(
                     number=int(e["number"]),
                     chunks=int(e["chunks"]),
                     size=int(e["size"]),
@@ -181,7 +231,7 @@ class RevisionStore:
         manifests: Sequence[Mapping[str, Any]],
         inventory: Inventory,
         info: Mapping[str, Any] | None = None,
-    ) -> Revision:
+    ) -> HealthyRevision:
         """Store a new (healthy) revision of ``bundle`` as its latest; older ones beyond
         ``history`` are deleted. Returns it with its number.
 
@@ -217,7 +267,7 @@ class RevisionStore:
         with ThreadPoolExecutor(max_workers=4, thread_name_prefix="store") as pool:
             for done in [pool.submit(self._write, s) for s in secrets]:
                 done.result()
-        entry = StoredRevision(number=number, chunks=len(pieces), size=len(packed), sha256=digest)
+        entry = IndexEntry(number=number, chunks=len(pieces), size=len(packed), sha256=digest)
         history = [entry, *[e for e in kept if e.number != number]][: self.history]
         index = {"format": _FORMAT, "bundle": bundle, "revisions": [e.to_json() for e in history]}
         self._write(
@@ -228,23 +278,48 @@ class RevisionStore:
             )
         )
         self._clean(bundle, {e.number: e.chunks for e in history})
-        return Revision(
+        saved = HealthyRevision.of(
             bundle=bundle,
             number=number,
-            manifests=tuple(dict(m) for m in manifests),
+            manifests=manifests,
             inventory=inventory,
             info=dict(info or {}),
         )
+        self._remember(saved, digest)
+        return saved
+
+    def keep(
+        self,
+        bundle: str,
+        *,
+        manifests: Sequence[Mapping[str, Any]],
+        inventory: Inventory,
+        digest: str,
+        spec: BundleDeploymentSpec | None,
+        revision: AppliedRevision | None,
+        delete_hooks: Sequence[Mapping[str, Any]] = (),
+    ) -> HealthyRevision:
+        """:meth:`save` a healthy revision with what a rollback needs to know of it: its spec
+        digest, its spec and the serial and pins it came with (and the hooks to run when the
+        bundle is removed). Raises what save raises."""
+        info: dict[str, Any] = {"digest": digest}
+        if delete_hooks:
+            info["deleteHooks"] = [dict(h) for h in delete_hooks]
+        if spec is not None:
+            info["spec"] = to_dict(spec)
+        if revision is not None:
+            info["revision"] = to_dict(revision)
+        return self.save(bundle, manifests=manifests, inventory=inventory, info=info)
 
     def _write(self, secret: Mapping[str, Any]) -> None:
         # The store's Secrets are ours alone: take over any field someone else touched.
         try:
-            self.kube.apply(secret, field_manager=FIELD_MANAGER, force=True)
+            self.kube.apply(secret, field_manager=STATE_FIELD_MANAGER, force=True)
         except InvalidError:
             # A leftover under that name that cannot be updated into ours (another Secret
             # type is immutable): replace it.
             self.kube.delete(secret)
-            self.kube.apply(secret, field_manager=FIELD_MANAGER, force=True)
+            self.kube.apply(secret, field_manager=STATE_FIELD_MANAGER, force=True)
 
     def _clean(self, bundle: str, keep: Mapping[int, int]) -> None:
         """Delete chunk Secrets of the bundle that no kept revision uses."""
@@ -264,8 +339,31 @@ class RevisionStore:
 
     # -- load -------------------------------------------------------------------------------
 
-    def load(self, bundle: str, number: int | None = None) -> Revision | None:
-        """The latest revision of ``bundle`` (or revision ``number``), None when not stored.
+    def latest(self, bundle: str) -> HealthyRevision | None:
+        """The bundle's last healthy revision, None when it has none: the index is read (one
+        small Secret) and the revision reused from memory while the index still names it.
+        Raises what :meth:`load` raises."""
+        return self.get(bundle, None)
+
+    def get(self, bundle: str, number: int | None) -> HealthyRevision | None:
+        """Like :meth:`load`, reusing a revision read (or saved) before while the index
+        still names it by number and sha256."""
+        kept = self.entries(bundle)
+        chosen = next((e for e in kept if number is None or e.number == number), None)
+        if chosen is None:
+            return None
+        with self._lock:
+            cached = self._loaded.get((bundle, chosen.number, chosen.sha256))
+        return cached if cached is not None else self.load(bundle, chosen.number)
+
+    def latest_number(self, bundle: str) -> int | None:
+        """The number of the bundle's last healthy revision (one small read), or None."""
+        entries = self.entries(bundle)
+        return entries[0].number if entries else None
+
+    def load(self, bundle: str, number: int | None = None) -> HealthyRevision | None:
+        """The latest revision of ``bundle`` (or revision ``number``), None when not stored,
+        read from its chunks and checked against its sha256.
 
         Raises RevisionStoreError (a chunk missing, content not matching its sha256, content
         unreadable), ApiUnavailableError, KubeApiError.
@@ -293,21 +391,34 @@ class RevisionStore:
             )
         try:
             document = json.loads(zlib.decompress(packed))
-            return Revision(
+            loaded = HealthyRevision.of(
                 bundle=bundle,
                 number=chosen.number,
-                manifests=tuple(document["manifests"]),
+                manifests=document["manifests"],
                 inventory=Inventory.from_json(document["inventory"]),
                 info=dict(document.get("info") or {}),
             )
         except (zlib.error, ValueError, KeyError, TypeError) as exc:
             raise RevisionStoreError(f"{what}: content unreadable: {exc}") from exc
+        self._remember(loaded, chosen.sha256)
+        return loaded
+
+    def _remember(self, revision: HealthyRevision, sha256: str) -> None:
+        # The latest and the one before (what a rollback returns to) are what passes use.
+        with self._lock:
+            mine = [k for k in self._loaded if k[0] == revision.bundle]
+            for key in mine[:-1]:
+                del self._loaded[key]
+            self._loaded[(revision.bundle, revision.number, sha256)] = revision
 
     def delete(self, bundle: str) -> int:
         """Delete every stored revision of ``bundle`` (index first); returns Secrets deleted.
 
         Raises ApiUnavailableError, KubeApiError.
         """
+        with self._lock:
+            for key in [k for k in self._loaded if k[0] == bundle]:
+                del self._loaded[key]
         deleted = int(self.kube.delete(self._ref(self._index_name(bundle))))
         for secret in self.kube.list(
             "v1", "Secret", namespace=self.namespace, label_selector=f"{REVISION_OF_LABEL}={bundle}"

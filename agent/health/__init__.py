@@ -113,6 +113,7 @@ def assess_live(
     checks: Sequence[HealthCheck] = (),
     default_namespace: str | None = None,
     builtin: bool = True,
+    wait_for_load_balancer: bool = False,
 ) -> list[ObjectHealth]:
     """Read each object (and each check's object) once from the cluster and assess it.
 
@@ -145,7 +146,11 @@ def assess_live(
     if builtin:
         for ref in refs:
             found = live(ref)
-            assessment = found if isinstance(found, Assessment) else assess(found)
+            assessment = (
+                found
+                if isinstance(found, Assessment)
+                else assess(found, wait_for_load_balancer=wait_for_load_balancer)
+            )
             results.append(ObjectHealth(ref, assessment))
     for check in checks:
         target = check.object
@@ -175,11 +180,13 @@ def wait_healthy(
     interval: float = 1.0,
     fail_fast: bool = True,
     on_progress: Callable[[Sequence[ObjectHealth]], None] | None = None,
+    wait_for_load_balancer: bool = False,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
 ) -> HealthReport:
     """Assess until every object is Current, or (``fail_fast``) one is Failed, or ``timeout``
-    seconds passed. ``on_progress`` receives each round's assessments.
+    seconds passed. ``on_progress`` receives each round's assessments;
+    ``wait_for_load_balancer`` as in :func:`assess`.
 
     A temporarily unreachable API server is retried until the deadline. Raises
     ApiUnavailableError only when no round could be assessed at all before the deadline.
@@ -198,6 +205,7 @@ def wait_healthy(
                 checks=checks,
                 default_namespace=default_namespace,
                 builtin=builtin,
+                wait_for_load_balancer=wait_for_load_balancer,
             )
         except ApiUnavailableError as exc:
             error = exc

@@ -8,7 +8,6 @@ assessed as written, which suits the output of ``kubectl get -o yaml`` saved ear
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -16,9 +15,11 @@ from typing import Any
 
 import yaml
 
+from agent.api.yamlio import SAFE_LOADER
 from agent.errors import PermanentError
 from agent.health import ObjectHealth, assess, assess_live
 from agent.health.kstatus import Status
+from agent.output import OUTPUT_FORMATS, render, table
 
 EXIT_HEALTHY = 0
 EXIT_UNHEALTHY = 1
@@ -39,9 +40,8 @@ def _documents(filename: str) -> Iterator[Mapping[str, Any]]:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise HealthInputError(f"{filename}: cannot read: {exc}") from exc
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     try:
-        documents = list(yaml.load_all(text, Loader=loader))
+        documents = list(yaml.load_all(text, Loader=SAFE_LOADER))
     except yaml.YAMLError as exc:
         raise HealthInputError(f"{filename}: not YAML: {exc}") from exc
     for index, document in enumerate(documents, start=1):
@@ -99,11 +99,9 @@ def _with_namespaces(objects: list[Mapping[str, Any]], kube: Any) -> list[Mappin
 
 
 def _table(results: list[ObjectHealth]) -> str:
-    rows = [("OBJECT", "STATUS", "MESSAGE")]
-    rows += [(r.name, str(r.status), r.assessment.message) for r in results]
-    width = [max(len(row[i]) for row in rows) for i in range(2)]
-    return "\n".join(
-        f"{row[0]:<{width[0]}}  {row[1]:<{width[1]}}  {row[2]}".rstrip() for row in rows
+    return table(
+        [(r.name, str(r.status), r.assessment.message) for r in results],
+        ["OBJECT", "STATUS", "MESSAGE"],
     )
 
 
@@ -122,7 +120,7 @@ def run_health(
     Raises HealthInputError (unreadable file, not objects), KubeconfigError, and the KubeErrors
     of reading the cluster (ApiUnavailableError when it cannot be reached).
     """
-    if output not in ("table", "json", "yaml"):
+    if output not in OUTPUT_FORMATS:
         raise HealthInputError(f"unknown output format {output!r} (table, json or yaml)")
     objects = _objects(filename)
     if offline:
@@ -139,8 +137,6 @@ def run_health(
         ) as kube:
             results = assess_live(kube, _with_namespaces(objects, kube))
     code = EXIT_HEALTHY if all(r.status is Status.CURRENT for r in results) else EXIT_UNHEALTHY
-    if output == "json":
-        return json.dumps([r.to_dict() for r in results], indent=2), code
-    if output == "yaml":
-        return yaml.safe_dump([r.to_dict() for r in results], sort_keys=False).rstrip(), code
-    return _table(results), code
+    if output == "table":
+        return _table(results), code
+    return render([r.to_dict() for r in results], output, table=str, sort_keys=False), code

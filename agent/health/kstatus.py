@@ -9,9 +9,11 @@ PodDisruptionBudget, CustomResourceDefinition; ConfigMap, Secret and CronJob alw
 otherwise Current, as ``Compute`` in ``status.go`` does. Messages and reasons are kstatus's.
 
 Additions, where kstatus has no rule (marked "fleetlet:" below): APIService (``Available``),
-Namespace (``phase``), a LoadBalancer Service also waits for its ingress, and any other object
+Namespace (``phase``), and any other object
 with a standard ``Ready`` condition is judged by it (True → Current, False/Unknown →
-InProgress, a ``Ready`` observed for an older generation → InProgress).
+InProgress, a ``Ready`` observed for an older generation → InProgress). A LoadBalancer Service
+is Current once it has a cluster IP, as in kstatus (most edge clusters have no load-balancer
+controller); ``wait_for_load_balancer`` also waits for its ingress address, as Argo CD does.
 """
 
 from __future__ import annotations
@@ -359,14 +361,13 @@ def _job(obj: Mapping[str, Any]) -> Assessment:
     return _current(f"Job in progress. success:{succeeded}, active: {active}, failed: {failed}")
 
 
-def _service(obj: Mapping[str, Any]) -> Assessment:
+def _service(obj: Mapping[str, Any], *, wait_for_load_balancer: bool = False) -> Assessment:
     if _str(obj, "spec.type", "ClusterIP") == "LoadBalancer":
         if not _str(obj, "spec.clusterIP", ""):
             return _in_progress("NoIPAssigned", "ClusterIP not set. Service type: LoadBalancer")
-        # fleetlet: a LoadBalancer Service is ready once the load balancer exists (kstatus
-        # stops at the cluster IP; Argo CD also waits for the ingress).
+        # fleetlet (opt-in): also wait for the load balancer itself, as Argo CD does.
         ingress = _field(obj, "status.loadBalancer.ingress")
-        if not (isinstance(ingress, list) and ingress):
+        if wait_for_load_balancer and not (isinstance(ingress, list) and ingress):
             return _in_progress(
                 "NoLoadBalancerIngress", "Waiting for the load balancer's ingress address"
             )
@@ -427,7 +428,6 @@ def _ready_condition(obj: Mapping[str, Any]) -> Assessment | None:
 
 
 _RULES = {
-    "Service": _service,
     "Secret": _always_ready,
     "ConfigMap": _always_ready,
     "PersistentVolumeClaim": _pvc,
@@ -447,8 +447,14 @@ _RULES = {
 }
 
 
-def assess(obj: Mapping[str, Any] | None, *, now: datetime.datetime | None = None) -> Assessment:
+def assess(
+    obj: Mapping[str, Any] | None,
+    *,
+    now: datetime.datetime | None = None,
+    wait_for_load_balancer: bool = False,
+) -> Assessment:
     """The kstatus status of ``obj`` as it is (None: the object does not exist → NotFound).
+    ``wait_for_load_balancer``: a LoadBalancer Service is InProgress until it has an ingress.
 
     Never raises: an object whose status has an unexpected shape is Unknown, with why.
     """
@@ -463,6 +469,8 @@ def assess(obj: Mapping[str, Any] | None, *, now: datetime.datetime | None = Non
         if kind == "Pod" and not group:
             clock = now or datetime.datetime.now(datetime.UTC)
             return _pod(obj, clock if clock.tzinfo else clock.replace(tzinfo=datetime.UTC))
+        if kind == "Service" and not group:
+            return _service(obj, wait_for_load_balancer=wait_for_load_balancer)
         rule = _RULES.get(f"{group}/{kind}" if group else kind)
         if rule is not None:
             return rule(obj)

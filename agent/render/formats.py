@@ -1,4 +1,5 @@
-"""The format registry: ``plain`` built in, plugins through the ``fleetlet.formats`` entry points.
+"""The format registry: ``plain``, ``helm`` and ``kustomize`` built in, plugins through the
+``fleetlet.formats`` entry points.
 
 A format is an object with a ``name`` and ``render(tree, request) -> list[dict]`` returning
 Kubernetes objects (see :class:`Format`). A plugin package declares, in its
@@ -8,8 +9,13 @@ Kubernetes objects (see :class:`Format`). A plugin package declares, in its
     myformat = "my_package.module:MyFormat"
 
 The entry point may name a format object or a class/factory called without arguments.
-:func:`render_bundle` validates every object a format returns and finishes it (target
-namespace, ownership labels) the same way for all formats, so no plugin can skip that.
+:func:`render_objects` validates every object a format returns and applies the bundle's
+``patches`` (unless the format says it applied them itself: ``applies_patches = True``, as the
+kustomize format does in its one build); :func:`render_bundle` then finishes them (target namespace, ownership labels) the
+same way for all formats, so no plugin can skip that. A built-in format of the API
+(:data:`agent.api.BUILTIN_FORMATS`) that this build does not carry fails with
+:class:`FormatNotAvailableError`; installing a plugin of that name makes it available without
+any change here or in ``fleetlet render``.
 """
 
 from __future__ import annotations
@@ -19,8 +25,12 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from agent.errors import FleetletError, PermanentError
+from agent.api.models import BUILTIN_FORMATS
+from agent.errors import FleetletError, NotImplementedYetError, PermanentError
+from agent.render.helm import HelmFormat
+from agent.render.kustomize import KustomizeFormat
 from agent.render.manifests import InvalidManifestError, Manifest, validate_object
+from agent.render.patches import apply_patches
 from agent.render.plain import PlainFormat, RenderRequest, finish
 
 ENTRY_POINT_GROUP = "fleetlet.formats"
@@ -41,6 +51,10 @@ class UnknownFormatError(PermanentError):
     reason = "UnknownFormat"
 
 
+class FormatNotAvailableError(UnknownFormatError, NotImplementedYetError):
+    """A format the API names (helm, registry+v1) that this build does not carry yet."""
+
+
 class FormatFailedError(InvalidManifestError):
     """A format (typically a plugin) failed with an error of its own."""
 
@@ -48,7 +62,11 @@ class FormatFailedError(InvalidManifestError):
 
 
 # The built-in formats, then each plugin once loaded.
-_LOADED: dict[str, Format] = {"plain": PlainFormat()}
+_LOADED: dict[str, Format] = {
+    "plain": PlainFormat(),
+    "helm": HelmFormat(),
+    "kustomize": KustomizeFormat(),
+}
 
 
 @functools.cache
@@ -69,6 +87,11 @@ def get_format(name: str) -> Format:
     if name in _LOADED:
         return _LOADED[name]
     entry = _plugins().get(name)
+    if entry is None and name in BUILTIN_FORMATS:
+        raise FormatNotAvailableError(
+            f"format {name!r} is not available in this build "
+            f"(available: {', '.join(available_formats())})"
+        )
     if entry is None:
         raise UnknownFormatError(
             f"unknown format {name!r} (available: {', '.join(available_formats())})"
@@ -87,10 +110,19 @@ def get_format(name: str) -> Format:
 
 
 def render_bundle(tree: Path, *, format: str, request: RenderRequest) -> list[Manifest]:
-    """Render ``tree`` with the named format, validate and finish every object.
+    """Render ``tree`` with the named format, validate, patch and finish every object.
+
+    Raises what :func:`render_objects` and :func:`~agent.render.plain.finish` raise.
+    """
+    return finish(render_objects(tree, format=format, request=request), request)
+
+
+def render_objects(tree: Path, *, format: str, request: RenderRequest) -> list[Manifest]:
+    """Render ``tree`` with the named format, validate every object and apply
+    ``request.patches``: everything but the finishing (what the render cache keeps).
 
     Raises UnknownFormatError, InvalidManifestError (FormatFailedError when a plugin fails
-    with an error of its own) and the format's own FleetletErrors.
+    with an error of its own, PatchFailedError) and the format's own FleetletErrors.
     """
     renderer = get_format(format)
     try:
@@ -113,4 +145,12 @@ def render_bundle(tree: Path, *, format: str, request: RenderRequest) -> list[Ma
         validate_object(obj, source=request.source, file=f"{format} output", index=i)
         for i, obj in enumerate(raw)
     ]
-    return finish(objects, request)
+    if not request.patches or getattr(renderer, "applies_patches", False):
+        return objects
+    patched = apply_patches(
+        objects, request.patches, source=request.source, kustomize=request.tools.find("kustomize")
+    )
+    return [
+        validate_object(obj, source=request.source, file="patched output", index=i)
+        for i, obj in enumerate(patched)
+    ]

@@ -6,7 +6,9 @@ aliases and the number of nodes the document would have once every alias is expa
 anchor's expanded size is remembered, so an alias bomb is measured in one linear pass and
 refused before anything is built); only then is it loaded. Objects are then copied through
 JSON, which expands aliases (within the bound just checked) so nothing downstream shares
-structure, and turns YAML-only values (timestamps) into the strings Kubernetes would see.
+structure, and turns YAML-only values (timestamps) into the strings Kubernetes would see. A key
+written twice in one mapping is refused (PyYAML would keep the last one silently), as the set
+loader refuses it.
 
 Each refusal is an :class:`InvalidManifestError` naming the source, the file and the rule.
 """
@@ -21,12 +23,61 @@ from typing import Any
 
 import yaml
 
+from agent.api.yamlio import SAFE_LOADER
 from agent.source.content import ContentRefusedError
 
-try:
-    _Loader: type[Any] = yaml.CSafeLoader
-except AttributeError:  # PyYAML built without libyaml
-    _Loader = yaml.SafeLoader
+_Loader: type[Any] = SAFE_LOADER
+
+
+class _DuplicateKeyError(yaml.YAMLError):
+    """A mapping names one key twice (internal: becomes InvalidManifestError DuplicateKey)."""
+
+
+def _json_key(key: object) -> str:
+    """The key as JSON (and so the API server) sees it: ``1`` and ``"1"`` are one key."""
+    if isinstance(key, str):
+        return key
+    if isinstance(key, bool | int | float) or key is None:
+        return json.dumps(key)
+    return repr(key)
+
+
+def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``json.loads``'s object hook: refuse a key written twice in one object."""
+    found: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in found:
+            raise _DuplicateKeyError(f"key {json.dumps(key)} appears twice in one object")
+        found[key] = value
+    return found
+
+
+class _ManifestLoader(_Loader):  # type: ignore[misc,valid-type]
+    """The safe loader, refusing a key written twice in one mapping (PyYAML keeps the last:
+    ``namespace: web`` then ``namespace: kube-system`` would land in kube-system). Keys a
+    merge (``<<``) brings in may be overridden, as YAML intends."""
+
+    def construct_mapping(self, node: yaml.Node, deep: bool = False) -> Any:
+        if isinstance(node, yaml.MappingNode):
+            checked: set[int] = self.__dict__.setdefault("_checked", set())
+            if id(node) not in checked:
+                checked.add(id(node))
+                seen: dict[str, yaml.Node] = {}
+                for key_node, _value in node.value:
+                    if not isinstance(key_node, yaml.ScalarNode):
+                        continue
+                    if key_node.tag == "tag:yaml.org,2002:merge":
+                        continue
+                    key = _json_key(self.construct_object(key_node))
+                    if key in seen:
+                        first = seen[key].start_mark.line + 1
+                        raise _DuplicateKeyError(
+                            f"key {json.dumps(key)} appears twice in one mapping (lines "
+                            f"{first} and {key_node.start_mark.line + 1})"
+                        )
+                    seen[key] = key_node
+        return super().construct_mapping(node, deep=deep)
+
 
 # C0 controls except tab, newline and carriage return, and DEL: never in a text manifest.
 _CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
@@ -185,7 +236,11 @@ def load_documents(
     text = decode_text(data, source=source, file=file, limits=limits)
     if file.endswith(".json"):
         try:
-            return [json.loads(text)]
+            return [json.loads(text, object_pairs_hook=_unique_pairs)]
+        except _DuplicateKeyError as exc:
+            raise InvalidManifestError(
+                str(exc), source=source, file=file, rule="DuplicateKey"
+            ) from None
         except RecursionError:
             raise InvalidManifestError(
                 "nested too deeply", source=source, file=file, rule="TooDeep"
@@ -196,7 +251,11 @@ def load_documents(
             ) from None
     _scan_yaml(text, source=source, file=file, limits=limits)
     try:
-        raw = [d for d in yaml.load_all(text, Loader=_Loader) if d is not None]
+        raw = [d for d in yaml.load_all(text, Loader=_ManifestLoader) if d is not None]
+    except _DuplicateKeyError as exc:
+        raise InvalidManifestError(
+            str(exc), source=source, file=file, rule="DuplicateKey"
+        ) from None
     except yaml.YAMLError as exc:
         raise InvalidManifestError(
             f"not valid YAML: {_one_line(exc)}", source=source, file=file, rule="YamlSyntax"
@@ -214,10 +273,22 @@ def load_documents(
     return documents
 
 
+# Annotations that make an object a hook (created at a stage, not applied): Argo CD's and Helm's.
+HOOK_ANNOTATIONS = ("argocd.argoproj.io/hook", "helm.sh/hook")
+
+
+def is_hook(document: dict[str, Any]) -> bool:
+    """Whether the object carries a hook annotation (see :data:`HOOK_ANNOTATIONS`)."""
+    metadata = document.get("metadata")
+    annotations = metadata.get("annotations") if isinstance(metadata, dict) else None
+    return isinstance(annotations, dict) and any(a in annotations for a in HOOK_ANNOTATIONS)
+
+
 def validate_object(
     document: object, *, source: str, file: str, index: int, item: int | None = None
 ) -> Manifest:
-    """Check one document is a Kubernetes object: a mapping with apiVersion, kind, metadata.name.
+    """Check one document is a Kubernetes object: a mapping with apiVersion, kind, metadata.name
+    (or, for a hook, metadata.generateName; see :func:`is_hook`).
 
     Raises InvalidManifestError (DocumentIsList, DocumentIsScalar, MissingApiVersion,
     MissingKind, MissingName).
@@ -246,7 +317,18 @@ def validate_object(
     if not isinstance(metadata, dict):
         raise refuse(f"{kind} has no metadata", "MissingName")
     name = metadata.get("name")
+    if name is None and is_hook(document):
+        # Hooks (Argo CD's and Helm's) may be created under a generated name, never applied.
+        generate = metadata.get("generateName")
+        if isinstance(generate, str) and generate:
+            name = generate
     if not isinstance(name, str) or not name:
+        if metadata.get("generateName"):
+            raise refuse(
+                f"{kind} has only metadata.generateName: that is allowed for hooks "
+                f"({', '.join(HOOK_ANNOTATIONS)} annotations); an applied object needs a name",
+                "MissingName",
+            )
         raise refuse(f"{kind} has no metadata.name", "MissingName")
     namespace = metadata.get("namespace")
     if namespace is not None and (not isinstance(namespace, str) or not namespace):

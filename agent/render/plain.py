@@ -2,10 +2,16 @@
 format's output gets (target namespace, ownership labels).
 
 Files ending in ``.yaml``, ``.yml`` or ``.json`` are read (hidden files and directories are
-skipped), in a stable order: each path component is ordered by its numeric prefix (``01_``,
+skipped, and so are the well-known files that configure a tool rather than describe objects:
+Rancher Fleet's ``fleet.yaml``, Helm's ``Chart.yaml`` and ``values*.yaml``, kustomize's
+``kustomization.yaml``; see :func:`agent.render.detect.is_known_non_manifest`), in a stable
+order: each path component is ordered by its numeric prefix (``01_``,
 ``2-``, ``10.``; so ``01_namespace.yaml`` comes before ``02_app.yaml`` and ``9_`` before
 ``10_``), unnumbered components after the numbered ones, then by name. Documents keep their
-order inside a file. Symlinks are followed only when they stay inside the tree.
+order inside a file. Symlinks are followed only when they stay inside the tree (every one is
+judged, hidden or not, and none may climb out of the tree on its way). Every bad file is
+reported, not only the first (:class:`InvalidManifestsError`). ``formatOptions.path`` renders
+one directory of the tree (:func:`render_root`).
 
 :func:`finish` then gives namespaced objects without a namespace the target namespace (scope
 from a :data:`~agent.render.scope.ScopeLookup`, the bundle's own CRDs first), and adds the
@@ -15,15 +21,21 @@ ownership labels ``fleetlet.io/bundle``, ``fleetlet.io/group`` and the annotatio
 
 from __future__ import annotations
 
+import errno
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+from agent.errors import TemporaryError
+from agent.render.detect import detect_format, is_known_non_manifest
+from agent.render.facts import ClusterFacts
 from agent.render.manifests import InvalidManifestError, Manifest, ParseLimits, parse_manifests
 from agent.render.scope import ScopeLookup, builtin_scope, with_bundle_crds
+from agent.render.tools import ToolSettings
+from agent.source.tree import LinkEscapeError, resolve_inside
 
 BUNDLE_LABEL = "fleetlet.io/bundle"
 GROUP_LABEL = "fleetlet.io/group"
@@ -33,6 +45,7 @@ _SUFFIXES = (".yaml", ".yml", ".json")
 _PREFIX = re.compile(r"^(\d+)(?=[_.\-])")
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 _UNNUMBERED = 1 << 62
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,7 +75,17 @@ class RenderLimits:
 @dataclass(frozen=True, kw_only=True)
 class RenderRequest:
     """What a format renders for: ``source`` names the bundle in messages; ``options`` are the
-    format's options from the BundleDeployment (the plain format has none)."""
+    format's options from the BundleDeployment (``formatOptions``, camelCase keys; the plain
+    format reads only ``path``). ``patches`` (API ``Patch`` dicts) are applied by
+    :func:`agent.render.formats.render_bundle` after the format, never by the format itself.
+    ``cluster`` is what is known of the cluster (version, served APIs); ``upgrade`` whether the
+    bundle is already installed there (helm's ``.Release.IsUpgrade``); ``tools`` where helm
+    and kustomize are.
+
+    Every field but ``source``, ``scope``, ``ownership`` and ``tools`` is part of the render
+    cache key (:mod:`agent.render.cache`): a field added here changes the key, so it is never
+    stale.
+    """
 
     source: str = "bundle"
     namespace: str | None = None
@@ -70,6 +93,48 @@ class RenderRequest:
     ownership: Ownership | None = None
     options: Mapping[str, Any] = field(default_factory=dict)
     limits: RenderLimits = field(default_factory=RenderLimits)
+    patches: Sequence[Mapping[str, Any]] = ()
+    cluster: ClusterFacts = field(default_factory=ClusterFacts)
+    upgrade: bool = False
+    tools: ToolSettings = field(default_factory=ToolSettings)
+
+
+class InvalidManifestsError(InvalidManifestError):
+    """Several files of a tree were refused; ``errors`` has each, in render order."""
+
+    def __init__(self, errors: Sequence[InvalidManifestError], *, source: str) -> None:
+        self.errors = list(errors)
+        rules = sorted({e.rule for e in self.errors})
+        listed = "; ".join(f"{e.file}: {e.detail} [{e.rule}]" for e in self.errors)
+        super().__init__(
+            f"{len(self.errors)} files refused: {listed}",
+            source=source,
+            rule=",".join(rules),
+        )
+
+
+def render_root(tree: Path, request: RenderRequest) -> Path:
+    """The directory to render: ``tree``, or ``options["path"]`` inside it.
+
+    Raises InvalidManifestError (PathNotFound, PathEscapes).
+    """
+    path = request.options.get("path")
+    if not path:
+        return tree
+    root = tree / str(path)
+    real_tree = os.path.realpath(tree)
+    real = os.path.realpath(root)
+    if real != real_tree and not real.startswith(real_tree + os.sep):
+        raise InvalidManifestError(
+            f"path {path!r} leaves the bundle tree", source=request.source, rule="PathEscapes"
+        )
+    if not root.is_dir():
+        raise InvalidManifestError(
+            f"path {path!r}: no such directory in the bundle tree",
+            source=request.source,
+            rule="PathNotFound",
+        )
+    return root
 
 
 def order_key(relative: str) -> tuple[tuple[int, str], ...]:
@@ -84,23 +149,27 @@ def order_key(relative: str) -> tuple[tuple[int, str], ...]:
 def manifest_files(tree: Path, *, source: str, limits: RenderLimits) -> list[str]:
     """The manifest files under ``tree`` (relative POSIX paths), in render order.
 
-    Raises InvalidManifestError (SymlinkEscapes, TooManyFiles).
+    Every symlink of the tree is judged, hidden ones and those in hidden directories too
+    (other formats' tools may read what this one skips): each must resolve inside the tree
+    without climbing out on the way. Raises InvalidManifestError (SymlinkEscapes,
+    TooManyFiles).
     """
-    root = os.path.realpath(tree)
     found: list[str] = []
     for dirpath, dirnames, filenames in os.walk(tree, followlinks=False):
-        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
-        for d in list(dirnames):
-            full = os.path.join(dirpath, d)
+        for name in [*dirnames, *filenames]:
+            full = os.path.join(dirpath, name)
             if os.path.islink(full):
-                _inside(full, root, tree, source)
+                _inside(Path(full).relative_to(tree).as_posix(), tree, source)
+        # Hidden directories are walked for their links only: their files are not read.
+        relative = Path(dirpath).relative_to(tree).as_posix()
+        if any(part.startswith(".") for part in relative.split("/") if part != "."):
+            continue
         for name in filenames:
             if name.startswith(".") or not name.endswith(_SUFFIXES):
                 continue
-            full = os.path.join(dirpath, name)
-            if os.path.islink(full):
-                _inside(full, root, tree, source)
-            found.append(Path(full).relative_to(tree).as_posix())
+            if is_known_non_manifest(name):
+                continue
+            found.append(Path(os.path.join(dirpath, name)).relative_to(tree).as_posix())
             if len(found) > limits.max_files:
                 raise InvalidManifestError(
                     f"more than {limits.max_files} manifest files",
@@ -112,28 +181,33 @@ def manifest_files(tree: Path, *, source: str, limits: RenderLimits) -> list[str
     return sorted(found, key=order_key)
 
 
-def _inside(full: str, root: str, tree: Path, source: str) -> None:
-    real = os.path.realpath(full)
-    if real != root and not real.startswith(root + os.sep):
+def _inside(relative: str, tree: Path, source: str) -> None:
+    try:
+        resolve_inside(tree, relative)
+    except LinkEscapeError as exc:
         raise InvalidManifestError(
-            "symlink points outside the bundle",
+            f"symlink points outside the bundle: {exc}",
             source=source,
-            file=Path(full).relative_to(tree).as_posix(),
+            file=relative,
             rule="SymlinkEscapes",
-        )
+        ) from None
 
 
 def load_tree(tree: Path, request: RenderRequest) -> list[Manifest]:
     """Every object of the tree's manifest files, in render order (not yet finished).
 
-    Raises InvalidManifestError.
+    A file that does not parse or holds something that is not an object does not stop the
+    walk: every such file is reported in one error. The tree's bounds (files, bytes, objects)
+    do stop it at once.
+    Raises InvalidManifestError (one bad file), InvalidManifestsError (several).
     """
     limits = request.limits
     objects: list[Manifest] = []
+    refused: list[InvalidManifestError] = []
     total = 0
     for relative in manifest_files(tree, source=request.source, limits=limits):
         path = tree / relative
-        size = path.stat().st_size
+        size = _size(path, relative, request.source)
         total += size
         if total > limits.max_total_bytes:
             raise InvalidManifestError(
@@ -149,11 +223,13 @@ def load_tree(tree: Path, request: RenderRequest) -> list[Manifest]:
                 file=relative,
                 rule="FileTooLarge",
             )
-        objects.extend(
-            parse_manifests(
-                path.read_bytes(), source=request.source, file=relative, limits=limits.parse
+        data = _guard_read(path.read_bytes, relative, request.source)
+        try:
+            objects.extend(
+                parse_manifests(data, source=request.source, file=relative, limits=limits.parse)
             )
-        )
+        except InvalidManifestError as exc:
+            refused.append(exc)
         if len(objects) > limits.max_objects:
             raise InvalidManifestError(
                 f"more than {limits.max_objects} objects",
@@ -161,14 +237,45 @@ def load_tree(tree: Path, request: RenderRequest) -> list[Manifest]:
                 file=relative,
                 rule="TooManyObjects",
             )
+    if len(refused) == 1:
+        raise refused[0]
+    if refused:
+        raise InvalidManifestsError(refused, source=request.source)
     return objects
 
 
-def _identity(obj: Manifest) -> tuple[str, str, str, str]:
+# What a file named by the content itself can do to a read: a dangling link, a link loop, a
+# link to a directory. Anything else is our own disk.
+_CONTENT_ERRNOS = {errno.ENOENT, errno.ELOOP, errno.EISDIR, errno.ENOTDIR, errno.ENAMETOOLONG}
+
+
+def _guard_read(read: Callable[[], _T], relative: str, source: str) -> _T:
+    """``read()``; a failure the content caused is an InvalidManifestError (UnreadableFile),
+    one of the local disk a TemporaryError."""
+    try:
+        return read()
+    except OSError as exc:
+        if exc.errno in _CONTENT_ERRNOS:
+            raise InvalidManifestError(
+                f"cannot be read: {exc.strerror}",
+                source=source,
+                file=relative,
+                rule="UnreadableFile",
+            ) from None
+        raise TemporaryError(f"{source}: {relative}: cannot be read: {exc}") from exc
+
+
+def _size(path: Path, relative: str, source: str) -> int:
+    return _guard_read(lambda: path.stat().st_size, relative, source)
+
+
+def _identity(obj: Manifest, index: int) -> tuple[str, str, str, str]:
     api_version = str(obj["apiVersion"])
     group = api_version.rsplit("/", 1)[0] if "/" in api_version else ""
     meta = obj["metadata"]
-    return (group, str(obj["kind"]), str(meta.get("namespace") or ""), str(meta["name"]))
+    # A hook known by generateName gets its name from the API server: never a duplicate.
+    name = meta.get("name") or f"{meta.get('generateName')}<generated #{index + 1}>"
+    return (group, str(obj["kind"]), str(meta.get("namespace") or ""), str(name))
 
 
 def finish(objects: list[Manifest], request: RenderRequest) -> list[Manifest]:
@@ -188,7 +295,7 @@ def finish(objects: list[Manifest], request: RenderRequest) -> list[Manifest]:
             and scope(str(obj["apiVersion"]), str(obj["kind"]))
         ):
             meta["namespace"] = request.namespace
-        identity = _identity(obj)
+        identity = _identity(obj, index)
         if identity in seen:
             group, kind, namespace, name = identity
             where = f"{namespace}/{name}" if namespace else name
@@ -200,16 +307,19 @@ def finish(objects: list[Manifest], request: RenderRequest) -> list[Manifest]:
                 rule="DuplicateObject",
             )
         seen[identity] = index
-        owner = request.ownership
-        if owner is not None:
-            labels = meta.get("labels") or {}
-            labels[BUNDLE_LABEL] = owner.bundle
-            labels[GROUP_LABEL] = owner.group
-            meta["labels"] = labels
-            annotations = meta.get("annotations") or {}
-            annotations[REVISION_ANNOTATION] = owner.revision
-            meta["annotations"] = annotations
+        _own(meta, request.ownership)
     return objects
+
+
+def _own(meta: dict[str, Any], owner: Ownership | None) -> None:
+    if owner is not None:
+        labels = meta.get("labels") or {}
+        labels[BUNDLE_LABEL] = owner.bundle
+        labels[GROUP_LABEL] = owner.group
+        meta["labels"] = labels
+        annotations = meta.get("annotations") or {}
+        annotations[REVISION_ANNOTATION] = owner.revision
+        meta["annotations"] = annotations
 
 
 class PlainFormat:
@@ -218,5 +328,21 @@ class PlainFormat:
     name = "plain"
 
     def render(self, tree: Path, request: RenderRequest) -> list[Manifest]:
-        """The tree's objects in order. Raises InvalidManifestError."""
-        return load_tree(tree, request)
+        """The objects of ``formatOptions.path`` (default: the tree), in order.
+
+        Raises InvalidManifestError (InvalidManifestsError for several bad files; the message
+        says so when the directory looks like another format).
+        """
+        root = render_root(tree, request)
+        try:
+            return load_tree(root, request)
+        except InvalidManifestError as exc:
+            detected = detect_format(root)
+            if detected.format == "plain":
+                raise
+            # The same error (type, rule, files); only its message gains the hint.
+            exc.args = (
+                f"{exc} (the directory looks like a {detected.format} bundle: "
+                f"{detected.evidence}; render it with format {detected.format})",
+            )
+            raise

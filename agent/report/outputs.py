@@ -8,6 +8,15 @@ Three steps, in this order, after a run succeeded:
    ``stringData``, which the API server stores in ``data``) is base64-decoded and must be UTF-8
    text. Every output is read before anything is reported: one :class:`OutputError` names each
    output that failed, its object and field, and why.
+
+   Two rules hold whatever the bundle declares. An output read from a **Secret is sensitive,
+   always**: it is treated as ``sensitive: true`` even when declared otherwise (forced rather
+   than refused, so a declaration cannot leak a Secret and a harmless one does not fail a run
+   that already succeeded; any field of a Secret may hold its data, the
+   ``last-applied-configuration`` annotation for one). And a bundle reads **only what it may
+   see**: as its ServiceAccount, what the API server lets that account read; without one (as
+   the agent itself), only objects the bundle applied (labelled ``fleetlet.io/bundle=<bundle>``),
+   never the agent's own state, another bundle's objects or their outputs.
 2. :meth:`OutputsWriter.write` keeps the cluster's view in sync with that run: the bundle's
    cluster-scoped ``BundleOutputs`` object (named like the bundle) holds the non-sensitive
    values in clear and, for sensitive ones, a ``secretRef`` to a key of ONE Secret per bundle in
@@ -16,7 +25,9 @@ Three steps, in this order, after a run succeeded:
    by server-side apply: an output no longer declared disappears from both.
 3. :func:`status_outputs` gives the status document's form (what leaves the cluster):
    non-sensitive values in clear, sensitive ones sealed to the hub's public key or ``omitted``
-   when the agent has none. A clear sensitive value never leaves the cluster.
+   when the agent has none. A clear sensitive value never leaves the cluster, and a sealed one
+   is bound to its cluster, bundle, output name and run, and signed by the agent's sealing key
+   when it has one (:mod:`agent.report.seal`).
 
 Values hold at most :data:`MAX_VALUE_BYTES` (UTF-8) each and :data:`MAX_TOTAL_BYTES` together:
 they must fit the ``BundleOutputs`` schema, a Secret and the bounded status document.
@@ -46,11 +57,10 @@ from agent.api.models import (
 from agent.api.models import OutputValue as BundleOutputValue
 from agent.api.status import OutputValue as StatusOutputValue
 from agent.api.validation import from_dict, to_dict
-from agent.apply.group import FIELD_MANAGER
-from agent.bundles import MANAGED_LABEL
 from agent.errors import PermanentError, ValidationError
 from agent.health.checks import MISSING, field_value
 from agent.kube import (
+    STATE_FIELD_MANAGER,
     ApiNotServedError,
     ConflictError,
     ForbiddenError,
@@ -59,7 +69,10 @@ from agent.kube import (
     Object,
     ObjectRef,
 )
-from agent.report.seal import sensitive_output
+from agent.render.plain import BUNDLE_LABEL
+from agent.report.bundles import MANAGED_LABEL
+from agent.report.logs import mask
+from agent.report.seal import OutputPlace, sensitive_output
 
 KIND = "BundleOutputs"
 SECRET_PREFIX = "fleetlet-outputs-"
@@ -219,17 +232,23 @@ def _text(obj: Mapping[str, Any], output: Output) -> str:
 
 
 def read_outputs(
-    kube: KubeClient, outputs: Sequence[Output], *, default_namespace: str | None
+    kube: KubeClient,
+    outputs: Sequence[Output],
+    *,
+    default_namespace: str | None,
+    owner: str | None = None,
 ) -> list[ReadOutput]:
     """Read every output in ``outputs`` (in order) from the cluster through ``kube`` (the
     bundle's identity). An object named without a namespace, of a namespaced kind, is looked
     up in ``default_namespace`` (the bundle's target namespace). Each object is fetched once
-    however many outputs read it.
+    however many outputs read it. With ``owner`` (a bundle read as the agent itself, without
+    a ServiceAccount of its own) only objects that bundle applied may be read. An output read
+    from a Secret is sensitive, whatever it declares.
 
     Raises OutputError naming every output that failed (object missing, field missing, read
-    forbidden, API not served, no namespace, a value not text or too large, the values
-    together over :data:`MAX_TOTAL_BYTES`); ApiUnavailableError (temporary) when the API
-    server cannot answer.
+    forbidden, not the owner's object, API not served, no namespace, a value not text or too
+    large, the values together over :data:`MAX_TOTAL_BYTES`); ApiUnavailableError (temporary)
+    when the API server cannot answer.
     """
     fetched: dict[ObjectRef, Object | str | None] = {}
     failures: list[OutputFailure] = []
@@ -248,6 +267,8 @@ def read_outputs(
                 raise _Problem(obj)
             if obj is None:
                 raise _Problem("the object does not exist")
+            if owner is not None:
+                _check_owner(obj, owner)
             text = _text(obj, output)
         except _Problem as exc:
             failures.append(OutputFailure(output.name, target, output.field_path, str(exc)))
@@ -263,10 +284,25 @@ def read_outputs(
                 )
             )
             continue
-        values.append(ReadOutput(output.name, text, output.sensitive))
+        sensitive = output.sensitive or _is_secret(ref.api_version, ref.kind)
+        if sensitive:
+            mask(text)  # read into this process: never in a log line from now on
+        values.append(ReadOutput(output.name, text, sensitive))
     if failures:
         raise OutputError(failures)
     return values
+
+
+def _check_owner(obj: Object, owner: str) -> None:
+    """Raise _Problem unless ``obj`` is one the bundle ``owner`` applied."""
+    metadata = obj.get("metadata")
+    labels = metadata.get("labels") if isinstance(metadata, Mapping) else None
+    found = labels.get(BUNDLE_LABEL) if isinstance(labels, Mapping) else None
+    if found != owner:
+        raise _Problem(
+            f"bundle {owner} did not apply it ({BUNDLE_LABEL}={found or '(none)'}): a bundle "
+            "without a ServiceAccount reads only its own objects; name one that may read it"
+        )
 
 
 def _locate(kube: KubeClient, output: Output, default_namespace: str | None) -> ObjectRef:
@@ -412,14 +448,14 @@ class OutputsWriter:
         """Apply ``body`` (forced); when the object then still holds content another manager
         co-owns (server-side apply keeps a field some other manager also owns), delete that
         very object and apply again. ``exact(live)`` tells whether the object is as desired."""
-        live = self.kube.apply(body, field_manager=FIELD_MANAGER, force=True)
+        live = self.kube.apply(body, field_manager=STATE_FIELD_MANAGER, force=True)
         if exact(live):
             return
         uid = (live.get("metadata") or {}).get("uid")
         # ConflictError: replaced meanwhile (another uid); the apply below settles it.
         with contextlib.suppress(ConflictError):
             self.kube.delete(body, uid=uid if isinstance(uid, str) else None)
-        self.kube.apply(body, field_manager=FIELD_MANAGER, force=True)
+        self.kube.apply(body, field_manager=STATE_FIELD_MANAGER, force=True)
 
     def read(self, bundle: str) -> BundleOutputsSpec | None:
         """The BundleOutputs spec of ``bundle`` as in the cluster, None when there is none.
@@ -462,12 +498,24 @@ def _spec_of(live: Mapping[str, Any]) -> BundleOutputsSpec | None:
 
 
 def status_outputs(
-    values: Sequence[ReadOutput], *, hub_key: nacl.public.PublicKey | None
+    values: Sequence[ReadOutput],
+    *,
+    hub_key: nacl.public.PublicKey | None,
+    cluster: str,
+    bundle: str,
+    run_id: str,
+    sealing_key: nacl.public.PrivateKey | None = None,
 ) -> tuple[StatusOutputValue, ...]:
-    """The status document's form of ``values`` (a run's ``outputs``): non-sensitive values
-    in clear, sensitive ones sealed to ``hub_key`` or ``omitted`` when it is None."""
+    """The status document's form of ``values`` (run ``run_id`` of ``bundle`` on
+    ``cluster``): non-sensitive values in clear, sensitive ones sealed to ``hub_key`` for
+    their place (by the agent's ``sealing_key``), or ``omitted`` when ``hub_key`` is None."""
     return tuple(
-        sensitive_output(v.name, v.value, hub_key)
+        sensitive_output(
+            v.value,
+            hub_key,
+            place=OutputPlace(cluster=cluster, bundle=bundle, output=v.name, run=run_id),
+            sender=sealing_key,
+        )
         if v.sensitive
         else StatusOutputValue(name=v.name, value=v.value)
         for v in values
@@ -503,15 +551,21 @@ class OutputsStage:
         *,
         kube: KubeClient,
         agent_namespace: str,
+        cluster: str,
         hub_key: nacl.public.PublicKey | None,
+        sealing_key: nacl.public.PrivateKey | None = None,
         settle: float = 5.0,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
-        """``settle``: how long to keep re-reading outputs that cannot be read yet. Healthy
-        does not mean every field is filled: a service-account token, a load balancer's
-        address are written by controllers a moment later."""
+        """``cluster`` and ``sealing_key`` (the agent's own, see :mod:`agent.report.seal`)
+        bind and sign what is sealed to ``hub_key``. ``settle``: how long to keep re-reading
+        outputs that cannot be read yet. Healthy does not mean every field is filled: a
+        service-account token, a load balancer's address are written by controllers a moment
+        later."""
         self.writer = OutputsWriter(kube=kube, agent_namespace=agent_namespace)
+        self.cluster = cluster
         self.hub_key = hub_key
+        self.sealing_key = sealing_key
         self.settle = settle
         self.sleep = sleep
 
@@ -527,22 +581,35 @@ class OutputsStage:
         now: datetime,
     ) -> tuple[StatusOutputValue, ...]:
         """After a successful run: read ``outputs`` with ``reader`` and keep the cluster's
-        BundleOutputs in sync (none declared: any left from before are deleted).
+        BundleOutputs in sync (none declared: any left from before are deleted). A ``reader``
+        that is the agent itself (the bundle names no ServiceAccount) reads only objects the
+        bundle applied.
 
         Raises OutputError (naming every output that failed, after ``settle`` seconds of
         retries), ApiUnavailableError, the KubeClient's errors of the writes.
         """
+        as_itself = reader.impersonate == self.writer.kube.impersonate
+        owner = bundle if as_itself else None
         deadline = time.monotonic() + self.settle
         while True:
             try:
-                values = read_outputs(reader, outputs, default_namespace=default_namespace)
+                values = read_outputs(
+                    reader, outputs, default_namespace=default_namespace, owner=owner
+                )
                 break
             except OutputError:
                 if time.monotonic() >= deadline:
                     raise
                 self.sleep(0.5)
         self.writer.write(bundle=bundle, run_id=run_id, serial=serial, values=values, now=now)
-        return status_outputs(values, hub_key=self.hub_key)
+        return status_outputs(
+            values,
+            hub_key=self.hub_key,
+            cluster=self.cluster,
+            bundle=bundle,
+            run_id=run_id,
+            sealing_key=self.sealing_key,
+        )
 
     def forget(self, bundle: str) -> None:
         """A bundle left the set: delete its BundleOutputs and Secret."""

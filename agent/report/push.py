@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pygit2
 
@@ -38,9 +38,13 @@ from agent.api.status import (
     load_status,
     status_branch,
 )
+from agent.backoff import attempts
 from agent.errors import PermanentError, ValidationError
 from agent.source.credentials import GitAuthError, GitCallbacks, GitCredentials
 from agent.source.lsrefs import GitUnavailableError
+
+if TYPE_CHECKING:
+    from agent.report.metrics import Metrics
 
 __all__ = [
     "GitAuthError",
@@ -105,6 +109,7 @@ class StatusPusher:
     whether a push is due (a pending document, or the heartbeat); ``push(now)`` pushes;
     ``tick(now)`` does both. Thread-safe. The document's ``heartbeat`` and ``sequence`` are
     set here (what the caller puts there is ignored); it is bounded with ``bound_status``.
+    ``metrics``, when given, counts pushes that succeeded and failed.
     """
 
     def __init__(
@@ -119,8 +124,10 @@ class StatusPusher:
         connect_timeout: float = 10.0,
         io_timeout: float = 30.0,
         recycle_every: int = DEFAULT_RECYCLE_EVERY,
+        metrics: Metrics | None = None,
     ) -> None:
         self.repo_url = repo_url
+        self._metrics = metrics
         self.cluster = cluster
         self.branch = status_branch(cluster)
         self.ref = "refs/heads/" + self.branch
@@ -264,7 +271,11 @@ class StatusPusher:
                 result = self._push(doc, now)
             except Exception as exc:
                 self.last_error = exc
+                if self._metrics is not None:
+                    self._metrics.status_pushed(ok=False)
                 raise
+            if self._metrics is not None:
+                self._metrics.status_pushed(ok=True)
             self.last_error = None
             self._fresh = False
             self._pushed_sequence = result.sequence
@@ -282,7 +293,9 @@ class StatusPusher:
 
     def _push(self, doc: ClusterStatus, now: float) -> PushResult:
         last = ""
-        for attempt in range(PUSH_ATTEMPTS):
+        # Another writer moved the branch between our fetch and our push: fetch again, after a
+        # short backoff with jitter (two writers do not collide again in step).
+        for attempt in attempts(PUSH_ATTEMPTS, initial=0.05, maximum=1.0):
             if attempt:
                 self.retries += 1
             tip = self._fetch()

@@ -11,13 +11,15 @@ secret is kept here.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
-from agent.api.status import Run
+from agent.api.reasons import RUNNING, RunResult
+from agent.api.status import OutputValue, Run, RunCounts, RunOperation
 from agent.api.validation import from_dict, to_dict
-from agent.apply.group import FIELD_MANAGER
 from agent.errors import PermanentError, ValidationError
-from agent.kube import KubeClient, ObjectRef
+from agent.kube import STATE_FIELD_MANAGER, KubeClient, ObjectRef
 
 NAME_PREFIX = "fleetlet-runs-"
 RUNS_LABEL = "fleetlet.io/runs-of"
@@ -77,6 +79,67 @@ class RunLog:
         self._write(bundle, runs)
         return runs
 
+    def start(
+        self,
+        bundle: str,
+        *,
+        operation: RunOperation,
+        serial: int,
+        sources: Sequence[str],
+        at: datetime,
+        message: str,
+        history: list[Run] | None = None,
+    ) -> list[Run]:
+        """Record a new ``Running`` run as the newest; returns the history (the new run
+        first). ``history``: the bundle's runs as known (read when not given).
+
+        Raises RunLogError, ApiUnavailableError, KubeApiError.
+        """
+        run = Run(
+            id=self.next_id(bundle, history),
+            operation=operation,
+            serial=serial,
+            source_digests=tuple(sources)[:16],
+            started_at=at,
+            result=RUNNING,
+            message=message,
+        )
+        return self.record(bundle, run)
+
+    def finish(
+        self,
+        bundle: str,
+        run_id: str,
+        *,
+        result: RunResult,
+        message: str,
+        at: datetime,
+        serial: int,
+        counts: RunCounts | None = None,
+        outputs: Sequence[OutputValue] = (),
+        failed_object: str | None = None,
+    ) -> list[Run]:
+        """End run ``run_id`` with ``result`` (a run missing from the history, e.g. trimmed,
+        is recorded anew as an upgrade started now); returns the history.
+
+        Raises RunLogError, ApiUnavailableError, KubeApiError.
+        """
+        started = next((r for r in self.runs(bundle) if r.id == run_id), None)
+        run = Run(
+            id=run_id,
+            operation=started.operation if started else "upgrade",
+            serial=serial,
+            source_digests=started.source_digests if started else (),
+            started_at=started.started_at if started else at,
+            finished_at=at,
+            result=result,
+            message=message,
+            failed_object=failed_object,
+            counts=counts or RunCounts(),
+            outputs=tuple(outputs),
+        )
+        return self.record(bundle, run)
+
     def next_id(self, bundle: str, runs: list[Run] | None = None) -> str:
         """A new run id for ``bundle``: ``<bundle>.<n>``, n one more than any kept.
 
@@ -112,6 +175,6 @@ class RunLog:
                 },
                 "data": {_KEY: text},
             },
-            field_manager=FIELD_MANAGER,
+            field_manager=STATE_FIELD_MANAGER,
             force=True,
         )

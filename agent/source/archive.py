@@ -1,16 +1,26 @@
 """Hostile-input-safe extraction of tar and tar+gzip archives.
 
 Everything in an archive is assumed hostile. A member is refused, and the whole archive with
-it, when its name is absolute or climbs out with ``..``, when a symlink or a hardlink points
-outside the tree, when it is a device file, a fifo or another special file, or when it would be
-written through a symlink. Sizes are capped while streaming (before bytes reach the disk): the
-file count, each file's size, the total size, and the gzip expansion ratio (a gzip bomb is
-refused after reading a bounded amount). Hardlinks inside the tree become copies and file modes
-are reduced to 0644/0755, so nothing extracted aliases or elevates anything.
+it, when its name is absolute, climbs out with ``..`` or has a component longer than the
+file system allows, when a symlink or a hardlink points outside the tree, when it is a device
+file, a fifo, a sparse file or another special file, or when it would be written through a
+symlink (writes never follow one: each file is created with ``O_NOFOLLOW | O_EXCL``). Sizes
+are capped while streaming (before bytes reach the disk): the file count, each file's size,
+the total size, the gzip expansion ratio (a gzip bomb is refused after reading a bounded
+amount), and tar's own extended headers (PAX and GNU long names: their size, their total and
+how many may precede one member), which the tarfile module would otherwise read whole.
+Hardlinks inside the tree become copies and file modes are reduced to 0644/0755, so nothing
+extracted aliases or elevates anything.
+
+Several archives may be unpacked into one tree (the layers of an image): pass them one
+:class:`TreeBudget`, and the file and byte caps hold for the tree, not for each archive, and
+every link of the tree is judged again (:func:`agent.source.tree.resolve_inside`) once each
+archive is in, against everything unpacked so far.
 """
 
 from __future__ import annotations
 
+import errno
 import gzip
 import io
 import os
@@ -20,12 +30,23 @@ import tarfile
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, BinaryIO
+from typing import IO, Any, BinaryIO, cast
 
 from agent.source.content import ContentRefusedError, FetchError
+from agent.source.tree import NAME_MAX, LinkEscapeError, resolve_inside
 
 _GZIP_MAGIC = b"\x1f\x8b"
 _CHUNK = 64 * 1024
+# tar's extended headers: PAX (per member, global, Solaris) and GNU long names and links.
+_EXTENDED = (
+    tarfile.XHDTYPE,
+    tarfile.XGLTYPE,
+    tarfile.SOLARIS_XHDTYPE,
+    tarfile.GNUTYPE_LONGNAME,
+    tarfile.GNUTYPE_LONGLINK,
+)
+# Local failures that come from what the archive names, not from our disk: a refusal.
+_CONTENT_ERRNOS = {errno.ENAMETOOLONG, errno.ELOOP, errno.EEXIST, errno.EISDIR, errno.ENOTDIR}
 
 
 class UnsafeArchiveError(ContentRefusedError):
@@ -36,10 +57,13 @@ class UnsafeArchiveError(ContentRefusedError):
 
 @dataclass(frozen=True, kw_only=True)
 class ArchiveLimits:
-    """Caps on what one archive may unpack to.
+    """Caps on what one tree may unpack to (one archive, or every layer of an image).
 
     ``max_ratio`` bounds decompressed/compressed bytes once more than ``ratio_floor`` bytes
     came out (small archives of zero-padded tar headers compress very well).
+    ``max_header_bytes`` bounds one extended header (PAX records, a GNU long name),
+    ``max_extended_bytes`` all of them in one archive, and ``max_header_chain`` how many may
+    precede one member (tar writes at most a PAX header and two GNU long-name headers).
     """
 
     max_files: int = 10_000
@@ -49,6 +73,9 @@ class ArchiveLimits:
     ratio_floor: int = 1024 * 1024
     max_path_length: int = 1024
     max_depth: int = 32
+    max_header_bytes: int = 64 * 1024
+    max_extended_bytes: int = 1024 * 1024
+    max_header_chain: int = 4
 
 
 @dataclass(frozen=True)
@@ -57,6 +84,90 @@ class ExtractStats:
 
     files: int
     bytes: int
+
+
+class TreeBudget:
+    """One tree being unpacked, from one archive or several (the layers of an image): its
+    limits, the entries and bytes counted so far, and every symlink made in it."""
+
+    def __init__(self, limits: ArchiveLimits) -> None:
+        self.limits = limits
+        self.files = 0
+        self.bytes = 0
+        self.links: list[str] = []
+
+    def take(self, size: int) -> tuple[str, str] | None:
+        """Count one entry of ``size`` bytes; return the rule it breaks and why, or None
+        (and count it) when it fits."""
+        limits = self.limits
+        if self.files + 1 > limits.max_files:
+            return "TooManyFiles", f"more than {limits.max_files} entries"
+        if size > limits.max_file_bytes:
+            return (
+                "FileTooLarge",
+                f"file of {size} bytes exceeds the limit of {limits.max_file_bytes}",
+            )
+        if self.bytes + size > limits.max_total_bytes:
+            return "TooManyBytes", f"the tree unpacks to more than {limits.max_total_bytes} bytes"
+        self.files += 1
+        self.bytes += size
+        return None
+
+
+class _HeaderGuard:
+    """Bounds tar's extended headers before the tarfile module reads them (it reads each one
+    whole, and follows a chain of them by recursion)."""
+
+    def __init__(self, extractor: _Extractor) -> None:
+        self.extractor = extractor
+        self.chain = 0
+        self.total = 0
+
+    def check(self, info: tarfile.TarInfo) -> None:
+        refuse = self.extractor.refuse
+        limits = self.extractor.limits
+        if info.type == tarfile.GNUTYPE_SPARSE:
+            raise refuse("sparse files are not allowed", member=info.name, rule="SparseFile")
+        if info.type not in _EXTENDED:
+            self.chain = 0
+            return
+        self.chain += 1
+        if self.chain > limits.max_header_chain:
+            raise refuse(
+                f"more than {limits.max_header_chain} extended headers before one member",
+                rule="TooManyHeaders",
+            )
+        if info.size > limits.max_header_bytes:
+            raise refuse(
+                f"an extended header of {info.size} bytes, more than {limits.max_header_bytes}",
+                rule="HeaderTooLarge",
+            )
+        self.total += info.size
+        if self.total > limits.max_extended_bytes:
+            raise refuse(
+                f"extended headers exceed {limits.max_extended_bytes} bytes in total",
+                rule="HeaderTooLarge",
+            )
+
+
+class _GuardedTarInfo(tarfile.TarInfo):
+    """A TarInfo whose extended headers are checked by ``guard`` before they are read."""
+
+    guard: _HeaderGuard
+
+    def _proc_member(self, tarfile: tarfile.TarFile) -> Any:
+        self.guard.check(self)
+        return super()._proc_member(tarfile)  # type: ignore[misc]
+
+    def _refuse_sparse(self, *args: object) -> None:
+        raise self.guard.extractor.refuse(
+            "sparse files are not allowed", member=self.name, rule="SparseFile"
+        )
+
+    # PAX sparse maps are read (unbounded) by these: a bundle has no use for sparse files.
+    _proc_gnusparse_00 = _refuse_sparse
+    _proc_gnusparse_01 = _refuse_sparse
+    _proc_gnusparse_10 = _refuse_sparse
 
 
 class _Meter(io.RawIOBase):
@@ -81,15 +192,13 @@ class _Meter(io.RawIOBase):
 
 
 class _Extractor:
-    def __init__(self, dest: Path, *, source: str, archive: str, limits: ArchiveLimits) -> None:
+    def __init__(self, dest: Path, *, source: str, archive: str, budget: TreeBudget) -> None:
         self.dest = dest
         self.source = source
         self.archive = archive
-        self.limits = limits
-        self.files = 0
-        self.bytes = 0
+        self.budget = budget
+        self.limits = budget.limits
         self.regular: set[str] = set()
-        self.symlinks: list[str] = []
 
     def refuse(self, message: str, *, member: str = "", rule: str) -> UnsafeArchiveError:
         file = f"{self.archive}!{member}" if member else self.archive
@@ -112,6 +221,12 @@ class _Extractor:
                 f"than {self.limits.max_depth} levels",
                 member=raw[:200],
                 rule="PathTooLong",
+            )
+        if any(len(os.fsencode(p)) > NAME_MAX for p in parts):
+            raise self.refuse(
+                f"{what} has a name longer than {NAME_MAX} bytes",
+                member=raw[:200],
+                rule="NameTooLong",
             )
         return "/".join(parts)
 
@@ -148,33 +263,22 @@ class _Extractor:
         if stat.S_ISDIR(info.st_mode):
             raise self.refuse("a file replaces a directory", member=member, rule="PathConflict")
         target.unlink()
-        self.regular.discard(target.relative_to(self.dest).as_posix())
+        name = target.relative_to(self.dest).as_posix()
+        self.regular.discard(name)
+        if stat.S_ISLNK(info.st_mode) and name in self.budget.links:
+            self.budget.links.remove(name)
 
     def count(self, member: str, size: int) -> None:
-        self.files += 1
-        if self.files > self.limits.max_files:
-            raise self.refuse(
-                f"more than {self.limits.max_files} entries", member=member, rule="TooManyFiles"
-            )
-        if size > self.limits.max_file_bytes:
-            raise self.refuse(
-                f"file of {size} bytes exceeds the limit of {self.limits.max_file_bytes}",
-                member=member,
-                rule="FileTooLarge",
-            )
-        if self.bytes + size > self.limits.max_total_bytes:
-            raise self.refuse(
-                f"archive unpacks to more than {self.limits.max_total_bytes} bytes",
-                member=member,
-                rule="TooManyBytes",
-            )
-        self.bytes += size
+        broken = self.budget.take(size)
+        if broken is not None:
+            rule, message = broken
+            raise self.refuse(message, member=member, rule=rule)
 
     def write(self, name: str, member: str, data: IO[bytes], size: int, mode: int) -> None:
         self.parent_dir(name, member)
         target = self.dest / name
         self.clear(target, member)
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
         fd = os.open(target, flags, 0o755 if mode & 0o111 else 0o644)
         written = 0
         with os.fdopen(fd, "wb") as out:
@@ -199,6 +303,8 @@ class _Extractor:
             raise self.refuse("device files are not allowed", member=raw, rule="DeviceFile")
         if info.isfifo():
             raise self.refuse("fifos are not allowed", member=raw, rule="FifoFile")
+        if info.issparse():
+            raise self.refuse("sparse files are not allowed", member=raw, rule="SparseFile")
         name = self.clean_name(raw)
         if info.isdir():
             self.count(raw, 0)
@@ -216,6 +322,12 @@ class _Extractor:
                     member=raw,
                     rule="SymlinkEscapes",
                 )
+            if len(link) > self.limits.max_path_length:
+                raise self.refuse(
+                    f"symlink target longer than {self.limits.max_path_length} characters",
+                    member=raw,
+                    rule="PathTooLong",
+                )
             resolved = posixpath.normpath(posixpath.join(posixpath.dirname(name), link))
             if resolved == ".." or resolved.startswith("../"):
                 raise self.refuse(
@@ -225,7 +337,7 @@ class _Extractor:
             target = self.dest / name
             self.clear(target, raw)
             os.symlink(link, target)
-            self.symlinks.append(name)
+            self.budget.links.append(name)
             return
         if info.islnk():
             link = info.linkname
@@ -245,7 +357,8 @@ class _Extractor:
                 )
             size = (self.dest / origin).stat().st_size
             self.count(raw, size)
-            with open(self.dest / origin, "rb") as data:
+            flags = os.O_RDONLY | os.O_NOFOLLOW
+            with os.fdopen(os.open(self.dest / origin, flags), "rb") as data:
                 self.write(name, raw, data, size, 0o644)
             return
         if not info.isreg():
@@ -259,14 +372,17 @@ class _Extractor:
         self.write(name, raw, content, info.size, info.mode)
 
     def check_symlinks(self) -> None:
-        """Refuse symlinks whose real resolution (through other links) leaves the tree."""
-        root = os.path.realpath(self.dest)
-        for name in self.symlinks:
-            real = os.path.realpath(self.dest / name)
-            if real != root and not real.startswith(root + os.sep):
+        """Refuse a link of the tree (this archive's or an earlier one's) that now leads
+        outside it, through other links or not."""
+        for name in self.budget.links:
+            try:
+                resolve_inside(self.dest, name)
+            except LinkEscapeError as exc:
                 raise self.refuse(
-                    "symlink chain resolves outside the tree", member=name, rule="SymlinkEscapes"
-                )
+                    f"symlink chain resolves outside the tree: {exc}",
+                    member=name,
+                    rule="SymlinkEscapes",
+                ) from None
 
 
 def extract_archive(
@@ -276,17 +392,24 @@ def extract_archive(
     source: str,
     name: str | None = None,
     limits: ArchiveLimits | None = None,
+    budget: TreeBudget | None = None,
 ) -> ExtractStats:
-    """Extract the tar or tar+gzip file ``archive`` into the empty directory ``dest``.
+    """Extract the tar or tar+gzip file ``archive`` into the directory ``dest``.
 
-    ``source`` and ``name`` (default: the file name) are used in error messages. On a refusal
-    ``dest`` may hold a partial tree: extract into a staging directory and drop it.
+    ``budget`` is shared by every archive unpacked into the same ``dest`` (image layers): the
+    caps then hold for the tree, and its links are judged together (default: a budget of
+    ``limits`` for this archive alone). ``source`` and ``name`` (default: the file name) are
+    used in error messages. On a refusal ``dest`` may hold a partial tree: extract into a
+    staging directory and drop it. Returns what this archive added.
     Raises UnsafeArchiveError (a PermanentError) naming the member and the rule broken;
     FetchError (temporary) when the local disk fails.
     """
-    limits = limits or ArchiveLimits()
+    budget = budget or TreeBudget(limits or ArchiveLimits())
+    limits = budget.limits
     label = name or archive.name
-    extractor = _Extractor(dest, source=source, archive=label, limits=limits)
+    extractor = _Extractor(dest, source=source, archive=label, budget=budget)
+    files_before, bytes_before = budget.files, budget.bytes
+    guarded = type("_Guarded", (_GuardedTarInfo,), {"guard": _HeaderGuard(extractor)})
     dest.mkdir(parents=True, exist_ok=True)
     with open(archive, "rb") as raw:
         compressed = raw.read(2) == _GZIP_MAGIC
@@ -317,20 +440,60 @@ def extract_archive(
         else:
             stream = raw
         try:
-            with tarfile.open(fileobj=stream, mode="r|") as tar:
-                for info in tar:
-                    extractor.member(tar, info)
-        except (tarfile.TarError, EOFError, gzip.BadGzipFile, zlib.error) as exc:
-            raise extractor.refuse(
-                f"not a valid tar archive: {exc}", rule="CorruptArchive"
-            ) from exc
+            _unpack(stream, extractor, guarded)
         except OSError as exc:
+            if exc.errno in _CONTENT_ERRNOS:
+                raise extractor.refuse(
+                    f"cannot be written: {exc.strerror}",
+                    member=os.fsdecode(exc.filename or "")[-200:],
+                    rule="NameTooLong" if exc.errno == errno.ENAMETOOLONG else "PathConflict",
+                ) from exc
             # Our own disk (full, read-only): not the archive's fault, and may pass.
             raise FetchError(
                 f"cannot unpack {label} on local storage: {exc}", source=source
             ) from exc
     extractor.check_symlinks()
-    return ExtractStats(files=extractor.files, bytes=extractor.bytes)
+    return ExtractStats(files=budget.files - files_before, bytes=budget.bytes - bytes_before)
+
+
+# What the tarfile module raises on malformed input (a recursion of chained headers, numbers
+# in headers that do not parse, bad encodings), besides its own TarError.
+_MALFORMED = (
+    tarfile.TarError,
+    EOFError,
+    gzip.BadGzipFile,
+    zlib.error,
+    ValueError,
+    OverflowError,
+    RecursionError,
+)
+
+
+def _unpack(stream: BinaryIO, extractor: _Extractor, tarinfo: type[tarfile.TarInfo]) -> None:
+    """Read members one by one from ``stream`` and hand each to ``extractor``."""
+    try:
+        # Closed by the ``with`` below; opening already reads (and may refuse) a header.
+        tar = tarfile.open(fileobj=stream, mode="r|", tarinfo=tarinfo)  # noqa: SIM115
+    except _MALFORMED as exc:
+        raise extractor.refuse(f"not a valid tar archive: {exc}", rule="CorruptArchive") from exc
+    with tar:
+        while True:
+            try:
+                info = tar.next()
+            except _MALFORMED as exc:
+                raise extractor.refuse(
+                    f"not a valid tar archive: {exc}", rule="CorruptArchive"
+                ) from exc
+            if info is None:
+                return
+            # A stream keeps every member it read; nothing here needs them again.
+            cast(Any, tar).members.clear()
+            try:
+                extractor.member(tar, info)
+            except (tarfile.TarError, EOFError, gzip.BadGzipFile, zlib.error) as exc:
+                raise extractor.refuse(
+                    f"not a valid tar archive: {exc}", member=info.name, rule="CorruptArchive"
+                ) from exc
 
 
 def is_archive(path: Path) -> bool:

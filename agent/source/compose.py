@@ -5,19 +5,38 @@
 tree of one source (fetching it only on a cache miss), ``compose(sources, dest)`` lays several
 sources out in one directory. Two sources writing the same file is refused: a bundle's content
 must not depend on the order of its sources.
+
+The bundle tree is judged as a whole, structurally, because each source alone proves little
+(a link harmless in one source may escape through a link of another):
+
+- every tree a fetcher fills is checked whole (:func:`agent.source.tree.check_tree`) before
+  it is cached, and the cache hands out only trees that still hash to what was stored;
+- composing never follows a link: each directory is opened component by component with
+  ``O_NOFOLLOW`` relative to its parent's descriptor, each file and link is created with
+  ``O_EXCL`` in its directory, so a link laid out by one source cannot carry another source's
+  files anywhere (nor into another bundle's cached tree);
+- the unpack limits (:class:`~agent.source.archive.ArchiveLimits`: entries, bytes per file and
+  in total) hold for the composed tree, across all its sources;
+- the composed tree is checked whole once every source is in: each link is resolved inside it,
+  after composition, and one that leads out is refused.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import shutil
+import stat
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from agent.source.archive import ArchiveLimits, TreeBudget
 from agent.source.cache import ContentCache
 from agent.source.content import (
     ContentRefusedError,
     Credentials,
+    FetchError,
     InvalidSourceError,
     SourceLike,
     auth_secret_name,
@@ -29,6 +48,7 @@ from agent.source.content import (
 from agent.source.git import GitFetcher
 from agent.source.http import HttpFetcher
 from agent.source.oci import OciFetcher, credentials_from_docker_config
+from agent.source.tree import check_tree
 
 CredentialsResolver = Callable[[str], Credentials | None]
 """Given the name of a source's ``auth`` Secret, return its credentials (or None)."""
@@ -69,9 +89,17 @@ def credentials_from_secret(
 
 
 class SourceConflictError(ContentRefusedError):
-    """Two sources of one bundle put different content at the same path."""
+    """Two sources of one bundle put content at the same path, or one would be laid out
+    through another's symlink (rule ``PathThroughSymlink``)."""
 
     reason = "SourceConflict"
+
+
+class BundleTooLargeError(ContentRefusedError):
+    """The sources of one bundle together exceed the unpack limits (rule ``TooManyFiles``,
+    ``TooManyBytes``)."""
+
+    reason = "BundleTooLarge"
 
 
 def cache_key(source: SourceLike) -> str:
@@ -87,8 +115,10 @@ def cache_key(source: SourceLike) -> str:
         return f"git:{commit}:{(source.directory or '').strip('/')}"
     if source.kind == "http":
         return f"http:sha256:{check_hex_sha256(source.sha256, source=label)}"
+    if source.kind == "helm":
+        return f"helm:sha256:{check_hex_sha256(source.sha256, source=label)}"
     raise InvalidSourceError(
-        f"unknown source kind {source.kind!r} (image, git or http)",
+        f"unknown source kind {source.kind!r} (image, git, http or helm)",
         source=label,
         rule="UnknownKind",
     )
@@ -112,7 +142,11 @@ def clean_destination(destination: str | None, *, source: str) -> str:
 
 
 class ContentStore:
-    """Fetches sources through the cache and composes bundle trees."""
+    """Fetches sources through the cache and composes bundle trees.
+
+    ``limits`` bound one composed bundle tree, all its sources together (default: the same
+    :class:`~agent.source.archive.ArchiveLimits` each fetcher applies to one source).
+    """
 
     def __init__(
         self,
@@ -121,17 +155,20 @@ class ContentStore:
         oci: OciFetcher | None = None,
         git: GitFetcher | None = None,
         http: HttpFetcher | None = None,
+        limits: ArchiveLimits | None = None,
     ) -> None:
         self.cache = cache
         self.oci = oci or OciFetcher()
         self.git = git or GitFetcher(repos_dir=cache.root / "git")
         self.http = http or HttpFetcher()
+        self.limits = limits or ArchiveLimits()
 
     def tree(self, source: SourceLike, *, credentials: Credentials | None = None) -> Path:
-        """The verified tree of ``source``, from the cache or fetched now (then cached).
+        """The verified tree of ``source``, from the cache or fetched now (then checked as a
+        whole and cached, read-only).
 
         Raises what the fetchers raise (FetchError family: temporary; ContentRefusedError
-        family: permanent).
+        family: permanent) and UnsafeTreeError.
         """
         key = cache_key(source)
         hit = self.cache.lookup(key)
@@ -157,6 +194,17 @@ class ContentStore:
                     credentials=credentials,
                     source=label,
                 )
+            elif source.kind == "helm":
+                # The hub resolved the chart to one archive; the agent never reads the index.
+                archive = getattr(source, "archive_url", None) or ""
+                self.http.fetch(
+                    uri=archive,
+                    sha256=source.sha256 or "",
+                    dest=tree,
+                    credentials=credentials,
+                    source=label,
+                )
+                _check_chart_archive(tree, source=label, archive=archive)
             else:
                 self.http.fetch(
                     uri=source.uri,
@@ -165,6 +213,8 @@ class ContentStore:
                     credentials=credentials,
                     source=label,
                 )
+            # Whatever the fetcher checked, nothing unconfined enters the cache.
+            check_tree(tree, source=label)
 
         return self.cache.store(key, fill)
 
@@ -175,50 +225,158 @@ class ContentStore:
         *,
         credentials: CredentialsResolver | None = None,
     ) -> Path:
-        """Lay out every source's tree at its destination under ``dest`` (created if needed).
+        """Lay out every source's tree at its destination under ``dest`` (created if needed;
+        it must not be a symlink), then check the whole tree.
 
-        Raises SourceConflictError when two sources write the same path, InvalidSourceError on
-        a bad destination, and whatever :meth:`tree` raises.
+        Raises SourceConflictError when two sources write the same path or one would be laid
+        out through another's link, BundleTooLargeError when the sources together exceed the
+        limits, UnsafeTreeError when a link of the composed tree leads outside it,
+        InvalidSourceError on a bad destination, FetchError when the local disk fails, and
+        whatever :meth:`tree` raises.
         """
         dest.mkdir(parents=True, exist_ok=True)
-        for source in sources:
-            label = describe(source)
-            sub = clean_destination(source.destination, source=label)
-            secret = auth_secret_name(source)
-            creds = credentials(secret) if (credentials and secret) else None
-            tree = self.tree(source, credentials=creds)
-            _copy_tree(tree, dest / sub if sub else dest, source=label, root=dest)
+        bundle = f"bundle {dest.name}"
+        budget = TreeBudget(self.limits)
+        root_fd = os.open(dest, _DIR_FLAGS)
+        try:
+            for source in sources:
+                label = describe(source)
+                sub = clean_destination(source.destination, source=label)
+                secret = auth_secret_name(source)
+                creds = credentials(secret) if (credentials and secret) else None
+                tree = self.tree(source, credentials=creds)
+                copier = _Copier(source=label, budget=budget)
+                try:
+                    fd, where = copier.open_path(root_fd, sub)
+                    try:
+                        copier.copy(tree, fd, where)
+                    finally:
+                        os.close(fd)
+                except OSError as exc:
+                    raise FetchError(
+                        f"cannot lay out the bundle tree on local storage: {exc}", source=label
+                    ) from exc
+        finally:
+            os.close(root_fd)
+        # Links are judged here, on the tree as it finally is.
+        check_tree(dest, source=bundle)
         return dest
 
 
-def _copy_tree(src: Path, dst: Path, *, source: str, root: Path) -> None:
-    """Copy ``src`` into ``dst`` (files, dirs, in-tree symlinks as links); no overwrites."""
-    for dirpath, dirnames, filenames in os.walk(src):
-        rel = os.path.relpath(dirpath, src)
-        target_dir = dst if rel == "." else dst / rel
-        if target_dir.is_symlink() or (target_dir.exists() and not target_dir.is_dir()):
-            raise SourceConflictError(
-                "a directory of this source is a file or link of another",
-                source=source,
-                file=str(target_dir.relative_to(root)),
-                rule="SourceConflict",
+def _check_chart_archive(tree: Path, *, source: str, archive: str) -> None:
+    """A Helm repository's archive unpacks to one chart directory (``<chart>/Chart.yaml``).
+
+    Raises InvalidSourceError (NotAChart) otherwise.
+    """
+    entries = [e for e in tree.iterdir()] if tree.is_dir() else []
+    if len(entries) != 1 or not (entries[0] / "Chart.yaml").is_file():
+        raise InvalidSourceError(
+            "not a chart archive (expected one directory holding a Chart.yaml)",
+            source=source,
+            file=archive,
+            rule="NotAChart",
+        )
+
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+
+
+def _is_link(parent: int, name: str) -> bool:
+    return stat.S_ISLNK(os.stat(name, dir_fd=parent, follow_symlinks=False).st_mode)
+
+
+class _Copier:
+    """Copies one source's tree into the bundle tree through directory descriptors: nothing
+    it writes follows a link, nothing it writes replaces anything."""
+
+    def __init__(self, *, source: str, budget: TreeBudget) -> None:
+        self.source = source
+        self.budget = budget
+
+    def conflict(self, message: str, where: str, rule: str = "SourceConflict") -> Exception:
+        return SourceConflictError(message, source=self.source, file=where, rule=rule)
+
+    def count(self, where: str, size: int) -> None:
+        broken = self.budget.take(size)
+        if broken is not None:
+            rule, message = broken
+            raise BundleTooLargeError(
+                f"the bundle's sources together: {message}",
+                source=self.source,
+                file=where,
+                rule=rule,
             )
-        target_dir.mkdir(parents=True, exist_ok=True)
-        for name in [
-            *filenames,
-            *(d for d in dirnames if os.path.islink(os.path.join(dirpath, d))),
-        ]:
-            origin = Path(dirpath) / name
-            target = target_dir / name
-            if os.path.lexists(target):
-                raise SourceConflictError(
-                    "two sources provide this file",
-                    source=source,
-                    file=str(target.relative_to(root)),
-                    rule="SourceConflict",
-                )
-            if origin.is_symlink():
-                os.symlink(os.readlink(origin), target)
+
+    def open_dir(self, parent: int, name: str, where: str) -> int:
+        """The directory ``name`` in ``parent`` (created if missing), opened without following
+        a link. Raises SourceConflictError when it is a link or a file."""
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(name, 0o755, dir_fd=parent)
+        try:
+            return os.open(name, _DIR_FLAGS, dir_fd=parent)
+        except OSError as exc:
+            # A link gives ELOOP or ENOTDIR (O_DIRECTORY is checked first on some kernels).
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR) and _is_link(parent, name):
+                raise self.conflict(
+                    "would be laid out through a symlink of another source",
+                    where,
+                    "PathThroughSymlink",
+                ) from None
+            if exc.errno == errno.ENOTDIR:
+                raise self.conflict(
+                    "a directory of this source is a file of another", where
+                ) from None
+            raise
+
+    def open_path(self, root: int, sub: str) -> tuple[int, str]:
+        """The directory ``sub`` (``""``: the root) of the bundle tree, each component opened
+        with :meth:`open_dir`; the caller closes it."""
+        fd = os.dup(root)
+        where = ""
+        for part in sub.split("/") if sub else []:
+            where = f"{where}/{part}" if where else part
+            try:
+                child = self.open_dir(fd, part, where)
+            finally:
+                os.close(fd)
+            fd = child
+        return fd, where
+
+    def copy(self, src: Path, dst: int, where: str) -> None:
+        """Copy the directory ``src`` (a cached tree, links not followed) into ``dst``."""
+        with os.scandir(src) as scan:
+            entries = sorted(scan, key=lambda e: e.name)
+        for entry in entries:
+            name = entry.name
+            path = f"{where}/{name}" if where else name
+            info = entry.stat(follow_symlinks=False)
+            if stat.S_ISDIR(info.st_mode):
+                self.count(path, 0)
+                child = self.open_dir(dst, name, path)
+                try:
+                    self.copy(Path(entry.path), child, path)
+                finally:
+                    os.close(child)
+            elif stat.S_ISLNK(info.st_mode):
+                self.count(path, 0)
+                try:
+                    os.symlink(os.readlink(entry.path), name, dir_fd=dst)
+                except FileExistsError:
+                    raise self.conflict("two sources provide this path", path) from None
+            elif stat.S_ISREG(info.st_mode):
+                self.count(path, info.st_size)
+                mode = 0o755 if info.st_mode & 0o111 else 0o644
+                try:
+                    out = os.open(name, _FILE_FLAGS, mode, dir_fd=dst)
+                except FileExistsError:
+                    raise self.conflict("two sources provide this file", path) from None
+                with (
+                    os.fdopen(out, "wb") as sink,
+                    os.fdopen(os.open(entry.path, os.O_RDONLY | os.O_NOFOLLOW), "rb") as data,
+                ):
+                    shutil.copyfileobj(data, sink, 1024 * 1024)
             else:
-                shutil.copyfile(origin, target)
-                shutil.copymode(origin, target)
+                raise self.conflict(
+                    "not a regular file, a directory or a symlink", path, "SpecialFile"
+                )

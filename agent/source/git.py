@@ -4,13 +4,15 @@ One bare repository per URI (under ``repos_dir``) keeps what was fetched: a comm
 it costs no network call. Otherwise the remote's branches and tags are fetched (servers do not
 generally serve unadvertised commits) and the commit must then be present. The directory is
 written out of the commit's tree without a work tree, with the same rules as archives: names
-that could escape (``..``, ``/``, ``.git``) and symlinks leaving the tree are refused, file
-count and sizes are capped, submodules are skipped. Timeouts are libgit2's process-wide server
-timeouts; a fetch is bounded in bytes through the transfer-progress callback.
+that could escape (``..``, ``/``, ``.git``), entries named twice, NULs in link targets and
+symlinks leaving the tree are refused, file count and sizes are capped, submodules are skipped.
+Timeouts are libgit2's process-wide server timeouts; a fetch is bounded in bytes through the
+transfer-progress callback.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import posixpath
@@ -21,7 +23,7 @@ from typing import TypeVar
 
 import pygit2
 
-from agent.source.archive import ArchiveLimits, UnsafeArchiveError
+from agent.source.archive import ArchiveLimits, TreeBudget, UnsafeArchiveError
 from agent.source.content import (
     AuthenticationError,
     ContentRefusedError,
@@ -30,6 +32,7 @@ from agent.source.content import (
     InvalidSourceError,
     check_commit,
 )
+from agent.source.tree import NAME_MAX, LinkEscapeError, resolve_inside
 
 _FILE_MODES = (pygit2.GIT_FILEMODE_BLOB, pygit2.GIT_FILEMODE_BLOB_EXECUTABLE)
 _T = TypeVar("_T")
@@ -170,7 +173,7 @@ class GitFetcher:
                 )
             tree = entry
         dest.mkdir(parents=True, exist_ok=True)
-        _Writer(repo, dest, source=label, limits=self.settings.limits).tree(tree, "")
+        _Writer(repo, dest, source=label, limits=self.settings.limits).write(tree)
 
     def _fetch(
         self, repo: pygit2.Repository, uri: str, credentials: Credentials | None, label: str
@@ -210,7 +213,12 @@ def _clean_directory(directory: str | None, *, source: str) -> str:
 
 
 class _Writer:
-    """Writes a git tree to disk with the archive rules."""
+    """Writes a git tree to disk with the archive rules, under one budget.
+
+    A git tree object is input like any other: it may name an entry twice, hold a file and a
+    directory of one name, a NUL in a link target or names no file system takes. Each is
+    refused as content (UnsafeArchiveError); only a failure of our own disk is temporary.
+    """
 
     def __init__(
         self, repo: pygit2.Repository, dest: Path, *, source: str, limits: ArchiveLimits
@@ -219,51 +227,105 @@ class _Writer:
         self.dest = dest
         self.source = source
         self.limits = limits
-        self.files = 0
-        self.bytes = 0
-        self.symlinks: list[str] = []
+        self.budget = TreeBudget(limits)
 
     def refuse(self, message: str, *, path: str, rule: str) -> UnsafeArchiveError:
         return UnsafeArchiveError(message, source=self.source, file=path, rule=rule)
 
-    def tree(self, tree: pygit2.Tree, prefix: str) -> None:
-        for entry in tree:
-            name = entry.name or ""
-            path = f"{prefix}{name}"
-            if name in ("", ".", "..", ".git") or "/" in name or "\x00" in name or "\\" in name:
-                raise self.refuse(f"tree entry named {name!r}", path=path, rule="BadName")
-            self.files += 1
-            if self.files > self.limits.max_files:
+    def write(self, tree: pygit2.Tree) -> None:
+        """Write ``tree`` into ``dest``, then judge its links on the whole tree.
+
+        Raises UnsafeArchiveError; FetchError when our own disk fails.
+        """
+        try:
+            self.tree(tree, "")
+        except OSError as exc:
+            if exc.errno in (errno.ENAMETOOLONG, errno.EEXIST, errno.ELOOP, errno.ENOTDIR):
                 raise self.refuse(
-                    f"more than {self.limits.max_files} entries", path=path, rule="TooManyFiles"
+                    f"cannot be written: {exc.strerror}",
+                    path=os.fsdecode(exc.filename or "")[-200:],
+                    rule="BadName",
+                ) from exc
+            raise FetchError(
+                f"cannot write the tree on local storage: {exc}", source=self.source
+            ) from exc
+        except pygit2.GitError as exc:
+            raise self.refuse(f"unreadable tree: {exc}", path="", rule="BadTree") from exc
+        for path in self.budget.links:
+            try:
+                resolve_inside(self.dest, path)
+            except LinkEscapeError as exc:
+                raise self.refuse(
+                    f"symlink chain resolves outside the tree: {exc}",
+                    path=path,
+                    rule="SymlinkEscapes",
+                ) from None
+
+    def _name(self, entry: pygit2.Object, prefix: str) -> str:
+        raw: bytes = entry.raw_name or b""
+        shown = prefix + raw.decode("utf-8", "replace")
+        if raw in (b"", b".", b"..", b".git") or any(c in raw for c in (b"/", b"\x00", b"\\")):
+            raise self.refuse(f"tree entry named {raw!r}", path=shown, rule="BadName")
+        if len(raw) > NAME_MAX:
+            raise self.refuse(
+                f"a name longer than {NAME_MAX} bytes", path=shown[:200], rule="NameTooLong"
+            )
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise self.refuse("a name that is not UTF-8", path=shown, rule="BadName") from None
+
+    def tree(self, tree: pygit2.Tree, prefix: str) -> None:
+        seen: set[str] = set()
+        for entry in tree:
+            name = self._name(entry, prefix)
+            path = f"{prefix}{name}"
+            if name in seen:
+                raise self.refuse(
+                    "the tree names this entry twice (or a file and a directory of one name)",
+                    path=path,
+                    rule="DuplicateEntry",
                 )
-            if path.count("/") >= self.limits.max_depth:
-                raise self.refuse("path too deep", path=path, rule="PathTooLong")
+            seen.add(name)
+            if path.count("/") >= self.limits.max_depth or len(path) > self.limits.max_path_length:
+                raise self.refuse("path too deep or too long", path=path[:200], rule="PathTooLong")
             target = self.dest / path
             if entry.filemode == pygit2.GIT_FILEMODE_TREE:
+                self.count(path, 0)
                 target.mkdir()
                 self.tree(self._get(entry.id, pygit2.Tree, path), path + "/")
             elif entry.filemode in _FILE_MODES:
                 blob = self._get(entry.id, pygit2.Blob, path)
                 self.count(path, blob.size)
                 mode = 0o755 if entry.filemode == pygit2.GIT_FILEMODE_BLOB_EXECUTABLE else 0o644
-                fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-                with os.fdopen(fd, "wb") as out:
+                flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                with os.fdopen(os.open(target, flags, mode), "wb") as out:
                     out.write(blob.data)
             elif entry.filemode == pygit2.GIT_FILEMODE_LINK:
-                link = self._get(entry.id, pygit2.Blob, path).data.decode("utf-8", "replace")
-                resolved = posixpath.normpath(posixpath.join(posixpath.dirname(path), link))
-                if link.startswith("/") or resolved == ".." or resolved.startswith("../"):
-                    raise self.refuse(
-                        f"symlink points outside the tree ({link!r})",
-                        path=path,
-                        rule="SymlinkEscapes",
-                    )
-                os.symlink(link, target)
-                self.symlinks.append(path)
+                self.count(path, 0)
+                self.link(path, target, self._get(entry.id, pygit2.Blob, path).data)
             # Submodules (GIT_FILEMODE_COMMIT) carry no content here: skipped.
-        if not prefix:
-            self.check_symlinks()
+
+    def link(self, path: str, target: Path, data: bytes) -> None:
+        if b"\x00" in data or not data:
+            raise self.refuse("symlink target is empty or has a NUL", path=path, rule="BadLink")
+        if len(data) > self.limits.max_path_length:
+            raise self.refuse(
+                f"symlink target longer than {self.limits.max_path_length} bytes",
+                path=path,
+                rule="PathTooLong",
+            )
+        try:
+            link = data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise self.refuse("symlink target is not UTF-8", path=path, rule="BadLink") from None
+        resolved = posixpath.normpath(posixpath.join(posixpath.dirname(path), link))
+        if link.startswith("/") or resolved == ".." or resolved.startswith("../"):
+            raise self.refuse(
+                f"symlink points outside the tree ({link!r})", path=path, rule="SymlinkEscapes"
+            )
+        os.symlink(link, target)
+        self.budget.links.append(path)
 
     def _get(self, oid: pygit2.Oid, kind: type[_T], path: str) -> _T:
         obj = self.repo.get(oid)
@@ -272,25 +334,7 @@ class _Writer:
         return obj
 
     def count(self, path: str, size: int) -> None:
-        if size > self.limits.max_file_bytes:
-            raise self.refuse(
-                f"file of {size} bytes exceeds the limit of {self.limits.max_file_bytes}",
-                path=path,
-                rule="FileTooLarge",
-            )
-        self.bytes += size
-        if self.bytes > self.limits.max_total_bytes:
-            raise self.refuse(
-                f"directory holds more than {self.limits.max_total_bytes} bytes",
-                path=path,
-                rule="TooManyBytes",
-            )
-
-    def check_symlinks(self) -> None:
-        root = os.path.realpath(self.dest)
-        for path in self.symlinks:
-            real = os.path.realpath(self.dest / path)
-            if real != root and not real.startswith(root + os.sep):
-                raise self.refuse(
-                    "symlink chain resolves outside the tree", path=path, rule="SymlinkEscapes"
-                )
+        broken = self.budget.take(size)
+        if broken is not None:
+            rule, message = broken
+            raise self.refuse(message, path=path, rule=rule)

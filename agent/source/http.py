@@ -12,13 +12,13 @@ import hashlib
 import re
 import shutil
 import tempfile
-import time
 import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import requests
 
+from agent.backoff import attempts
 from agent.source.archive import ArchiveLimits, extract_archive, is_archive
 from agent.source.content import (
     AuthenticationError,
@@ -120,9 +120,7 @@ class HttpFetcher:
         if credentials is not None and credentials.username is not None:
             auth = (credentials.username, credentials.password or "")
         failure = ""
-        for attempt in range(self.settings.attempts):
-            if attempt:
-                time.sleep(self.settings.backoff * 2 ** (attempt - 1))
+        for _attempt in attempts(self.settings.attempts, initial=self.settings.backoff):
             self.attempts_made += 1
             try:
                 with requests.get(

@@ -6,7 +6,12 @@ the trust configuration (:class:`TrustPolicy`, :class:`IdentityPolicy`) is the o
 touches sigstore-python.
 """
 
-from agent.verify._sigstore import IdentityPolicy, SignerIdentity, TrustPolicy
+from agent.verify._sigstore import (
+    DEFAULT_MAX_VALIDITY,
+    IdentityPolicy,
+    SignerIdentity,
+    TrustPolicy,
+)
 from agent.verify.publication import (
     BRANCH_FILES,
     BUNDLE_FILE,
@@ -24,6 +29,7 @@ __all__ = [
     "BRANCH_FILES",
     "BUNDLE_FILE",
     "DEFAULT_CLOCK_SKEW",
+    "DEFAULT_MAX_VALIDITY",
     "PROOF_FILE",
     "SET_FILE",
     "STATEMENT_FILE",

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from agent.errors import (
@@ -55,31 +56,46 @@ class IdentityPolicy:
             )
 
 
+DEFAULT_MAX_VALIDITY = timedelta(days=30)
+"""How far in the future a publication's ``expiresAt`` may be, unless configured otherwise: a
+signed set that stays valid for years would defeat the freeze protection of the expiry."""
+
+
 class TrustPolicy:
-    """The agent's trust configuration: a Sigstore trusted root and the expected signer.
+    """The agent's trust configuration: a Sigstore trusted root, the expected signer, and the
+    longest validity it accepts.
 
     ``trusted_root`` is a path to a ``trusted_root.json`` or an already loaded ``TrustedRoot``
     (e.g. the public-good root shipped with sigstore-python). It comes from the agent's own
-    deployment, never from the repository it protects.
+    deployment, never from the repository it protects. ``max_validity`` bounds how far away
+    a publication's ``expiresAt`` may be when it is verified.
 
     Raises :class:`TrustConfigError` when the trusted root cannot be read or lacks a
-    transparency log, a CT log or a certificate authority.
+    transparency log, a CT log or a certificate authority, or ``max_validity`` is not
+    positive.
     """
 
-    __slots__ = ("identity", "trusted_root", "verifier")
+    __slots__ = ("identity", "max_validity", "trusted_root", "verifier")
 
     trusted_root: TrustedRoot
     verifier: Verifier
 
     def __init__(
-        self, *, trusted_root: TrustedRoot | str | os.PathLike[str], identity: IdentityPolicy
+        self,
+        *,
+        trusted_root: TrustedRoot | str | os.PathLike[str],
+        identity: IdentityPolicy,
+        max_validity: timedelta = DEFAULT_MAX_VALIDITY,
     ) -> None:
         from sigstore.models import TrustedRoot
         from sigstore.verify import Verifier
 
         if not isinstance(identity, IdentityPolicy):
             raise TrustConfigError("identity policy: an issuer and a subject are required")
+        if max_validity <= timedelta(0):
+            raise TrustConfigError(f"maximum publication validity must be positive: {max_validity}")
         self.identity = identity
+        self.max_validity = max_validity
         self.trusted_root = (
             trusted_root if isinstance(trusted_root, TrustedRoot) else _load_root(trusted_root)
         )

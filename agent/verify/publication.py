@@ -19,7 +19,15 @@ from typing import Any
 
 import rfc8785
 
-from agent.api import BundleDeploymentSet, load_set, set_digest
+from agent.api import (
+    BundleDeploymentSet,
+    canonical_bytes,
+    digest_of,
+    load_set,
+    set_digest,
+    set_from_canonical,
+)
+from agent.api.pins import is_digest, is_sha256_hex
 from agent.errors import (
     ExpiredError,
     FieldProblem,
@@ -28,6 +36,7 @@ from agent.errors import (
     SignatureError,
     StatementMismatchError,
     ValidationError,
+    ValidityTooLongError,
     WrongClusterError,
 )
 from agent.verify._sigstore import TrustPolicy, verify_statement_signature
@@ -50,8 +59,6 @@ _MAX_SAFE_INTEGER = 2**53 - 1
 # A statement or proof is a few hundred bytes; anything near this is hostile.
 _MAX_JSON_BYTES = 64 * 1024
 
-_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
-_HEX_HASH = re.compile(r"[0-9a-f]{64}")
 _TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ")
 
 
@@ -141,7 +148,7 @@ class PublicationStatement:
                 )
             )
         root = doc.get("merkleRoot")
-        if not (isinstance(root, str) and _DIGEST.fullmatch(root)):
+        if not (isinstance(root, str) and is_digest(root)):
             problems.append(
                 FieldProblem(path="merkleRoot", expected="sha256:<64 hex>", found=_brief(root))
             )
@@ -235,7 +242,7 @@ class ClusterProof:
             )
         else:
             for i, item in enumerate(raw_hashes):
-                if isinstance(item, str) and _HEX_HASH.fullmatch(item):
+                if isinstance(item, str) and is_sha256_hex(item):
                     hashes.append(bytes.fromhex(item))
                 else:
                     problems.append(
@@ -278,14 +285,17 @@ def verify_publication(
     policy), the statement's schema, the set's schema, that the set names ``cluster``, the
     inclusion proof of the set's leaf under the signed root, that set and statement agree,
     that the serial is greater than ``last_serial`` (``None``: nothing accepted yet), and the
-    validity period (``clock_skew`` allowed either way). A set naming another cluster is
+    validity period (``clock_skew`` allowed either way; an ``expiresAt`` further away than
+    ``trust.max_validity`` is refused). The set returned is the one its canonical bytes (the
+    signed digest's input) say, read from those bytes. A set naming another cluster is
     refused as such whether or not it is in the tree; serial and validity are only judged on
     a set proven to be in the signed tree, so those reasons describe what the hub signed.
 
     Raises (each a distinct type): :class:`SignatureError`, :class:`UntrustedSignerError`,
     :class:`IdentityMismatchError`, :class:`ValidationError` (statement or set malformed, or
     set and statement disagree), :class:`FloatingReferenceError`, :class:`WrongClusterError`,
-    :class:`InclusionProofError`, :class:`ReplayError`, :class:`ExpiredError`. A missing file
+    :class:`InclusionProofError`, :class:`ReplayError`, :class:`ExpiredError`,
+    :class:`ValidityTooLongError`. A missing file
     fails the check it feeds. ``now`` defaults to the current time; a naive ``now`` is a
     ``ValueError``.
     """
@@ -308,7 +318,23 @@ def verify_publication(
         raise ValidationError(
             [FieldProblem(path=SET_FILE, expected="the cluster's set", found="no such file")]
         )
-    deployment_set = load_set(set_bytes, origin=SET_FILE)
+    parsed = load_set(set_bytes, origin=SET_FILE)
+    # What is hashed (and so signed) is the set's canonical bytes; what is acted on is the set
+    # read back from exactly those bytes, so no value can differ by a type the digest is blind
+    # to (RFC 8785 writes 3.0 as 3).
+    signed = canonical_bytes(parsed)
+    digest = digest_of(signed)
+    deployment_set = set_from_canonical(signed, origin=SET_FILE)
+    if set_digest(deployment_set) != digest:
+        raise ValidationError(
+            [
+                FieldProblem(
+                    path=SET_FILE,
+                    expected="a set its canonical bytes describe exactly",
+                    found="a set that reads back differently",
+                )
+            ]
+        )
     if deployment_set.cluster != cluster:
         raise WrongClusterError(
             f"{SET_FILE} is addressed to cluster {deployment_set.cluster!r}, "
@@ -319,7 +345,6 @@ def verify_publication(
     if proof_bytes is None:
         raise InclusionProofError(f"{PROOF_FILE} is missing: the set cannot be tied to the root")
     proof = ClusterProof.from_bytes(proof_bytes)
-    digest = set_digest(deployment_set)
     _check_inclusion(deployment_set, digest, proof, statement)
     _check_agreement(deployment_set, statement)
 
@@ -328,7 +353,13 @@ def verify_publication(
             f"set serial {deployment_set.serial} is not newer than the last accepted serial "
             f"{last_serial} (a replayed or stale publication)"
         )
-    _check_validity(deployment_set, statement, now=now, clock_skew=clock_skew)
+    _check_validity(
+        deployment_set,
+        statement,
+        now=now,
+        clock_skew=clock_skew,
+        max_validity=trust.max_validity,
+    )
 
     return VerifiedPublication(
         deployment_set=deployment_set,
@@ -412,9 +443,12 @@ def _check_validity(
     *,
     now: datetime,
     clock_skew: timedelta,
+    max_validity: timedelta,
 ) -> None:
+    # Times come from the publication: any of them may sit at year 9999, so nothing is added
+    # to them (an OverflowError is not a refusal); differences of two times never overflow.
     expires = min(deployment_set.expires_at, statement.expires_at)
-    if now > expires + clock_skew:
+    if now - clock_skew > expires:
         raise ExpiredError(
             f"the publication expired at {format_time(expires)} (now {format_time(now)}, "
             f"clock skew allowed {clock_skew})"
@@ -424,6 +458,12 @@ def _check_validity(
         raise ExpiredError(
             f"the publication is not valid before {format_time(issued)} (now "
             f"{format_time(now)}, clock skew allowed {clock_skew}): check this cluster's clock"
+        )
+    if expires - now > max_validity + clock_skew:
+        raise ValidityTooLongError(
+            f"the publication would stay valid until {format_time(expires)}, more than "
+            f"{max_validity} from now ({format_time(now)}): this agent accepts at most that "
+            "(--max-publication-validity)"
         )
 
 

@@ -16,12 +16,10 @@ with the token the user gives it. See ``docs/dashboard.md``.
 
 from __future__ import annotations
 
-import hmac
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
 from nacl.public import PrivateKey
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -31,7 +29,8 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from agent.errors import PermanentError
+from hub.api.metrics import HubMetrics
+from hub.api.tokens import HubConfigError, Tokens, load_tokens
 from hub.status.aggregate import STATES, FleetStatus
 from hub.status.queries import (
     DEFAULT_PAGE,
@@ -45,7 +44,6 @@ from hub.status.queries import (
 )
 
 API_PREFIX = "/api/v1"
-ROLES = ("admin", "read")
 DASHBOARD_DIR = Path(__file__).resolve().parent / "dashboard"
 # Everything the page loads comes from the hub itself: no CDN, no inline script or style.
 _SECURITY_HEADERS = [
@@ -57,35 +55,6 @@ _SECURITY_HEADERS = [
     (b"x-content-type-options", b"nosniff"),
     (b"referrer-policy", b"no-referrer"),
 ]
-
-
-class HubConfigError(PermanentError):
-    """A hub setting (tokens file, key file) is missing or malformed."""
-
-
-def load_tokens(path: Path) -> dict[str, str]:
-    """Read ``token: role`` pairs (role ``admin`` or ``read``) from a YAML file.
-
-    Raises HubConfigError naming the file and the bad entry (never the token itself).
-    """
-    try:
-        data = yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        raise HubConfigError(f"tokens file {path}: {exc}") from exc
-    if isinstance(data, dict) and isinstance(data.get("tokens"), dict):
-        data = data["tokens"]
-    if not isinstance(data, dict) or not data:
-        raise HubConfigError(f"tokens file {path}: expected a mapping token -> role")
-    tokens: dict[str, str] = {}
-    for i, (token, role) in enumerate(data.items()):
-        if not isinstance(token, str) or len(token) < 8:
-            raise HubConfigError(f"tokens file {path}: entry {i + 1}: token shorter than 8")
-        if role not in ROLES:
-            raise HubConfigError(
-                f"tokens file {path}: entry {i + 1}: role must be admin or read, got {role!r}"
-            )
-        tokens[token] = str(role)
-    return tokens
 
 
 def _error(status: int, message: str, headers: Mapping[str, str] | None = None) -> JSONResponse:
@@ -142,15 +111,17 @@ class SecurityHeaders:
 def create_app(
     *,
     status: FleetStatus,
-    tokens: Mapping[str, str],
+    tokens: Tokens | Mapping[str, str],
     private_key: PrivateKey | None = None,
     allow_anonymous: bool = False,
     labels: Labels | None = None,
+    metrics: HubMetrics | None = None,
 ) -> Starlette:
     """The API and the dashboard over ``status``.
 
     Anonymous requests get the ``read`` role only if allowed. ``labels`` (cluster -> labels,
-    from the fleet repo) feed the label filter. ``app.state.queries`` is the
+    from the fleet repo) feed the label filter; ``metrics`` are served at ``/metrics`` (a
+    token needed, as for the API). ``app.state.queries`` is the
     :class:`StatusQueries` behind the API (``warm()`` it after a refresh). Raises
     HubConfigError if the dashboard's files are missing from the installation.
     """
@@ -163,20 +134,15 @@ def create_app(
         shell = (DASHBOARD_DIR / "index.html").read_text()
     except OSError as exc:
         raise HubConfigError(f"the dashboard is missing from this installation: {exc}") from exc
-    token_items = [(t.encode(), r) for t, r in tokens.items()]
+    known = tokens if isinstance(tokens, Tokens) else Tokens.from_clear(tokens)
 
     def role_of(request: Request) -> str | None:
         header = request.headers.get("authorization", "")
         scheme, _, token = header.partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
             return "read" if allow_anonymous and not header else None
-        given = token.strip().encode()
-        role = None
-        # Compare against every token, constant time, so timing tells nothing.
-        for known, known_role in token_items:
-            if hmac.compare_digest(given, known):
-                role = known_role
-        return role
+        entry = known.check(token.strip())
+        return entry.role if entry is not None else None
 
     Handler = Callable[[Request, bool], dict[str, Any]]
 
@@ -260,6 +226,25 @@ def create_app(
         # Every page of the dashboard is the same shell; its script routes by the path.
         return HTMLResponse(shell, headers={"Cache-Control": "no-cache"})
 
+    async def metrics_endpoint(request: Request) -> Response:
+        # Counts only, but behind a token like the API (Prometheus sends one: see the
+        # ServiceMonitor in deploy/hub/).
+        if role_of(request) is None:
+            return _error(
+                401,
+                "missing or unknown bearer token",
+                {"WWW-Authenticate": 'Bearer realm="fleetlet-hub"'},
+            )
+        assert metrics is not None
+        return Response(metrics.exposition(), headers={"Content-Type": metrics.content_type})
+
+    async def healthz(request: Request) -> Response:
+        # Public, and says nothing: the server listens only after its first status refresh.
+        return Response("ok\n", media_type="text/plain")
+
+    routes.append(Route("/healthz", healthz))
+    if metrics is not None:
+        routes.append(Route("/metrics", metrics_endpoint))
     routes += [
         Route("/", dashboard),
         Mount("/ui/static", _DashboardFiles(directory=DASHBOARD_DIR / "static"), name="static"),

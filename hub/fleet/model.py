@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from agent.api.pins import is_commit, is_digest, is_sha256_hex
+from agent.api.yamlio import SAFE_LOADER
 from agent.errors import FieldProblem
 from hub.errors import FleetRepoError
 from hub.fleet.jump import shard_of_name
@@ -32,25 +34,26 @@ if TYPE_CHECKING:
 # Cluster and bundle names end up in branch names and Kubernetes object names.
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _DURATION = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
-_HEX64 = re.compile(r"^[0-9a-f]{64}$")
-_OCI_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
-_GIT_SHA = re.compile(r"^[0-9a-f]{40}$")
 _IMAGE_URI = re.compile(r"^[A-Za-z0-9.-]+(:[0-9]+)?(/[a-z0-9]+([._-][a-z0-9]+)*)+$")
 
-SOURCE_KINDS = ("image", "git", "http")
+SOURCE_KINDS = ("image", "git", "http", "helm")
 APPROVALS = ("none", "manual")
 # Which reference fields each source kind takes; the pinned one comes first.
+# A `version` is a SemVer range (or one version) resolved by the hub: a Helm repository's chart
+# versions, or an OCI repository's tags (Helm charts in a registry).
 _REF_FIELDS: dict[str, tuple[str, ...]] = {
-    "image": ("digest", "tag"),
+    "image": ("digest", "tag", "version"),
     "git": ("commit", "tag", "branch"),
     "http": ("sha256",),
+    "helm": ("version",),
 }
+_CHART = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$")
 _SOURCE_PASSTHROUGH = ("directory", "destination", "auth")
 # Keys of a bundle file the hub consumes itself; every other key is passed to the
 # BundleDeployment spec unchanged (the agent's API validates it).
 _BUNDLE_OWN_KEYS = ("name", "sources", "targets", "overrides")
 # What an override changes (it needs one at least), and every key it may have.
-_OVERRIDE_FIELDS = ("sources", "values", "paused", "approval", "namespace")
+_OVERRIDE_FIELDS = ("sources", "values", "paused", "approval", "namespace", "path", "patches")
 _OVERRIDE_KEYS = ("clusters", "clusterSelector", *_OVERRIDE_FIELDS)
 
 DEFAULT_EXPIRES_AFTER = timedelta(days=7)
@@ -108,6 +111,8 @@ class SourceRef:
     ref_field: str
     ref: str
     extra: tuple[tuple[str, Any], ...] = ()
+    chart: str = ""
+    """The chart's name in the repository (``helm`` sources only)."""
 
     @property
     def pinned(self) -> bool:
@@ -116,8 +121,48 @@ class SourceRef:
     def describe(self) -> str:
         if self.kind == "http":
             return f"http {self.uri}"
+        if self.kind == "helm":
+            return f"helm {self.uri} chart {self.chart} version {self.ref}"
+        if self.ref_field == "version":
+            return f"{self.kind} {self.uri} version {self.ref}"
         sep = "@" if self.ref_field in ("digest", "commit") else ":"
         return f"{self.kind} {self.uri}{sep}{self.ref} ({self.ref_field})"
+
+
+@dataclass(frozen=True, slots=True)
+class ChartDependency:
+    """A chart dependency that is not vendored, pinned by the hub; the agent places it at
+    ``destination`` (relative to where the parent chart's source goes: ``<chart>/charts``)."""
+
+    kind: str
+    """``helm`` (a Helm repository's archive) or ``image`` (a chart in an OCI registry)."""
+    uri: str
+    chart: str
+    version: str
+    pin: str
+    """sha256 hex (``helm``) or manifest digest (``image``)."""
+    archive_url: str | None
+    tag: str | None
+    destination: str
+
+
+@dataclass(frozen=True, slots=True)
+class ChartPin:
+    """What a version range resolved to: the exact version and the pin of its bytes, plus the
+    dependencies the chart does not vendor (each pinned too)."""
+
+    version: str
+    pin: str
+    """sha256 hex of the archive (``helm``) or the manifest digest (``image``)."""
+    archive_url: str | None = None
+    """``helm``: the archive's URL from the repository's index."""
+    tag: str | None = None
+    """``image``: the tag the version was read from (Helm writes ``+`` as ``_`` in tags)."""
+    dependencies: tuple[ChartDependency, ...] = ()
+
+
+Pin = str | ChartPin
+"""A resolved source: a digest, commit or sha256 hex, or a chart resolved from a version."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +190,10 @@ class Override:
     namespace: str | None
     sources: tuple[SourceRef, ...] | None = None
     """Replaces the bundle's sources (a canary gets the new version first)."""
+    path: str | None = None
+    """Replaces ``formatOptions.path`` (Rancher Fleet's per-target ``kustomize.dir``)."""
+    patches: tuple[Mapping[str, Any], ...] | None = None
+    """Appended to the bundle's ``patches`` (checked by the agent's API when rendered)."""
 
     @property
     def by_name(self) -> bool:
@@ -244,9 +293,8 @@ def _load_yaml(path: Path, rel: str, problems: _Problems, *, data: bytes | None 
     if len(data) > _MAX_FILE_BYTES:
         problems.add(rel, "", f"at most {_MAX_FILE_BYTES} bytes", _found(f"{len(data)} bytes"))
         return None
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     try:
-        return yaml.load(data, Loader=loader)  # a safe loader (C if available)
+        return yaml.load(data, Loader=SAFE_LOADER)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark is not None else ""
@@ -604,6 +652,8 @@ def _load_sources(
             continue
         ref_fields = _REF_FIELDS[kind]
         allowed = {"kind", "uri", *ref_fields, *_SOURCE_PASSTHROUGH}
+        if kind == "helm":
+            allowed.add("chart")
         for key in sorted(set(s) - allowed, key=str):
             problems.add(
                 rel,
@@ -615,8 +665,12 @@ def _load_sources(
         if not isinstance(uri, str) or not uri or any(c.isspace() for c in uri):
             problems.add(rel, f"{where}.uri", "a URI without spaces", uri)
             continue
-        if kind == "http" and not uri.startswith(("http://", "https://")):
+        if kind in ("http", "helm") and not uri.startswith(("http://", "https://")):
             problems.add(rel, f"{where}.uri", "an http:// or https:// URL", uri)
+            continue
+        chart = s.get("chart", "")
+        if kind == "helm" and (not isinstance(chart, str) or not _CHART.match(chart)):
+            problems.add(rel, f"{where}.chart", "the chart's name in the repository", chart or None)
             continue
         if kind == "image" and not _IMAGE_URI.match(uri):
             problems.add(
@@ -643,7 +697,11 @@ def _load_sources(
             problems.add(rel, f"{where}.{ref_field}", _REF_EXPECTED[ref_field], ref)
             continue
         extra = tuple((k, s[k]) for k in _SOURCE_PASSTHROUGH if k in s)
-        out.append(SourceRef(kind=kind, uri=uri, ref_field=ref_field, ref=str(ref), extra=extra))
+        out.append(
+            SourceRef(
+                kind=kind, uri=uri, ref_field=ref_field, ref=str(ref), extra=extra, chart=chart
+            )
+        )
     return out
 
 
@@ -654,6 +712,7 @@ _REF_EXPECTED = {
     "tag": "a tag name",
     "branch": "a branch name",
     "url": "a URL",
+    "version": "a version or a SemVer range such as 1.2.3, ^1.2, ~1.2.3 or >=1.0 <2.0",
 }
 _TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")
 _GIT_REF = re.compile(r"^(?!/)(?!.*\.\.)(?!.*//)[A-Za-z0-9._/-]+(?<![/.])$")
@@ -663,14 +722,34 @@ def _ref_ok(ref_field: str, ref: object) -> bool:
     if not isinstance(ref, str):
         return False
     if ref_field == "digest":
-        return bool(_OCI_DIGEST.match(ref))
+        return is_digest(ref)
     if ref_field == "commit":
-        return bool(_GIT_SHA.match(ref))
+        return is_commit(ref)
     if ref_field == "sha256":
-        return bool(_HEX64.match(ref))
+        return is_sha256_hex(ref)
     if ref_field in ("tag", "branch"):
         return bool(_GIT_REF.match(ref)) and not ref.endswith(".lock")
+    if ref_field == "version":
+        return version_range(ref) is not None
     return True
+
+
+def version_range(text: str) -> str | None:
+    """``text`` as a normalised SemVer range (Helm's syntax: ``^1.2``, ``~1.2.3``, ``1.2.x``,
+    ``>=1.0 <2.0``, ``>=1.0, <2.0``, ``a || b``), or None if it is not one."""
+    if not text or len(text) > 256:
+        return None
+    # Helm (Masterminds semver) joins comparisons with commas; node-semver with spaces.
+    normal = " ".join(text.replace(",", " ").split())
+    # Imported here: the hub's extra, which the agent's image (whose CLI loads this module
+    # for its subcommands' parsers) does not carry.
+    from nodesemver import Range
+
+    try:
+        Range(normal, True)
+    except (ValueError, TypeError):
+        return None
+    return normal
 
 
 def _load_target(
@@ -733,6 +812,16 @@ def _load_override(
     if namespace is not None and (not isinstance(namespace, str) or not _NAME.match(namespace)):
         problems.add(rel, f"{where}.namespace", "a namespace name (DNS label)", namespace)
         ok = False
+    path = raw.get("path")
+    if path is not None and (not isinstance(path, str) or not path):
+        problems.add(rel, f"{where}.path", "a directory of the bundle's tree", path)
+        ok = False
+    patches = raw.get("patches")
+    if patches is not None and not (
+        isinstance(patches, list) and all(isinstance(x, dict) for x in patches)
+    ):
+        problems.add(rel, f"{where}.patches", "a list of patches ({patch, target})", patches)
+        ok = False
     sources = None
     if "sources" in raw:
         start = len(problems.items)
@@ -751,4 +840,6 @@ def _load_override(
         approval=approval,
         namespace=namespace,
         sources=sources,
+        path=path,
+        patches=tuple(patches) if patches is not None else None,
     )

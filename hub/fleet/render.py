@@ -7,7 +7,14 @@ same fleet commit with the same pins gives the same bytes.
 Override order (for one bundle on one cluster): the bundle's own fields, then every override
 selected by ``clusterSelector`` only, in file order, then every override naming the cluster in
 ``clusters``, in file order. ``values`` are deep-merged (mappings merge key by key, anything else
-is replaced, ``null`` removes a key); ``paused``, ``approval`` and ``namespace`` are replaced.
+is replaced, ``null`` removes a key); ``patches`` are appended; ``paused``, ``approval``,
+``namespace`` and ``path`` are replaced. Then ``${cluster.name}`` and
+``${cluster.labels.<key>}`` in the merged values are substituted (:mod:`hub.fleet.templating`),
+so each set holds its cluster's final values.
+
+A source resolved from a version range (a Helm repository chart, an OCI chart tag range) is
+written with its exact version, and the dependencies the hub pinned for it follow it as extra
+sources placed under the chart's ``charts/``.
 """
 
 from __future__ import annotations
@@ -26,13 +33,16 @@ from agent.api import (
     SetSource,
     from_dict,
 )
+from agent.api.depgraph import find_cycle
 from agent.errors import FieldProblem, ValidationError
 from hub.errors import FleetRepoError
-from hub.fleet.model import Bundle, Cluster, Fleet, Override, SourceRef
+from hub.fleet.model import Bundle, ChartPin, Cluster, Fleet, Override, Pin, SourceRef
+from hub.fleet.templating import references, substitute
 
 # Where an override's fields land in a BundleDeployment spec (agent.api field names).
 VALUES_PATH = ("formatOptions", "values")
 NAMESPACE_PATH = ("formatOptions", "targetNamespace")
+PATH_PATH = ("formatOptions", "path")
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,44 +90,18 @@ def check_graph(fleet: Fleet) -> None:
                 )
             else:
                 edges[g].add(dep)
-    cycle = _find_cycle(edges)
+    cycle = find_cycle(edges)
     if cycle:
         first = groups[cycle[0]][0]
         problems.append(
             FieldProblem(
                 path=f"{first.file}: dependsOn",
                 expected="no dependency cycle between groups",
-                found=" -> ".join([*cycle, cycle[0]]),
+                found=" -> ".join(cycle),
             )
         )
     if problems:
         raise FleetRepoError(problems, origin=str(fleet.root))
-
-
-def _find_cycle(edges: Mapping[str, set[str]]) -> list[str]:
-    state: dict[str, int] = {}
-    stack: list[str] = []
-
-    def visit(node: str) -> list[str]:
-        state[node] = 1
-        stack.append(node)
-        for nxt in sorted(edges.get(node, ())):
-            if state.get(nxt) == 1:
-                return stack[stack.index(nxt) :]
-            if nxt not in state:
-                found = visit(nxt)
-                if found:
-                    return found
-        stack.pop()
-        state[node] = 2
-        return []
-
-    for node in sorted(edges):
-        if node not in state:
-            found = visit(node)
-            if found:
-                return found
-    return []
 
 
 def order_groups(members: Mapping[str, list[str]]) -> list[str]:
@@ -169,22 +153,74 @@ def _set_path(spec: dict[str, Any], path: tuple[str, ...], value: Any, *, merge:
     node[path[-1]] = merge_values(node.get(path[-1]) or {}, value) if merge else value
 
 
-def source_dict(src: SourceRef, pin: str) -> dict[str, Any]:
-    field = {"image": "digest", "git": "commit", "http": "sha256"}[src.kind]
-    out: dict[str, Any] = {"kind": src.kind, "uri": src.uri, field: pin}
-    out.update(dict(src.extra))
-    return out
+def source_dict(src: SourceRef, pin: Pin) -> dict[str, Any]:
+    """The set's form of one resolved source (without the dependencies of a chart)."""
+    return source_dicts(src, pin)[0]
+
+
+def source_dicts(src: SourceRef, pin: Pin) -> list[dict[str, Any]]:
+    """The set's sources for one resolved source: itself, then any chart dependencies the hub
+    pinned for it (placed under its chart's ``charts/``)."""
+    extra = dict(src.extra)
+    if not isinstance(pin, ChartPin):
+        field = {"image": "digest", "git": "commit", "http": "sha256"}[src.kind]
+        return [{"kind": src.kind, "uri": src.uri, field: pin, **extra}]
+    if src.kind == "git":  # a chart directory whose dependencies the hub pinned
+        out: dict[str, Any] = {"kind": "git", "uri": src.uri, "commit": pin.pin}
+    elif src.kind == "helm":
+        out = {
+            "kind": "helm",
+            "uri": src.uri,
+            "chart": src.chart,
+            "version": pin.version,
+            "archiveUrl": pin.archive_url,
+            "sha256": pin.pin,
+        }
+    else:  # an OCI chart from a tag range: the tag is informational, the digest is the pin
+        out = {"kind": "image", "uri": f"{src.uri}:{pin.tag}", "digest": pin.pin}
+    out.update(extra)
+    sources = [out]
+    base = str(extra.get("destination") or "").strip("/")
+    for dep in pin.dependencies:
+        destination = f"{base}/{dep.destination}" if base else dep.destination
+        if dep.kind == "helm":
+            placed: dict[str, Any] = {
+                "kind": "helm",
+                "uri": dep.uri,
+                "chart": dep.chart,
+                "version": dep.version,
+                "archiveUrl": dep.archive_url,
+                "sha256": dep.pin,
+            }
+        else:
+            placed = {"kind": "image", "uri": f"{dep.uri}:{dep.tag}", "digest": dep.pin}
+        placed["destination"] = destination
+        if dep.uri == src.uri and "auth" in extra:  # same repository, same credentials
+            placed["auth"] = extra["auth"]
+        sources.append(placed)
+    return sources
+
+
+def _sources(refs: Iterable[SourceRef], pins: Mapping[SourceRef, Pin]) -> list[dict[str, Any]]:
+    return [d for s in refs for d in source_dicts(s, pins[s])]
 
 
 def bundle_spec(
-    bundle: Bundle, pins: Mapping[SourceRef, str], overrides: Iterable[Override]
+    bundle: Bundle,
+    pins: Mapping[SourceRef, Pin],
+    overrides: Iterable[Override],
+    *,
+    cluster: Cluster | None = None,
+    problems: list[FieldProblem] | None = None,
 ) -> dict[str, Any]:
-    """The BundleDeployment spec (as a dict) of ``bundle`` with ``overrides`` applied in order."""
+    """The BundleDeployment spec (as a dict) of ``bundle`` with ``overrides`` applied in order,
+    and, given ``cluster``, its ``${cluster...}`` references substituted (problems appended to
+    ``problems``)."""
     spec: dict[str, Any] = copy.deepcopy(dict(bundle.spec))
-    spec["sources"] = [source_dict(s, pins[s]) for s in bundle.sources]
+    spec["sources"] = _sources(bundle.sources, pins)
     for o in overrides:
         if o.sources is not None:
-            spec["sources"] = [source_dict(s, pins[s]) for s in o.sources]
+            spec["sources"] = _sources(o.sources, pins)
         if o.values is not None:
             _set_path(spec, VALUES_PATH, o.values, merge=True)
         if o.paused is not None:
@@ -193,6 +229,21 @@ def bundle_spec(
             spec["approval"] = o.approval
         if o.namespace is not None:
             _set_path(spec, NAMESPACE_PATH, o.namespace, merge=False)
+        if o.path is not None:
+            _set_path(spec, PATH_PATH, o.path, merge=False)
+        own = spec.get("patches")
+        if o.patches is not None and (own is None or isinstance(own, list)):
+            # (a bundle's own patches that are not a list are reported by the validation)
+            spec["patches"] = [*(own or []), *copy.deepcopy(o.patches)]
+    values = (spec.get("formatOptions") or {}).get("values")
+    if cluster is not None and values and references(values):
+        spec["formatOptions"]["values"] = substitute(
+            values,
+            cluster=cluster.name,
+            labels=cluster.labels,
+            where=f"{bundle.file}: formatOptions.values",
+            problems=problems if problems is not None else [],
+        )
     return spec
 
 
@@ -207,7 +258,7 @@ class ClusterPlan:
 
 def plan_clusters(
     fleet: Fleet,
-    pins: Mapping[SourceRef, str],
+    pins: Mapping[SourceRef, Pin],
     *,
     only: Iterable[str] | None = None,
 ) -> dict[str, ClusterPlan]:
@@ -237,9 +288,13 @@ def plan_clusters(
         },
         key=sorted,
     )
-    entries: dict[tuple[str, tuple[int, ...]], BundleDeploymentEntry | None] = {}
+    entries: dict[tuple[Any, ...], BundleDeploymentEntry | None] = {}
     shapes: dict[tuple[Any, ...], tuple[tuple[BundleDeploymentEntry, ...], tuple[str, ...], str]]
     shapes = {}
+    # What each bundle's values refer to (${cluster.name}, ${cluster.labels.x}): a bundle that
+    # names its cluster is built per cluster, one that reads labels per label set.
+    refs = {b.name: _template_refs(b) for b in fleet.bundles}
+    by_name = any("name" in r for r in refs.values())
     problems: list[FieldProblem] = []
     plans: dict[str, ClusterPlan] = {}
     # Clusters loaded from the parsed-file cache share one labels mapping per label set.
@@ -249,10 +304,14 @@ def plan_clusters(
         labels_key = label_keys.get(id(cluster.labels))
         if labels_key is None:
             labels_key = label_keys[id(cluster.labels)] = tuple(sorted(cluster.labels.items()))
-        shape_key = (labels_key, tuple(cluster.name in names for names in name_lists))
+        shape_key = (
+            labels_key,
+            tuple(cluster.name in names for names in name_lists),
+            cluster.name if by_name else None,
+        )
         shape = shapes.get(shape_key)
         if shape is None:
-            shape = _shape(fleet, cluster, pins, entries, group_deps, problems)
+            shape = _shape(fleet, cluster, pins, entries, group_deps, problems, refs)
             shapes[shape_key] = shape
             complete[shape_key] = all(e is not None for e in shape[0])
         chosen, groups, missing = shape
@@ -273,13 +332,22 @@ def plan_clusters(
     return plans
 
 
+def _template_refs(bundle: Bundle) -> frozenset[str]:
+    values = (bundle.spec.get("formatOptions") or {}).get("values")
+    found = set(references(values))
+    for o in bundle.overrides:
+        found |= references(o.values)
+    return frozenset(found)
+
+
 def _shape(
     fleet: Fleet,
     cluster: Cluster,
-    pins: Mapping[SourceRef, str],
-    entries: dict[tuple[str, tuple[int, ...]], BundleDeploymentEntry | None],
+    pins: Mapping[SourceRef, Pin],
+    entries: dict[tuple[Any, ...], BundleDeploymentEntry | None],
     group_deps: Mapping[str, set[str]],
     problems: list[FieldProblem],
+    refs: Mapping[str, frozenset[str]],
 ) -> tuple[tuple[BundleDeploymentEntry, ...], tuple[str, ...], str]:
     """(entries, group order, missing-dependency text) of one cluster."""
     chosen: list[BundleDeploymentEntry] = []
@@ -289,9 +357,15 @@ def _shape(
         if not any(t.matches(cluster) for t in b.targets):
             continue
         applied = b.applied_overrides(cluster)
-        key = (b.name, tuple(o.index for o in applied))
+        uses = refs.get(b.name, frozenset())
+        key = (
+            b.name,
+            tuple(o.index for o in applied),
+            cluster.name if "name" in uses else None,
+            tuple(sorted(cluster.labels.items())) if "labels" in uses else None,
+        )
         if key not in entries:
-            entries[key] = _entry(b, pins, applied, problems)
+            entries[key] = _entry(b, pins, applied, problems, cluster if uses else None)
         entry = entries[key]
         if entry is None:
             broken = True
@@ -316,11 +390,16 @@ def _shape(
 
 def _entry(
     bundle: Bundle,
-    pins: Mapping[SourceRef, str],
+    pins: Mapping[SourceRef, Pin],
     applied: tuple[Override, ...],
     problems: list[FieldProblem],
+    cluster: Cluster | None,
 ) -> BundleDeploymentEntry | None:
-    spec = bundle_spec(bundle, pins, applied)
+    unresolved: list[FieldProblem] = []
+    spec = bundle_spec(bundle, pins, applied, cluster=cluster, problems=unresolved)
+    if unresolved:
+        problems.extend(unresolved)
+        return None
     try:
         return BundleDeploymentEntry(name=bundle.name, spec=from_dict(BundleDeploymentSpec, spec))
     except ValidationError as exc:

@@ -26,6 +26,7 @@ from typing import Literal
 import yaml
 
 from agent.api import BundleDeploymentEntry, dump_yaml, load_set, parse_time, to_dict
+from agent.api.yamlio import SAFE_LOADER
 from agent.errors import ValidationError
 from agent.verify.publication import BUNDLE_FILE, SET_FILE
 from hub.errors import PublishError
@@ -104,7 +105,7 @@ def read_current(cluster: str, data: bytes) -> _Current:
     found = blocks(data)
     head = "".join(found.get(k, "") for k in ("serial", "expiresAt"))
     try:
-        raw = yaml.load(head, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) or {}
+        raw = yaml.load(head, Loader=SAFE_LOADER) or {}
     except yaml.YAMLError:
         raw = {}
     serial = raw.get("serial") if isinstance(raw, dict) else None

@@ -1,10 +1,16 @@
 """Pin every source of a fleet to an immutable digest, once per reference per run.
 
 - OCI tag -> the manifest (or index) digest: one HEAD on ``/v2/<repo>/manifests/<tag>`` through
-  oras-py's registry client, with oras' own ~131 s retry loop replaced by a bounded one;
+  the registry client the agent uses too (:mod:`agent.source.registry`: bounded retries);
 - git branch or tag -> commit SHA: one ref listing (``Remote.list_heads``) per repository, no
   clone; annotated tags are peeled to their commit;
 - http URL -> sha256 of the content, downloaded once with a size cap;
+- Helm repository chart + version range -> the highest matching version in the repository's
+  ``index.yaml`` (read once per repository), its archive URL and the sha256 of the archive
+  (downloaded, checked against the index's digest); dependencies the archive does not vendor
+  are pinned the same way (Helm repositories) or as OCI charts, recursively;
+- OCI repository + version range -> the highest tag in the range (tags listed once per
+  repository; Helm writes ``+`` as ``_``), then its manifest digest;
 - already-pinned references are kept (their syntax was checked when the fleet was loaded).
 
 Results are cached in the :class:`Resolver`, so a tag used by 10,000 clusters costs one request.
@@ -19,19 +25,38 @@ import hashlib
 import http.client
 import re
 import tempfile
-import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import IO, Any
 
-import oras.provider
 import pygit2
 import requests
 
+from agent.api.pins import is_digest
+from agent.backoff import attempts
+from agent.source.content import AuthenticationError, Credentials
+from agent.source.registry import (
+    RegistryClient,
+    RegistryProtocolError,
+    RegistrySettings,
+    RegistryUnavailableError,
+)
 from hub.errors import ResolveError, SourceUnavailableError
-from hub.fleet.model import Bundle, SourceRef
+from hub.fleet.model import Bundle, ChartDependency, ChartPin, Pin, SourceRef
+from hub.resolve.charts import (
+    ChartError,
+    IndexEntry,
+    chart_in_tree,
+    missing_dependencies,
+    parse_index,
+    pick_version,
+    read_archive,
+    tag_version,
+)
 
 _OCI_ACCEPT = ", ".join(
     (
@@ -41,10 +66,10 @@ _OCI_ACCEPT = ", ".join(
         "application/vnd.docker.distribution.manifest.list.v2+json",
     )
 )
-_OCI_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
-_GIT_SHA = re.compile(r"^[0-9a-f]{40}$")
-_UNBOUNDED_DO_REQUEST = oras.provider.Registry.do_request.__wrapped__  # type: ignore[attr-defined]
 _LOOPBACK = ("127.0.0.1", "localhost", "[::1]")
+# Dependencies of dependencies...: deeper than this is a loop or a mistake.
+_MAX_CHART_DEPTH = 5
+_TAGS_PAGE = 1000
 
 
 class _NotFound(Exception):
@@ -69,65 +94,19 @@ class ResolveSettings:
     user_agent: str = "fleetlet-hub"
 
 
-class _TimeoutSession(requests.Session):
-    """requests has no default timeout; every request of this session gets one."""
-
-    def __init__(self, timeout: float, user_agent: str) -> None:
-        super().__init__()
-        self._timeout = timeout
-        self.headers["User-Agent"] = user_agent
-
-    def request(self, *args: Any, **kwargs: Any) -> requests.Response:  # type: ignore[override]
-        kwargs.setdefault("timeout", self._timeout)
-        return super().request(*args, **kwargs)
-
-
-class _Registry(oras.provider.Registry):  # type: ignore[misc]
-    """oras-py's client with timeouts and a bounded retry instead of its two-minute loop."""
-
-    def __init__(self, *, host: str, insecure: bool, settings: ResolveSettings) -> None:
-        creds = (settings.registry_credentials or {}).get(host)
-        super().__init__(
-            hostname=host, insecure=insecure, auth_backend="basic" if creds else "token"
-        )
-        self.settings = settings
-        self.session = _TimeoutSession(settings.timeout, settings.user_agent)
-        self.auth.session = self.session
-        if creds:
-            self.auth.set_basic_auth(*creds)
-
-    def do_request(
-        self,
-        url: str,
-        method: str = "GET",
-        data: dict[str, Any] | bytes | None = None,
-        headers: dict[str, str] | None = None,
-        json: dict[str, Any] | None = None,
-        stream: bool = False,
-    ) -> requests.Response:
-        """Raises _Unavailable when every attempt failed to get a non-5xx answer."""
-        failure = ""
-        for attempt in range(self.settings.attempts):
-            if attempt:
-                time.sleep(self.settings.backoff * 2 ** (attempt - 1))
-            try:
-                response: requests.Response = _UNBOUNDED_DO_REQUEST(
-                    self, url, method, data, dict(headers or {}), json, stream
-                )
-            except (requests.ConnectionError, requests.Timeout) as exc:
-                failure = type(exc).__name__
-                continue
-            except ValueError as exc:  # oras: "Cannot respond to request for authentication."
-                raise _NotFound(f"registry refused access: {exc}") from exc
-            except requests.RequestException as exc:  # malformed URL, bad redirects...
-                raise _NotFound(f"{type(exc).__name__}: {exc}") from exc
-            if response.status_code >= 500:
-                failure = f"HTTP {response.status_code}"
-                continue
-            return response
-        raise _Unavailable(
-            f"registry unreachable after {self.settings.attempts} attempts ({failure})"
-        )
+def _ask(
+    client: RegistryClient, url: str, method: str, headers: dict[str, str] | None = None
+) -> requests.Response:
+    """One request through the shared registry client, its errors as the resolver's: refused
+    access or a request that cannot be made is _NotFound, an unreachable registry
+    _Unavailable."""
+    try:
+        response: requests.Response = client.do_request(url, method, headers=headers)
+    except (AuthenticationError, RegistryProtocolError) as exc:
+        raise _NotFound(f"registry refused access: {exc}") from exc
+    except RegistryUnavailableError as exc:
+        raise _Unavailable(str(exc)) from exc
+    return response
 
 
 def split_oci_uri(uri: str, insecure_hosts: Iterable[str] = ()) -> tuple[str, str, bool]:
@@ -163,12 +142,16 @@ class Resolver:
     ) -> None:
         self.settings = settings or ResolveSettings()
         self.progress = progress
-        self._cache: dict[tuple[str, str, str, str], str] = {}
+        self._cache: dict[tuple[str, str, str, str, str], Pin] = {}
         self._heads: dict[str, dict[str, str]] = {}
-        self._registries: dict[tuple[str, bool], _Registry] = {}
+        self._indexes: dict[str, dict[str, list[IndexEntry]]] = {}
+        self._charts: dict[tuple[str, str, str], ChartPin] = {}
+        self._tags: dict[str, list[str]] = {}
+        self._git_charts: dict[tuple[str, str, str], Pin] = {}
+        self._registries: dict[tuple[str, bool], RegistryClient] = {}
         self._scratch: tempfile.TemporaryDirectory[str] | None = None
         self._scratch_repo: pygit2.Repository | None = None
-        self.requests = {"image": 0, "git": 0, "http": 0}
+        self.requests = {"image": 0, "git": 0, "http": 0, "helm": 0}
 
     def close(self) -> None:
         if self._scratch is not None:
@@ -182,23 +165,29 @@ class Resolver:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def resolve_bundles(self, bundles: Iterable[Bundle]) -> dict[SourceRef, str]:
-        """Pin every source of ``bundles``: SourceRef -> pin (digest, commit or sha256 hex).
+    def resolve_bundles(self, bundles: Iterable[Bundle]) -> dict[SourceRef, Pin]:
+        """Pin every source of ``bundles``: SourceRef -> pin (digest, commit or sha256 hex; a
+        :class:`~hub.fleet.model.ChartPin` for a version range).
 
         Raises ResolveError if any reference does not exist (all failures listed), otherwise
         SourceUnavailableError if any server did not answer.
         """
         users: dict[SourceRef, list[str]] = {}
+        formats: dict[SourceRef, set[str]] = {}
         for b in bundles:
             for s in b.all_sources:
                 users.setdefault(s, []).append(b.name)
-        pins: dict[SourceRef, str] = {}
+                formats.setdefault(s, set()).add(str(b.spec.get("format") or "plain"))
+        pins: dict[SourceRef, Pin] = {}
         missing: list[tuple[str, str, str]] = []
         down: list[tuple[str, str, str]] = []
         total = len(users)
         for done, (src, names) in enumerate(sorted(users.items(), key=lambda kv: _key(kv[0]))):
             try:
                 pins[src] = self.resolve(src)
+                if src.kind == "git" and formats[src] == {"helm"}:
+                    # A chart directory in git may list dependencies it does not vendor.
+                    pins[src] = self._git_chart(src, str(pins[src]))
             except _NotFound as exc:
                 missing.extend((n, src.describe(), str(exc)) for n in sorted(set(names)))
             except _Unavailable as exc:
@@ -211,14 +200,19 @@ class Resolver:
             raise SourceUnavailableError(down)
         return pins
 
-    def resolve(self, src: SourceRef) -> str:
+    def resolve(self, src: SourceRef) -> Pin:
         """The pin of one reference (cached). Raises _NotFound or _Unavailable (internal)."""
         key = _key(src)
         hit = self._cache.get(key)
         if hit is not None:
             return hit
+        pin: Pin
         if src.pinned:
             pin = src.ref
+        elif src.kind == "helm":
+            pin = self._helm_chart(src.uri, src.chart, src.ref, depth=0)
+        elif src.kind == "image" and src.ref_field == "version":
+            pin = self._oci_version(src.uri, src.ref)
         elif src.kind == "image":
             pin = self._oci_tag(src.uri, src.ref)
         elif src.kind == "git":
@@ -230,18 +224,34 @@ class Resolver:
 
     # --- OCI ------------------------------------------------------------------------------
 
-    def _oci_tag(self, uri: str, tag: str) -> str:
+    def _registry(self, uri: str) -> tuple[RegistryClient, str, str, bool]:
         try:
             host, repo, plain = split_oci_uri(uri, self.settings.insecure_registries)
         except ValueError as exc:
             raise _NotFound(str(exc)) from exc
         client = self._registries.get((host, plain))
         if client is None:
-            client = _Registry(host=host, insecure=plain, settings=self.settings)
+            user, password = (self.settings.registry_credentials or {}).get(host, (None, None))
+            client = RegistryClient(
+                host=host,
+                settings=RegistrySettings(
+                    plain_http=plain,
+                    timeout=self.settings.timeout,
+                    attempts=self.settings.attempts,
+                    backoff=self.settings.backoff,
+                    user_agent=self.settings.user_agent,
+                ),
+                credentials=Credentials(username=user, password=password) if user else None,
+                source=f"registry {host}",
+            )
             self._registries[(host, plain)] = client
+        return client, host, repo, plain
+
+    def _oci_tag(self, uri: str, tag: str) -> str:
+        client, host, repo, plain = self._registry(uri)
         url = f"{'http' if plain else 'https'}://{host}/v2/{repo}/manifests/{tag}"
         self.requests["image"] += 1
-        response = client.do_request(url, "HEAD", headers={"Accept": _OCI_ACCEPT})
+        response = _ask(client, url, "HEAD", headers={"Accept": _OCI_ACCEPT})
         if response.status_code == 404:
             raise _NotFound(f"tag not found in {host}/{repo}")
         if response.status_code in (401, 403):
@@ -249,9 +259,222 @@ class Resolver:
         if response.status_code != 200:
             raise _NotFound(f"HEAD {url}: HTTP {response.status_code}")
         digest = response.headers.get("Docker-Content-Digest", "")
-        if not _OCI_DIGEST.match(digest):
+        if not is_digest(digest):
             raise _NotFound(f"registry gave no sha256 Docker-Content-Digest (got {digest!r})")
         return digest
+
+    def _oci_version(self, uri: str, wanted: str) -> ChartPin:
+        """The highest tag of ``uri`` whose version is in ``wanted``, and its digest."""
+        tags = self._list_tags(uri)
+        by_version = {tag_version(t): t for t in tags}
+        version = pick_version(by_version, wanted)
+        if version is None:
+            shown = ", ".join(sorted(by_version)[-5:]) or "none"
+            raise _NotFound(f"no tag in the range {wanted!r} (tags: {shown})")
+        tag = by_version[version]
+        return ChartPin(version=version, pin=self._oci_tag(uri, tag), tag=tag)
+
+    def _list_tags(self, uri: str) -> list[str]:
+        cached = self._tags.get(uri)
+        if cached is not None:
+            return cached
+        client, host, repo, plain = self._registry(uri)
+        base = f"{'http' if plain else 'https'}://{host}"
+        url: str | None = f"{base}/v2/{repo}/tags/list?n={_TAGS_PAGE}"
+        tags: list[str] = []
+        while url is not None:
+            self.requests["image"] += 1
+            response = _ask(client, url, "GET")
+            if response.status_code == 404:
+                raise _NotFound(f"no repository {host}/{repo}")
+            if response.status_code != 200:
+                raise _NotFound(f"GET {url}: HTTP {response.status_code}")
+            try:
+                page = response.json()
+            except ValueError as exc:
+                raise _NotFound(f"GET {url}: not a tag list") from exc
+            tags.extend(t for t in (page.get("tags") or []) if isinstance(t, str))
+            # Pagination (distribution spec): Link: </v2/...?last=x&n=y>; rel="next"
+            link = response.headers.get("Link", "")
+            match = re.match(r'\s*<([^>]+)>\s*;\s*rel="?next"?', link)
+            url = urllib.parse.urljoin(base, match.group(1)) if match else None
+        self._tags[uri] = tags
+        return tags
+
+    # --- helm -----------------------------------------------------------------------------
+
+    def _helm_chart(self, repo: str, chart: str, wanted: str, *, depth: int) -> ChartPin:
+        """Resolve ``chart`` in the Helm repository ``repo`` to one version and its archive,
+        and pin the dependencies that archive does not vendor."""
+        key = (repo, chart, wanted)
+        cached = self._charts.get(key)
+        if cached is not None:
+            return cached
+        entries = self._index(repo).get(chart)
+        if not entries:
+            raise _NotFound(f"no chart {chart!r} in {repo}/index.yaml")
+        version = pick_version((e.version for e in entries), wanted)
+        if version is None:
+            shown = ", ".join(e.version for e in entries[:5])
+            raise _NotFound(f"no version of {chart} in the range {wanted!r} (newest: {shown})")
+        entry = next(e for e in entries if e.version == version)
+        archive_url = urllib.parse.urljoin(repo.rstrip("/") + "/", entry.urls[0])
+        with tempfile.TemporaryDirectory(prefix="fleetlet-chart-") as scratch:
+            path = Path(scratch) / "chart.tgz"
+            with open(path, "wb") as sink:
+                sha256 = self._http_download(archive_url, sink)
+            expected = (entry.digest or "").removeprefix("sha256:")
+            if expected and expected != sha256:
+                raise _NotFound(
+                    f"{archive_url} hashes to sha256 {sha256}, the index says {expected}"
+                )
+            try:
+                archive = read_archive(path)
+            except ChartError as exc:
+                raise _NotFound(f"{archive_url}: {exc}") from exc
+        dependencies: list[ChartDependency] = []
+        for dependency in missing_dependencies(archive):
+            dependencies.extend(
+                self._dependency(dependency, parent=chart, top=archive.top, depth=depth)
+            )
+        pin = ChartPin(
+            version=version,
+            pin=sha256,
+            archive_url=archive_url,
+            dependencies=tuple(dependencies),
+        )
+        self._charts[key] = pin
+        return pin
+
+    def _dependency(
+        self, dependency: Mapping[str, Any], *, parent: str, top: str, depth: int
+    ) -> list[ChartDependency]:
+        """One missing dependency of a chart (and its own missing ones), placed under
+        ``<top>/charts``."""
+        name = str(dependency["name"])
+        repository = str(dependency.get("repository") or "")
+        wanted = str(dependency.get("version") or "*")
+        where = f"{top}/charts" if top else "charts"
+        if depth >= _MAX_CHART_DEPTH:
+            raise _NotFound(f"chart {parent}: dependencies nested deeper than {_MAX_CHART_DEPTH}")
+        if repository.startswith(("http://", "https://")):
+            pin = self._helm_chart(repository, name, wanted, depth=depth + 1)
+            out = [
+                ChartDependency(
+                    kind="helm",
+                    uri=repository,
+                    chart=name,
+                    version=pin.version,
+                    pin=pin.pin,
+                    archive_url=pin.archive_url,
+                    tag=None,
+                    destination=where,
+                )
+            ]
+            # Its own dependencies go under its directory (the archive's top is its name).
+            for nested in pin.dependencies:
+                out.append(
+                    ChartDependency(
+                        kind=nested.kind,
+                        uri=nested.uri,
+                        chart=nested.chart,
+                        version=nested.version,
+                        pin=nested.pin,
+                        archive_url=nested.archive_url,
+                        tag=nested.tag,
+                        destination=f"{where}/{nested.destination}",
+                    )
+                )
+            return out
+        if repository.startswith("oci://"):
+            uri = f"{repository.removeprefix('oci://').rstrip('/')}/{name}"
+            pin = self._oci_version(uri, wanted)
+            return [
+                ChartDependency(
+                    kind="image",
+                    uri=uri,
+                    chart=name,
+                    version=pin.version,
+                    pin=pin.pin,
+                    archive_url=None,
+                    tag=pin.tag,
+                    destination=where,
+                )
+            ]
+        raise _NotFound(
+            f"chart {parent}: dependency {name} from {repository or 'no repository'!r} is not "
+            "vendored in charts/ and only http(s):// and oci:// repositories can be pinned"
+        )
+
+    def _index(self, repo: str) -> dict[str, list[IndexEntry]]:
+        cached = self._indexes.get(repo)
+        if cached is not None:
+            return cached
+        with tempfile.TemporaryFile() as sink:
+            self._http_download(repo.rstrip("/") + "/index.yaml", sink)
+            sink.seek(0)
+            data = sink.read()
+        self.requests["helm"] += 1
+        try:
+            index = parse_index(data, where=repo)
+        except ChartError as exc:
+            raise _NotFound(f"{repo}: {exc}") from exc
+        self._indexes[repo] = index
+        return index
+
+    def _git_chart(self, src: SourceRef, commit: str) -> Pin:
+        """The commit of a helm bundle's git source, with the dependencies its chart lists
+        and does not vendor pinned (a shallow fetch of the commit to read ``Chart.yaml``).
+
+        A commit the server will not send by itself (fetch by id refused), or a tree without
+        a chart where it is looked for, is returned as is: the agent then says what is missing.
+        """
+        key = (src.uri, commit, dict(src.extra).get("directory") or "")
+        cached = self._git_charts.get(key)
+        if cached is not None:
+            return cached
+        tree = self._git_tree(src, commit)
+        directory = str(dict(src.extra).get("directory") or "").strip("/")
+        chart = None
+        if tree is not None:
+            try:
+                chart = chart_in_tree(tree, directory)
+            except ChartError as exc:
+                raise _NotFound(f"commit {commit}: {exc}") from exc
+        pin: Pin = commit
+        if chart is not None:
+            dependencies: list[ChartDependency] = []
+            for dependency in missing_dependencies(chart):
+                dependencies.extend(
+                    self._dependency(
+                        dependency, parent=chart.metadata["name"], top=chart.top, depth=0
+                    )
+                )
+            if dependencies:
+                pin = ChartPin(version="", pin=commit, dependencies=tuple(dependencies))
+        self._git_charts[key] = pin
+        return pin
+
+    def _git_tree(self, src: SourceRef, commit: str) -> pygit2.Tree | None:
+        if self._scratch_repo is None:
+            self._scratch = tempfile.TemporaryDirectory(prefix="fleetlet-resolve-")
+            self._scratch_repo = pygit2.init_repository(self._scratch.name, bare=True)
+        repo = self._scratch_repo
+        if commit not in repo:
+            remote = repo.remotes.create_anonymous(src.uri)
+            wanted = {
+                "branch": f"refs/heads/{src.ref}",
+                "tag": f"refs/tags/{src.ref}",
+            }.get(src.ref_field, commit)
+            self.requests["git"] += 1
+            try:
+                remote.fetch([f"+{wanted}:refs/fleetlet/resolve/{commit}"], depth=1)
+            except (pygit2.GitError, OSError):
+                return None  # e.g. a server that does not serve unadvertised commits
+            if commit not in repo:
+                return None
+        found = repo.get(commit)
+        return found.tree if isinstance(found, pygit2.Commit) else None
 
     # --- git ------------------------------------------------------------------------------
 
@@ -277,9 +500,7 @@ class Resolver:
         remote = self._scratch_repo.remotes.create_anonymous(uri)
         self.requests["git"] += 1
         failure = ""
-        for attempt in range(self.settings.attempts):
-            if attempt:
-                time.sleep(self.settings.backoff * 2 ** (attempt - 1))
+        for _attempt in attempts(self.settings.attempts, initial=self.settings.backoff):
             try:
                 listing = remote.list_heads()
             except (pygit2.GitError, OSError) as exc:
@@ -300,11 +521,13 @@ class Resolver:
     # --- http -----------------------------------------------------------------------------
 
     def _http_sha256(self, url: str) -> str:
+        return self._http_download(url, None)
+
+    def _http_download(self, url: str, sink: IO[bytes] | None) -> str:
+        """GET ``url`` (bounded, retried) into ``sink`` if given; returns the sha256 hex."""
         failure = ""
         limit = self.settings.max_download_bytes
-        for attempt in range(self.settings.attempts):
-            if attempt:
-                time.sleep(self.settings.backoff * 2 ** (attempt - 1))
+        for _attempt in attempts(self.settings.attempts, initial=self.settings.backoff):
             self.requests["http"] += 1
             request = urllib.request.Request(url, headers={"User-Agent": self.settings.user_agent})
             try:
@@ -314,11 +537,16 @@ class Resolver:
                         raise _NotFound(f"content is {length} bytes, more than the {limit} allowed")
                     digest = hashlib.sha256()
                     size = 0
+                    if sink is not None:
+                        sink.seek(0)
+                        sink.truncate()
                     while chunk := response.read(1 << 16):
                         size += len(chunk)
                         if size > limit:
                             raise _NotFound(f"content exceeds the {limit} bytes allowed")
                         digest.update(chunk)
+                        if sink is not None:
+                            sink.write(chunk)
                     return digest.hexdigest()
             except urllib.error.HTTPError as exc:
                 if exc.code >= 500:
@@ -352,5 +580,5 @@ def _git_not_found(message: str) -> bool:
     )
 
 
-def _key(src: SourceRef) -> tuple[str, str, str, str]:
-    return (src.kind, src.uri, src.ref_field, src.ref)
+def _key(src: SourceRef) -> tuple[str, str, str, str, str]:
+    return (src.kind, src.uri, src.ref_field, src.ref, src.chart)

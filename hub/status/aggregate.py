@@ -41,6 +41,7 @@ from typing import Any
 
 import pygit2
 
+from agent.api.reasons import FAILED, ROLLED_BACK, RUNNING, SUCCEEDED
 from agent.api.status import MAX_LOAD_BYTES
 from agent.errors import PermanentError
 from hub.errors import GitTransportError
@@ -241,12 +242,12 @@ def installation_state(bundle: Mapping[str, Any], *, stale: bool) -> str:
     ready = conditions.get("Ready", {})
     if true("Paused") or ready.get("reason") == "Paused":
         return "Paused"
-    if last == "inProgress" or true("Progressing"):
+    if last == RUNNING or true("Progressing"):
         return "Progressing"
-    if last == "rolledBack" or ready.get("reason") == "RolledBack":
+    if last == ROLLED_BACK or ready.get("reason") == "RolledBack":
         # Also after a later drift-correction run: the failed serial is still not applied.
         return "RolledBack"
-    if true("Degraded") or str(ready.get("status")) == "False" or last == "failed":
+    if true("Degraded") or str(ready.get("status")) == "False" or last == FAILED:
         return "Degraded"
     if true("Ready"):
         return "Ready"
@@ -804,7 +805,7 @@ class FleetStatus:
         """One run by id, or ``latest``: the newest succeeded run. None if none."""
         runs = self.runs(cluster, bundle) or []
         for run in runs:
-            if run_id == "latest" and run.get("result") == "succeeded":
+            if run_id == "latest" and run.get("result") == SUCCEEDED:
                 return run
             if run.get("id") == run_id:
                 return run
@@ -825,7 +826,7 @@ def _installation_summary(
 ) -> dict[str, Any]:
     runs = item.get("runs") or []
     last = runs[0] if runs else None
-    latest_ok = next((r for r in runs if r.get("result") == "succeeded"), None)
+    latest_ok = next((r for r in runs if r.get("result") == SUCCEEDED), None)
     applied = item.get("appliedRevision")
     return {
         "cluster": cluster,

@@ -23,7 +23,13 @@ from typing import Any
 
 from nacl.public import PrivateKey
 
-from agent.report.seal import SealError, open_sealed, read_private_key
+from agent.report.seal import (
+    OpenedOutput,
+    OutputPlace,
+    SealError,
+    open_sealed,
+    read_private_key,
+)
 from hub.fleet.selectors import LabelSelector, Requirement, label_key_ok, label_value_ok
 from hub.status.aggregate import STATES, FleetStatus
 
@@ -33,7 +39,8 @@ MAX_PAGE = 500
 
 Labels = Mapping[str, Mapping[str, str]]
 
-Opener = Callable[[str], str]
+Opener = Callable[[str, OutputPlace], OpenedOutput]
+"""Opens a sealed value for its place; raises ValueError when it does not open there."""
 
 
 def load_private_key(path: Path) -> PrivateKey:
@@ -45,12 +52,13 @@ def load_private_key(path: Path) -> PrivateKey:
 
 
 def sealed_opener(private_key: PrivateKey) -> Opener:
-    """Open base64 sealed boxes with ``private_key``; the function raises ValueError on a box
-    that does not open (sealed to another key, damaged)."""
+    """Open sealed values with ``private_key``, for their place; the function raises
+    ValueError on a value that does not open there (sealed for another cluster, bundle, output
+    or run, to another key, damaged, or of the older unbound format)."""
 
-    def open_value(sealed: str) -> str:
+    def open_value(sealed: str, place: OutputPlace) -> OpenedOutput:
         try:
-            return open_sealed(private_key, sealed)
+            return open_sealed(private_key, sealed, place=place)
         except SealError as exc:
             raise ValueError(str(exc)) from exc
 
@@ -58,25 +66,42 @@ def sealed_opener(private_key: PrivateKey) -> Opener:
 
 
 def present_outputs(
-    outputs: Mapping[str, Any], *, admin: bool, opener: Opener | None
+    outputs: Mapping[str, Any],
+    *,
+    admin: bool,
+    opener: Opener | None,
+    cluster: str,
+    bundle: str,
+    run: str,
 ) -> list[dict[str, Any]]:
-    """Outputs as ``{name, value, sensitive}`` rows: sealed values opened for admins only."""
+    """Outputs of run ``run`` of ``cluster``/``bundle`` as ``{name, value, sensitive}`` rows:
+    sealed values opened for admins only, and only for the place they were sealed for. An
+    opened row says who sealed it: ``sealedBy: agent`` (the cluster's own sealing key) or
+    ``anyone`` (a key anybody holding the hub's public key could have used: not proof that the
+    agent produced it)."""
     rows = []
     for name, item in sorted(outputs.items()):
         item = item if isinstance(item, dict) else {}
         if "value" in item:
             rows.append({"name": name, "value": item["value"], "sensitive": False})
         elif "sealed" in item:
-            value: Any = SENSITIVE
+            row: dict[str, Any] = {"name": name, "value": SENSITIVE, "sensitive": True}
             if admin:
                 if opener is None:
-                    value = "<sealed: the hub has no private key>"
+                    row["value"] = "<sealed: the hub has no private key>"
                 else:
+                    place = OutputPlace(cluster=cluster, bundle=bundle, output=name, run=run)
                     try:
-                        value = opener(str(item["sealed"]))
+                        opened = opener(str(item["sealed"]), place)
                     except ValueError:
-                        value = "<sealed: does not open with the hub key>"
-            rows.append({"name": name, "value": value, "sensitive": True})
+                        row["value"] = (
+                            "<sealed: does not open here (sealed for another place or key, "
+                            "or damaged)>"
+                        )
+                    else:
+                        row["value"] = opened.value
+                        row["sealedBy"] = "agent" if opened.from_agent else "anyone"
+            rows.append(row)
         else:
             # Omitted by the agent (it has no hub key): there is no value anywhere outside.
             rows.append({"name": name, "value": None, "sensitive": True, "omitted": True})
@@ -271,14 +296,16 @@ class StatusQueries:
         detail = self.status.installation(cluster, bundle)
         if detail is None:
             raise self._missing(cluster, bundle)
-        detail["runs"] = [self._run_view(r, admin=admin) for r in detail["runs"]]
+        detail["runs"] = [
+            self._run_view(r, admin=admin, cluster=cluster, bundle=bundle) for r in detail["runs"]
+        ]
         return detail
 
     def runs(self, cluster: str, bundle: str, *, admin: bool) -> dict[str, Any]:
         found = self.status.runs(cluster, bundle)
         if found is None:
             raise self._missing(cluster, bundle)
-        items = [self._run_view(r, admin=admin) for r in found]
+        items = [self._run_view(r, admin=admin, cluster=cluster, bundle=bundle) for r in found]
         return {"installation": f"{cluster}/{bundle}", "items": items}
 
     def outputs(self, cluster: str, bundle: str, run_id: str, *, admin: bool) -> dict[str, Any]:
@@ -288,7 +315,14 @@ class StatusQueries:
         if run is None:
             what = "no succeeded run" if run_id == "latest" else f"no run {run_id!r}"
             raise QueryError(404, f"installation {cluster}/{bundle} has {what}")
-        rows = present_outputs(run.get("outputs") or {}, admin=admin, opener=self.opener)
+        rows = present_outputs(
+            run.get("outputs") or {},
+            admin=admin,
+            opener=self.opener,
+            cluster=cluster,
+            bundle=bundle,
+            run=str(run["id"]),
+        )
         return {
             "installation": f"{cluster}/{bundle}",
             "run": run["id"],
@@ -449,10 +483,17 @@ class StatusQueries:
             "items": items,
         }
 
-    def _run_view(self, run: Mapping[str, Any], *, admin: bool) -> dict[str, Any]:
+    def _run_view(
+        self, run: Mapping[str, Any], *, admin: bool, cluster: str, bundle: str
+    ) -> dict[str, Any]:
         shown = dict(run)
         shown["outputs"] = present_outputs(
-            run.get("outputs") or {}, admin=admin, opener=self.opener
+            run.get("outputs") or {},
+            admin=admin,
+            opener=self.opener,
+            cluster=cluster,
+            bundle=bundle,
+            run=str(run.get("id")),
         )
         return shown
 

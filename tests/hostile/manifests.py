@@ -100,4 +100,18 @@ CASES: list[ManifestCase] = [
         CONFIGMAP + b"  labels:\n    nested: {a: b}\n",
         "InvalidMetadata",
     ),
+    # Last wins in PyYAML: the object would land in kube-system, not where it seems to go.
+    ManifestCase(
+        "duplicate-key",
+        "twice.yaml",
+        CONFIGMAP + b"  namespace: web\n  namespace: kube-system\n",
+        "DuplicateKey",
+    ),
+    ManifestCase(
+        "duplicate-key-json",
+        "twice.json",
+        b'{"apiVersion": "v1", "kind": "ConfigMap", '
+        b'"metadata": {"name": "ok", "namespace": "web", "namespace": "kube-system"}}',
+        "DuplicateKey",
+    ),
 ]

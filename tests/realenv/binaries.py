@@ -6,8 +6,13 @@ kube-apiserver, etcd and kubectl, so the others fall through), then the cache
 from the Go module proxy into that cache. Builds write to a temporary name and rename, under a
 file lock, so concurrent test workers never see half a binary and build each thing once.
 
-``python -m tests.realenv.binaries`` ensures every binary and prints the paths (CI runs it before
-the tests so that the cold build, about 8 minutes on two cores, is visible as its own step).
+The external renderers fleetlet runs (helm, kustomize; pinned in :mod:`agent.render.tools`) are
+built by the same machinery (:func:`ensure_tools`) into ``tools/<name>-<version>/<name>`` of the
+same cache, where the agent's :func:`agent.render.tools.find_tool` finds them.
+
+``python -m tests.realenv.binaries [NAME ...]`` ensures every binary and tool (or the named ones)
+and prints the paths (CI runs it before the tests so that the cold build, about 8 minutes on two
+cores, is visible as its own step).
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TextIO
+
+from agent.render.tools import PINNED_TOOLS, cached_tool_path
 
 # The one Kubernetes release of the test environment: the newest whose go.mod `go` line the
 # machine's Go toolchain satisfies. Staging modules are pinned to the matching v0.Y.Z.
@@ -49,6 +56,17 @@ _PINS = {
     "etcd": ETCD_VERSION,
     "kwok": KWOK_VERSION,
 }
+
+
+# The external renderers: the Go package `go install` builds for each, and the linker flags that
+# stamp its version (Helm reports a bare "v4.3" otherwise; kustomize reads the module version
+# from its build info).
+TOOLS = tuple(PINNED_TOOLS)
+_TOOL_PACKAGES = {
+    "helm": "helm.sh/helm/v4/cmd/helm",
+    "kustomize": "sigs.k8s.io/kustomize/kustomize/v5",
+}
+_TOOL_LDFLAGS = {"helm": "-X helm.sh/helm/v4/internal/version.version={version}"}
 
 
 class BinaryError(RuntimeError):
@@ -386,16 +404,83 @@ def _publish(built: Path, name: str) -> None:
     (bin_dir() / f"{name}.version").write_text(_PINS[name] + "\n")
 
 
+def find_tool_binary(name: str) -> Path | None:
+    """The cached pinned release of the tool ``name`` (``helm``, ``kustomize``), or ``None``.
+
+    The version is in the directory's name and the binary is renamed into place only once
+    built, so a present file is a complete build of that pin.
+    """
+    path = cached_tool_path(name, cache_root=cache_root())
+    return path if _executable(path) else None
+
+
+def ensure_tools(
+    names: Iterable[str] = TOOLS, *, progress: TextIO | None = sys.stderr
+) -> dict[str, Path]:
+    """Return ``{name: path}`` of the pinned helm/kustomize, building missing ones into the cache.
+
+    Raises :class:`BinaryError` when a build fails (with the tail of the Go output).
+    """
+    wanted = list(dict.fromkeys(names))
+    unknown = [n for n in wanted if n not in _TOOL_PACKAGES]
+    if unknown:
+        raise BinaryError(f"unknown tools {unknown}; known: {list(TOOLS)}")
+    tools_dir = cache_root() / "tools"
+    if any(find_tool_binary(n) is None for n in wanted):
+        tools_dir.mkdir(parents=True, exist_ok=True)
+        with _lock(tools_dir / ".build.lock", progress):
+            for name in wanted:
+                if find_tool_binary(name) is None:  # another process may have built it
+                    _build_tool(name, progress)
+    result = {}
+    for name in wanted:
+        path = find_tool_binary(name)
+        if path is None:
+            raise BinaryError(f"{name} is still missing from {tools_dir} after building it")
+        result[name] = path
+    return result
+
+
+def _build_tool(name: str, progress: TextIO | None) -> None:
+    version = PINNED_TOOLS[name]
+    package = _TOOL_PACKAGES[name]
+    target = cached_tool_path(name, cache_root=cache_root())
+    target.parent.mkdir(parents=True, exist_ok=True)
+    env = _go_env()
+    # Static, so the same binary runs in the agent's image.
+    env["CGO_ENABLED"] = "0"
+    _say(progress, f"building {name} {version} from the Go module proxy (a few minutes) ...")
+    started = time.monotonic()
+    ldflags = " ".join(["-s -w", _TOOL_LDFLAGS.get(name, "").format(version=version)]).strip()
+    with tempfile.TemporaryDirectory(prefix=f"{name}-build-", dir=target.parent.parent) as tmp:
+        work = Path(tmp)
+        env["GOBIN"] = str(work)
+        _go(
+            ["install", "-trimpath", "-ldflags", ldflags, f"{package}@{version}"],
+            cwd=work,
+            env=env,
+            what=f"building {name} {version}",
+            progress=progress,
+        )
+        # `go install` names the binary after the package, a major-version suffix dropped.
+        built = work / name
+        if not _executable(built):
+            raise BinaryError(f"the build of {name} did not produce {built}")
+        os.replace(built, target)
+    _say(progress, f"built {name} {version} in {time.monotonic() - started:.0f} s")
+
+
 def kubectl() -> str:
     """The path of kubectl of the pinned release (built when missing)."""
     return str(ensure_binaries(["kubectl"])["kubectl"])
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Ensure the named binaries (default: all) and print ``name path`` lines."""
-    names = (argv if argv is not None else sys.argv[1:]) or list(ALL_BINARIES)
+    """Ensure the named binaries and tools (default: all) and print ``name path`` lines."""
+    names = (argv if argv is not None else sys.argv[1:]) or [*ALL_BINARIES, *TOOLS]
     try:
-        paths = ensure_binaries(names)
+        paths = ensure_binaries([n for n in names if n not in TOOLS])
+        paths.update(ensure_tools([n for n in names if n in TOOLS]))
     except BinaryError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

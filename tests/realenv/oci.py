@@ -13,7 +13,7 @@ import io
 import json
 import tarfile
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -362,3 +362,28 @@ def push_bundle(
     if tag is not None:
         client.push_manifest(repository, tag, manifest)
     return PushedArtifact(repository=repository, digest=digest, manifest=manifest, layer=layer)
+
+
+def push_layers(
+    client: OciClient,
+    repository: str,
+    layers: Sequence[bytes],
+    *,
+    tag: str | None = None,
+    layer_media_type: str = BUNDLE_LAYER_MEDIA_TYPE,
+) -> str:
+    """Push an artifact of several layers (in order) as they are; returns its manifest digest."""
+    descriptors = [client.push_blob(repository, data, layer_media_type) for data in layers]
+    client.push_blob(repository, EMPTY_CONFIG, EMPTY_CONFIG_MEDIA_TYPE)
+    manifest: dict[str, Any] = {
+        "schemaVersion": 2,
+        "mediaType": MANIFEST_MEDIA_TYPE,
+        "artifactType": BUNDLE_ARTIFACT_TYPE,
+        "config": descriptor(EMPTY_CONFIG_MEDIA_TYPE, EMPTY_CONFIG),
+        "layers": descriptors,
+    }
+    raw = json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()
+    digest = client.push_manifest(repository, sha256_digest(raw), raw)
+    if tag is not None:
+        client.push_manifest(repository, tag, raw)
+    return digest

@@ -43,7 +43,7 @@ export function stateBadge(state) {
 
 export function resultBadge(result) {
   if (!result) return h("span", { class: "muted" }, "–");
-  const kind = { succeeded: "Ready", failed: "Degraded", rolledBack: "RolledBack", inProgress: "Progressing" }[result];
+  const kind = { Succeeded: "Ready", Failed: "Degraded", RolledBack: "RolledBack", Running: "Progressing" }[result];
   return h("span", { class: `badge state s-${kind || "Paused"}`, "data-result": result }, result);
 }
 

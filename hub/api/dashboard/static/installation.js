@@ -38,7 +38,12 @@ export function outputValue(output) {
     return [h("code", { class: "value" }, MASKED), " ", h("span", { class: "badge masked", title: "Sensitive: only admin tokens see the value" }, "masked")];
   }
   if (output.sensitive) {
-    return [h("code", { class: "value" }, String(output.value)), " ", h("span", { class: "badge sensitive", title: "Sensitive value, shown to an admin token" }, "sensitive")];
+    const shown = [h("code", { class: "value" }, String(output.value)), " ", h("span", { class: "badge sensitive", title: "Sensitive value, shown to an admin token" }, "sensitive")];
+    if (output.sealedBy === "anyone") {
+      // Sealed without the agent's sealing key: anybody with the hub's public key could have.
+      shown.push(" ", h("span", { class: "badge masked", title: "Not sealed with this cluster's agent key: not proof that the agent produced it" }, "unverified sender"));
+    }
+    return shown;
   }
   return h("code", { class: "value" }, String(output.value));
 }

@@ -12,13 +12,18 @@ method raising with its own reason (the ``reason`` attribute of the error):
 - ``content`` and ``render``: every bundle's sources by digest through the cache, rendered
   with its format, namespaces defaulted from the API server's discovery.
 
+Whatever a hostile publication or its content makes a library raise (not only our own
+errors) becomes a recorded, permanent refusal of that commit: the agent never stalls on it,
+and keeps reconciling what it accepted before.
+
 The apply, health and prune stages (the outbound half) consume :class:`SyncResult.bundles`.
 """
 
 from __future__ import annotations
 
 import base64
-import json
+import functools
+import logging
 import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -31,20 +36,28 @@ from cryptography.hazmat.primitives import hashes
 from agent.api import (
     BundleDeploymentEntry,
     BundleDeploymentSet,
+    BundleDeploymentSpec,
     canonical_bytes,
     digest_of,
     format_time,
-    set_from_dict,
     set_to_dict,
     to_dict,
 )
-from agent.bundles import BundleDeployments
-from agent.errors import PermanentError, TemporaryError, ValidationError, VerificationError
+from agent.errors import (
+    FleetletError,
+    PermanentError,
+    TemporaryError,
+    ValidationError,
+    VerificationError,
+)
 from agent.kube import KubeClient
-from agent.render.formats import render_bundle
+from agent.render.cache import RenderCache, sources_digest
+from agent.render.facts import ClusterFacts
 from agent.render.manifests import Manifest
 from agent.render.plain import Ownership, RenderRequest
 from agent.render.scope import with_bundle_crds
+from agent.render.tools import ToolSettings
+from agent.report.bundles import BundleDeployments
 from agent.source.branch import (
     BranchContentError,
     BranchNotFoundError,
@@ -52,102 +65,20 @@ from agent.source.branch import (
     FetchTooLargeError,
 )
 from agent.source.compose import ContentStore, credentials_from_secret
-from agent.source.content import Credentials
+from agent.source.content import ContentRefusedError, Credentials
+from agent.state import AgentState, ClusterState
 from agent.verify import TrustPolicy, verify_publication
 
-STATE_NAME = "fleetlet-agent-state"
+log = logging.getLogger(__name__)
+
+CREATED_NAMESPACE_ANNOTATION = "fleetlet.io/created-by-bundle"
 
 
-@dataclass(frozen=True, kw_only=True)
-class AgentState:
-    """What the agent remembers between runs (persisted by :class:`ClusterState`)."""
+class PublicationUnreadableError(VerificationError):
+    """Reading or checking the publication failed in a way none of our checks names (a
+    library met input it cannot handle): refused, as any publication we cannot verify."""
 
-    last_serial: int | None = None
-    """The highest serial accepted; anything not greater is refused as a replay."""
-    commit: str | None = None
-    """The branch commit whose publication was accepted last."""
-    content_digest: str | None = None
-    """Digest of the accepted set's bundles and groups (serial and times left out), so a
-    refresh with identical content only advances the serial."""
-    refused_commit: str | None = None
-    """A commit whose publication was refused: not retried until the branch moves."""
-    refusal_reason: str | None = None
-    refusal_message: str | None = None
-    refused_under: str | None = None
-    refused_at: str | None = None
-    """When the refusal was made (RFC 3339)."""
-    """The trust policy the refusal was made under: a changed policy (the operator fixed the
-    agent's configuration) retries the same commit."""
-    last_poll: str | None = None
-
-
-class ClusterState:
-    """The agent's state in a ConfigMap of its own namespace, written with server-side apply."""
-
-    def __init__(self, *, kube: KubeClient, namespace: str, name: str = STATE_NAME) -> None:
-        self._kube = kube
-        self._namespace = namespace
-        self._name = name
-
-    def load(self) -> AgentState:
-        """The stored state (empty on first start). Raises the KubeClient's errors."""
-        live = self._kube.get(
-            {"apiVersion": "v1", "kind": "ConfigMap", "metadata": self._metadata()}
-        )
-        if live is None:
-            return AgentState()
-        raw = (live.get("data") or {}).get("state")
-        try:
-            data = json.loads(raw) if raw else {}
-            return AgentState(**{k: v for k, v in data.items() if k in _STATE_FIELDS})
-        except (ValueError, TypeError) as exc:
-            # A state we cannot read must not silently reset anti-rollback memory.
-            raise PermanentError(
-                f"ConfigMap {self._namespace}/{self._name}: unreadable agent state ({exc})"
-            ) from exc
-
-    def save(self, state: AgentState) -> None:
-        """Store ``state``. Raises the KubeClient's errors."""
-        body = {
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": {**self._metadata(), "labels": {"app.kubernetes.io/name": "fleetlet"}},
-            "data": {"state": json.dumps(state.__dict__, sort_keys=True)},
-        }
-        self._kube.apply(body, field_manager="fleetlet", force=True)
-
-    def _metadata(self) -> dict[str, str]:
-        return {"name": self._name, "namespace": self._namespace}
-
-    def _set_ref(self) -> dict[str, Any]:
-        meta = {"name": f"{self._name}-set", "namespace": self._namespace}
-        return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta}
-
-    def load_set(self) -> BundleDeploymentSet | None:
-        """The last accepted set (None before the first): what the agent keeps running,
-        known after a restart without the git server. Raises PermanentError (unreadable),
-        the KubeClient's errors."""
-        live = self._kube.get(self._set_ref())
-        raw = ((live or {}).get("data") or {}).get("set.json")
-        if not raw:
-            return None
-        try:
-            return set_from_dict(json.loads(raw), origin=f"ConfigMap {self._name}-set")
-        except (ValueError, ValidationError) as exc:
-            raise PermanentError(
-                f"ConfigMap {self._namespace}/{self._name}-set: unreadable accepted set ({exc})"
-            ) from exc
-
-    def save_set(self, deployment_set: BundleDeploymentSet) -> None:
-        """Keep the accepted set (verified before, so it is trusted as the cluster is).
-        Raises the KubeClient's errors."""
-        body = self._set_ref()
-        body["metadata"]["labels"] = {"app.kubernetes.io/name": "fleetlet"}
-        body["data"] = {"set.json": canonical_bytes(set_to_dict(deployment_set)).decode()}
-        self._kube.apply(body, field_manager="fleetlet", force=True)
-
-
-_STATE_FIELDS = frozenset(AgentState.__dataclass_fields__)
+    reason = "PublicationUnreadable"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -191,9 +122,15 @@ class InboundPipeline:
         workdir: Path,
         bundles: BundleDeployments | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        tools: ToolSettings | None = None,
+        installed: Callable[[str], bool] | None = None,
+        renders: RenderCache | None = None,
     ) -> None:
         """``bundles``: where a refused publication is reported on the BundleDeployments
-        (None: not reported, for clusters without the CRDs)."""
+        (None: not reported, for clusters without the CRDs); ``tools``: where helm and
+        kustomize are (default: PATH, then the cache); ``installed(bundle)``: whether the
+        bundle has a healthy revision already (helm's ``.Release.IsUpgrade``); ``renders``: the
+        render cache (default: in memory and under ``workdir/renders``)."""
         self.cluster = cluster
         self._watcher = watcher
         self._trust = trust
@@ -204,13 +141,23 @@ class InboundPipeline:
         self._workdir = Path(workdir)
         self._bundles = bundles
         self._clock = clock
+        self._tools = tools or ToolSettings()
+        self._installed = installed or (lambda _bundle: False)
+        self.renders = renders or RenderCache(directory=self._workdir / "renders")
         # Who may sign and which CAs are trusted: a refusal is remembered under this policy.
         identity = trust.identity
         cas = sorted(
             c.fingerprint(hashes.SHA256()).hex() for c in trust.trusted_root.get_fulcio_certs()
         )
         self._policy = digest_of(
-            canonical_bytes({"issuer": identity.issuer, "subject": identity.subject, "cas": cas})
+            canonical_bytes(
+                {
+                    "issuer": identity.issuer,
+                    "subject": identity.subject,
+                    "cas": cas,
+                    "maxValidity": trust.max_validity.total_seconds(),
+                }
+            )
         )
 
     def sync(self) -> SyncResult:
@@ -250,6 +197,17 @@ class InboundPipeline:
         except (VerificationError, ValidationError, BranchContentError, FetchTooLargeError) as exc:
             self._refuse(state, commit, exc)
             raise
+        except FleetletError:
+            raise  # the git server away: the same commit is tried again
+        except Exception as exc:
+            log.warning(
+                "publication at %s: unexpected error while verifying", commit, exc_info=True
+            )
+            refused = PublicationUnreadableError(
+                f"the publication cannot be read: {type(exc).__name__}: {exc}"
+            )
+            self._refuse(state, commit, refused)
+            raise refused from exc
         deployment_set = verified.deployment_set
         content_digest = _content_digest(deployment_set)
         accepted = replace(
@@ -278,6 +236,19 @@ class InboundPipeline:
             # way, so it is not fetched again until the branch moves.
             self._refuse(state, commit, exc)
             raise
+        except FleetletError:
+            raise  # a registry or git server away: tried again
+        except Exception as exc:
+            log.warning(
+                "content of serial %s: unexpected error", deployment_set.serial, exc_info=True
+            )
+            unreadable = ContentRefusedError(
+                f"the content cannot be read: {type(exc).__name__}: {exc}",
+                source="content",
+                rule="Unreadable",
+            )
+            self._refuse(state, commit, unreadable)
+            raise unreadable from exc
         # The serial is accepted once everything it names could be fetched and rendered: a
         # temporary fetch failure leaves the commit to be tried again at the next poll. The
         # set first: a crash between the two writes re-verifies the same commit, harmlessly.
@@ -294,7 +265,7 @@ class InboundPipeline:
     def _refuse(self, state: AgentState, commit: str, exc: Exception) -> None:
         """Remember (in the cluster) that ``commit`` was refused and why, and say so on every
         BundleDeployment: they keep running what they have."""
-        reason = getattr(exc, "reason", "ValidationFailed")
+        reason = exc.reason if isinstance(exc, FleetletError) else "ValidationFailed"
         self._state.save(
             replace(
                 state,
@@ -329,16 +300,19 @@ class InboundPipeline:
         # scope comes from the CRD objects themselves (a Promotion gets the target namespace
         # even though the platform group that defines it has not been applied yet).
         crds: list[Manifest] = []
+        # What helm's .Capabilities say, read from this cluster once per render.
+        facts = ClusterFacts.of(
+            kube_version=self._kube.server_version(), api_versions=self._kube.api_versions()
+        )
         try:
             for entry in entries:
                 spec = entry.spec
-                tree = self._content.compose(
-                    spec.sources, root / entry.name, credentials=self._credentials
-                )
                 options = spec.format_options
-                objects = render_bundle(
-                    tree,
+                # The pins name the content: a bundle rendered before for the same options
+                # and cluster facts is neither fetched nor rendered again.
+                objects = self.renders.render(
                     format=spec.format,
+                    content=sources_digest(to_dict(s) for s in spec.sources),
                     request=RenderRequest(
                         source=entry.name,
                         namespace=options.target_namespace if options else None,
@@ -349,8 +323,21 @@ class InboundPipeline:
                             revision=str(deployment_set.serial),
                         ),
                         options=_options_dict(options),
+                        cluster=facts,
+                        tools=self._tools,
+                        # Only helm renders differently on an upgrade (.Release.IsUpgrade):
+                        # for the others it stays out of the render cache's key.
+                        upgrade=spec.format == "helm" and self._installed(entry.name),
+                        patches=tuple(to_dict(p) for p in spec.patches),
+                    ),
+                    tree=functools.partial(
+                        self._content.compose,
+                        spec.sources,
+                        root / entry.name,
+                        credentials=self._credentials,
                     ),
                 )
+                objects = with_created_namespace(objects, spec, bundle=entry.name)
                 crds.extend(o for o in objects if o.get("kind") == "CustomResourceDefinition")
                 rendered.append(RenderedBundle(name=entry.name, group=entry.group, objects=objects))
         finally:
@@ -375,6 +362,35 @@ class InboundPipeline:
         return credentials_from_secret(data)
 
 
+def with_created_namespace(
+    objects: list[Manifest], spec: BundleDeploymentSpec, *, bundle: str
+) -> list[Manifest]:
+    """``objects`` with the target namespace in front when the bundle asks to create it
+    (``createNamespace``) and does not render it itself. It carries the namespace labels and
+    annotations, and no bundle ownership label: pruning and removal leave it in place (as
+    Fleet and Argo CD do), whatever else lives in it."""
+    namespace = spec.format_options.target_namespace if spec.format_options else None
+    if not spec.create_namespace or namespace is None:
+        return objects
+    for obj in objects:
+        meta = obj.get("metadata") or {}
+        if obj.get("kind") == "Namespace" and meta.get("name") == namespace:
+            return objects
+    created: Manifest = {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {
+            "name": namespace,
+            "labels": {str(k): str(v) for k, v in (spec.namespace_labels or {}).items()},
+            "annotations": {
+                **{str(k): str(v) for k, v in (spec.namespace_annotations or {}).items()},
+                CREATED_NAMESPACE_ANNOTATION: bundle,
+            },
+        },
+    }
+    return [created, *objects]
+
+
 def _content_digest(deployment_set: BundleDeploymentSet) -> str:
     doc = set_to_dict(deployment_set)
     return digest_of(
@@ -391,9 +407,8 @@ def _options_dict(options: Any) -> dict[str, Any]:
 
 
 __all__ = [
-    "AgentState",
-    "ClusterState",
     "InboundPipeline",
+    "PublicationUnreadableError",
     "RenderedBundle",
     "SyncResult",
 ]

@@ -1,0 +1,254 @@
+"""Run an external renderer (helm, kustomize) as a bounded child process.
+
+:func:`run_tool` gives the child a time bound (killed, with its whole process group, when it
+runs over), a memory bound (``RLIMIT_DATA``, set before the tool is ``exec``'d, plus
+``GOMEMLIMIT`` so a Go tool collects garbage before it reaches the hard limit), a cap on what it
+may print, no core dumps, and only the environment it is given.
+
+Why ``RLIMIT_DATA`` and not ``RLIMIT_AS``: the Go runtime reserves about 750 MiB of address space
+at start (measured with helm 4.3: it cannot start below ``ulimit -v`` 800 MiB), so an address
+space limit bounds nothing useful; reserved, inaccessible mappings do not count against
+``RLIMIT_DATA``, while every page of heap the tool writes does (helm renders a small chart in
+about 96 MiB of it). A failure becomes one of our errors with the
+tail of the tool's own message, so a broken chart reads as helm's reason, not as a traceback.
+
+Every error here is permanent: the same tree and options render the same way, so retrying a
+timeout or an out-of-memory would only burn the agent's CPU again (``reason`` says which).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import resource
+import selectors
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+from agent.errors import PermanentError
+
+DEFAULT_MAX_OUTPUT = 64 * 1024 * 1024
+"""Bytes a tool may write to stdout (a render bigger than this is refused)."""
+_MAX_STDERR = 64 * 1024
+_STDERR_TAIL_LINES = 12
+_SYSTEM_PATH = "/usr/bin:/bin:/usr/sbin:/sbin"
+
+
+class ToolError(PermanentError):
+    """An external tool failed; ``tool`` names it, the message carries its own words."""
+
+    reason = "RenderFailed"
+
+    def __init__(self, message: str, *, tool: str) -> None:
+        super().__init__(message)
+        self.tool = tool
+
+
+class ToolFailedError(ToolError):
+    """The tool exited with an error (its stderr's tail is in the message)."""
+
+    reason = "RenderFailed"
+
+
+class ToolTimeoutError(ToolError):
+    """The tool ran longer than its time bound and was killed."""
+
+    reason = "RenderTimeout"
+
+
+class ToolMemoryError(ToolError):
+    """The tool needed more memory than its bound."""
+
+    reason = "RenderOutOfMemory"
+
+
+class ToolOutputTooLargeError(ToolError):
+    """The tool printed more than the output cap and was killed."""
+
+    reason = "RenderTooLarge"
+
+
+def run_tool(
+    argv: Sequence[str | os.PathLike[str]],
+    *,
+    cwd: Path,
+    timeout: float,
+    max_memory: int,
+    input: bytes | None = None,
+    env: Mapping[str, str] | None = None,
+    max_output: int = DEFAULT_MAX_OUTPUT,
+) -> bytes:
+    """Run ``argv`` in ``cwd`` and return its stdout.
+
+    ``timeout`` in seconds; ``max_memory`` in bytes of writable memory; ``env`` is the child's
+    whole environment (default: only ``PATH``), so nothing of the agent's leaks into a tool;
+    ``input`` is written to its stdin (else stdin is empty).
+
+    Raises ToolFailedError (non-zero exit, with its stderr), ToolTimeoutError,
+    ToolMemoryError, ToolOutputTooLargeError, and ToolFailedError when it cannot be started.
+    """
+    args = [os.fspath(a) for a in argv]
+    tool = Path(args[0]).name
+    child_env = dict(env) if env is not None else {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+    # A soft limit below the hard one: the Go runtime collects harder instead of dying early.
+    child_env.setdefault("GOMEMLIMIT", str(max_memory * 3 // 4))
+    # The limits are set by util-linux's prlimit, which then execs the tool: a preexec_fn would
+    # run Python between fork and exec, which can deadlock in a threaded agent (and forbids
+    # vfork). Without prlimit (not a Debian system), the preexec_fn it is.
+    wrapper = shutil.which("prlimit", path=_SYSTEM_PATH)
+    limits = None
+    if wrapper is not None:
+        args = [wrapper, f"--data={max_memory}", "--core=0", "--", *args]
+    else:
+        limits = _limits(max_memory)
+    try:
+        proc = subprocess.Popen(
+            args,
+            cwd=cwd,
+            env=child_env,
+            stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            process_group=0,  # its own process group: a timeout kills its children too
+            preexec_fn=limits,
+        )
+    except OSError as exc:
+        raise ToolFailedError(f"{tool}: cannot start {args[0]}: {exc}", tool=tool) from exc
+    try:
+        stdout, stderr, overflow = _communicate(proc, input, timeout, max_output)
+    finally:
+        _kill_group(proc)
+    message = _tail(stderr)
+    if overflow == "time":
+        raise ToolTimeoutError(f"{tool} ran longer than {timeout:g} s and was stopped", tool=tool)
+    if overflow == "output":
+        raise ToolOutputTooLargeError(
+            f"{tool} printed more than {max_output} bytes and was stopped", tool=tool
+        )
+    if proc.returncode != 0:
+        if _out_of_memory(stderr, proc.returncode):
+            raise ToolMemoryError(
+                f"{tool} needed more than {max_memory // (1024 * 1024)} MiB of memory"
+                + (f": {message}" if message else ""),
+                tool=tool,
+            )
+        status = (
+            f"killed by signal {-proc.returncode}"
+            if proc.returncode < 0
+            else f"exit code {proc.returncode}"
+        )
+        raise ToolFailedError(f"{tool} failed ({status}): {message or 'no message'}", tool=tool)
+    return stdout
+
+
+def _limits(max_memory: int) -> Callable[[], None]:
+    def apply() -> None:  # runs in the child between fork and exec: setrlimit calls only
+        resource.setrlimit(resource.RLIMIT_DATA, (max_memory, max_memory))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+    return apply
+
+
+def _communicate(
+    proc: subprocess.Popen[bytes], input: bytes | None, timeout: float, max_output: int
+) -> tuple[bytes, bytes, str | None]:
+    """Feed stdin, collect stdout (capped) and stderr (its tail), within ``timeout``.
+
+    Returns (stdout, stderr, overflow) where overflow is None, "time" or "output".
+    """
+    deadline = time.monotonic() + timeout
+    out = bytearray()
+    err = bytearray()
+    pending = memoryview(input or b"")
+    with selectors.DefaultSelector() as selector:
+        assert proc.stdout is not None and proc.stderr is not None
+        selector.register(proc.stdout, selectors.EVENT_READ, "out")
+        selector.register(proc.stderr, selectors.EVENT_READ, "err")
+        if proc.stdin is not None:
+            if pending:
+                os.set_blocking(proc.stdin.fileno(), False)
+                selector.register(proc.stdin, selectors.EVENT_WRITE, "in")
+            else:
+                proc.stdin.close()
+        while selector.get_map():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return bytes(out), bytes(err), "time"
+            for key, _ in selector.select(remaining):
+                stream = key.fileobj
+                if key.data == "in":
+                    try:
+                        written = os.write(proc.stdin.fileno(), pending[: 1 << 16])  # type: ignore[union-attr]
+                    except BrokenPipeError:
+                        written = len(pending)  # the tool stopped reading; its exit says why
+                    pending = pending[written:]
+                    if not pending:
+                        selector.unregister(stream)
+                        proc.stdin.close()  # type: ignore[union-attr]
+                    continue
+                chunk = os.read(stream.fileno(), 1 << 16)  # type: ignore[union-attr]
+                if not chunk:
+                    selector.unregister(stream)
+                    stream.close()  # type: ignore[union-attr]
+                elif key.data == "out":
+                    out += chunk
+                    if len(out) > max_output:
+                        return bytes(out), bytes(err), "output"
+                else:
+                    err += chunk
+                    if len(err) > 2 * _MAX_STDERR:
+                        del err[: len(err) - _MAX_STDERR]
+    remaining = deadline - time.monotonic()
+    try:
+        proc.wait(timeout=max(remaining, 0.001))
+    except subprocess.TimeoutExpired:
+        return bytes(out), bytes(err), "time"
+    return bytes(out), bytes(err), None
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """Kill what is left of the tool's process group and reap the tool."""
+    # Also when the tool exited: a child it left behind (kustomize's helm) must not outlive it.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    if proc.returncode is None:
+        proc.wait()
+    for stream in (proc.stdin, proc.stdout, proc.stderr):
+        if stream is not None and not stream.closed:
+            stream.close()
+
+
+def _out_of_memory(stderr: bytes, returncode: int) -> bool:
+    text = stderr.decode("utf-8", "replace").lower()
+    return (
+        "out of memory" in text
+        or "cannot allocate memory" in text
+        or "memory allocation failed" in text
+        # Killed without a word (the kernel's OOM killer) or a runtime that crashed while
+        # it could not map its own structures (Go under a very small limit).
+        or (returncode < 0 and -returncode in (signal.SIGKILL, signal.SIGSEGV) and not text)
+    )
+
+
+def _tail(stderr: bytes) -> str:
+    """The tool's own words: a Go crash's first line (not its stack), else the last lines."""
+    lines = [ln.strip() for ln in stderr.decode("utf-8", "replace").splitlines() if ln.strip()]
+    crash = [ln for ln in lines if ln.startswith(("panic:", "fatal error:"))]
+    if crash:
+        return crash[0]
+    return " | ".join(lines[-_STDERR_TAIL_LINES:])
+
+
+__all__ = [
+    "DEFAULT_MAX_OUTPUT",
+    "ToolError",
+    "ToolFailedError",
+    "ToolMemoryError",
+    "ToolOutputTooLargeError",
+    "ToolTimeoutError",
+    "run_tool",
+]

@@ -1,0 +1,386 @@
+"""The ``helm`` format: a chart rendered by the real ``helm template``, hermetically.
+
+The chart is the bundle tree's ``formatOptions.path``, else the tree's root when it holds a
+``Chart.yaml``, else the one directory at the root that does (a chart archive, from an http,
+helm or OCI source, unpacks to ``<chart>/``). What goes into the render, in helm's order of
+precedence (later wins): the chart's ``values.yaml``, ``formatOptions.valuesFiles`` (paths from
+the tree's root, in order), ``formatOptions.values`` (with the hub's per-cluster overrides and
+``${cluster...}`` substitutions already applied: the signed set holds the final values).
+
+``helm template`` runs as a bounded child process (:func:`agent.render._process.run_tool`)
+with:
+
+- the release name ``formatOptions.releaseName`` (default: the bundle's name), the target
+  namespace as ``--namespace``;
+- ``.Capabilities.KubeVersion`` / ``.APIVersions`` from the cluster's facts (``--kube-version``,
+  ``--api-versions``), ``.Release.IsUpgrade`` from the request (``--is-upgrade``);
+- ``--include-crds``: the chart's ``crds/`` come out first and, being CRDs, go to the CRD stage
+  and are kept when the bundle is removed unless it sets ``keepCRDs: false``;
+- no network and no state: an empty ``HOME`` and ``HELM_*`` directories in a temporary
+  directory (no repositories, no registry logins, no plugins, so no post-renderer), no
+  kubeconfig, and proxies pointing at a closed local port, so any attempt to reach out fails
+  at once. A chart whose dependencies are not in its ``charts/`` is refused before helm runs
+  (the hub pins non-vendored dependencies of Helm repository charts as extra sources).
+
+Helm hooks stay in the output with their annotations (``helm.sh/hook``, ``-weight``,
+``-delete-policy``), test hooks included: the reconcile runs them as ordered stages of the
+group and reports test hooks without running them. No release Secret is ever written (only
+``helm template`` is used): fleetlet's own revision store is the record of what was applied.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from agent.render._process import run_tool
+from agent.render.manifests import (
+    InvalidManifestError,
+    Manifest,
+    ParseLimits,
+    load_documents,
+    parse_manifests,
+)
+from agent.render.plain import RenderRequest
+
+DEFAULT_TIMEOUT = 60.0
+"""Seconds one ``helm template`` may take."""
+DEFAULT_MAX_MEMORY = 512 * 1024 * 1024
+"""Bytes of memory one ``helm template`` may write to (``RLIMIT_DATA``)."""
+
+_CHART_FILE = "Chart.yaml"
+_RELEASE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_SOURCE_LINE = re.compile(r"^# Source: (.+)$", re.MULTILINE)
+_DOCUMENT_START = re.compile(r"^---[ \t]*$", re.MULTILINE)
+_CHART_YAML_LIMITS = ParseLimits(max_file_bytes=1024 * 1024, max_documents=1)
+# Any HTTP(S) request helm might try goes to this closed port and fails at once.
+_NOWHERE = "http://127.0.0.1:9"
+
+
+class HelmChartError(InvalidManifestError):
+    """The chart cannot be rendered as given (no chart, missing dependency, bad values file);
+    ``rule`` says which."""
+
+    reason = "InvalidChart"
+
+
+class HelmFormat:
+    """The built-in ``helm`` format."""
+
+    name = "helm"
+
+    def __init__(
+        self, *, timeout: float = DEFAULT_TIMEOUT, max_memory: int = DEFAULT_MAX_MEMORY
+    ) -> None:
+        self.timeout = timeout
+        self.max_memory = max_memory
+
+    def render(self, tree: Path, request: RenderRequest) -> list[Manifest]:
+        """The chart's objects, hooks included, in helm's order.
+
+        Raises HelmChartError, ToolNotFoundError, ToolError (helm failed, timed out, ran out of
+        memory or printed too much: helm's own message is in it), InvalidManifestError (helm's
+        output is not valid objects).
+        """
+        options = request.options
+        source = request.source
+        chart = locate_chart(tree, options.get("path"), source=source)
+        metadata = read_chart_metadata(chart, tree=tree, source=source)
+        check_dependencies(chart, metadata, tree=tree, source=source)
+        helm = request.tools.find("helm")
+        with tempfile.TemporaryDirectory(prefix="fleetlet-helm-") as scratch:
+            home = Path(scratch)
+            argv: list[str] = [
+                str(helm),
+                "template",
+                release_name(options, request, metadata),
+                # Absolute: a relative path would read as <repository>/<chart> to helm.
+                str(chart.resolve()),
+                "--namespace",
+                request.namespace or "default",
+                "--include-crds",
+            ]
+            for values_file in values_files(tree, options.get("valuesFiles"), source=source):
+                argv += ["--values", str(values_file)]
+            values = options.get("values")
+            if values:
+                inline = home / "values.json"
+                inline.write_text(json.dumps(values))
+                argv += ["--values", str(inline)]
+            facts = request.cluster
+            if facts.kube_version:
+                argv += ["--kube-version", facts.kube_version]
+            argv += [f"--api-versions={version}" for version in facts.api_versions]
+            if request.upgrade:
+                argv.append("--is-upgrade")
+            output = run_tool(
+                argv,
+                cwd=home,
+                timeout=self.timeout,
+                max_memory=self.max_memory,
+                env=_hermetic_env(home),
+                max_output=request.limits.max_total_bytes,
+            )
+        return parse_output(output, source=source, limits=request.limits.parse)
+
+
+def locate_chart(tree: Path, path: object, *, source: str) -> Path:
+    """The chart directory of the tree (see the module's docstring).
+
+    Raises HelmChartError (NoChart, SeveralCharts).
+    """
+    if isinstance(path, str) and path:
+        chart = tree / path
+        if not (chart / _CHART_FILE).is_file():
+            raise HelmChartError(
+                f"no {_CHART_FILE} in formatOptions.path {path!r}",
+                source=source,
+                file=path,
+                rule="NoChart",
+            )
+        return chart
+    if (tree / _CHART_FILE).is_file():
+        return tree
+    charts = sorted(
+        entry.name
+        for entry in tree.iterdir()
+        if entry.is_dir() and not entry.name.startswith(".") and (entry / _CHART_FILE).is_file()
+    )
+    if len(charts) == 1:
+        return tree / charts[0]
+    if not charts:
+        raise HelmChartError(
+            f"no {_CHART_FILE} at the root of the bundle tree nor in a directory under it "
+            "(set formatOptions.path to the chart's directory)",
+            source=source,
+            rule="NoChart",
+        )
+    raise HelmChartError(
+        f"several charts at the root of the bundle tree ({', '.join(charts)}): set "
+        "formatOptions.path to the one to render",
+        source=source,
+        rule="SeveralCharts",
+    )
+
+
+def read_chart_metadata(chart: Path, *, tree: Path, source: str) -> dict[str, Any]:
+    """``Chart.yaml`` as a mapping (with ``requirements.yaml``'s dependencies for a v1 chart).
+
+    Raises HelmChartError (BadChart), InvalidManifestError (not YAML, too large).
+    """
+    where = _relative(chart / _CHART_FILE, tree)
+    documents = load_documents(
+        (chart / _CHART_FILE).read_bytes(), source=source, file=where, limits=_CHART_YAML_LIMITS
+    )
+    metadata = documents[0] if documents else None
+    if not isinstance(metadata, dict) or not isinstance(metadata.get("name"), str):
+        raise HelmChartError(
+            "not a chart description (a mapping with a name)",
+            source=source,
+            file=where,
+            rule="BadChart",
+        )
+    requirements = chart / "requirements.yaml"
+    if metadata.get("apiVersion") == "v1" and requirements.is_file():
+        extra = load_documents(
+            requirements.read_bytes(),
+            source=source,
+            file=_relative(requirements, tree),
+            limits=_CHART_YAML_LIMITS,
+        )
+        if extra and isinstance(extra[0], dict):
+            metadata = {**metadata, "dependencies": extra[0].get("dependencies")}
+    return metadata
+
+
+def check_dependencies(
+    chart: Path, metadata: Mapping[str, Any], *, tree: Path, source: str
+) -> None:
+    """Every dependency in ``Chart.yaml`` is in ``charts/`` (a directory or an archive).
+
+    Rendering never downloads anything: a missing one is refused with what to do about it.
+    Raises HelmChartError (MissingDependency).
+    """
+    declared = metadata.get("dependencies") or []
+    if not isinstance(declared, list):
+        return  # helm itself says what is wrong with the file
+    present = _vendored(chart / "charts")
+    missing = []
+    for dependency in declared:
+        if not isinstance(dependency, dict) or not isinstance(dependency.get("name"), str):
+            continue
+        name = dependency["name"]
+        if name not in present:
+            version = dependency.get("version") or "any version"
+            repository = dependency.get("repository") or "no repository"
+            missing.append(f"{name} ({version} from {repository})")
+    if missing:
+        raise HelmChartError(
+            f"dependencies not in {_relative(chart / 'charts', tree)}/: {', '.join(missing)}. "
+            "Rendering never downloads: vendor them (helm dependency build) or take the chart "
+            "from a Helm repository source (kind: helm), whose dependencies the hub pins",
+            source=source,
+            file=_relative(chart / _CHART_FILE, tree),
+            rule="MissingDependency",
+        )
+
+
+def _vendored(charts: Path) -> set[str]:
+    """Names of the subcharts in ``charts/``: directories by their Chart.yaml's name,
+    archives by their ``<name>-<version>.tgz`` file name."""
+    names: set[str] = set()
+    if not charts.is_dir():
+        return names
+    for entry in charts.iterdir():
+        if entry.is_dir() and (entry / _CHART_FILE).is_file():
+            names.add(entry.name)
+            try:
+                documents = load_documents(
+                    (entry / _CHART_FILE).read_bytes(),
+                    source="",
+                    file=entry.name,
+                    limits=_CHART_YAML_LIMITS,
+                )
+            except InvalidManifestError:
+                continue  # helm says what is wrong with it
+            if documents and isinstance(documents[0], dict):
+                names.add(str(documents[0].get("name")))
+        elif entry.name.endswith((".tgz", ".tar.gz")):
+            match = re.match(r"^(.+?)-v?\d", entry.name)
+            if match:
+                names.add(match.group(1))
+    return names
+
+
+def release_name(
+    options: Mapping[str, Any], request: RenderRequest, metadata: Mapping[str, Any]
+) -> str:
+    """``releaseName``, else the bundle's name, else the chart's name.
+
+    Raises HelmChartError (BadReleaseName) when it is not a valid Helm release name.
+    """
+    name = options.get("releaseName")
+    if not name and request.ownership is not None:
+        name = request.ownership.bundle
+    if not name:
+        name = metadata.get("name")
+    if not isinstance(name, str) or len(name) > 53 or not _RELEASE_NAME.match(name):
+        raise HelmChartError(
+            f"release name {name!r} is not a valid Helm release name (lower case letters, "
+            "digits, '-' and '.', at most 53; set formatOptions.releaseName)",
+            source=request.source,
+            rule="BadReleaseName",
+        )
+    return name
+
+
+def values_files(tree: Path, listed: object, *, source: str) -> list[Path]:
+    """The ``valuesFiles`` as absolute paths, each a file inside the tree.
+
+    Raises HelmChartError (ValuesFileMissing, ValuesFileEscapes).
+    """
+    if not listed:
+        return []
+    if isinstance(listed, str) or not isinstance(listed, Sequence):
+        raise HelmChartError(
+            "formatOptions.valuesFiles must be a list of paths",
+            source=source,
+            rule="ValuesFileMissing",
+        )
+    root = os.path.realpath(tree)
+    found = []
+    for relative in listed:
+        path = tree / str(relative)
+        real = os.path.realpath(path)
+        if not real.startswith(root + os.sep):
+            raise HelmChartError(
+                "values file is outside the bundle tree",
+                source=source,
+                file=str(relative),
+                rule="ValuesFileEscapes",
+            )
+        if not os.path.isfile(real):
+            raise HelmChartError(
+                "values file not found in the bundle tree (paths are from the tree's root)",
+                source=source,
+                file=str(relative),
+                rule="ValuesFileMissing",
+            )
+        found.append(Path(real))
+    return found
+
+
+def parse_output(output: bytes, *, source: str, limits: ParseLimits) -> list[Manifest]:
+    """The objects ``helm template`` printed, in order.
+
+    Parsed in one pass; when that fails, again template by template (helm's ``# Source:``
+    lines), so that the refusal names the chart's file instead of a position in the stream.
+    Raises InvalidManifestError.
+    """
+    whole = ParseLimits(
+        max_file_bytes=max(limits.max_file_bytes, len(output)),
+        max_document_chars=limits.max_document_chars,
+        max_documents=max(limits.max_documents, 100_000),
+        max_nodes=limits.max_nodes,
+        max_aliases=limits.max_aliases,
+        max_depth=limits.max_depth,
+    )
+    try:
+        return parse_manifests(output, source=source, file="helm template output", limits=whole)
+    except InvalidManifestError:
+        text = output.decode("utf-8", "replace")
+        for chunk in _DOCUMENT_START.split(text):
+            match = _SOURCE_LINE.search(chunk)
+            name = match.group(1).strip() if match else "helm template output"
+            parse_manifests(chunk.encode(), source=source, file=name, limits=limits)
+        raise
+
+
+def _hermetic_env(home: Path) -> dict[str, str]:
+    """helm's whole environment: its state in ``home`` (empty), no cluster, no network."""
+    for sub in ("cache", "config", "data", "plugins"):
+        (home / sub).mkdir()
+    return {
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(home),
+        "HELM_CACHE_HOME": str(home / "cache"),
+        "HELM_CONFIG_HOME": str(home / "config"),
+        "HELM_DATA_HOME": str(home / "data"),
+        "HELM_PLUGINS": str(home / "plugins"),
+        "HELM_REGISTRY_CONFIG": str(home / "config" / "registry.json"),
+        "HELM_REPOSITORY_CONFIG": str(home / "config" / "repositories.yaml"),
+        "HELM_REPOSITORY_CACHE": str(home / "cache" / "repository"),
+        "KUBECONFIG": str(home / "no-kubeconfig"),
+        "HTTP_PROXY": _NOWHERE,
+        "HTTPS_PROXY": _NOWHERE,
+        "http_proxy": _NOWHERE,
+        "https_proxy": _NOWHERE,
+        "NO_PROXY": "",
+        "no_proxy": "",
+    }
+
+
+def _relative(path: Path, tree: Path) -> str:
+    try:
+        return path.relative_to(tree).as_posix()
+    except ValueError:
+        return str(path)
+
+
+__all__ = [
+    "DEFAULT_MAX_MEMORY",
+    "DEFAULT_TIMEOUT",
+    "HelmChartError",
+    "HelmFormat",
+    "check_dependencies",
+    "locate_chart",
+    "parse_output",
+    "read_chart_metadata",
+    "release_name",
+    "values_files",
+]

@@ -1,0 +1,148 @@
+"""The external renderers (helm, kustomize): which release is pinned, and where to find it.
+
+fleetlet runs the real tools, not a reimplementation, as bounded child processes
+(:mod:`agent.render._process`). One release of each is pinned (:data:`PINNED_TOOLS`) and built
+from the Go module proxy into the cache by ``python -m tests.realenv.binaries`` (what
+``scripts/install.sh`` runs); the agent image ships them on PATH.
+
+:func:`find_tool` looks, in order, at:
+
+1. an explicit override (``FLEETLET_HELM`` / ``FLEETLET_KUSTOMIZE``, read at the CLI edge into
+   :class:`ToolSettings` and passed down; never read here);
+2. ``PATH``;
+3. the cache: ``$FLEETLET_CACHE`` (default ``~/.cache/fleetlet``) ``/tools/<name>-<version>/<name>``.
+
+Pins: Helm v4.3.1, because Helm 3's announced support ended in November 2026 (bug fixes until
+July, security fixes until November), Helm 4 renders the same ``apiVersion: v1/v2`` charts with
+the same ``helm template`` flags, and kustomize 5.8's ``helmCharts`` accepts Helm 3 or 4.
+kustomize v5.8.2: the newest release whose go.mod the Go 1.26 toolchain builds (v5.8.3 asks
+for Go 1.27).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from agent.errors import PermanentError
+
+PINNED_TOOLS: Final[Mapping[str, str]] = {"helm": "v4.3.1", "kustomize": "v5.8.2"}
+"""The release of each tool fleetlet is tested with (and builds into the cache)."""
+
+OVERRIDE_VARIABLES: Final[Mapping[str, str]] = {
+    "helm": "FLEETLET_HELM",
+    "kustomize": "FLEETLET_KUSTOMIZE",
+}
+"""The environment variable that names each tool's binary (read at the CLI edge)."""
+
+
+class ToolNotFoundError(PermanentError):
+    """A tool fleetlet needs (helm, kustomize) is not installed; the message says how to
+    provide it."""
+
+    reason = "ToolNotFound"
+
+
+def default_cache_root() -> Path:
+    """``$FLEETLET_CACHE``, else ``~/.cache/fleetlet``: the tools' cache, shared with the test
+    environment's binaries (a location convention, like ``PATH``)."""
+    configured = os.environ.get("FLEETLET_CACHE")
+    if configured:
+        return Path(configured).expanduser()
+    return Path.home() / ".cache" / "fleetlet"
+
+
+def cached_tool_path(name: str, *, cache_root: Path | None = None) -> Path:
+    """Where the pinned release of ``name`` lives in the cache (whether or not it is there).
+
+    Raises ToolNotFoundError for a tool fleetlet does not know.
+    """
+    version = _pin(name)
+    root = cache_root if cache_root is not None else default_cache_root()
+    return root / "tools" / f"{name}-{version}" / name
+
+
+def find_tool(name: str, *, override: str | None = None, cache_root: Path | None = None) -> Path:
+    """The binary of ``name`` (``helm`` or ``kustomize``): ``override``, PATH, then the cache.
+
+    ``override`` is a path (or a command name looked up on PATH) given by the user; when set
+    and not executable, that is an error (no silent fallback to another binary).
+    Raises ToolNotFoundError naming what was tried and how to provide the tool.
+    """
+    variable = OVERRIDE_VARIABLES.get(name)
+    version = _pin(name)
+    if override:
+        found = shutil.which(override)
+        if found is None:
+            raise ToolNotFoundError(
+                f"{variable}={override}: not an executable file (set it to the path of a "
+                f"{name} binary, {version} is the release fleetlet is tested with)"
+            )
+        return Path(found)
+    on_path = shutil.which(name)
+    if on_path is not None:
+        return Path(on_path)
+    cached = cached_tool_path(name, cache_root=cache_root)
+    if cached.is_file() and os.access(cached, os.X_OK):
+        return cached
+    raise ToolNotFoundError(
+        f"{name} is not installed: not on PATH and not in the cache ({cached}). Provide it by "
+        f"setting {variable} to its path, by putting it on PATH, or by building the pinned "
+        f"{version} into the cache with `python3 -m tests.realenv.binaries {name}` "
+        f"(what scripts/install.sh runs)"
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class ToolSettings:
+    """Where the external tools are, as configured at the edge (CLI flags or environment).
+
+    ``None`` fields mean "look on PATH, then in the cache".
+    """
+
+    helm: str | None = None
+    """``FLEETLET_HELM``: the helm binary to use."""
+    kustomize: str | None = None
+    """``FLEETLET_KUSTOMIZE``: the kustomize binary to use."""
+    cache_root: Path | None = None
+    """The cache holding the pinned releases (default: :func:`default_cache_root`)."""
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> ToolSettings:
+        """Read ``FLEETLET_HELM``, ``FLEETLET_KUSTOMIZE`` and ``FLEETLET_CACHE``."""
+        env = os.environ if environ is None else environ
+        cache = env.get("FLEETLET_CACHE")
+        return cls(
+            helm=env.get("FLEETLET_HELM") or None,
+            kustomize=env.get("FLEETLET_KUSTOMIZE") or None,
+            cache_root=Path(cache).expanduser() if cache else None,
+        )
+
+    def find(self, name: str) -> Path:
+        """The binary of ``name`` under these settings. Raises ToolNotFoundError."""
+        override = {"helm": self.helm, "kustomize": self.kustomize}.get(name)
+        return find_tool(name, override=override, cache_root=self.cache_root)
+
+
+def _pin(name: str) -> str:
+    version = PINNED_TOOLS.get(name)
+    if version is None:
+        raise ToolNotFoundError(
+            f"unknown tool {name!r} (fleetlet runs: {', '.join(sorted(PINNED_TOOLS))})"
+        )
+    return version
+
+
+__all__ = [
+    "OVERRIDE_VARIABLES",
+    "PINNED_TOOLS",
+    "ToolNotFoundError",
+    "ToolSettings",
+    "cached_tool_path",
+    "default_cache_root",
+    "find_tool",
+]

@@ -1,0 +1,167 @@
+"""Chart values given on the command line: ``--values FILE`` and ``--set`` as Helm reads them.
+
+``--set`` follows Helm's syntax: ``a.b=c`` sets a nested key, ``a[0]=x`` a list item,
+``a={x,y}`` a list, several assignments separated by commas, ``\\`` escapes ``.``, ``,``,
+``=``, ``[`` and ``{``. As in Helm, ``true``/``false`` become booleans, ``null`` becomes null
+(which removes a chart default) and decimal integers become numbers; anything else is a string.
+Files and assignments are merged in order: mappings key by key, anything else replaced.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from agent.errors import PermanentError
+from agent.render.manifests import InvalidManifestError, load_documents
+
+_INT = re.compile(r"^-?(0|[1-9][0-9]*)$")
+_MAX_INDEX = 65_536
+
+
+class ValuesError(PermanentError):
+    """A values file or a ``--set`` assignment is not usable (the message says where)."""
+
+
+def merge(base: Any, override: Any) -> Any:
+    """Deep merge: mappings merge key by key; anything else in ``override`` replaces."""
+    if not isinstance(base, Mapping) or not isinstance(override, Mapping):
+        return override
+    out = dict(base)
+    for key, value in override.items():
+        out[key] = merge(out[key], value) if key in out else value
+    return out
+
+
+def load_values_file(path: Path) -> dict[str, Any]:
+    """The mapping in a YAML values file (empty file: no values).
+
+    Raises ValuesError (unreadable, not YAML, not a mapping).
+    """
+    try:
+        data = path.read_bytes()
+        documents = load_documents(data, source="--values", file=str(path))
+    except OSError as exc:
+        raise ValuesError(f"--values {path}: {exc.strerror or exc}") from exc
+    except InvalidManifestError as exc:
+        raise ValuesError(f"--values {path}: {exc.detail}") from exc
+    if not documents:
+        return {}
+    if len(documents) > 1 or not isinstance(documents[0], dict):
+        raise ValuesError(f"--values {path}: expected one YAML mapping of values")
+    return documents[0]
+
+
+def _typed(text: str) -> Any:
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    if text == "null":
+        return None
+    if _INT.match(text):
+        return int(text)
+    return text
+
+
+def _split_value(text: str, start: int) -> tuple[Any, int]:
+    """The value starting at ``start`` and the index after it (at a ',' or the end)."""
+    if text.startswith("{", start):
+        end = text.find("}", start)
+        if end < 0:
+            raise ValuesError(f"--set {text!r}: '{{' without '}}'")
+        inner = text[start + 1 : end]
+        return [_typed(item) for item in inner.split(",")] if inner else [], end + 1
+    out: list[str] = []
+    i = start
+    while i < len(text) and text[i] != ",":
+        if text[i] == "\\" and i + 1 < len(text):
+            i += 1
+        out.append(text[i])
+        i += 1
+    return _typed("".join(out)), i
+
+
+def _split_key(text: str, start: int) -> tuple[list[str | int], int]:
+    """The key path starting at ``start`` (names and list indexes) and the index of '='."""
+    path: list[str | int] = []
+    name: list[str] = []
+    i = start
+    while i < len(text):
+        char = text[i]
+        if char == "\\" and i + 1 < len(text):
+            name.append(text[i + 1])
+            i += 2
+            continue
+        if char in ".=[":
+            if name:
+                path.append("".join(name))
+                name = []
+            elif not (char in "=[" and path and isinstance(path[-1], int)):
+                # Only an index may directly follow an index, or end the key.
+                raise ValuesError(f"--set {text!r}: empty key at offset {i}")
+            if char == "=":
+                return path, i
+            if char == "[":
+                end = text.find("]", i)
+                index = text[i + 1 : end] if end > 0 else ""
+                if not index.isdigit() or int(index) > _MAX_INDEX:
+                    raise ValuesError(f"--set {text!r}: bad list index [{index}]")
+                path.append(int(index))
+                i = end + 1
+                if i < len(text) and text[i] == ".":
+                    i += 1
+                continue
+            i += 1
+            continue
+        if char == ",":
+            raise ValuesError(f"--set {text!r}: expected key=value")
+        name.append(char)
+        i += 1
+    raise ValuesError(f"--set {text!r}: expected key=value")
+
+
+def _assign(root: dict[str, Any], path: list[str | int], value: Any) -> None:
+    node: Any = root
+    for here, after in itertools.pairwise(path):
+        empty: Any = [] if isinstance(after, int) else {}
+        node = _child(node, here, empty)
+    _put(node, path[-1], value)
+
+
+def _child(node: Any, key: str | int, empty: Any) -> Any:
+    if isinstance(key, int):
+        while len(node) <= key:
+            node.append(None)
+        if not isinstance(node[key], type(empty)):
+            node[key] = empty
+        return node[key]
+    if not isinstance(node.get(key), type(empty)):
+        node[key] = empty
+    return node[key]
+
+
+def _put(node: Any, key: str | int, value: Any) -> None:
+    if isinstance(key, int):
+        while len(node) <= key:
+            node.append(None)
+    node[key] = value
+
+
+def parse_set(assignments: Iterable[str]) -> dict[str, Any]:
+    """The values of ``--set`` assignments, in order (later ones win).
+
+    Raises ValuesError naming the assignment.
+    """
+    values: dict[str, Any] = {}
+    for text in assignments:
+        i = 0
+        while i < len(text):
+            path, equals = _split_key(text, i)
+            if isinstance(path[0], int):
+                raise ValuesError(f"--set {text!r}: a key starts with a name")
+            value, i = _split_value(text, equals + 1)
+            _assign(values, path, value)
+            i += 1  # the ',' between assignments
+    return values

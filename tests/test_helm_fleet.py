@@ -1,0 +1,112 @@
+"""Helm bundles end to end: a chart from a Helm repository (served over http on loopback,
+indexed by the real ``helm repo index``), resolved and pinned by ``hub publish``, signed, pulled
+by the agent, rendered with the real helm for the live cluster, applied, upgraded (new values, a
+new chart version in the range), and rolled back when the chart's pods never get ready (kwok
+keeps an image tagged ``broken`` unready).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent.kube import KubeClient
+from tests.fleetlab import Lab, conditions, live
+from tests.realenv.helm import HelmCli, StaticFiles, copy_chart
+from tests.realenv.kube import Cluster
+from tests.test_crds import crds as crds  # the fixture: the CRDs installed
+
+
+@pytest.fixture
+def charts(tmp_path: Path) -> Iterator[StaticFiles]:
+    server = StaticFiles(tmp_path / "helm-repo")
+    yield server
+    server.close()
+
+
+def add_version(helm: HelmCli, charts: StaticFiles, tmp_path: Path, version: str) -> None:
+    chart = copy_chart("greeter", tmp_path / f"greeter-{version}", version=version)
+    values = chart / "values.yaml"
+    values.write_text(values.read_text().replace("replicas: 1", "replicas: 1\nflavour: " + version))
+    template = chart / "templates" / "configmap.yaml"
+    template.write_text(template.read_text() + '  chartVersion: "{{ .Chart.Version }}"\n')
+    helm.package(chart, charts.root)
+    helm.index(charts.root, charts.url())
+
+
+def helm_bundle(lab: Lab, charts: StaticFiles, name: str, ns: str, **values: Any) -> dict[str, Any]:
+    return {
+        "name": name,
+        "sources": [
+            {"kind": "helm", "uri": charts.url().rstrip("/"), "chart": "greeter", "version": "^1.0"}
+        ],
+        "format": "helm",
+        "formatOptions": {
+            "targetNamespace": ns,
+            "values": {
+                "namespace": {"create": True},
+                "hooks": {"enabled": False},
+                "greeting": "hi from ${cluster.name}",
+                "audience": "the ${cluster.labels.tier} tier",
+                **values,
+            },
+        },
+        "healthChecks": {"timeoutSeconds": 20},
+    }
+
+
+def test_helm_chart_installs_upgrades_and_rolls_back_through_hub_and_agent(
+    lab: Lab, crds: Cluster, namespace: str, tmp_path: Path, charts: StaticFiles
+) -> None:
+    helm = HelmCli(tmp_path / "helm-home")
+    add_version(helm, charts, tmp_path, "1.0.0")
+    kube = KubeClient(kubeconfig=str(crds.kubeconfig))
+    web, ns = lab.name("greeter"), lab.name("greet")
+    agent = lab.agent("edge-1", crds, namespace=namespace, workdir=tmp_path / "agent")
+
+    report = lab.publish([helm_bundle(lab, charts, web, ns)])
+    assert report is not None
+    first = agent.tick()
+    assert first.outbound is not None and first.outbound.moved == (web,), first
+    assert conditions(kube, web)["Ready"]["status"] == "True"
+    settings = live(kube, "v1", "ConfigMap", f"{web}-settings", ns)
+    assert settings is not None
+    # Values templated per cluster by the hub; capabilities from this very cluster.
+    assert settings["data"]["message"] == "hi from edge-1, the canary tier!"
+    assert settings["data"]["chartVersion"] == "1.0.0"
+    assert settings["data"]["kubeVersion"] == kube.server_version()
+    assert settings["data"]["release"] == web  # the release name is the bundle's
+    widget = live(kube, "greeter.fleetlet.test/v1", "Widget", web, ns)
+    assert widget is not None  # the chart's CRD (crds/) went first, then its resource
+    # Only `helm template` ran: no Helm release Secret anywhere in the namespace.
+    secrets = kube.list("v1", "Secret", namespace=ns)
+    assert not [s for s in secrets if s.get("type") == "helm.sh/release.v1"]
+
+    # Upgrade: new values, and a new chart version inside the range (the hub picks it).
+    add_version(helm, charts, tmp_path, "1.1.0")
+    lab.publish([helm_bundle(lab, charts, web, ns, greeting="hello again", replicas=2)])
+    second = agent.tick()
+    assert second.outbound is not None and second.outbound.moved == (web,), second
+    settings = live(kube, "v1", "ConfigMap", f"{web}-settings", ns)
+    assert settings is not None
+    assert settings["data"]["message"] == "hello again, the canary tier!"
+    assert settings["data"]["chartVersion"] == "1.1.0"
+    deployment = live(kube, "apps/v1", "Deployment", web, ns)
+    assert deployment is not None and deployment["spec"]["replicas"] == 2
+
+    # A release whose pods never get ready: the bundle goes back to the last healthy one.
+    lab.publish(
+        [helm_bundle(lab, charts, web, ns, greeting="broken", image="example/greeter:broken")]
+    )
+    third = agent.tick()
+    assert third.outbound is not None and third.outbound.rolled_back == (web,), third
+    deployment = live(kube, "apps/v1", "Deployment", web, ns)
+    assert deployment is not None
+    assert deployment["spec"]["template"]["spec"]["containers"][0]["image"] == "example/greeter:1.0"
+    settings = live(kube, "v1", "ConfigMap", f"{web}-settings", ns)
+    assert settings is not None and settings["data"]["message"] == "hello again, the canary tier!"
+    ready = conditions(kube, web)["Ready"]
+    assert ready["status"] == "False" and ready["reason"] == "RolledBack", ready
