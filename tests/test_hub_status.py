@@ -407,3 +407,41 @@ def test_status_over_shards_follows_a_moving_cluster(git_daemon: GitDaemon, tmp_
     expected = _answers(status)
     assert _answers(replica) == expected
     assert _answers(restarted) == expected
+
+
+def test_a_branch_moving_during_a_refresh_is_read_all_the_same(
+    git_daemon: GitDaemon, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hub.errors import GitTransportError
+    from hub.status import fetch
+
+    url = new_repo(git_daemon, "status-race")
+    pusher = StatusPusher(url, tmp_path / "agents")
+    pusher.push({"a": make_status("a"), "b": make_status("b")})
+    status = FleetStatus(repo_url=url, cache_dir=tmp_path / "hub")
+    status.refresh()
+    real = fetch.Session.fetch
+    sequence = iter(range(2, 10))
+
+    def racing(self: fetch.Session, wants: list[str], haves: list[str]) -> Any:
+        # The agent pushes again between the hub's listing and its fetch (protocol v2 makes
+        # them two requests).
+        pusher.push({"a": make_status("a", sequence=next(sequence) + 1)})
+        return real(self, wants, haves)
+
+    monkeypatch.setattr(fetch.Session, "fetch", racing)
+    pusher.push({"a": make_status("a", sequence=next(sequence))})
+    # This git serves the tip the listing named: the view is what the listing said...
+    assert status.refresh().moved == ["a"]
+    assert status.cluster("a")["sequence"] == 2  # type: ignore[index]
+
+    def refusing(self: fetch.Session, wants: list[str], haves: list[str]) -> Any:
+        pusher.push({"a": make_status("a", sequence=next(sequence) + 1)})
+        raise GitTransportError("the git server says: upload-pack: not our ref")
+
+    # ... and a server that refuses a tip that moved away is asked again, by libgit2, which
+    # lists and fetches in one exchange.
+    monkeypatch.setattr(fetch.Session, "fetch", refusing)
+    assert status.refresh().moved == ["a"]
+    a = status.cluster("a")
+    assert a is not None and a["sequence"] == 5 and a["error"] is None

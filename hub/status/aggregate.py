@@ -298,6 +298,10 @@ class _Shard:
                 tips = self.list_and_fetch_v2(known, credentials)
             except fetch_v2.NotProtocolV2:
                 self.v2 = False
+            except GitTransportError:
+                # v2 commands are separate requests: a branch that moved between the listing
+                # and the fetch is "not our ref" any more. libgit2 lists and fetches in one.
+                tips = None
         if tips is None:
             tips = self.list_and_fetch({n: v.tip for n, v in known.items()}, credentials)
         moved = [c for c, tip in tips.items() if (v := known.get(c)) is None or v.tip != tip]
