@@ -66,15 +66,49 @@ def _git_credentials() -> tuple[str, str] | None:
     return (user, password) if user and password else None
 
 
-def _store(args: argparse.Namespace, progress: _Progress) -> Any:
+def _store(args: argparse.Namespace, progress: _Progress, prepared: Any) -> Any:
+    """The fleet's cluster-branch repositories: ``--repo`` (a template with ``{shard}`` for
+    a sharded fleet), else ``shards.repo`` of fleet.yaml. Raises UsageError, FleetRepoError."""
     from hub.publish.git import BranchStore
+    from hub.publish.shards import ShardedStore
 
-    return BranchStore(
-        url=args.repo,
-        cache_dir=Path(args.cache_dir) if args.cache_dir else None,
+    template = args.repo or prepared.fleet.settings.shards.repo
+    if not template:
+        raise UsageError("--repo is required (or shards.repo in fleet.yaml)")
+    cache = Path(args.cache_dir) if args.cache_dir else None
+    shard_map = prepared.shard_map
+    if shard_map.count == 1 and "{shard}" not in template:
+        return BranchStore(
+            url=template, cache_dir=cache, credentials=_git_credentials(), progress=progress
+        )
+    return ShardedStore(
+        urls=shard_map.urls(template),
+        cache_dir=cache,
         credentials=_git_credentials(),
         progress=progress,
     )
+
+
+def _check_formats(args: argparse.Namespace, progress: _Progress, prepared: Any) -> None:
+    """Refuse to publish a format an agent did not report it renders, reading each shard's
+    status branches (``--status-repo``, else ``shards.statusRepo``, else the cluster-branch
+    repositories). Raises FormatsUnavailableError, UsageError."""
+    from hub.publish.formats import check_formats
+
+    settings = prepared.fleet.settings.shards
+    template = args.status_repo or settings.status_repo or args.repo or settings.repo
+    if not template:
+        raise UsageError("--repo is required (or shards.repo in fleet.yaml)")
+    members = prepared.shard_map.members()
+    for shard, url in prepared.shard_map.urls(template).items():
+        wanted = set(members[shard])
+        check_formats(
+            {name: plan for name, plan in prepared.plans.items() if name in wanted},
+            status_url=url,
+            credentials=_git_credentials(),
+            force=args.force,
+            progress=progress,
+        )
 
 
 def _registry_credentials(path: str | None) -> dict[str, tuple[str, str]] | None:
@@ -107,11 +141,15 @@ def _prepare(args: argparse.Namespace, progress: _Progress) -> Any:
     from hub.publish.flow import prepare
 
     progress(f"loading fleet {args.fleet_dir}")
+    cache = getattr(args, "cache_dir", None)
     prepared = prepare(
         args.fleet_dir,
         only=args.cluster or None,
         registry_credentials=_registry_credentials(args.registry_config),
         progress=progress,
+        # Parsed fleet files are kept with the git cache: an unchanged inventory is not
+        # parsed again.
+        cache_dir=Path(cache) / "fleet-files" if cache else None,
     )
     if not prepared.source.committed:
         progress(
@@ -261,16 +299,8 @@ def _publish(args: argparse.Namespace) -> int:
         signer, trust = _signer(args)
         prepared = _prepare(args, progress)
         check = _self_check(prepared, trust)
-        from hub.publish.formats import check_formats
-
-        check_formats(
-            prepared.plans,
-            status_url=args.status_repo or args.repo,
-            credentials=_git_credentials(),
-            force=args.force,
-            progress=progress,
-        )
-        with _store(args, progress) as store:
+        _check_formats(args, progress, prepared)
+        with _store(args, progress, prepared) as store:
             report = publish(prepared, store, signer=signer, progress=progress, check=check)
     except BaseException:
         if metrics is not None:
@@ -284,15 +314,15 @@ def _publish(args: argparse.Namespace) -> int:
         _write_metrics(metrics, args.metrics_file)
     data["seconds"]["total"] = round(seconds, 3)
     data["source"] = {"repo": prepared.source.repo, "commit": prepared.source.commit}
-    data["repo"] = args.repo
+    data["repo"] = args.repo or prepared.fleet.settings.shards.repo
     if args.output != "table":
         _emit(data, args.output)
         return 0
     counts = data["clusters"]
     print(
-        f"{len(report.pushed)} cluster branches pushed to {args.repo} in one push"
+        f"{len(report.pushed)} cluster branches pushed to {data['repo']} in one publication"
         if report.pushed
-        else f"nothing to publish: {args.repo} is up to date"
+        else f"nothing to publish: {data['repo']} is up to date"
     )
     print(
         "clusters: "
@@ -365,9 +395,10 @@ def _diff(args: argparse.Namespace) -> int:
 
     progress = _Progress(args.quiet)
     prepared = _prepare(args, progress)
-    progress(f"fetching cluster branches from {args.repo}")
+    repo = args.repo or prepared.fleet.settings.shards.repo
+    progress(f"fetching cluster branches from {repo}")
     previews: dict[str, Any] = {}
-    with _store(args, progress) as store:
+    with _store(args, progress, prepared) as store:
         diffs = diff(prepared, store)
         if args.cluster and not args.no_preview:
             from hub.preview import preview_clusters
@@ -378,7 +409,7 @@ def _diff(args: argparse.Namespace) -> int:
                 store,
                 diffs,
                 clusters=args.cluster,
-                cache_dir=cache or default_cache_dir(args.repo) / "preview",
+                cache_dir=cache or default_cache_dir(repo) / "preview",
                 tools=ToolSettings.from_env(),
                 progress=progress,
             )
@@ -426,6 +457,41 @@ def _print_preview(preview: Any) -> None:
                 print(f"    === {name}")
                 for line in text.rstrip("\n").splitlines():
                     print(f"    {line}")
+
+
+# --- shards ---------------------------------------------------------------------------------
+
+
+def _shards(args: argparse.Namespace) -> int:
+    """Each cluster's shard and the repositories its agent is told (``--repo``,
+    ``--status-repo`` of ``fleetlet agent run``)."""
+    from hub.fleet.model import load_fleet
+    from hub.fleet.shards import fleet_shards, shard_url
+
+    fleet = load_fleet(args.fleet_dir)
+    shard_map = fleet_shards(fleet)
+    repo = args.repo or fleet.settings.shards.repo
+    status = args.status_repo or fleet.settings.shards.status_repo or repo
+    wanted = set(args.cluster or shard_map.assignment)
+    unknown = sorted(wanted - set(shard_map.assignment))
+    if unknown:
+        raise UsageError(f"--cluster: not a cluster of the fleet: {', '.join(unknown)}")
+    rows = [
+        {
+            "cluster": name,
+            "shard": shard_map.shard_of(name),
+            "repo": shard_url(repo, shard_map.shard_of(name)) if repo else None,
+            "statusRepo": shard_url(status, shard_map.shard_of(name)) if status else None,
+        }
+        for name in sorted(wanted)
+    ]
+    if args.output != "table":
+        _emit({"shards": shard_map.count, "clusters": rows}, args.output)
+        return 0
+    print(f"{'CLUSTER':<40} {'SHARD':>5}  REPO")
+    for row in rows:
+        print(f"{row['cluster']:<40} {row['shard']:>5}  {row['repo'] or '-'}")
+    return 0
 
 
 # --- the command tree -----------------------------------------------------------------------
@@ -477,7 +543,12 @@ def register(sub: Any) -> None:
         f"{GIT_USERNAME_ENV}/{GIT_PASSWORD_ENV}.",
     )
     publish.add_argument("fleet_dir", metavar="FLEET_DIR")
-    publish.add_argument("--repo", required=True, metavar="GIT_URL")
+    publish.add_argument(
+        "--repo",
+        metavar="GIT_URL",
+        help="the cluster-branch repository; for a sharded fleet a template with {shard} "
+        "(default: shards.repo of fleet.yaml)",
+    )
     publish.add_argument(
         "--trust-config",
         metavar="FILE",
@@ -546,7 +617,11 @@ def register(sub: Any) -> None:
         help="with --cluster: skip fetching and rendering content for the object preview",
     )
     diff.add_argument("fleet_dir", metavar="FLEET_DIR")
-    diff.add_argument("--repo", required=True, metavar="GIT_URL")
+    diff.add_argument(
+        "--repo",
+        metavar="GIT_URL",
+        help="as for hub publish: a template with {shard} for a sharded fleet",
+    )
     diff.add_argument(
         "--cluster", action="append", metavar="NAME", help="only this cluster (repeatable)"
     )
@@ -559,6 +634,26 @@ def register(sub: Any) -> None:
         help="docker config JSON with registry credentials for resolving tags",
     )
     diff.set_defaults(handler=_diff)
+
+    shards = hub_sub.add_parser(
+        "shards",
+        help="each cluster's shard and the repositories its agent uses",
+        description="For a fleet sharded over several repositories (fleet.yaml: shards), print "
+        "each cluster's shard and the repositories its agent is told: fleetlet agent run "
+        "--repo REPO --status-repo STATUS_REPO. See docs/scaling.md.",
+    )
+    shards.add_argument("fleet_dir", metavar="FLEET_DIR")
+    shards.add_argument(
+        "--repo", metavar="GIT_URL", help="cluster-branch repository template with {shard}"
+    )
+    shards.add_argument(
+        "--status-repo", metavar="GIT_URL", help="status repository template with {shard}"
+    )
+    shards.add_argument(
+        "--cluster", action="append", metavar="NAME", help="only this cluster (repeatable)"
+    )
+    add_output_option(shards)
+    shards.set_defaults(handler=_shards)
 
     serve = hub_sub.add_parser(
         "serve",

@@ -103,7 +103,11 @@ def _repo_fetch(args: argparse.Namespace) -> Fetch:
         parts = path.strip("/").split("/")
         try:
             if parts == ["installations"]:
-                return queries.installations(**query)
+                return queries.installations(
+                    cluster=query.get("cluster"),
+                    bundle=query.get("bundle"),
+                    state=query.get("state"),
+                )
             if len(parts) == 3:
                 return queries.installation(parts[1], parts[2], admin=admin)
             if len(parts) == 4:

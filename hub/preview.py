@@ -36,6 +36,7 @@ from agent.verify.publication import SET_FILE
 from hub.errors import PublishError
 from hub.publish.flow import ClusterDiff, Prepared
 from hub.publish.git import BranchStore
+from hub.publish.shards import ShardedStore
 
 Manifest = dict[str, Any]
 LOOPBACK = ("127.0.0.1", "localhost", "[::1]")
@@ -142,7 +143,7 @@ def plain_http_for(entries: Iterable[BundleDeploymentEntry]) -> bool:
 
 def preview_clusters(
     prepared: Prepared,
-    store: BranchStore,
+    store: BranchStore | ShardedStore,
     diffs: Sequence[ClusterDiff],
     *,
     clusters: Iterable[str],
@@ -162,7 +163,12 @@ def preview_clusters(
             continue
         old_entries: dict[str, BundleDeploymentEntry] = {}
         old_serial = d.serial_before or 1
-        data = store.read_file(d.cluster, SET_FILE)
+        branches = (
+            store.stores[prepared.shard_map.shard_of(d.cluster)]
+            if isinstance(store, ShardedStore)
+            else store
+        )
+        data = branches.read_file(d.cluster, SET_FILE)
         if data is not None:
             try:
                 old = load_set(data, origin=f"fleetlet/clusters/{d.cluster}:{SET_FILE}")

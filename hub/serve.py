@@ -20,6 +20,7 @@ import urllib.parse
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 from agent.errors import FleetletError, PermanentError
 from hub.api.metrics import HubMetrics  # prometheus-client only: no web framework
@@ -73,6 +74,32 @@ def fleet_labels(fleet_dir: Path) -> dict[str, dict[str, str]]:
     from hub.fleet.model import load_fleet
 
     return {c.name: dict(c.labels) for c in load_fleet(fleet_dir).clusters}
+
+
+def load_fleet_for_serve(fleet_dir: Path) -> Any:
+    """The fleet repo at ``fleet_dir`` (labels, shards). Raises FleetRepoError."""
+    from hub.fleet.model import load_fleet
+
+    return load_fleet(fleet_dir)
+
+
+def status_urls(repos: list[str], *, shards: int | None, template: str | None) -> list[str]:
+    """The status repositories: each ``--repo`` (``{shard}`` expanded over the fleet's
+    shards), else the fleet's ``shards.statusRepo``. Raises ServeUsageError."""
+    given = repos or ([template] if template else [])
+    if not given:
+        raise ServeUsageError("hub serve needs --repo (or --fleet with shards.statusRepo)")
+    urls: list[str] = []
+    for repo in given:
+        if "{shard}" in repo:
+            if not shards:
+                raise ServeUsageError(
+                    f"--repo {repo}: a template with {{shard}} needs --shards N or --fleet"
+                )
+            urls += [repo.replace("{shard}", str(i)) for i in range(shards)]
+        else:
+            urls.append(repo)
+    return urls
 
 
 def git_credentials() -> tuple[str, str] | None:
@@ -177,12 +204,18 @@ def serve(args: argparse.Namespace) -> int:
     key_file = getattr(args, "hub_key", None)
     private_key = load_private_key(Path(key_file)) if key_file else None
     fleet_dir = getattr(args, "fleet", None)
-    labels = fleet_labels(Path(fleet_dir)) if fleet_dir else None
+    fleet = load_fleet_for_serve(Path(fleet_dir)) if fleet_dir else None
+    labels = {c.name: dict(c.labels) for c in fleet.clusters} if fleet is not None else None
+    urls = status_urls(
+        list(args.repo or []),
+        shards=getattr(args, "shards", None) or (fleet.settings.shards.count if fleet else None),
+        template=fleet.settings.shards.status_repo if fleet is not None else None,
+    )
     cache = getattr(args, "cache_dir", None)
     status = FleetStatus(
-        repo_url=args.repo,
+        repo_url=urls,
         credentials=git_credentials(),
-        cache_dir=Path(cache) if cache else default_cache_dir(args.repo),
+        cache_dir=Path(cache) if cache else default_cache_dir(" ".join(urls)),
         stale_after=parse_duration(getattr(args, "stale_after", None) or "5m"),
     )
     metrics = HubMetrics()
@@ -245,7 +278,19 @@ def tls_files(cert: str | None, key: str | None) -> tuple[Path, Path] | None:
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``hub serve`` (for a parser that does not have them yet)."""
-    parser.add_argument("--repo", required=True, metavar="GIT_URL", help="the status repository")
+    parser.add_argument(
+        "--repo",
+        action="append",
+        metavar="GIT_URL",
+        help="a status repository (repeatable: the fleet's status shards); a template with "
+        "{shard} stands for every shard (default: shards.statusRepo of --fleet)",
+    )
+    parser.add_argument(
+        "--shards",
+        type=int,
+        metavar="N",
+        help="how many shards a --repo template stands for (default: the --fleet's count)",
+    )
     parser.add_argument(
         "--listen", default="127.0.0.1:8080", metavar="ADDR", help="HOST:PORT (127.0.0.1:8080)"
     )

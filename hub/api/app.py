@@ -72,6 +72,13 @@ def _int_param(request: Request, name: str, default: int) -> int:
         raise QueryError(400, f"{name} must be a whole number, got {text!r}") from None
 
 
+def _opt_int_param(request: Request, name: str) -> int | None:
+    """An optional whole-number query parameter. Raises QueryError (400)."""
+    if not request.query_params.get(name):
+        return None
+    return _int_param(request, name, 0)
+
+
 class _DashboardFiles(StaticFiles):
     """The dashboard's files, revalidated on each load (ETag, 304 when unchanged), so a new
     hub version never runs with an old script."""
@@ -164,7 +171,14 @@ def create_app(
     p = API_PREFIX
     routes: list[BaseRoute] = [
         Route(f"{p}/openapi.json", guarded(lambda r, a: openapi_document())),
-        Route(f"{p}/clusters", guarded(lambda r, a: queries.clusters())),
+        Route(
+            f"{p}/clusters",
+            guarded(
+                lambda r, a: queries.clusters(
+                    offset=_int_param(r, "offset", 0), limit=_opt_int_param(r, "limit")
+                )
+            ),
+        ),
         Route(
             f"{p}/clusters/{{cluster}}",
             guarded(lambda r, a: queries.cluster(r.path_params["cluster"])),
@@ -176,6 +190,8 @@ def create_app(
                     cluster=r.query_params.get("cluster"),
                     bundle=r.query_params.get("bundle"),
                     state=r.query_params.get("state"),
+                    offset=_int_param(r, "offset", 0),
+                    limit=_opt_int_param(r, "limit"),
                 )
             ),
         ),
@@ -294,6 +310,15 @@ def _query_param(name: str, description: str, schema: dict[str, Any]) -> dict[st
 
 
 _CLUSTER = _path_param("cluster", "cluster name")
+_PAGE_PARAMS = [
+    _query_param("offset", "items to skip (with limit: a page)", {"type": "integer", "minimum": 0}),
+    _query_param(
+        "limit",
+        f"items per page, at most {MAX_PAGE}; without it every item (at 100,000 clusters ask "
+        "for pages: the answer then has `total`, `offset` and `limit`)",
+        {"type": "integer", "minimum": 1, "maximum": MAX_PAGE},
+    ),
+]
 _BUNDLE = _path_param("bundle", "bundle name")
 
 
@@ -458,7 +483,12 @@ def openapi_document() -> dict[str, Any]:
         return {
             "type": "object",
             "required": ["items"],
-            "properties": {"items": {"type": "array", "items": _ref(item)}},
+            "properties": {
+                "items": {"type": "array", "items": _ref(item)},
+                "total": {"type": "integer", "description": "with limit: every matching item"},
+                "offset": {"type": "integer"},
+                "limit": {"type": "integer"},
+            },
         }
 
     def op(
@@ -502,10 +532,13 @@ def openapi_document() -> dict[str, Any]:
             _query_param("cluster", "only this cluster", {"type": "string"}),
             _query_param("bundle", "only this bundle", {"type": "string"}),
             _query_param("state", "only this state", {"type": "string", "enum": list(STATES)}),
+            *_PAGE_PARAMS,
         ],
         found=False,
     )
-    installations_op["get"]["responses"]["400"] = _json(_ref("Error"), "unknown state")
+    installations_op["get"]["responses"]["400"] = _json(_ref("Error"), "unknown state or bad page")
+    clusters_op = op("List clusters", listing("Cluster"), _PAGE_PARAMS, found=False)
+    clusters_op["get"]["responses"]["400"] = _json(_ref("Error"), "bad page")
     matrix_op = op(
         "Fleet matrix",
         _ref("Matrix"),
@@ -557,7 +590,7 @@ def openapi_document() -> dict[str, Any]:
         },
         "paths": {
             f"{p}/openapi.json": op("OpenAPI document", {"type": "object"}, [], found=False),
-            f"{p}/clusters": op("List clusters", listing("Cluster"), [], found=False),
+            f"{p}/clusters": clusters_op,
             f"{p}/clusters/{{cluster}}": op("Show cluster", _ref("Cluster"), [_CLUSTER]),
             f"{p}/installations": installations_op,
             f"{p}/installations/{{cluster}}/{{bundle}}": op(
