@@ -28,6 +28,7 @@ import json
 import multiprocessing
 import os
 import sqlite3
+import struct
 import sys
 import threading
 from collections import OrderedDict
@@ -52,7 +53,7 @@ STATUS_PREFIX = "refs/heads/fleetlet/status/"
 STATUS_FILE = "status.json"
 _TRACK_PREFIX = "refs/fleetlet/status/"
 _VIEW_FILE = "view.sqlite"
-_VIEW_FORMAT = 2
+_VIEW_FORMAT = 3  # 3: each installation's applied and newest-run serials
 _EXPLICIT_REFSPECS = 64
 _DOCUMENTS_KEPT = 256
 _PARALLEL = 8
@@ -156,6 +157,9 @@ class ClusterView:
     last_accepted_serial: int | None = None
     last_refusal: Any = None
     states: tuple[tuple[str, str], ...] = ()
+    serials: bytes = b""
+    """Per item of ``states``: the serial of its applied revision and of its newest run (0:
+    none), packed as unsigned 64-bit pairs (a few bytes per installation, at 100,000 clusters)."""
     beat: datetime | None = field(default=None, compare=False)  # the heartbeat, parsed
 
     def __post_init__(self) -> None:
@@ -166,14 +170,29 @@ class ClusterView:
         beat = self.beat
         return beat is None or now - beat > stale_after
 
+    def revisions(self) -> dict[str, tuple[str, int, int]]:
+        """Bundle -> (state as reported, applied serial, newest run's serial); 0 for none."""
+        count = len(self.states)
+        pairs = (
+            struct.unpack(f"<{2 * count}Q", self.serials) if len(self.serials) == 16 * count else ()
+        )
+        return {
+            bundle: (state, pairs[2 * i] if pairs else 0, pairs[2 * i + 1] if pairs else 0)
+            for i, (bundle, state) in enumerate(self.states)
+        }
+
     def rank(self) -> tuple[str, int, int]:
         """Which of a cluster's views (one per shard holding its status) is shown: newest."""
         return (self.heartbeat or "", self.sequence or 0, -self.shard)
 
     def summarised(self, doc: Mapping[str, Any], commit: str) -> ClusterView:
+        items = sorted(doc["bundles"].items())
         states = tuple(
             (sys.intern(name), sys.intern(installation_state(item, stale=False)))
-            for name, item in sorted(doc["bundles"].items())
+            for name, item in items
+        )
+        serials = struct.pack(
+            f"<{2 * len(items)}Q", *(n for _, item in items for n in _serials(item))
         )
         version = doc.get("agentVersion")
         return ClusterView(
@@ -188,6 +207,7 @@ class ClusterView:
             last_accepted_serial=doc.get("lastAcceptedSerial"),
             last_refusal=doc.get("lastRefusal"),
             states=states,
+            serials=serials,
         )
 
     def row(self) -> tuple[int, str, str, str | None, str | None, str]:
@@ -198,6 +218,7 @@ class ClusterView:
             "a": self.last_accepted_serial,
             "r": self.last_refusal,
             "b": self.states,
+            "n": self.serials.hex(),
         }
         return (self.shard, self.name, self.tip, self.source, self.error, json.dumps(data))
 
@@ -217,7 +238,23 @@ class ClusterView:
             last_accepted_serial=data["a"],
             last_refusal=data["r"],
             states=tuple((sys.intern(b), sys.intern(st)) for b, st in data["b"]),
+            serials=bytes.fromhex(data["n"]),
         )
+
+
+_MAX_SERIAL = 2**53 - 1
+
+
+def _serials(item: Mapping[str, Any]) -> tuple[int, int]:
+    """(applied revision's serial, newest run's serial) of an installation; 0 for none."""
+    applied = item.get("appliedRevision")
+    runs = item.get("runs") or []
+    first = applied.get("serial") if isinstance(applied, dict) else None
+    last = runs[0].get("serial") if runs and isinstance(runs[0], dict) else None
+    return tuple(  # type: ignore[return-value]
+        v if isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= _MAX_SERIAL else 0
+        for v in (first, last)
+    )
 
 
 @dataclass(slots=True)
@@ -832,6 +869,12 @@ class FleetStatus:
             if run.get("id") == run_id:
                 return run
         return None
+
+    def view(self, name: str) -> ClusterView | None:
+        """The compact summary shown for ``name`` (None: never reported). Views are replaced,
+        never changed, so the caller may keep it."""
+        with self._lock:
+            return self._clusters.get(name)
 
     def names(self) -> list[str]:
         with self._lock:
