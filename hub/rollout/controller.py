@@ -164,7 +164,9 @@ class Controller:
             run = _Run(state=self.store.read(), now=self.clock())
             run.snapshot()
             if not prepared.fleet.rollouts and not run.state.rollouts:
-                report = publish(prepared, self.sharded, signer=signer, check=self.check)
+                report = publish(
+                    prepared, self.sharded, signer=signer, check=self.check, progress=self.say
+                )
                 return StepReport(events=(), publication=report, rollouts=(), attempts=attempt)
             self.sharded.each(lambda _s, st: st.fetch())
             content = BranchContent(self.sharded.stores, prepared.shard_map.shard_of)
@@ -379,7 +381,7 @@ class Controller:
             for rollout in state.active():
                 if rollout.final or self.status is None:
                     continue
-                found = evaluate(rollout, self._observe(run.now), self._bundles(state), run.now)
+                found = evaluate(rollout, self.observer(run.now), self.bundle_names(state), run.now)
                 run.events += [(rollout.id, e) for e in advance(rollout, found, run.now)]
             pending = _wanted(state, pending_only=True)
             if not pending and not run.changed():
@@ -410,7 +412,16 @@ class Controller:
                 self.say(f"the rollout state moved meanwhile ({exc}); reading it again")
         raise RolloutStateMovedError(f"{ROLLOUT_REF} moved during each of {ATTEMPTS} attempts")
 
-    def _observe(self, now: datetime) -> Callable[[str], Observation | None]:
+    def judge(self, state: State, now: datetime | None = None) -> dict[str, Evaluation]:
+        """Each rollout of ``state`` judged from the status (empty without status)."""
+        if self.status is None:
+            return {}
+        moment = now or self.clock()
+        observe, names = self.observer(moment), self.bundle_names(state)
+        return {r.id: evaluate(r, observe, names, moment) for r in state.rollouts.values()}
+
+    def observer(self, now: datetime) -> Callable[[str], Observation | None]:
+        """What each cluster's agent last reported, as the verdicts read it."""
         status = self.status
         assert status is not None
 
@@ -432,7 +443,8 @@ class Controller:
 
         return observe
 
-    def _bundles(self, state: State) -> Callable[[str], tuple[str, ...]]:
+    def bundle_names(self, state: State) -> Callable[[str], tuple[str, ...]]:
+        """The bundle names of a variant of ``state``."""
         names: dict[str, tuple[str, ...]] = {}
 
         def bundles(variant: str) -> tuple[str, ...]:
@@ -489,7 +501,14 @@ class Controller:
             trailer=trailers.get,
             note=run.note() if run.events else None,
         )
-        report = publish(prepared, self.sharded, signer=signer, check=self.check, attach=attach)
+        report = publish(
+            prepared,
+            self.sharded,
+            signer=signer,
+            check=self.check,
+            attach=attach,
+            progress=self.say,
+        )
         wrote = report.publication is not None
         if not wrote:
             # Nothing to publish (every branch holds what it should): the state alone.
