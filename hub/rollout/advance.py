@@ -22,7 +22,7 @@ from datetime import datetime
 
 from agent.errors import PermanentError
 from hub.rollout.evaluate import ClusterVerdict, Evaluation
-from hub.rollout.plan import spread
+from hub.rollout.plan import clusters, spread
 from hub.rollout.state import Event, Halt, Rollout, parse_stamp, stamp
 
 CONTROLLER = "controller"
@@ -70,7 +70,7 @@ def _halt(rollout: Rollout, failures: dict[str, str], budget: int, at: str) -> N
                 member.phase = "reverting"
                 reverting += 1
         rollout.status = "Reverted"
-        message = f"{reason}; reverting {reverting} clusters to the previous revision ({shown})"
+        message = f"{reason}; reverting {clusters(reverting)} to the previous revision ({shown})"
         rollout.record(Event(at=at, by=CONTROLLER, action="reverted", message=message))
     else:
         rollout.status = "Halted"
@@ -134,7 +134,7 @@ def _next_wave(rollout: Rollout, evaluation: Evaluation, now: datetime, at: str)
                         at=at,
                         by=CONTROLLER,
                         action="completed",
-                        message=f"every wave passed; {len(rollout.members)} clusters",
+                        message=f"every wave passed; {clusters(len(rollout.members))}",
                     )
                 )
                 return False
@@ -161,7 +161,7 @@ def _next_wave(rollout: Rollout, evaluation: Evaluation, now: datetime, at: str)
             by=CONTROLLER,
             action="wave-started",
             wave=nxt.name,
-            message=f"wave {nxt.name} started: {len(rollout.in_wave(after))} clusters{by}",
+            message=f"wave {nxt.name} started: {clusters(len(rollout.in_wave(after)))}{by}",
         )
     )
     return True
@@ -217,7 +217,7 @@ def act(rollout: Rollout, action: str, *, actor: str, now: datetime, reason: str
             forgiven = sorted(rollout.halt.failures)
             rollout.forgiven.update(forgiven)
             rollout.halt = None
-            message = f"resumed; {len(forgiven)} failed clusters no longer count against maxFailures{note}"
+            message = f"resumed; {clusters(len(forgiven))} that failed no longer count against maxFailures{note}"
         else:
             raise RolloutActionError(f"rollout {rollout.id} is {status}: nothing to resume")
         rollout.status = "Progressing"
@@ -233,7 +233,7 @@ def act(rollout: Rollout, action: str, *, actor: str, now: datetime, reason: str
             at=at,
             by=actor,
             action="aborted",
-            message=f"{reverting} clusters go back to the previous revision{note}",
+            message=f"{clusters(reverting)} go back to the previous revision{note}",
         )
     rollout.record(event)
     return event

@@ -45,7 +45,7 @@ from hub.rollout.advance import CONTROLLER, RolloutActionError, act, advance
 from hub.rollout.content import ABSENT, BranchContent, Entries, Rewriter
 from hub.rollout.evaluate import ClusterVerdict, Evaluation, Installation, Observation, evaluate
 from hub.rollout.model import Strategy
-from hub.rollout.plan import plan_waves
+from hub.rollout.plan import clusters, plan_waves
 from hub.rollout.state import (
     ROLLOUT_REF,
     Event,
@@ -279,9 +279,9 @@ class Controller:
         if joined or gone:
             parts = []
             if joined:
-                parts.append(f"{len(joined)} clusters joined wave {rollout.waves[last].name}")
+                parts.append(f"{clusters(len(joined))} joined wave {rollout.waves[last].name}")
             if gone:
-                parts.append(f"{len(gone)} clusters no longer receive the group")
+                parts.append(f"{clusters(len(gone))} no longer receive the group")
             event = Event(
                 at=stamp(run.now), by=CONTROLLER, action="membership", message="; ".join(parts)
             )
@@ -324,7 +324,7 @@ class Controller:
             at=at,
             by=actor,
             action="created",
-            message=f"group {group} at {prepared.source.commit[:12]}: {len(members)} clusters "
+            message=f"group {group} at {prepared.source.commit[:12]}: {clusters(len(members))} "
             f"in {len(waves)} waves ({sizes})",
         )
         rollout.record(event)
@@ -477,7 +477,7 @@ class Controller:
             cluster = fleet.by_name.get(name) or Cluster(name=name, labels={}, file="")
             plans[name] = ClusterPlan(cluster=cluster, entries=entries, groups=order)
         if skipped:
-            self.say(f"{len(skipped)} clusters have no branch yet: {', '.join(skipped[:5])}")
+            self.say(f"{clusters(len(skipped))} without a branch yet: {', '.join(skipped[:5])}")
         return plans
 
     # --- carrying out: one publication and the state, together --------------------------------

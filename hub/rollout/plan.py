@@ -27,6 +27,11 @@ class WavePlan:
     members: tuple[str, ...]
 
 
+def clusters(count: int) -> str:
+    """``1 cluster``, ``3 clusters``."""
+    return f"{count} cluster{'' if count == 1 else 's'}"
+
+
 def spread(names: Sequence[str]) -> list[str]:
     """``names`` in the rollout order: by the SHA-256 of each name (then the name)."""
     return sorted(names, key=lambda n: (hashlib.sha256(n.encode()).digest(), n))
@@ -55,4 +60,4 @@ def _take(wave: Wave, left: list[str], labels: Mapping[str, Mapping[str, str]]) 
     return candidates[: wave.size.of(len(candidates), up=True)]
 
 
-__all__ = ["WavePlan", "plan_waves", "spread"]
+__all__ = ["WavePlan", "clusters", "plan_waves", "spread"]

@@ -187,8 +187,9 @@ class ClusterView:
 
     def summarised(self, doc: Mapping[str, Any], commit: str) -> ClusterView:
         items = sorted(doc["bundles"].items())
+        accepted = doc.get("lastAcceptedSerial")
         states = tuple(
-            (sys.intern(name), sys.intern(installation_state(item, stale=False)))
+            (sys.intern(name), sys.intern(installation_state(item, stale=False, accepted=accepted)))
             for name, item in items
         )
         serials = struct.pack(
@@ -268,7 +269,9 @@ class RefreshResult:
     seconds: float = 0.0
 
 
-def installation_state(bundle: Mapping[str, Any], *, stale: bool) -> str:
+def installation_state(
+    bundle: Mapping[str, Any], *, stale: bool, accepted: int | None = None
+) -> str:
     """The one-word state of an installation, from its conditions and its newest run.
 
     Stale beats everything (an old report says nothing about now); then Paused,
@@ -276,6 +279,11 @@ def installation_state(bundle: Mapping[str, Any], *, stale: bool) -> str:
     an approval), Progressing (a run in progress or Progressing=True), RolledBack (the newest
     run was rolled back, or Ready says RolledBack), Degraded (Degraded=True, Ready=False or
     the newest run failed), Ready.
+
+    A rolled back run is history, not the state, once the agent accepted a newer set
+    (``accepted``: the document's ``lastAcceptedSerial``) and says Ready (Healthy): that set's
+    target is the revision it runs (a rollout reverted the failed one, or a fix equals it);
+    a set still wanting the failed revision keeps Ready False with reason RolledBack.
     """
     if stale:
         return "Stale"
@@ -293,7 +301,16 @@ def installation_state(bundle: Mapping[str, Any], *, stale: bool) -> str:
         return str(ready["reason"])
     if last == RUNNING or true("Progressing"):
         return "Progressing"
-    if last == ROLLED_BACK or ready.get("reason") == "RolledBack":
+    run_serial = runs[0].get("serial") if runs and isinstance(runs[0], dict) else None
+    past = (
+        last == ROLLED_BACK
+        and true("Ready")
+        and ready.get("reason") == "Healthy"
+        and isinstance(accepted, int)
+        and isinstance(run_serial, int)
+        and accepted > run_serial
+    )
+    if (last == ROLLED_BACK and not past) or ready.get("reason") == "RolledBack":
         # Also after a later drift-correction run: the failed serial is still not applied.
         return "RolledBack"
     if true("Degraded") or str(ready.get("status")) == "False" or last == FAILED:
@@ -790,7 +807,15 @@ class FleetStatus:
             items = (self.document(view.name) or {}).get("bundles", {})
             for name in wanted:
                 if name in items:
-                    found.append(_installation_summary(view.name, name, items[name], stale=stale))
+                    found.append(
+                        _installation_summary(
+                            view.name,
+                            name,
+                            items[name],
+                            stale=stale,
+                            accepted=view.last_accepted_serial,
+                        )
+                    )
                 if limit is not None and len(found) >= limit:
                     return found
         return found
@@ -841,7 +866,9 @@ class FleetStatus:
             return None
         stale = view.stale(now, self.stale_after)
         return {
-            **_installation_summary(cluster, bundle, item, stale=stale),
+            **_installation_summary(
+                cluster, bundle, item, stale=stale, accepted=view.last_accepted_serial
+            ),
             "conditions": item.get("conditions", []),
             "appliedRevision": item.get("appliedRevision"),
             "lastHealthyRevision": item.get("lastHealthyRevision"),
@@ -887,7 +914,7 @@ class FleetStatus:
 
 
 def _installation_summary(
-    cluster: str, bundle: str, item: Mapping[str, Any], *, stale: bool
+    cluster: str, bundle: str, item: Mapping[str, Any], *, stale: bool, accepted: int | None
 ) -> dict[str, Any]:
     runs = item.get("runs") or []
     last = runs[0] if runs else None
@@ -898,7 +925,7 @@ def _installation_summary(
         "bundle": bundle,
         "name": f"{cluster}/{bundle}",
         "group": item.get("group"),
-        "state": installation_state(item, stale=stale),
+        "state": installation_state(item, stale=stale, accepted=accepted),
         "appliedSerial": applied.get("serial") if isinstance(applied, dict) else None,
         "lastRun": _run_brief(last),
         "lastSuccessfulRun": latest_ok.get("id") if latest_ok else None,
