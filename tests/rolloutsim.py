@@ -14,16 +14,19 @@ Used by ``tests/test_rollout_fleet.py`` (1,000 clusters) and ``bench/rollout.py`
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import rfc8785
+
 from agent.api import load_set
 from agent.verify.publication import SET_FILE
 from hub.publish.git import BranchStore
-from tests.statusfleet import bundle_in, write_status_repo
+from hub.publish.pack import PackWriter
+from tests.statusfleet import AUTHOR, STATUS_PREFIX, bundle_in
 from tests.test_hub_status import make_status
 
 IMAGE = "registry.example/retail/web"
@@ -79,6 +82,7 @@ class SimulatedAgents:
     agents: dict[str, Agent] = field(default_factory=dict)
     sequence: int = 0
     _versions: dict[str, str | None] = field(default_factory=dict)
+    _tips: dict[str, str] = field(default_factory=dict)
 
     def branches(self) -> dict[str, tuple[int, str | None]]:
         """Cluster -> (serial, the web source digest its set carries, None: no web)."""
@@ -104,15 +108,21 @@ class SimulatedAgents:
         now: datetime | None = None,
     ) -> None:
         """Every agent polls once: accepts its branch's serial and moves the group; clusters
-        in ``broken`` fail on version ``bad`` (roll back); ``offline`` ones report nothing new."""
+        in ``broken`` fail on version ``bad`` (roll back); ``offline`` ones report nothing new.
+        Only the documents that changed are written (an agent pushes when something moved)."""
         broken, offline = set(broken), set(offline)
         now = now or datetime.now(UTC)
         self.sequence += 1
+        changed = []
         for cluster, (serial, version) in self.branches().items():
-            agent = self.agents.setdefault(cluster, Agent())
+            agent = self.agents.get(cluster)
+            if agent is None:
+                agent = self.agents[cluster] = Agent()
+                changed.append(cluster)
             if cluster in offline or serial <= agent.accepted:
                 continue
             agent.accepted = serial
+            changed.append(cluster)
             if version == agent.version:
                 continue  # the group did not change: nothing moves
             if cluster in broken and version == bad:
@@ -124,20 +134,22 @@ class SimulatedAgents:
                     serial,
                     "Ready",
                 )
-        self.write(now, skip=offline)
+        self.write(now, changed)
 
-    def write(self, now: datetime, *, skip: Iterable[str] = ()) -> None:
-        skipped = set(skip)
-        documents = {}
-        for cluster, agent in self.agents.items():
-            if cluster in skipped and cluster in self._written:
-                documents[cluster] = self._written[cluster]
-                continue
-            documents[cluster] = self.document(cluster, agent, now)
-        self._written = documents
-        write_status_repo(self.status_repo, documents)
-
-    _written: dict[str, Mapping[str, Any]] = field(default_factory=dict)
+    def write(self, now: datetime, clusters: Iterable[str]) -> None:
+        """Push the documents of ``clusters`` (one pack; every branch in ``packed-refs``)."""
+        pack = PackWriter()
+        stamp = int(now.timestamp())
+        for cluster in dict.fromkeys(clusters):
+            document = self.document(cluster, self.agents[cluster], now)
+            tree = pack.tree({"status.json": pack.blob(rfc8785.dumps(document))})
+            self._tips[cluster] = pack.commit(
+                tree=tree, parents=[], author=AUTHOR, timestamp=stamp, message="status\n"
+            )
+        pack.write(self.status_repo)
+        lines = ["# pack-refs with: peeled fully-peeled sorted"]
+        lines += [f"{self._tips[c]} {STATUS_PREFIX}{c}" for c in sorted(self._tips)]
+        (self.status_repo / "packed-refs").write_text("\n".join(lines) + "\n")
 
     def document(self, cluster: str, agent: Agent, now: datetime) -> dict[str, Any]:
         bundles = {}
