@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from hub.fleet.model import load_fleet
+from hub.fleet.shards import fleet_shards
 from hub.publish.flow import prepare
 from hub.publish.git import BranchStore
 from hub.publish.ledger import HEAD_REF, HeadRecord
@@ -314,3 +315,57 @@ def test_two_hubs_stepping_at_once_start_the_next_wave_once(
     assert all(rollout.members[n].phase == "released" for n in early)
     state_log = hub.store.list_refs()[ROLLOUT_REF]
     assert state_log == other.store.list_refs()[ROLLOUT_REF]
+
+
+def test_a_sharded_fleet_rolls_out_and_reverts_across_its_shards(
+    git_server_factory: Any, mini_sigstore: MiniSigstore, tmp_path: Path
+) -> None:
+    """30 clusters in 3 repositories: the canaries (in several shards) get the new revision in
+    one publication, the state lives in shard 0, and an abort reverts them in each shard."""
+    git = git_server_factory("daemon")
+    for shard in range(3):
+        git.create_bare(f"fleet-{shard}.git")
+    template = git.url_for("fleet-{shard}.git")
+    clusters = inventory(30, canaries=6)
+    sharded_settings = {**settings(mini_sigstore), "shards": {"count": 3, "repo": template}}
+    fleet_dir = write_fleet(
+        tmp_path / "fleet", clusters=clusters, bundles=[web_bundle(V1)], settings=sharded_settings
+    )
+    store = ShardedStore(
+        urls={i: template.replace("{shard}", str(i)) for i in range(3)}, cache_dir=tmp_path / "hub"
+    )
+    controller = Controller(sharded=store)
+
+    def signer() -> PublicationSigner:
+        return PublicationSigner.from_trust_config(
+            trust_config=mini_sigstore.trust_config_path, token=mini_sigstore.mint_token()
+        )
+
+    controller.publish(prepare(fleet_dir), signer=signer())
+    write_fleet(
+        fleet_dir,
+        clusters=clusters,
+        bundles=[web_bundle(V2, rollout=STRATEGY)],
+        settings=sharded_settings,
+    )
+    report = controller.publish(prepare(fleet_dir), signer=signer(), actor="ci")
+    canaries = {c["name"] for c in clusters if c["labels"]["tier"] == "canary"}
+    assert pushed(report) == canaries
+    assert report.publication is not None and len(report.publication.shards_pushed) > 1
+    homes = fleet_shards(load_fleet(fleet_dir))
+    assert len({homes.shard_of(c) for c in canaries}) > 1
+    assert ROLLOUT_REF in store.stores[0].list_refs()
+    assert all(ROLLOUT_REF not in store.stores[s].list_refs() for s in (1, 2))
+
+    rollout = controller.read().active()[0]
+    controller.act(rollout.id, "abort", actor="alice", reason="wrong build")
+    report = controller.step(load_fleet(fleet_dir), signer=signer())
+    assert pushed(report) == canaries
+    after = controller.read().active()[0]
+    assert after.status == "Aborted"
+    assert {n for n, m in after.members.items() if m.phase == "reverted"} == canaries
+    for shard, branches in store.each(lambda _s, st: st.fetch()).items():
+        for cluster in branches:
+            data = store.stores[shard].read_file(cluster, "set.yaml")
+            assert data is not None and V2.removeprefix("sha256:") not in data.decode(), cluster
+    store.close()

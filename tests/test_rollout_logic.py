@@ -11,10 +11,12 @@ from typing import Any
 
 import pytest
 
+from agent.api import BundleDeploymentEntry, BundleDeploymentSpec, from_dict
 from agent.errors import FieldProblem
 from hub.errors import FleetRepoError
 from hub.fleet.model import load_fleet
 from hub.rollout.advance import RolloutActionError, act, advance
+from hub.rollout.content import Rewriter, RolloutContentError, Variants, variant_of
 from hub.rollout.evaluate import (
     ClusterVerdict,
     Evaluation,
@@ -390,3 +392,22 @@ def test_evaluate_reads_every_member() -> None:
     seen = {"a": observed(), "b": observed("RolledBack", applied=6, run=7)}
     found = evaluate(r, seen.get, lambda _v: ("web",), NOW)
     assert {n: v.verdict for n, v in found.verdicts.items()} == {"a": "passed", "b": "failed"}
+
+
+def test_holding_a_group_back_never_makes_a_set_with_a_missing_dependency() -> None:
+    def entry(name: str, **spec: Any) -> BundleDeploymentEntry:
+        source = {"kind": "image", "uri": "r.example/x", "digest": "sha256:" + "a" * 64}
+        return BundleDeploymentEntry(
+            name=name, spec=from_dict(BundleDeploymentSpec, {"sources": [source], **spec})
+        )
+
+    db = (entry("db"),)
+    app = entry("app", dependsOn=["db"])
+    variants = Variants()
+    variants.add(variant_of(db), db)
+    rewriter = Rewriter(variants)
+    # The new group db comes with app depending on it: held back, app would lack it.
+    with pytest.raises(RolloutContentError, match="group 'app' depends on db"):
+        rewriter.replace((app, *db), "db", "", cluster="edge-1")
+    entries, groups = rewriter.replace((app,), "db", variant_of(db), cluster="edge-1")
+    assert [e.name for e in entries] == ["app", "db"] and groups == ("db", "app")
