@@ -4,7 +4,9 @@ The first refresh runs before the server listens (a warm cache makes it cheap); 
 daemon thread refreshes every ``--refresh`` interval. A failed refresh is reported on stderr
 and retried at the next tick: the view stays, and clusters go Stale by the clock. With
 ``--fleet`` the fleet repo is loaded once at start for the clusters' labels (restart to pick up
-new labels).
+new labels). With ``--fleet`` and the cluster-branch repositories the hub serves the fleet's
+rollouts, and with ``--trust-config`` and ``--identity-token`` it runs the rollout controller in
+a thread of its own (:mod:`hub.rollout.service`, docs/rollouts.md).
 """
 
 from __future__ import annotations
