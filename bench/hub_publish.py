@@ -27,7 +27,6 @@ import argparse
 import json
 import os
 import platform
-import re
 import resource
 import statistics
 import subprocess
@@ -42,6 +41,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench._docs import write_section  # noqa: E402
 from hub.publish.flow import prepare, publish  # noqa: E402
 from hub.publish.sign import PublicationSigner  # noqa: E402
 from tests.realenv.gitserver import GitDaemon  # noqa: E402
@@ -233,17 +233,6 @@ a 1% change at most 5% of a full publish: {inc_ok} ({ratio * 100:.1f}%).
 """
 
 
-def write_docs(section: str, path: Path = DOCS) -> None:
-    """Replace (or append) the "Hub publish" section of ``path``; leave other sections alone."""
-    text = path.read_text() if path.exists() else "# Benchmarks\n"
-    pattern = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.M | re.S)
-    if pattern.search(text):
-        text = pattern.sub(lambda _: section.rstrip("\n") + "\n\n", text, count=1)
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    path.write_text(text.rstrip("\n") + "\n")
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clusters", type=int, default=10_000)
@@ -259,7 +248,7 @@ def main() -> int:
         fleet_dir, url, cache, trust = args.child
         return child(Path(fleet_dir), url, Path(cache), Path(trust))
     if args.from_json:
-        write_docs(docs_section(json.loads(Path(args.from_json).read_text())))
+        write_section(docs_section(json.loads(Path(args.from_json).read_text())))
         return 0
     touched_count = max(1, args.clusters // 100)
 
@@ -352,7 +341,7 @@ def main() -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=2))
     if not args.no_docs:
-        write_docs(docs_section(summary))
+        write_section(docs_section(summary))
     return 0
 
 

@@ -29,7 +29,6 @@ import argparse
 import json
 import os
 import platform
-import re
 import statistics
 import subprocess
 import sys
@@ -42,6 +41,7 @@ from typing import Any
 import pygit2
 import rfc8785
 
+from bench._docs import write_section
 from hub.fleet.jump import shard_of_name
 from hub.publish.pack import PackWriter
 from hub.status import FleetStatus
@@ -51,12 +51,6 @@ from tests.realenv.gitserver import GitDaemon
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs" / "benchmarks.md"
 SECTION = "## Hub status aggregation"
-HEADER = """# Benchmarks
-
-Each benchmark runs its baseline in the same run, on the same machine, and reports medians and
-ratios. Commands reproduce the figures from the repository root. Sections are written by the
-scripts in `bench/`.
-"""
 AUTHOR = "fleetlet agent <agent@fleetlet.invalid>"
 PREFIX = "refs/heads/fleetlet/status/"
 
@@ -225,17 +219,6 @@ def resident_mb() -> float:
     return 0.0
 
 
-def write_docs(section: str, path: Path = DOCS) -> None:
-    """Replace (or append) this benchmark's section of ``path``; leave other sections alone."""
-    text = path.read_text() if path.exists() else HEADER
-    pattern = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.M | re.S)
-    if pattern.search(text):
-        text = pattern.sub(lambda _: section.rstrip("\n") + "\n\n", text, count=1)
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    path.write_text(text.rstrip("\n") + "\n")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--clusters", type=int, default=10_000)
@@ -400,7 +383,7 @@ changes or a cluster goes stale.
     print(page_table)
     print(f"hub RSS {rss:.0f} MB")
     if not args.no_docs:
-        write_docs(section)
+        write_section(section)
         print(f"wrote the section {SECTION!r} of {DOCS}", file=sys.stderr)
     return 0
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import platform
-import re
 import statistics
 import tempfile
 import textwrap
@@ -30,6 +29,7 @@ from pathlib import Path
 from agent.render.cache import RenderCache, sources_digest
 from agent.render.formats import render_bundle
 from agent.render.plain import RenderRequest
+from bench._docs import write_section
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs" / "benchmarks.md"
@@ -110,10 +110,7 @@ def main() -> int:
     )
     print(text)
     if args.write:
-        docs = DOCS.read_text()
-        pattern = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.S | re.M)
-        docs = pattern.sub(text + "\n", docs) if pattern.search(docs) else docs + "\n" + text
-        DOCS.write_text(docs)
+        write_section(text)
     return 0
 
 
