@@ -170,8 +170,10 @@ class Controller:
                 return StepReport(events=(), publication=report, rollouts=(), attempts=attempt)
             self.sharded.each(lambda _s, st: st.fetch())
             content = BranchContent(self.sharded.stores, prepared.shard_map.shard_of)
-            plans = self._start(run, prepared, content, who, partial)
-            adjusted = self._adjust(run.state, plans, content)
+            self._start(run, prepared, content, who, partial)
+            if not partial:
+                run.state.last_source = (prepared.source.repo, prepared.source.commit)
+            adjusted = self._adjust(run.state, prepared.plans)
             try:
                 return self._carry_out(run, replace(prepared, plans=adjusted), signer, attempt)
             except (AttachmentMovedError, RolloutStateMovedError) as exc:
@@ -187,7 +189,8 @@ class Controller:
         content: BranchContent,
         actor: str,
         partial: bool,
-    ) -> Mapping[str, ClusterPlan]:
+    ) -> None:
+        """Start, supersede or extend each group's rollout for the fleet's plans."""
         state = run.state
         variants = state.variants
         plans = prepared.plans
@@ -240,7 +243,6 @@ class Controller:
                 self._supersede(run, current, why)
             if diff:
                 self._create(run, prepared, group, strategy, diff, branch, actor)
-        return plans
 
     def _supersede(self, run: _Run, rollout: Rollout, why: str) -> None:
         was = rollout.status
@@ -330,14 +332,11 @@ class Controller:
         rollout.record(event)
         run.events.append((rollout.id, event))
         run.state.add(rollout)
-        run.state.last_source = (prepared.source.repo, prepared.source.commit)
         # The first wave starts now (or waits for its promotion): nothing was released yet.
         evaluation = Evaluation({n: _HELD for n in rollout.members})
         run.events += [(rollout.id, e) for e in advance(rollout, evaluation, run.now)]
 
-    def _adjust(
-        self, state: State, plans: Mapping[str, ClusterPlan], content: BranchContent
-    ) -> dict[str, ClusterPlan]:
+    def _adjust(self, state: State, plans: Mapping[str, ClusterPlan]) -> dict[str, ClusterPlan]:
         """The plans with each rolling group as its rollout wants it on each member."""
         rewriter = Rewriter(state.variants)
         wanted = _wanted(state)
