@@ -160,11 +160,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument(
         "--scenario",
-        choices=["install", "failed-upgrade", "approval"],
+        choices=["install", "failed-upgrade", "approval", "rollout"],
         default="install",
         help="after the install: a broken upgrade rolled back on the canary (failed-upgrade), "
-        "or an upgrade that needs an approval, approved by the production stores' policy and "
-        "by a person on the canary (approval; see docs/approvals.md)",
+        "an upgrade that needs an approval, approved by the production stores' policy and "
+        "by a person on the canary (approval; see docs/approvals.md), or progressive "
+        "rollouts: a good version canary first, promoted to the rest, then a broken one "
+        "halted and reverted on the canary (rollout; see docs/rollouts.md)",
     )
     demo.add_argument(
         "--exit-when-ready",

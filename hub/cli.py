@@ -1,4 +1,5 @@
-"""The hub's subcommands: ``hub render|publish|diff|serve|agent-key`` and ``installations``.
+"""The hub's subcommands: ``hub render|publish|diff|serve|shards|rollout|agent-key|tokens`` and
+``installations`` (``hub rollout`` lives in :mod:`hub.rollout.command`).
 
 Progress goes to stderr, results (a summary table, or ``-o json|yaml``) to stdout. Every
 failure is raised as a :class:`~agent.errors.FleetletError`; ``fleetlet.cli`` prints it as one
@@ -34,7 +35,7 @@ class UsageError(PermanentError):
     """A command line that cannot work (missing token, bad time...)."""
 
 
-class _Progress:
+class Progress:
     """Progress lines on stderr, stamped with the seconds since the command started; log
     records instead (``hub.progress``, level info) when the command logs JSON."""
 
@@ -66,17 +67,18 @@ def _git_credentials() -> tuple[str, str] | None:
     return (user, password) if user and password else None
 
 
-def _store(args: argparse.Namespace, progress: _Progress, prepared: Any) -> Any:
+def branch_stores(args: argparse.Namespace, progress: Progress, fleet: Any) -> Any:
     """The fleet's cluster-branch repositories: ``--repo`` (a template with ``{shard}`` for
     a sharded fleet), else ``shards.repo`` of fleet.yaml. Raises UsageError, FleetRepoError."""
+    from hub.fleet.shards import fleet_shards
     from hub.publish.git import BranchStore
     from hub.publish.shards import ShardedStore
 
-    template = args.repo or prepared.fleet.settings.shards.repo
+    template = args.repo or fleet.settings.shards.repo
     if not template:
         raise UsageError("--repo is required (or shards.repo in fleet.yaml)")
     cache = Path(args.cache_dir) if args.cache_dir else None
-    shard_map = prepared.shard_map
+    shard_map = fleet_shards(fleet)
     if shard_map.count == 1 and "{shard}" not in template:
         return BranchStore(
             url=template, cache_dir=cache, credentials=_git_credentials(), progress=progress
@@ -89,7 +91,7 @@ def _store(args: argparse.Namespace, progress: _Progress, prepared: Any) -> Any:
     )
 
 
-def _check_formats(args: argparse.Namespace, progress: _Progress, prepared: Any) -> None:
+def _check_formats(args: argparse.Namespace, progress: Progress, prepared: Any) -> None:
     """Refuse to publish a format an agent did not report it renders, reading each shard's
     status branches (``--status-repo``, else ``shards.statusRepo``, else the cluster-branch
     repositories). Raises FormatsUnavailableError, UsageError."""
@@ -137,7 +139,7 @@ def _registry_credentials(path: str | None) -> dict[str, tuple[str, str]] | None
     return out
 
 
-def _prepare(args: argparse.Namespace, progress: _Progress) -> Any:
+def _prepare(args: argparse.Namespace, progress: Progress) -> Any:
     from hub.publish.flow import prepare
 
     progress(f"loading fleet {args.fleet_dir}")
@@ -170,7 +172,7 @@ def _render(args: argparse.Namespace) -> int:
     from agent.api import parse_time
     from hub.publish.flow import render
 
-    progress = _Progress(args.quiet)
+    progress = Progress(args.quiet)
     issued_at: datetime | None = None
     if args.issued_at:
         issued_at = parse_time(args.issued_at)
@@ -206,7 +208,7 @@ def _render(args: argparse.Namespace) -> int:
 # --- publish --------------------------------------------------------------------------------
 
 
-def _signer(args: argparse.Namespace) -> tuple[Any, Any]:
+def signer_from_args(args: argparse.Namespace) -> tuple[Any, Any]:
     """(PublicationSigner, ClientTrustConfig) from the flags ((None, None) with --no-sign).
 
     Raises UsageError or PublishError.
@@ -273,9 +275,9 @@ def _identity_token(path: str | None) -> str:
     return token
 
 
-def _self_check(prepared: Any, trust: Any) -> Any:
+def agents_trust_policy(fleet: Any, trust: Any) -> Any:
     """The agents' trust policy when fleet.yaml names the signing identity, else None."""
-    settings = prepared.fleet.settings
+    settings = fleet.settings
     if trust is None or not settings.identity or not settings.issuer:
         return None
     from agent.verify import IdentityPolicy, TrustPolicy
@@ -289,19 +291,28 @@ def _self_check(prepared: Any, trust: Any) -> Any:
 def _publish(args: argparse.Namespace) -> int:
     from agent.report.logs import setup_logging
     from hub.api.metrics import HubMetrics
-    from hub.publish.flow import publish
+    from hub.publish.git import BranchStore
+    from hub.publish.shards import ShardedStore
+    from hub.rollout.controller import Controller
 
     setup_logging(level=args.log_level, format=args.log_format)
-    progress = _Progress(args.quiet, json_logs=args.log_format == "json")
+    progress = Progress(args.quiet, json_logs=args.log_format == "json")
     metrics = HubMetrics() if args.metrics_file else None
     started = time.perf_counter()
     try:
-        signer, trust = _signer(args)
+        signer, trust = signer_from_args(args)
         prepared = _prepare(args, progress)
-        check = _self_check(prepared, trust)
+        check = agents_trust_policy(prepared.fleet, trust)
         _check_formats(args, progress, prepared)
-        with _store(args, progress, prepared) as store:
-            report = publish(prepared, store, signer=signer, progress=progress, check=check)
+        with branch_stores(args, progress, prepared.fleet) as store:
+            controller = Controller(
+                sharded=ShardedStore.of(store) if isinstance(store, BranchStore) else store,
+                check=check,
+                progress=progress,
+            )
+            result = controller.publish(prepared, signer=signer, partial=bool(args.cluster))
+            assert result.publication is not None
+            report = result.publication
     except BaseException:
         if metrics is not None:
             metrics.published(time.perf_counter() - started, ok=False)
@@ -315,6 +326,7 @@ def _publish(args: argparse.Namespace) -> int:
     data["seconds"]["total"] = round(seconds, 3)
     data["source"] = {"repo": prepared.source.repo, "commit": prepared.source.commit}
     data["repo"] = args.repo or prepared.fleet.settings.shards.repo
+    data["rollouts"] = [{"rollout": rid, **event.to_dict()} for rid, event in result.events]
     if args.output != "table":
         _emit(data, args.output)
         return 0
@@ -337,6 +349,8 @@ def _publish(args: argparse.Namespace) -> int:
         )
     timing = ", ".join(f"{k} {v:.2f}" for k, v in data["seconds"].items() if k != "total")
     print(f"time: {seconds:.2f} s ({timing})")
+    for rid, event in result.events:
+        print(f"rollout {rid}: {event.action}: {event.message}")
     for c in data["changes"]:
         before = c["serialBefore"] if c["serialBefore"] is not None else "-"
         after = c["serialAfter"] if c["serialAfter"] is not None else "-"
@@ -393,12 +407,12 @@ def _diff(args: argparse.Namespace) -> int:
     from hub.publish.flow import diff
     from hub.serve import default_cache_dir
 
-    progress = _Progress(args.quiet)
+    progress = Progress(args.quiet)
     prepared = _prepare(args, progress)
     repo = args.repo or prepared.fleet.settings.shards.repo
     progress(f"fetching cluster branches from {repo}")
     previews: dict[str, Any] = {}
-    with _store(args, progress, prepared) as store:
+    with branch_stores(args, progress, prepared.fleet) as store:
         diffs = diff(prepared, store)
         if args.cluster and not args.no_preview:
             from hub.preview import preview_clusters
@@ -663,6 +677,10 @@ def register(sub: Any) -> None:
         "and as a dashboard at / (see docs/dashboard.md).",
     )
     add_serve_arguments(serve)
+
+    from hub.rollout.command import register as register_rollout
+
+    register_rollout(hub_sub)
 
     agent_key = hub_sub.add_parser(
         "agent-key",

@@ -23,7 +23,8 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
         ((), ["demo"]),
         (("import",), ["fleet"]),
         (("agent",), ["run", "sync"]),
-        (("hub",), ["render", "publish", "diff", "serve"]),
+        (("hub",), ["render", "publish", "diff", "serve", "rollout"]),
+        (("hub", "rollout"), ["list", "status", "promote", "pause", "resume", "abort", "step"]),
         (("installations",), ["list", "show", "runs", "outputs"]),
     ],
 )

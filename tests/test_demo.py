@@ -155,6 +155,38 @@ def test_approval_scenario_previews_and_approves_on_the_canary(tmp_path: Path) -
     assert left_running(workdir) == []
 
 
+@pytest.mark.slow
+def test_rollout_scenario_goes_canary_first_and_reverts_a_broken_version(tmp_path: Path) -> None:
+    """``--scenario rollout``: payments-config v2 reaches the canary, waits for a promotion,
+    is promoted (through the hub API, with the demo's admin token) and completes; a broken
+    shop-backend v2 reaches the canary only, its rollout halts and the canary gets the previous
+    version back: every store ends Ready, shop-backend on its first serial everywhere."""
+    workdir = tmp_path / "demo"
+    done = subprocess.run(
+        demo_command(workdir, "--scenario", "rollout", "--exit-when-ready"),
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    out = done.stdout
+    payments = re.search(r"^rollout (payments-config-\S+): WaitingForPromotion", out, re.M)
+    assert payments is not None, out
+    assert re.search(rf"^{CANARY}\s+canary\s+released\s+\d+\s+passed", out, re.M)
+    assert f"rollout {payments.group(1)}: promoted by ops-oncall: wave production" in out
+    shop = re.search(r"^rollout (shop-\S+): Reverted", out, re.M)
+    assert shop is not None, out
+    assert f"  {CANARY}: shop-backend: serial 3 failed and was RolledBack" in out
+    assert re.search(rf"^{CANARY}\s+canary\s+reverted\s+4\s+reverted", out, re.M)
+    rows = summary(out, "Scenario rollout:")
+    assert {k: v[1] for k, v in rows.items()} == ready_states()
+    for cluster in CLUSTERS:
+        assert rows[(cluster, "payments-config")][2] == "2", rows
+        assert rows[(cluster, "shop-backend")][2] == "1", rows
+    assert left_running(workdir) == []
+
+
 def test_a_demo_that_times_out_exits_non_zero_and_stops_everything(tmp_path: Path) -> None:
     workdir = tmp_path / "demo"
     done = subprocess.run(

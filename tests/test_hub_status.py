@@ -19,6 +19,7 @@ import rfc8785
 
 from hub.errors import GitTransportError
 from hub.status import FleetStatus
+from hub.status.aggregate import installation_state
 from tests.realenv.git_fixtures import GIT_PASSWORD, GIT_USER
 from tests.realenv.gitserver import GitDaemon, GitHttpServer, free_port
 
@@ -445,3 +446,24 @@ def test_a_branch_moving_during_a_refresh_is_read_all_the_same(
     assert status.refresh().moved == ["a"]
     a = status.cluster("a")
     assert a is not None and a["sequence"] == 5 and a["error"] is None
+
+
+def test_a_rolled_back_run_is_history_once_a_newer_set_is_running_healthy() -> None:
+    """After a rollout reverts a failed revision, the agent accepts the newer set, whose target
+    is what it runs: Ready, though its newest run is still the rolled back one. While a set
+    still wants the failed revision, the agent says Ready False, RolledBack."""
+    rolled = make_bundle(
+        [
+            make_run("edge-a", "web", 3, 1, result="RolledBack", operation="upgrade"),
+            make_run("edge-a", "web", 1, 1),
+        ]
+    )
+    rolled["appliedRevision"] = {"serial": 1, "sources": ["sha256:" + "ab" * 32]}
+    assert installation_state(rolled, stale=False, accepted=4) == "Ready"
+    assert installation_state(rolled, stale=False, accepted=3) == "RolledBack"
+    assert installation_state(rolled, stale=False) == "RolledBack"
+    blocked = {
+        **rolled,
+        "conditions": [{**rolled["conditions"][0], "status": "False", "reason": "RolledBack"}],
+    }
+    assert installation_state(blocked, stale=False, accepted=4) == "RolledBack"

@@ -25,15 +25,16 @@ from agent.api.pins import is_commit, is_digest, is_sha256_hex
 from agent.api.yamlio import SAFE_LOADER
 from agent.errors import FieldProblem
 from hub.errors import FleetRepoError
+from hub.fleet.durations import parse_duration
 from hub.fleet.jump import shard_of_name
 from hub.fleet.selectors import LabelSelector, label_key_ok, label_value_ok, parse_selector
+from hub.rollout.model import NONE, Strategy, parse_strategy
 
 if TYPE_CHECKING:
     from hub.fleet.cache import ParsedFiles
 
 # Cluster and bundle names end up in branch names and Kubernetes object names.
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
-_DURATION = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
 _IMAGE_URI = re.compile(r"^[A-Za-z0-9.-]+(:[0-9]+)?(/[a-z0-9]+([._-][a-z0-9]+)*)+$")
 
 SOURCE_KINDS = ("image", "git", "http", "helm")
@@ -51,7 +52,7 @@ _CHART = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$")
 _SOURCE_PASSTHROUGH = ("directory", "destination", "auth")
 # Keys of a bundle file the hub consumes itself; every other key is passed to the
 # BundleDeployment spec unchanged (the agent's API validates it).
-_BUNDLE_OWN_KEYS = ("name", "sources", "targets", "overrides")
+_BUNDLE_OWN_KEYS = ("name", "sources", "targets", "overrides", "rollout")
 # What an override changes (it needs one at least), and every key it may have.
 _OVERRIDE_FIELDS = ("sources", "values", "paused", "approval", "namespace", "path", "patches")
 _OVERRIDE_KEYS = ("clusters", "clusterSelector", *_OVERRIDE_FIELDS)
@@ -90,6 +91,8 @@ class Settings:
     issuer: str | None
     insecure_registries: tuple[str, ...]
     shards: Sharding = field(default_factory=Sharding)
+    rollout: Strategy | None = None
+    """The rollout strategy of every group whose bundles name none (docs/rollouts.md)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,6 +211,13 @@ class Bundle:
     spec: Mapping[str, Any]
     targets: tuple[Target, ...]
     overrides: tuple[Override, ...]
+    rollout: Strategy | str | None = None
+    """Its group's rollout strategy; ``"none"``: published at once; None: not said here."""
+
+    @property
+    def group(self) -> str:
+        group = self.spec.get("group")
+        return group if isinstance(group, str) and group else self.name
 
     @property
     def all_sources(self) -> tuple[SourceRef, ...]:
@@ -230,6 +240,8 @@ class Fleet:
     bundles: tuple[Bundle, ...]
     files: tuple[str, ...] = field(default=())
     by_name: Mapping[str, Cluster] = field(default_factory=dict, compare=False, repr=False)
+    rollouts: Mapping[str, Strategy] = field(default_factory=dict)
+    """Group -> its rollout strategy (groups published at once are not in it)."""
 
     def cluster(self, name: str) -> Cluster | None:
         if self.by_name:
@@ -238,18 +250,6 @@ class Fleet:
             if c.name == name:
                 return c
         return None
-
-
-def parse_duration(text: object) -> timedelta | None:
-    """``"7d"``, ``"36h"``, ``"1h30m"``, ``"90s"`` -> timedelta; None if malformed or zero."""
-    if not isinstance(text, str) or not text:
-        return None
-    m = _DURATION.match(text)
-    if not m:
-        return None
-    d, h, mi, s = (int(g) if g else 0 for g in m.groups())
-    delta = timedelta(days=d, hours=h, minutes=mi, seconds=s)
-    return delta if delta > timedelta(0) else None
 
 
 class _Problems:
@@ -355,6 +355,7 @@ def load_fleet(root: str | Path, *, cache_dir: Path | None = None) -> Fleet:
             bundles[b.name] = b
     if not (root / "bundles").is_dir():
         problems.add("bundles/", "", "a directory of bundle files", _found("missing"))
+    strategies = _group_strategies(bundles, settings, problems) if settings is not None else {}
     if problems.items:
         raise FleetRepoError(problems.items, origin=str(root))
     if parsed is not None:
@@ -367,7 +368,38 @@ def load_fleet(root: str | Path, *, cache_dir: Path | None = None) -> Fleet:
         bundles=tuple(bundles[n] for n in sorted(bundles)),
         files=tuple(sorted(files)),
         by_name=clusters,
+        rollouts=strategies,
     )
+
+
+def _group_strategies(
+    bundles: Mapping[str, Bundle], settings: Settings, problems: _Problems
+) -> dict[str, Strategy]:
+    """Group -> rollout strategy: the one its bundles name (they must agree), else fleet.yaml's
+    default, unless a bundle says ``rollout: none``."""
+    said: dict[str, Bundle] = {}
+    groups: set[str] = set()
+    for name in sorted(bundles):
+        b = bundles[name]
+        groups.add(b.group)
+        if b.rollout is None:
+            continue
+        first = said.get(b.group)
+        if first is None:
+            said[b.group] = b
+        elif first.rollout != b.rollout:
+            problems.add(
+                b.file,
+                "rollout",
+                f"the rollout of {first.file} (group {b.group!r} moves as one)",
+                _found("another one"),
+            )
+    out: dict[str, Strategy] = {}
+    for group in sorted(groups):
+        chosen = said[group].rollout if group in said else settings.rollout
+        if isinstance(chosen, Strategy):
+            out[group] = chosen
+    return out
 
 
 def _yaml_files(directory: Path) -> list[Path]:
@@ -397,6 +429,7 @@ def _load_settings(root: Path, problems: _Problems) -> Settings | None:
         "signing",
         "insecureRegistries",
         "shards",
+        "rollout",
     }
     for key in sorted(set(raw) - known, key=str):
         problems.add(rel, str(key), "one of " + ", ".join(sorted(known)), _found("unknown field"))
@@ -469,7 +502,20 @@ def _load_settings(root: Path, problems: _Problems) -> Settings | None:
         issuer=issuer if isinstance(issuer, str) else None,
         insecure_registries=tuple(sorted(insecure)),
         shards=_load_sharding(raw.get("shards"), rel, problems),
+        rollout=_default_rollout(raw.get("rollout"), rel, problems),
     )
+
+
+def _default_rollout(raw: Any, rel: str, problems: _Problems) -> Strategy | None:
+    if raw is None:
+        return None
+    found: list[FieldProblem] = []
+    strategy = parse_strategy(raw, "rollout", found)
+    problems.extend(rel, found)
+    if strategy == NONE:
+        problems.add(rel, "rollout", "a rollout strategy (waves, ...)", raw)
+        return None
+    return strategy if isinstance(strategy, Strategy) else None
 
 
 def _load_sharding(raw: Any, rel: str, problems: _Problems) -> Sharding:
@@ -622,6 +668,11 @@ def _load_bundle_file(
         if ov is not None:
             overrides.append(ov)
     spec = {k: v for k, v in raw.items() if k not in _BUNDLE_OWN_KEYS}
+    rollout: Strategy | str | None = None
+    if "rollout" in raw:
+        found: list[FieldProblem] = []
+        rollout = parse_strategy(raw["rollout"], "rollout", found)
+        problems.extend(rel, found)
     if len(problems.items) > start:
         return None
     return Bundle(
@@ -631,6 +682,7 @@ def _load_bundle_file(
         spec=spec,
         targets=tuple(targets),
         overrides=tuple(overrides),
+        rollout=rollout,
     )
 
 

@@ -24,7 +24,7 @@ import multiprocessing
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -66,6 +66,30 @@ ATTEMPTS = 3
 
 class ConcurrentPublishError(TemporaryError):
     """Another hub committed a publication while this one was being made, every attempt."""
+
+
+class AttachmentMovedError(TemporaryError):
+    """The ref attached to a publication (the rollouts' state) moved since it was read:
+    nothing was published; read it again and redo."""
+
+
+@dataclass(frozen=True, slots=True)
+class Attachment:
+    """A ref of shard 0 that moves in the same atomic push as the publication's commit point
+    (the rollouts' state follows the publications that carry it out).
+
+    ``old``: its value when read (ZERO: none), checked by the server; ``write(batch,
+    publication, changes)`` writes the commit it moves to (into the publication's pack) and
+    returns its id, given the publication's id and every cluster's change; ``trailer(cluster)``
+    is a line for that cluster's commit message (or None); ``note`` goes into the
+    publication's record (``refs/fleetlet/publication``).
+    """
+
+    ref: str
+    old: str
+    write: Callable[[CommitBatch, str, Sequence[ClusterChange]], str]
+    trailer: Callable[[str], str | None] | None = None
+    note: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -306,6 +330,7 @@ def publish(
     check: TrustPolicy | None = None,
     attempts: int = ATTEMPTS,
     writers: int | None = None,
+    attach: Attachment | None = None,
 ) -> PublishReport:
     """Publish every changed or expiring cluster of ``prepared`` as ONE publication.
 
@@ -316,9 +341,10 @@ def publish(
     (wrong identity or issuer, foreign root) stops the run with PublishError. When another hub
     commits a publication first, this one starts over on top of it, up to ``attempts`` times.
     ``writers``: processes writing the packs (default: 2 for large publications, see
-    :func:`_stage`).
+    :func:`_stage`). ``attach``: a ref moved together with the commit point (see
+    :class:`Attachment`); it needs a server with atomic pushes.
 
-    Raises GitTransportError (a server could not be reached; if the publication was already
+    Raises AttachmentMovedError, GitTransportError (a server could not be reached; if the publication was already
     committed, the next publish finishes it), PushRejectedError (some branches refused:
     rerun), ConcurrentPublishError, PublishError, FleetRepoError, or the signing errors of
     ``sign_leaves``; nothing reaches a cluster branch when anything fails before the commit.
@@ -329,7 +355,9 @@ def publish(
     for attempt in range(1, attempts + 1):
         try:
             with _paused_gc():
-                report = _publish_once(prepared, sharded, signer, now, say, check, clock, writers)
+                report = _publish_once(
+                    prepared, sharded, signer, now, say, check, clock, writers, attach
+                )
         except _LostRace as race:
             if attempt == attempts:
                 raise ConcurrentPublishError(
@@ -363,6 +391,7 @@ def _publish_once(
     check: TrustPolicy | None,
     clock: _Clock,
     writers: int | None = None,
+    attach: Attachment | None = None,
 ) -> PublishReport:
     now = (now or datetime.now(UTC)).replace(microsecond=0)
     settings = prepared.fleet.settings
@@ -439,6 +468,7 @@ def _publish_once(
         now=now,
         signer=signer is not None,
         publication=publication,
+        trailer=attach.trailer if attach is not None else None,
     )
     plan = writer.plan(todo, decisions, stores)
     say(f"writing {len(todo)} cluster commits to {len(plan)} shard(s)")
@@ -449,9 +479,15 @@ def _publish_once(
         with clock.stage("write+stage"):
             staged = _stage(writer, sharded, plan, clock, writers)
         with clock.stage("commit"):
+            joined = (attach, decisions.changes) if attach is not None else None
             try:
-                _commit(writer, stores[0], head, signed, staged, plan.get(0, []), clock)
+                _commit(writer, stores[0], head, signed, staged, plan.get(0, []), clock, joined)
             except AtomicUnsupportedError:
+                if attach is not None:
+                    raise PublishError(
+                        f"{stores[0].url}: rollouts need a git server with atomic pushes "
+                        "(git:// or http(s)://, git 2.4 or later)"
+                    ) from None
                 # Without atomic pushes shard 0 is staged and applied like the others.
                 if 0 in plan:
                     staged[0] = writer.stage(stores[0], plan[0], clock)
@@ -461,7 +497,9 @@ def _publish_once(
         # outcome is unknown (the connection broke during the commit push) it is left for
         # the next publish, which finishes the publication if the head names it, and
         # deletes the staging refs an hour later otherwise.
-        if isinstance(failure, _LostRace | PushRejectedError) or _head_unmoved(stores[0], head):
+        if isinstance(
+            failure, _LostRace | PushRejectedError | AttachmentMovedError
+        ) or _head_unmoved(stores[0], head):
             _unstage(sharded, publication, staged)
         raise
     say(f"publication {publication} committed; moving the branches of {len(staged)} shard(s)")
@@ -552,6 +590,7 @@ class _Writer:
     now: datetime
     signer: bool
     publication: str
+    trailer: Callable[[str], str | None] | None = None
 
     _expires: str = ""
 
@@ -664,6 +703,9 @@ class _Writer:
             + (f"Moving-Since: {change.moving_since}\n" if change.moving_since else "")
             + f"Publication: {self.publication}\n"
         )
+        extra = self.trailer(change.cluster) if self.trailer is not None else None
+        if extra:
+            message += extra.rstrip("\n") + "\n"
         parents = [change.parent] if change.parent else []
         return batch.commit(files, parents=parents, message=message, when=self.now)
 
@@ -820,18 +862,22 @@ def _commit(
     staged: Mapping[int, str],
     updates: list[_Update],
     clock: _Clock,
+    joined: tuple[Attachment, Sequence[ClusterChange]] | None = None,
 ) -> None:
     """Move the head from ``head`` to this publication's record, with ``updates`` (shard 0's
-    branches) in the same atomic push: the commit point.
+    branches) and the attached ref (``joined``: the attachment and the publication's changes)
+    in the same atomic push: the commit point.
 
-    Raises _LostRace when another hub moved the head first, PushRejectedError when the server
-    refused a branch (then nothing moved), AtomicUnsupportedError.
+    Raises _LostRace when another hub moved the head first, AttachmentMovedError when the
+    attached ref moved, PushRejectedError when the server refused a branch (then nothing
+    moved), AtomicUnsupportedError.
     """
     record = ledger.HeadRecord(
         publication=writer.publication,
         issued_at=_fmt(writer.now) or "",
         statement_sha256=hashlib.sha256(signed.statement_bytes).hexdigest() if signed else None,
         staging=dict(staged),
+        note=joined[0].note if joined is not None else None,
     )
     started = time.perf_counter()
     batch = writer.write(store, updates)
@@ -841,18 +887,29 @@ def _commit(
         message=f"fleetlet: publication {writer.publication}\n",
         when=writer.now,
     )
+    extra: list[RefUpdate] = []
+    if joined is not None:
+        attach, changes = joined
+        new = attach.write(batch, writer.publication, changes)
+        extra.append(RefUpdate(ref=attach.ref, old=attach.old, new=new))
     pack = batch.write()
     clock.add("write", time.perf_counter() - started)
     started = time.perf_counter()
     real = [RefUpdate(ref=u.ref, old=u.old, new=u.new) for u in updates]
     outcome = store.push(
-        [*real, RefUpdate(ref=ledger.HEAD_REF, old=head, new=commit)],
+        [*real, *extra, RefUpdate(ref=ledger.HEAD_REF, old=head, new=commit)],
         pack=pack,
-        atomic=bool(real),
+        atomic=bool(real or extra),
     )
     clock.add("push", time.perf_counter() - started)
     if outcome.refused:
-        current = store.list_refs().get(ledger.HEAD_REF, ZERO)
+        refs = store.list_refs()
+        for moved in extra:
+            if refs.get(moved.ref, ZERO) != moved.old:
+                raise AttachmentMovedError(
+                    f"{moved.ref} of {store.url} moved since it was read; nothing was published"
+                )
+        current = refs.get(ledger.HEAD_REF, ZERO)
         if current != head:
             raise _LostRace(current[:12])
         reasons = {r: m for r, m in outcome.refused.items() if "atomic" not in m}
@@ -1023,6 +1080,8 @@ def diff(
 
 
 __all__ = [
+    "Attachment",
+    "AttachmentMovedError",
     "BundleDiff",
     "ClusterChange",
     "ClusterDiff",

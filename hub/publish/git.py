@@ -214,10 +214,14 @@ class BranchStore:
                 "(branches moved meanwhile?); rerun"
             )
 
-    def fetch_ref(self, ref: str) -> str | None:
-        """Fetch one ref (any namespace) into the cache repository; its oid or None."""
-        oid = self.refs.get(ref)
-        if oid is None:
+    def fetch_ref(self, ref: str, oid: str | None = None) -> str | None:
+        """Fetch one ref (any namespace) into the cache repository; its oid or None.
+
+        ``oid``: the ref's value the caller listed (default: the last :meth:`list`'s).
+        Raises GitTransportError.
+        """
+        oid = oid or self.refs.get(ref)
+        if oid is None or oid == ZERO:
             return None
         if pygit2.Oid(hex=oid) not in self.repo:
             try:

@@ -29,6 +29,7 @@ import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from hub.errors import PublishError
 from hub.publish.sendpack import ZERO, RefUpdate
@@ -66,17 +67,22 @@ class HeadRecord:
     issued_at: str
     statement_sha256: str | None
     staging: Mapping[int, str] = field(default_factory=dict)  # shard -> staging commit
+    note: Mapping[str, Any] | None = None
+    """What else the publication carries out (the rollout steps and actions behind it)."""
 
     def to_bytes(self) -> bytes:
+        doc: dict[str, Any] = {
+            "kind": _RECORD_KIND,
+            "publication": self.publication,
+            "issuedAt": self.issued_at,
+            "statementSha256": self.statement_sha256,
+            "staging": {str(k): v for k, v in sorted(self.staging.items())},
+        }
+        if self.note:
+            doc["note"] = dict(self.note)
         return (
             json.dumps(
-                {
-                    "kind": _RECORD_KIND,
-                    "publication": self.publication,
-                    "issuedAt": self.issued_at,
-                    "statementSha256": self.statement_sha256,
-                    "staging": {str(k): v for k, v in sorted(self.staging.items())},
-                },
+                doc,
                 indent=1,
                 sort_keys=True,
             ).encode()
@@ -95,6 +101,7 @@ class HeadRecord:
                 issued_at=str(doc["issuedAt"]),
                 statement_sha256=doc.get("statementSha256"),
                 staging={int(k): str(v) for k, v in doc["staging"].items()},
+                note=doc.get("note") if isinstance(doc.get("note"), dict) else None,
             )
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise PublishError(

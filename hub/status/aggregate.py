@@ -28,6 +28,7 @@ import json
 import multiprocessing
 import os
 import sqlite3
+import struct
 import sys
 import threading
 from collections import OrderedDict
@@ -52,7 +53,7 @@ STATUS_PREFIX = "refs/heads/fleetlet/status/"
 STATUS_FILE = "status.json"
 _TRACK_PREFIX = "refs/fleetlet/status/"
 _VIEW_FILE = "view.sqlite"
-_VIEW_FORMAT = 2
+_VIEW_FORMAT = 3  # 3: each installation's applied and newest-run serials
 _EXPLICIT_REFSPECS = 64
 _DOCUMENTS_KEPT = 256
 _PARALLEL = 8
@@ -156,6 +157,9 @@ class ClusterView:
     last_accepted_serial: int | None = None
     last_refusal: Any = None
     states: tuple[tuple[str, str], ...] = ()
+    serials: bytes = b""
+    """Per item of ``states``: the serial of its applied revision and of its newest run (0:
+    none), packed as unsigned 64-bit pairs (a few bytes per installation, at 100,000 clusters)."""
     beat: datetime | None = field(default=None, compare=False)  # the heartbeat, parsed
 
     def __post_init__(self) -> None:
@@ -166,14 +170,30 @@ class ClusterView:
         beat = self.beat
         return beat is None or now - beat > stale_after
 
+    def revisions(self) -> dict[str, tuple[str, int, int]]:
+        """Bundle -> (state as reported, applied serial, newest run's serial); 0 for none."""
+        count = len(self.states)
+        pairs = (
+            struct.unpack(f"<{2 * count}Q", self.serials) if len(self.serials) == 16 * count else ()
+        )
+        return {
+            bundle: (state, pairs[2 * i] if pairs else 0, pairs[2 * i + 1] if pairs else 0)
+            for i, (bundle, state) in enumerate(self.states)
+        }
+
     def rank(self) -> tuple[str, int, int]:
         """Which of a cluster's views (one per shard holding its status) is shown: newest."""
         return (self.heartbeat or "", self.sequence or 0, -self.shard)
 
     def summarised(self, doc: Mapping[str, Any], commit: str) -> ClusterView:
+        items = sorted(doc["bundles"].items())
+        accepted = doc.get("lastAcceptedSerial")
         states = tuple(
-            (sys.intern(name), sys.intern(installation_state(item, stale=False)))
-            for name, item in sorted(doc["bundles"].items())
+            (sys.intern(name), sys.intern(installation_state(item, stale=False, accepted=accepted)))
+            for name, item in items
+        )
+        serials = struct.pack(
+            f"<{2 * len(items)}Q", *(n for _, item in items for n in _serials(item))
         )
         version = doc.get("agentVersion")
         return ClusterView(
@@ -188,6 +208,7 @@ class ClusterView:
             last_accepted_serial=doc.get("lastAcceptedSerial"),
             last_refusal=doc.get("lastRefusal"),
             states=states,
+            serials=serials,
         )
 
     def row(self) -> tuple[int, str, str, str | None, str | None, str]:
@@ -198,6 +219,7 @@ class ClusterView:
             "a": self.last_accepted_serial,
             "r": self.last_refusal,
             "b": self.states,
+            "n": self.serials.hex(),
         }
         return (self.shard, self.name, self.tip, self.source, self.error, json.dumps(data))
 
@@ -217,7 +239,23 @@ class ClusterView:
             last_accepted_serial=data["a"],
             last_refusal=data["r"],
             states=tuple((sys.intern(b), sys.intern(st)) for b, st in data["b"]),
+            serials=bytes.fromhex(data["n"]),
         )
+
+
+_MAX_SERIAL = 2**53 - 1
+
+
+def _serials(item: Mapping[str, Any]) -> tuple[int, int]:
+    """(applied revision's serial, newest run's serial) of an installation; 0 for none."""
+    applied = item.get("appliedRevision")
+    runs = item.get("runs") or []
+    first = applied.get("serial") if isinstance(applied, dict) else None
+    last = runs[0].get("serial") if runs and isinstance(runs[0], dict) else None
+    return tuple(  # type: ignore[return-value]
+        v if isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= _MAX_SERIAL else 0
+        for v in (first, last)
+    )
 
 
 @dataclass(slots=True)
@@ -231,7 +269,9 @@ class RefreshResult:
     seconds: float = 0.0
 
 
-def installation_state(bundle: Mapping[str, Any], *, stale: bool) -> str:
+def installation_state(
+    bundle: Mapping[str, Any], *, stale: bool, accepted: int | None = None
+) -> str:
     """The one-word state of an installation, from its conditions and its newest run.
 
     Stale beats everything (an old report says nothing about now); then Paused,
@@ -239,6 +279,11 @@ def installation_state(bundle: Mapping[str, Any], *, stale: bool) -> str:
     an approval), Progressing (a run in progress or Progressing=True), RolledBack (the newest
     run was rolled back, or Ready says RolledBack), Degraded (Degraded=True, Ready=False or
     the newest run failed), Ready.
+
+    A rolled back run is history, not the state, once the agent accepted a newer set
+    (``accepted``: the document's ``lastAcceptedSerial``) and says Ready (Healthy): that set's
+    target is the revision it runs (a rollout reverted the failed one, or a fix equals it);
+    a set still wanting the failed revision keeps Ready False with reason RolledBack.
     """
     if stale:
         return "Stale"
@@ -256,7 +301,16 @@ def installation_state(bundle: Mapping[str, Any], *, stale: bool) -> str:
         return str(ready["reason"])
     if last == RUNNING or true("Progressing"):
         return "Progressing"
-    if last == ROLLED_BACK or ready.get("reason") == "RolledBack":
+    run_serial = runs[0].get("serial") if runs and isinstance(runs[0], dict) else None
+    past = (
+        last == ROLLED_BACK
+        and true("Ready")
+        and ready.get("reason") == "Healthy"
+        and isinstance(accepted, int)
+        and isinstance(run_serial, int)
+        and accepted > run_serial
+    )
+    if (last == ROLLED_BACK and not past) or ready.get("reason") == "RolledBack":
         # Also after a later drift-correction run: the failed serial is still not applied.
         return "RolledBack"
     if true("Degraded") or str(ready.get("status")) == "False" or last == FAILED:
@@ -753,7 +807,15 @@ class FleetStatus:
             items = (self.document(view.name) or {}).get("bundles", {})
             for name in wanted:
                 if name in items:
-                    found.append(_installation_summary(view.name, name, items[name], stale=stale))
+                    found.append(
+                        _installation_summary(
+                            view.name,
+                            name,
+                            items[name],
+                            stale=stale,
+                            accepted=view.last_accepted_serial,
+                        )
+                    )
                 if limit is not None and len(found) >= limit:
                     return found
         return found
@@ -804,7 +866,9 @@ class FleetStatus:
             return None
         stale = view.stale(now, self.stale_after)
         return {
-            **_installation_summary(cluster, bundle, item, stale=stale),
+            **_installation_summary(
+                cluster, bundle, item, stale=stale, accepted=view.last_accepted_serial
+            ),
             "conditions": item.get("conditions", []),
             "appliedRevision": item.get("appliedRevision"),
             "lastHealthyRevision": item.get("lastHealthyRevision"),
@@ -833,6 +897,12 @@ class FleetStatus:
                 return run
         return None
 
+    def view(self, name: str) -> ClusterView | None:
+        """The compact summary shown for ``name`` (None: never reported). Views are replaced,
+        never changed, so the caller may keep it."""
+        with self._lock:
+            return self._clusters.get(name)
+
     def names(self) -> list[str]:
         with self._lock:
             return sorted(self._clusters)
@@ -844,7 +914,7 @@ class FleetStatus:
 
 
 def _installation_summary(
-    cluster: str, bundle: str, item: Mapping[str, Any], *, stale: bool
+    cluster: str, bundle: str, item: Mapping[str, Any], *, stale: bool, accepted: int | None
 ) -> dict[str, Any]:
     runs = item.get("runs") or []
     last = runs[0] if runs else None
@@ -855,7 +925,7 @@ def _installation_summary(
         "bundle": bundle,
         "name": f"{cluster}/{bundle}",
         "group": item.get("group"),
-        "state": installation_state(item, stale=stale),
+        "state": installation_state(item, stale=stale, accepted=accepted),
         "appliedSerial": applied.get("serial") if isinstance(applied, dict) else None,
         "lastRun": _run_brief(last),
         "lastSuccessfulRun": latest_ok.get("id") if latest_ok else None,

@@ -58,6 +58,8 @@ export const pages = {
   cluster: (cluster) => `/ui/clusters/${encodeURIComponent(cluster)}`,
   installation: (cluster, bundle) =>
     `/ui/installations/${encodeURIComponent(cluster)}/${encodeURIComponent(bundle)}`,
+  rollouts: () => "/ui/rollouts",
+  rollout: (id) => `/ui/rollouts/${encodeURIComponent(id)}`,
 };
 
 const NUMBER = new Intl.NumberFormat("en-US");
