@@ -370,12 +370,22 @@ class Resolver:
         client, host, repo, plain = self._registry(uri, tries=tries)
         base = f"{'http' if plain else 'https'}://{host}/v2/{repo}"
         self.requests["image"] += 1
-        response = _ask(client, f"{base}/manifests/{digest}", "GET", {"Accept": _OCI_ACCEPT})
-        if response.status_code != 200:
-            raise _NotFound(f"GET manifest {digest}: HTTP {response.status_code}")
-        body = response.content
-        if len(body) > _MAX_MANIFEST_BYTES:
-            raise _NotFound(f"manifest {digest} is larger than {_MAX_MANIFEST_BYTES} bytes")
+        response = _ask(
+            client, f"{base}/manifests/{digest}", "GET", {"Accept": _OCI_ACCEPT}, stream=True
+        )
+        with response:
+            if response.status_code != 200:
+                raise _NotFound(f"GET manifest {digest}: HTTP {response.status_code}")
+            body = b""
+            try:
+                for chunk in response.iter_content(1 << 16):
+                    body += chunk
+                    if len(body) > _MAX_MANIFEST_BYTES:
+                        raise _NotFound(
+                            f"manifest {digest} is larger than {_MAX_MANIFEST_BYTES} bytes"
+                        )
+            except requests.RequestException as exc:
+                raise _Unavailable(f"download of manifest {digest} failed: {exc}") from exc
         actual = "sha256:" + hashlib.sha256(body).hexdigest()
         if actual != digest:
             raise _NotFound(f"manifest bytes hash to {actual}, the pin is {digest}")
