@@ -681,3 +681,38 @@ def test_a_chart_pinned_in_the_fleet_publishes_without_its_server(
     assert pins[http_pin] == "a" * 64
     assert pins[image_pin] == "sha256:" + "b" * 64
     assert isinstance(pins[not_chart], str) and pins[not_chart].startswith("sha256:")
+
+
+def test_hub_diff_renders_a_helm_bundle_with_its_pinned_dependencies(
+    helm: HelmCli, files: StaticFiles, tmp_path: Path
+) -> None:
+    """`hub diff --cluster` renders set entries with the agent's formats: a helm bundle whose
+    dependency the hub pinned renders there too (with Helm's default capabilities: the hub
+    does not know the cluster's)."""
+    from agent.api import BundleDeploymentEntry
+    from agent.render.tools import ToolSettings
+    from hub.preview import BundleRenderer
+
+    make_repository(helm, files, tmp_path)
+    chart = unvendored_chart(
+        tmp_path / "src",
+        "shop",
+        "0.3.0",
+        "greeter@^1.0",
+        files.url().rstrip("/"),
+        "greeter:\n  audience: reviewers\n",
+    )
+    tar(chart, files.root / "shop.tgz")
+    url = files.url("shop.tgz")
+    ref = SourceRef(kind="http", uri=url, ref_field="url", ref=url)
+    with Resolver() as resolver:
+        pin = resolver.resolve_bundles([helm_bundle("shop", ref)])[ref]
+    entry = from_dict(
+        BundleDeploymentEntry,
+        {"name": "shop", "spec": {"format": "helm", "sources": source_dicts(ref, pin)}},
+    )
+    renderer = BundleRenderer(
+        cache_dir=tmp_path / "preview", tools=ToolSettings.from_env(), plain_http=True
+    )
+    objects = renderer.render([entry], serial=1)["shop"]
+    assert message(objects, "shop") == "v1.1.0, reviewers!"
