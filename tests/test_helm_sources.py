@@ -657,9 +657,10 @@ def test_a_dependency_that_cannot_be_pinned_is_refused_naming_chart_dependency_a
 def test_a_chart_pinned_in_the_fleet_publishes_without_its_server(
     helm: HelmCli, registry: Registry, tmp_path: Path
 ) -> None:
-    """Reading a pinned chart for its dependencies is best effort: with its server down the
-    pin is kept as written (one attempt), as a fleet of pins always published offline; an
-    image that is not a Helm chart is kept as is too."""
+    """Reading a pinned chart for its dependencies is best effort: with its server down (one
+    attempt) or without the content, the pin is kept as written, as a fleet of pins always
+    published offline and the agent reports what it cannot fetch; an image that is not a Helm
+    chart is kept as is too."""
     down = f"127.0.0.1:{free_port()}"
     http_pin = SourceRef(
         kind="http", uri=f"http://{down}/shop.tgz", ref_field="sha256", ref="a" * 64
@@ -673,13 +674,25 @@ def test_a_chart_pinned_in_the_fleet_publishes_without_its_server(
     not_chart = SourceRef(
         kind="image", uri=f"{registry.host}/apps/not-a-chart", ref_field="tag", ref="1"
     )
+    absent = SourceRef(
+        kind="image",
+        uri=f"{registry.host}/apps/absent",
+        ref_field="digest",
+        ref="sha256:" + "c" * 64,
+    )
     with Resolver() as resolver:
         pins = resolver.resolve_bundles(
-            [helm_bundle("a", http_pin), helm_bundle("b", image_pin), helm_bundle("c", not_chart)]
+            [
+                helm_bundle("a", http_pin),
+                helm_bundle("b", image_pin),
+                helm_bundle("c", not_chart),
+                helm_bundle("d", absent),
+            ]
         )
         assert resolver.requests["http"] == 1  # no retries for a best-effort read
     assert pins[http_pin] == "a" * 64
     assert pins[image_pin] == "sha256:" + "b" * 64
+    assert pins[absent] == "sha256:" + "c" * 64
     assert isinstance(pins[not_chart], str) and pins[not_chart].startswith("sha256:")
 
 

@@ -85,6 +85,10 @@ class _NotFound(Exception):
     """The server answered: this reference does not exist."""
 
 
+class _Refused(_NotFound):
+    """The server answered with an error status or refused access (no content to judge)."""
+
+
 class _Unavailable(Exception):
     """The server did not answer usefully; a retry may help."""
 
@@ -117,7 +121,7 @@ def _ask(
     try:
         response: requests.Response = client.do_request(url, method, headers=headers, stream=stream)
     except (AuthenticationError, RegistryProtocolError) as exc:
-        raise _NotFound(f"registry refused access: {exc}") from exc
+        raise _Refused(f"registry refused access: {exc}") from exc
     except RegistryUnavailableError as exc:
         raise _Unavailable(str(exc)) from exc
     return response
@@ -331,9 +335,11 @@ class Resolver:
     def _oci_chart(self, src: SourceRef, pin: Pin) -> Pin:
         """The pin of a helm bundle's OCI chart with the dependencies it does not vendor.
 
-        A digest written in the fleet whose registry cannot be reached (one attempt: the pin
-        is valid without this) is kept as is, as before: publishing a pinned fleet needs no
-        network (the agent names any dependency then missing, and the next resolve pins it).
+        A digest written in the fleet whose chart cannot be fetched (the registry unreachable
+        at one attempt, or answering with an error: the pin is valid without this read) is kept
+        as is, as before: publishing a pinned fleet needs no network (the agent names any
+        dependency then missing, and the next resolve pins it). Content that contradicts the
+        digest is refused.
         """
         digest = pin.pin if isinstance(pin, ChartPin) else pin
         dependencies = self._oci_dependencies(src.uri, digest, depth=0, offline_ok=src.pinned)
@@ -344,7 +350,7 @@ class Resolver:
     ) -> tuple[ChartDependency, ...]:
         """The dependencies the chart at ``uri@digest`` lists and does not vendor, pinned
         (none for an artifact that is not a Helm chart: the agent says what it is; none when
-        ``offline_ok`` and the registry cannot be reached at the first attempt)."""
+        ``offline_ok`` and the registry does not give the chart at the first attempt)."""
         key = (uri, digest)
         cached = self._oci_charts.get(key)
         if cached is not None:
@@ -353,7 +359,7 @@ class Resolver:
             path = Path(scratch) / "chart.tgz"
             try:
                 found = self._oci_chart_layer(uri, digest, path, tries=1 if offline_ok else None)
-            except _Unavailable:
+            except (_Unavailable, _Refused):
                 if offline_ok:
                     return ()
                 raise
@@ -375,7 +381,7 @@ class Resolver:
         )
         with response:
             if response.status_code != 200:
-                raise _NotFound(f"GET manifest {digest}: HTTP {response.status_code}")
+                raise _Refused(f"GET manifest {digest}: HTTP {response.status_code}")
             body = b""
             try:
                 for chunk in response.iter_content(1 << 16):
@@ -413,7 +419,7 @@ class Resolver:
         response = _ask(client, f"{base}/blobs/{blob}", "GET", stream=True)
         if response.status_code != 200:
             response.close()
-            raise _NotFound(f"GET chart layer {blob}: HTTP {response.status_code}")
+            raise _Refused(f"GET chart layer {blob}: HTTP {response.status_code}")
         hasher = hashlib.sha256()
         got = 0
         try:
@@ -658,9 +664,9 @@ class Resolver:
         bundle writes, if any), with the dependencies its chart lists and does not vendor.
 
         An archive without a chart where the helm format looks for one is returned as is:
-        the agent then says what is missing. So is a sha256 written in the fleet whose server
-        cannot be reached (one attempt: the pin is valid without this): publishing a pinned
-        fleet needs no network.
+        the agent then says what is missing. So is a sha256 written in the fleet whose archive
+        cannot be downloaded (one attempt: the pin is valid without this read): publishing a
+        pinned fleet needs no network. An archive that contradicts the sha256 is refused.
         """
         key = (src.uri, src.ref_field, src.ref)
         cached = self._http_charts.get(key)
@@ -671,7 +677,7 @@ class Resolver:
             try:
                 with open(path, "wb") as sink:
                     sha256 = self._http_download(src.uri, sink, tries=1 if src.pinned else None)
-            except _Unavailable:
+            except (_Unavailable, _NotFound):
                 if src.pinned:
                     return src.ref
                 raise
