@@ -7,6 +7,7 @@ keeps an image tagged ``broken`` unready).
 
 from __future__ import annotations
 
+import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -110,3 +111,64 @@ def test_helm_chart_installs_upgrades_and_rolls_back_through_hub_and_agent(
     assert settings is not None and settings["data"]["message"] == "hello again, the canary tier!"
     ready = conditions(kube, web)["Ready"]
     assert ready["status"] == "False" and ready["reason"] == "RolledBack", ready
+
+
+def test_an_http_chart_whose_dependency_is_not_vendored_is_pinned_signed_and_applied(
+    lab: Lab, crds: Cluster, namespace: str, tmp_path: Path, charts: StaticFiles
+) -> None:
+    """An umbrella chart .tgz over http lists greeter (^1.0, from the Helm repository) without
+    vendoring it: `hub publish` pins the archive and the dependency into the signed set, the
+    agent fetches both by pin and helm renders the subchart for the live cluster."""
+    helm = HelmCli(tmp_path / "helm-home")
+    add_version(helm, charts, tmp_path, "1.0.0")
+    add_version(helm, charts, tmp_path, "1.1.0")
+    shop = tmp_path / "shop-src" / "shop"
+    (shop / "templates").mkdir(parents=True)
+    (shop / "Chart.yaml").write_text(
+        "apiVersion: v2\nname: shop\nversion: 0.1.0\ndependencies:\n  - name: greeter\n"
+        f"    version: ^1.0\n    repository: {charts.url().rstrip('/')}\n"
+    )
+    (shop / "templates" / "cm.yaml").write_text(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{ .Release.Name }}-shop\n"
+        "data: {chart: shop}\n"
+    )
+    # Made without `helm package`, which would insist on vendoring greeter.
+    archives = tmp_path / "archives"
+    archives.mkdir()
+    with tarfile.open(archives / "shop-0.1.0.tgz", "w:gz") as archive:
+        archive.add(shop, arcname="shop")
+    served = StaticFiles(archives)
+    try:
+        kube = KubeClient(kubeconfig=str(crds.kubeconfig))
+        web, ns = lab.name("shop"), lab.name("shop")
+        agent = lab.agent("edge-1", crds, namespace=namespace, workdir=tmp_path / "agent")
+        bundle = {
+            "name": web,
+            "sources": [{"kind": "http", "uri": served.url("shop-0.1.0.tgz")}],
+            "format": "helm",
+            "formatOptions": {
+                "targetNamespace": ns,
+                "values": {
+                    "greeter": {
+                        "namespace": {"create": True},
+                        "hooks": {"enabled": False},
+                        "audience": "${cluster.name}",
+                    }
+                },
+            },
+            "healthChecks": {"timeoutSeconds": 20},
+        }
+        assert lab.publish([bundle]) is not None
+        first = agent.tick()
+        assert first.outbound is not None and first.outbound.moved == (web,), first
+        assert conditions(kube, web)["Ready"]["status"] == "True"
+        assert live(kube, "v1", "ConfigMap", f"{web}-shop", ns) is not None
+        settings = live(kube, "v1", "ConfigMap", f"{web}-settings", ns)
+        assert settings is not None
+        assert settings["data"]["message"] == "hello, edge-1!"
+        assert settings["data"]["chartVersion"] == "1.1.0"  # the newest in ^1.0, pinned
+        # The agent read neither the index nor anything but the two pinned archives.
+        assert served.gets.count("/shop-0.1.0.tgz") == 2  # the hub's read, the agent's fetch
+        assert charts.gets.count("/index.yaml") == 1  # the hub's, once
+    finally:
+        served.close()

@@ -24,13 +24,14 @@ from agent.source.compose import ContentStore
 from agent.source.content import DigestMismatchError, InvalidSourceError
 from agent.source.git import GitFetcher
 from agent.source.oci import OciFetcher, OciSettings
-from hub.errors import ResolveError
+from hub.errors import ResolveError, SourceUnavailableError
 from hub.fleet.model import Bundle, ChartPin, SourceRef
 from hub.fleet.render import source_dicts
-from hub.resolve import Resolver
+from hub.resolve import Resolver, ResolveSettings
 from tests.realenv.gitserver import GitDaemon
 from tests.realenv.helm import HelmCli, StaticFiles, copy_chart
-from tests.realenv.registry import Registry
+from tests.realenv.oci import OciClient, push_bundle
+from tests.realenv.registry import Registry, free_port
 
 
 @pytest.fixture(scope="module")
@@ -411,3 +412,320 @@ def test_an_oci_dependency_is_pinned_by_its_tags_and_placed(
     assert sources[1]["destination"] == "shop/charts"
     objects = render(store, sources, tmp_path / "tree")
     assert message(objects, "shop") == "hello, registries!"
+
+
+def unvendored_chart(
+    root: Path, name: str, version: str, dependency: str, repository: str, values: str
+) -> Path:
+    """A chart directory ``root/<name>`` that lists ``greeter``-like ``dependency`` (a
+    ``name@range``) from ``repository`` without vendoring it."""
+    dep_name, dep_range = dependency.split("@")
+    chart = root / name
+    (chart / "templates").mkdir(parents=True)
+    (chart / "Chart.yaml").write_text(
+        f"apiVersion: v2\nname: {name}\nversion: {version}\ndependencies:\n"
+        f"  - name: {dep_name}\n    version: {dep_range!r}\n    repository: {repository}\n"
+    )
+    (chart / "values.yaml").write_text(values)
+    (chart / "templates" / "cm.yaml").write_text(
+        f"apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {name}\ndata: {{a: b}}\n"
+    )
+    return chart
+
+
+def tar(chart: Path, archive: Path, *, top: bool = True) -> Path:
+    """The chart as a ``.tgz`` made without helm (which would insist on vendoring), with the
+    chart in one top directory as Helm writes it, or (``top=False``) at the archive's root."""
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(archive, "w:gz") as out:
+        if top:
+            out.add(chart, arcname=chart.name)
+        else:
+            for entry in sorted(chart.iterdir()):
+                out.add(entry, arcname=entry.name)
+    return archive
+
+
+def helm_bundle(name: str, ref: SourceRef) -> Bundle:
+    return Bundle(
+        name=name,
+        file=f"bundles/{name}.yaml",
+        sources=(ref,),
+        spec={"format": "helm"},
+        targets=(),
+        overrides=(),
+    )
+
+
+def test_dependencies_of_a_chart_archive_over_http_are_pinned_by_the_hub(
+    helm: HelmCli, files: StaticFiles, store: ContentStore, tmp_path: Path
+) -> None:
+    """A chart .tgz over http (made by a tool other than `helm package`) that lists a
+    dependency it does not vendor: the hub hashes the archive once, reads its Chart.yaml, pins
+    the dependency from the Helm repository; the agent fetches both by pin and renders."""
+    make_repository(helm, files, tmp_path)
+    repo = files.url().rstrip("/")
+    chart = unvendored_chart(
+        tmp_path / "src", "shop", "0.3.0", "greeter@~1.0.0", repo, "greeter:\n  audience: http\n"
+    )
+    archive = tar(chart, files.root / "archives" / "shop-0.3.0.tgz")
+    url = files.url("archives/shop-0.3.0.tgz")
+    ref = SourceRef(kind="http", uri=url, ref_field="url", ref=url)
+    before = len(files.gets)
+    with Resolver() as resolver:
+        pin = resolver.resolve_bundles([helm_bundle("shop", ref)])[ref]
+    assert files.gets[before:].count("/archives/shop-0.3.0.tgz") == 1  # hashed and read at once
+    assert isinstance(pin, ChartPin) and pin.pin == sha256(archive)
+    [dependency] = pin.dependencies
+    assert (dependency.kind, dependency.chart, dependency.version, dependency.destination) == (
+        "helm",
+        "greeter",
+        "1.0.0",
+        "shop/charts",
+    )
+    sources = source_dicts(ref, pin)
+    assert sources[0] == {"kind": "http", "uri": url, "sha256": sha256(archive)}
+    assert sources[1]["kind"] == "helm" and sources[1]["destination"] == "shop/charts"
+    objects = render(store, sources, tmp_path / "tree")
+    assert (tmp_path / "tree" / "shop" / "charts" / "greeter" / "Chart.yaml").is_file()
+    assert message(objects, "shop") == "v1.0.0, http!"
+
+    # Pinned by the bundle: the same pin, and content that no longer matches is refused.
+    pinned = SourceRef(kind="http", uri=url, ref_field="sha256", ref=sha256(archive))
+    wrong = SourceRef(kind="http", uri=url, ref_field="sha256", ref="0" * 64)
+    with Resolver() as resolver:
+        assert resolver.resolve_bundles([helm_bundle("shop", pinned)])[pinned] == pin
+    with Resolver() as resolver, pytest.raises(ResolveError) as refused:
+        resolver.resolve_bundles([helm_bundle("shop", wrong)])
+    assert refused.value.failures[0][2] == (
+        f"content hashes to sha256 {sha256(archive)}, the bundle pins {'0' * 64}"
+    )
+
+    # A plain bundle of the same archive is only hashed.
+    plain = Bundle(
+        name="raw", file="bundles/raw.yaml", sources=(ref,), spec={}, targets=(), overrides=()
+    )
+    with Resolver() as resolver:
+        assert resolver.resolve_bundles([plain])[ref] == sha256(archive)
+
+    # A chart at the archive's root (no top directory): its dependencies go to charts/.
+    flat = tar(chart, files.root / "archives" / "flat.tgz", top=False)
+    flat_url = files.url("archives/flat.tgz")
+    flat_ref = SourceRef(kind="http", uri=flat_url, ref_field="url", ref=flat_url)
+    with Resolver() as resolver:
+        flat_pin = resolver.resolve_bundles([helm_bundle("shop", flat_ref)])[flat_ref]
+    assert isinstance(flat_pin, ChartPin) and flat_pin.pin == sha256(flat)
+    assert [d.destination for d in flat_pin.dependencies] == ["charts"]
+    objects = render(store, source_dicts(flat_ref, flat_pin), tmp_path / "flat-tree")
+    assert message(objects, "shop") == "v1.0.0, http!"
+
+
+def test_dependencies_of_an_oci_chart_are_pinned_by_the_hub(
+    helm: HelmCli, files: StaticFiles, registry: Registry, store: ContentStore, tmp_path: Path
+) -> None:
+    """An OCI chart (Helm's media types) pushed without its dependency, by tag and by tag
+    range: the hub reads the chart layer at the pinned digest and pins the dependency."""
+    make_repository(helm, files, tmp_path)
+    repo = files.url().rstrip("/")
+    chart = unvendored_chart(
+        tmp_path / "src", "shop", "0.4.0", "greeter@^1.0", repo, "greeter:\n  audience: oci\n"
+    )
+    digest = helm.push(
+        tar(chart, tmp_path / "pkg" / "shop-0.4.0.tgz"), registry.host, namespace="apps"
+    )
+    uri = f"{registry.host}/apps/shop"
+    by_tag = SourceRef(kind="image", uri=uri, ref_field="tag", ref="0.4.0")
+    by_range = SourceRef(kind="image", uri=uri, ref_field="version", ref="0.x")
+    by_digest = SourceRef(kind="image", uri=uri, ref_field="digest", ref=digest)
+    with Resolver() as resolver:
+        pins = resolver.resolve_bundles(
+            [helm_bundle("a", by_tag), helm_bundle("b", by_range), helm_bundle("c", by_digest)]
+        )
+    for ref in (by_tag, by_range, by_digest):
+        pin = pins[ref]
+        assert isinstance(pin, ChartPin) and pin.pin == digest
+        [dependency] = pin.dependencies
+        assert (dependency.chart, dependency.version, dependency.destination) == (
+            "greeter",
+            "1.1.0",
+            "shop/charts",
+        )
+    range_pin = pins[by_range]
+    assert isinstance(range_pin, ChartPin) and (range_pin.version, range_pin.tag) == (
+        "0.4.0",
+        "0.4.0",
+    )
+    assert source_dicts(by_range, range_pin)[0]["uri"] == f"{uri}:0.4.0"
+    sources = source_dicts(by_tag, pins[by_tag])
+    assert sources[0] == {"kind": "image", "uri": uri, "digest": digest}
+    objects = render(store, sources, tmp_path / "tree")
+    assert message(objects, "shop") == "v1.1.0, oci!"
+
+    # A plain bundle of the same image is pinned by its digest alone.
+    plain = Bundle(
+        name="raw", file="bundles/raw.yaml", sources=(by_tag,), spec={}, targets=(), overrides=()
+    )
+    with Resolver() as resolver:
+        assert resolver.resolve_bundles([plain])[by_tag] == digest
+
+
+def test_dependencies_of_an_oci_dependency_are_pinned_under_it(
+    helm: HelmCli, files: StaticFiles, registry: Registry, store: ContentStore, tmp_path: Path
+) -> None:
+    """An http chart needs an OCI chart that itself needs a Helm repository chart, none
+    vendored: each lands in its parent's charts/."""
+    make_repository(helm, files, tmp_path)
+    repo = files.url().rstrip("/")
+    mid = unvendored_chart(
+        tmp_path / "mid-src", "mid", "2.1.0", "greeter@~1.0", repo, "greeter:\n  audience: mid\n"
+    )
+    helm.push(tar(mid, tmp_path / "pkg" / "mid-2.1.0.tgz"), registry.host, namespace="nested")
+    top = unvendored_chart(
+        tmp_path / "top-src",
+        "top",
+        "1.0.0",
+        "mid@^2",
+        f"oci://{registry.host}/nested",
+        "mid:\n  greeter:\n    audience: nested charts\n",
+    )
+    tar(top, files.root / "top-1.0.0.tgz")
+    url = files.url("top-1.0.0.tgz")
+    ref = SourceRef(kind="http", uri=url, ref_field="url", ref=url)
+    with Resolver() as resolver:
+        pin = resolver.resolve_bundles([helm_bundle("top", ref)])[ref]
+    assert isinstance(pin, ChartPin)
+    assert [(d.kind, d.chart, d.version, d.destination) for d in pin.dependencies] == [
+        ("image", "mid", "2.1.0", "top/charts"),
+        ("helm", "greeter", "1.0.0", "top/charts/mid/charts"),
+    ]
+    objects = render(store, source_dicts(ref, pin), tmp_path / "tree")
+    assert (tmp_path / "tree" / "top" / "charts" / "mid" / "charts" / "greeter").is_dir()
+    assert message(objects, "top") == "v1.0.0, nested charts!"
+
+
+def test_a_dependency_that_cannot_be_pinned_is_refused_naming_chart_dependency_and_range(
+    helm: HelmCli, files: StaticFiles, registry: Registry, tmp_path: Path
+) -> None:
+    make_repository(helm, files, tmp_path)
+    repo = files.url().rstrip("/")
+    helm.push(
+        helm.package(copy_chart("greeter", tmp_path / "g"), tmp_path / "g-pkg"),
+        registry.host,
+        namespace="bad-deps",
+    )
+    down = f"http://127.0.0.1:{free_port()}/charts"
+    cases = {
+        "no-version": ("greeter@^9", repo),
+        "no-tag": ("greeter@^9", f"oci://{registry.host}/bad-deps"),
+        "no-repository": ("greeter@^1", "file://../greeter"),
+        "unreachable": ("greeter@~1.0", down),
+    }
+    refs = {}
+    for name, (dependency, repository) in cases.items():
+        chart = unvendored_chart(tmp_path / name, "shop", "0.1.0", dependency, repository, "")
+        tar(chart, files.root / f"{name}.tgz")
+        url = files.url(f"{name}.tgz")
+        refs[name] = SourceRef(kind="http", uri=url, ref_field="url", ref=url)
+    settings = ResolveSettings(attempts=1, backoff=0.0, timeout=5.0)
+    with Resolver(settings=settings) as resolver, pytest.raises(ResolveError) as refused:
+        resolver.resolve_bundles([helm_bundle(name, ref) for name, ref in refs.items()])
+    problems = {bundle: problem for bundle, _, problem in refused.value.failures}
+    assert problems["no-version"].startswith(
+        f"chart shop: dependency greeter version '^9' from {repo!r}: "
+        "no version of greeter in the range '^9' (newest: "
+    )
+    assert problems["no-tag"] == (
+        f"chart shop: dependency greeter version '^9' from 'oci://{registry.host}/bad-deps': "
+        "no tag in the range '^9' (tags: 1.0.0)"
+    )
+    assert problems["no-repository"] == (
+        "chart shop: dependency greeter version '^1' from 'file://../greeter': not vendored in "
+        "charts/, and only http(s):// and oci:// repositories can be pinned"
+    )
+    # The unreachable repository is reported once the missing ones are fixed (a retry may help).
+    del refs["no-version"], refs["no-tag"], refs["no-repository"]
+    with Resolver(settings=settings) as resolver, pytest.raises(SourceUnavailableError) as gone:
+        resolver.resolve_bundles([helm_bundle(name, ref) for name, ref in refs.items()])
+    [(bundle_name, reference, problem)] = gone.value.failures
+    assert (bundle_name, reference) == ("unreachable", f"http {files.url('unreachable.tgz')}")
+    assert problem.startswith(
+        f"chart shop: dependency greeter version '~1.0' from {down!r}: unreachable after 1 "
+        "attempts ("
+    )
+
+
+def test_a_chart_pinned_in_the_fleet_publishes_without_its_server(
+    helm: HelmCli, registry: Registry, tmp_path: Path
+) -> None:
+    """Reading a pinned chart for its dependencies is best effort: with its server down (one
+    attempt) or without the content, the pin is kept as written, as a fleet of pins always
+    published offline and the agent reports what it cannot fetch; an image that is not a Helm
+    chart is kept as is too."""
+    down = f"127.0.0.1:{free_port()}"
+    http_pin = SourceRef(
+        kind="http", uri=f"http://{down}/shop.tgz", ref_field="sha256", ref="a" * 64
+    )
+    image_pin = SourceRef(
+        kind="image", uri=f"{down}/apps/shop", ref_field="digest", ref="sha256:" + "b" * 64
+    )
+    # A fleetlet bundle artifact (its own media types) holding a chart directory.
+    plain = copy_chart("greeter", tmp_path / "plain")
+    push_bundle(OciClient(host=registry.host), "apps/not-a-chart", plain.parent, tag="1")
+    not_chart = SourceRef(
+        kind="image", uri=f"{registry.host}/apps/not-a-chart", ref_field="tag", ref="1"
+    )
+    absent = SourceRef(
+        kind="image",
+        uri=f"{registry.host}/apps/absent",
+        ref_field="digest",
+        ref="sha256:" + "c" * 64,
+    )
+    with Resolver() as resolver:
+        pins = resolver.resolve_bundles(
+            [
+                helm_bundle("a", http_pin),
+                helm_bundle("b", image_pin),
+                helm_bundle("c", not_chart),
+                helm_bundle("d", absent),
+            ]
+        )
+        assert resolver.requests["http"] == 1  # no retries for a best-effort read
+    assert pins[http_pin] == "a" * 64
+    assert pins[image_pin] == "sha256:" + "b" * 64
+    assert pins[absent] == "sha256:" + "c" * 64
+    assert isinstance(pins[not_chart], str) and pins[not_chart].startswith("sha256:")
+
+
+def test_hub_diff_renders_a_helm_bundle_with_its_pinned_dependencies(
+    helm: HelmCli, files: StaticFiles, tmp_path: Path
+) -> None:
+    """`hub diff --cluster` renders set entries with the agent's formats: a helm bundle whose
+    dependency the hub pinned renders there too (with Helm's default capabilities: the hub
+    does not know the cluster's)."""
+    from agent.api import BundleDeploymentEntry
+    from agent.render.tools import ToolSettings
+    from hub.preview import BundleRenderer
+
+    make_repository(helm, files, tmp_path)
+    chart = unvendored_chart(
+        tmp_path / "src",
+        "shop",
+        "0.3.0",
+        "greeter@^1.0",
+        files.url().rstrip("/"),
+        "greeter:\n  audience: reviewers\n",
+    )
+    tar(chart, files.root / "shop.tgz")
+    url = files.url("shop.tgz")
+    ref = SourceRef(kind="http", uri=url, ref_field="url", ref=url)
+    with Resolver() as resolver:
+        pin = resolver.resolve_bundles([helm_bundle("shop", ref)])[ref]
+    entry = from_dict(
+        BundleDeploymentEntry,
+        {"name": "shop", "spec": {"format": "helm", "sources": source_dicts(ref, pin)}},
+    )
+    renderer = BundleRenderer(
+        cache_dir=tmp_path / "preview", tools=ToolSettings.from_env(), plain_http=True
+    )
+    objects = renderer.render([entry], serial=1)["shop"]
+    assert message(objects, "shop") == "v1.1.0, reviewers!"

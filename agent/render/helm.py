@@ -20,7 +20,8 @@ with:
   directory (no repositories, no registry logins, no plugins, so no post-renderer), no
   kubeconfig, and proxies pointing at a closed local port, so any attempt to reach out fails
   at once. A chart whose dependencies are not in its ``charts/`` is refused before helm runs
-  (the hub pins non-vendored dependencies of Helm repository charts as extra sources).
+  (the hub pins the non-vendored dependencies of a chart as extra sources, whatever source
+  kind the chart comes from, when it publishes the chart as a ``helm`` bundle).
 
 Helm hooks stay in the output with their annotations (``helm.sh/hook``, ``-weight``,
 ``-delete-policy``), test hooks included: the reconcile runs them as ordered stages of the
@@ -222,8 +223,8 @@ def check_dependencies(
     if missing:
         raise HelmChartError(
             f"dependencies not in {_relative(chart / 'charts', tree)}/: {', '.join(missing)}. "
-            "Rendering never downloads: vendor them (helm dependency build) or take the chart "
-            "from a Helm repository source (kind: helm), whose dependencies the hub pins",
+            "Rendering never downloads: vendor them (helm dependency build) or publish the "
+            "bundle through the hub (format: helm), which pins them as extra sources",
             source=source,
             file=_relative(chart / _CHART_FILE, tree),
             rule="MissingDependency",

@@ -13,8 +13,9 @@ is replaced, ``null`` removes a key); ``patches`` are appended; ``paused``, ``ap
 so each set holds its cluster's final values.
 
 A source resolved from a version range (a Helm repository chart, an OCI chart tag range) is
-written with its exact version, and the dependencies the hub pinned for it follow it as extra
-sources placed under the chart's ``charts/``.
+written with its exact version; the dependencies the hub pinned for a chart (from a Helm
+repository, an OCI registry, an http archive or a git directory) follow it as extra sources
+placed under the chart's ``charts/``.
 """
 
 from __future__ import annotations
@@ -167,6 +168,8 @@ def source_dicts(src: SourceRef, pin: Pin) -> list[dict[str, Any]]:
         return [{"kind": src.kind, "uri": src.uri, field: pin, **extra}]
     if src.kind == "git":  # a chart directory whose dependencies the hub pinned
         out: dict[str, Any] = {"kind": "git", "uri": src.uri, "commit": pin.pin}
+    elif src.kind == "http":  # a chart archive whose dependencies the hub pinned
+        out = {"kind": "http", "uri": src.uri, "sha256": pin.pin}
     elif src.kind == "helm":
         out = {
             "kind": "helm",
@@ -176,8 +179,10 @@ def source_dicts(src: SourceRef, pin: Pin) -> list[dict[str, Any]]:
             "archiveUrl": pin.archive_url,
             "sha256": pin.pin,
         }
-    else:  # an OCI chart from a tag range: the tag is informational, the digest is the pin
+    elif pin.tag is not None:  # from a tag range: the tag is informational, the digest pins
         out = {"kind": "image", "uri": f"{src.uri}:{pin.tag}", "digest": pin.pin}
+    else:  # an OCI chart by tag or digest whose dependencies the hub pinned
+        out = {"kind": "image", "uri": src.uri, "digest": pin.pin}
     out.update(extra)
     sources = [out]
     base = str(extra.get("destination") or "").strip("/")

@@ -4,7 +4,9 @@ Pure functions over bytes the resolver downloaded: :func:`parse_index` (a Helm r
 ``index.yaml``, bounded), :func:`pick_version` (the highest version in a SemVer range, Helm's
 syntax, pre-releases only when the range names one), :func:`read_archive` (a chart archive's
 top directory, ``Chart.yaml`` and which dependencies it vendors in ``charts/``, read from the
-tar stream without unpacking it) and :func:`missing_dependencies`.
+tar stream without unpacking it), :func:`chart_in_archive` (the same for an archive over http
+or an OCI chart layer, where the chart may also sit at the top), :func:`chart_in_tree` (a
+chart directory in git) and :func:`missing_dependencies`.
 
 Each refusal is a :class:`ChartError` with a message naming what is wrong.
 """
@@ -39,6 +41,10 @@ _ARCHIVE_NAME = re.compile(r"^(.+?)-v?\d")
 
 class ChartError(Exception):
     """A repository index or chart archive is not usable (the message says why)."""
+
+
+class NotAnArchiveError(ChartError):
+    """The bytes are not a tar archive at all."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,10 +109,47 @@ def pick_version(versions: Iterable[str], wanted: str) -> str | None:
 
 
 def read_archive(path: Path) -> ArchiveChart:
-    """Read a chart archive (``.tgz``) without unpacking it. Raises ChartError."""
+    """Read a chart archive (``.tgz``, one top directory: the chart) without unpacking it.
+    Raises ChartError."""
+    tops, files = _scan(path)
+    if len(tops) != 1:
+        raise ChartError(
+            f"a chart archive holds one directory, this one holds {len(tops)}: "
+            f"{', '.join(sorted(tops)[:5])}"
+        )
+    return _archive_chart(files, tops.pop())
+
+
+def chart_in_archive(path: Path) -> ArchiveChart | None:
+    """The chart of an archive as the helm format finds it once the archive is unpacked:
+    ``Chart.yaml`` at the top (``top`` is then ``""``), else the one directory at the top that
+    holds one; None when there is no single chart there, or no tar archive at all (an http
+    source's bytes: the agent says what they are).
+
+    Raises ChartError for an unreadable ``Chart.yaml`` or a damaged archive.
+    """
+    try:
+        _tops, files = _scan(path)
+    except NotAnArchiveError:
+        return None
+    if "Chart.yaml" in files:
+        return _archive_chart(files, "")
+    candidates = {
+        p.split("/")[0]
+        for p in files
+        if p.count("/") == 1 and p.endswith("/Chart.yaml") and not p.startswith(".")
+    }
+    if len(candidates) != 1:
+        return None
+    return _archive_chart(files, candidates.pop())
+
+
+def _scan(path: Path) -> tuple[set[str], dict[str, bytes | None]]:
+    """The names at the top of an archive, and its regular files: the bytes of the chart
+    metadata files a chart at the top or one level down can have (its own and its vendored
+    subcharts' ``Chart.yaml`` and ``requirements.yaml``), None for the others."""
     tops: set[str] = set()
-    files: dict[str, bytes] = {}
-    subcharts: set[str] = set()
+    files: dict[str, bytes | None] = {}
     try:
         with tarfile.open(path, "r:*") as archive:
             for count, member in enumerate(archive):
@@ -116,43 +159,51 @@ def read_archive(path: Path) -> ArchiveChart:
                 if not parts or ".." in parts:
                     continue
                 tops.add(parts[0])
-                rest = parts[1:]
                 if not member.isfile():
                     continue
-                keep = rest in (["Chart.yaml"], ["requirements.yaml"])
-                if len(rest) == 2 and rest[0] == "charts" and rest[1].endswith((".tgz", ".tar.gz")):
-                    match = _ARCHIVE_NAME.match(rest[1])
-                    if match:
-                        subcharts.add(match.group(1))
-                elif len(rest) == 3 and rest[0] == "charts" and rest[2] == "Chart.yaml":
-                    subcharts.add(rest[1])
-                    keep = True
-                if keep:
-                    if member.size > _CHART_YAML_LIMITS.max_file_bytes:
-                        raise ChartError(f"{member.name} is larger than 1 MiB")
-                    handle = archive.extractfile(member)
-                    if handle is not None:
-                        files["/".join(rest)] = handle.read()
+                name = "/".join(parts)
+                files[name] = None
+                if parts[-1] not in ("Chart.yaml", "requirements.yaml") or len(parts) > 4:
+                    continue
+                if member.size > _CHART_YAML_LIMITS.max_file_bytes:
+                    raise ChartError(f"{member.name} is larger than 1 MiB")
+                handle = archive.extractfile(member)
+                if handle is not None:
+                    files[name] = handle.read()
+    except tarfile.ReadError as exc:
+        if not tops:
+            raise NotAnArchiveError(f"not a readable chart archive: {exc}") from exc
+        raise ChartError(f"not a readable chart archive: {exc}") from exc
     except (tarfile.TarError, OSError, EOFError) as exc:
         raise ChartError(f"not a readable chart archive: {exc}") from exc
-    if len(tops) != 1:
-        raise ChartError(
-            f"a chart archive holds one directory, this one holds {len(tops)}: "
-            f"{', '.join(sorted(tops)[:5])}"
-        )
-    top = tops.pop()
-    metadata = _yaml_mapping(files.get("Chart.yaml"), f"{top}/Chart.yaml")
+    return tops, files
+
+
+def _archive_chart(files: Mapping[str, bytes | None], top: str) -> ArchiveChart:
+    """The chart at ``top`` (``""``: the archive's root) of a scanned archive."""
+    prefix = f"{top}/" if top else ""
+    where = top or "."
+    metadata = _yaml_mapping(files.get(f"{prefix}Chart.yaml"), f"{where}/Chart.yaml")
     if not isinstance(metadata.get("name"), str):
-        raise ChartError(f"{top}/Chart.yaml has no chart name")
-    if metadata.get("apiVersion") == "v1" and "requirements.yaml" in files:
-        requirements = _yaml_mapping(files["requirements.yaml"], f"{top}/requirements.yaml")
-        metadata = {**metadata, "dependencies": requirements.get("dependencies")}
-    for name in list(subcharts):
-        nested = files.get(f"charts/{name}/Chart.yaml")
-        if nested is not None:
-            with_name = _yaml_mapping(nested, f"{top}/charts/{name}/Chart.yaml").get("name")
-            if isinstance(with_name, str):
-                subcharts.add(with_name)
+        raise ChartError(f"{where}/Chart.yaml has no chart name")
+    requirements = files.get(f"{prefix}requirements.yaml")
+    if metadata.get("apiVersion") == "v1" and requirements is not None:
+        declared = _yaml_mapping(requirements, f"{where}/requirements.yaml")
+        metadata = {**metadata, "dependencies": declared.get("dependencies")}
+    subcharts: set[str] = set()
+    for name, data in files.items():
+        if not name.startswith(f"{prefix}charts/"):
+            continue
+        rest = name[len(prefix) + len("charts/") :].split("/")
+        if len(rest) == 1 and rest[0].endswith((".tgz", ".tar.gz")):
+            match = _ARCHIVE_NAME.match(rest[0])
+            if match:
+                subcharts.add(match.group(1))
+        elif len(rest) == 2 and rest[1] == "Chart.yaml":
+            subcharts.add(rest[0])
+            nested = _yaml_mapping(data, f"{where}/charts/{rest[0]}/Chart.yaml").get("name")
+            if isinstance(nested, str):
+                subcharts.add(nested)
     return ArchiveChart(top=top, metadata=metadata, vendored=frozenset(subcharts))
 
 
@@ -242,6 +293,8 @@ __all__ = [
     "ArchiveChart",
     "ChartError",
     "IndexEntry",
+    "NotAnArchiveError",
+    "chart_in_archive",
     "chart_in_tree",
     "missing_dependencies",
     "parse_index",

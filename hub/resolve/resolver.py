@@ -11,6 +11,9 @@
   are pinned the same way (Helm repositories) or as OCI charts, recursively;
 - OCI repository + version range -> the highest tag in the range (tags listed once per
   repository; Helm writes ``+`` as ``_``), then its manifest digest;
+- the chart of a ``helm`` bundle from git (the pinned commit's ``Chart.yaml``), from an http
+  archive (downloaded once, hashed) or from an OCI chart (Helm's media types: the chart layer,
+  checked against its descriptor): dependencies it does not vendor are pinned as above;
 - already-pinned references are kept (their syntax was checked when the fleet was loaded).
 
 Results are cached in the :class:`Resolver`, so a tag used by 10,000 clusters costs one request.
@@ -21,8 +24,10 @@ reference: :class:`~hub.errors.ResolveError` (the reference does not exist) or
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import http.client
+import json
 import re
 import tempfile
 import urllib.error
@@ -39,6 +44,7 @@ import requests
 from agent.api.pins import is_digest
 from agent.backoff import attempts
 from agent.source.content import AuthenticationError, Credentials
+from agent.source.oci import HELM_CHART_LAYER_MEDIA_TYPE
 from agent.source.registry import (
     RegistryClient,
     RegistryProtocolError,
@@ -48,8 +54,10 @@ from agent.source.registry import (
 from hub.errors import ResolveError, SourceUnavailableError
 from hub.fleet.model import Bundle, ChartDependency, ChartPin, Pin, SourceRef
 from hub.resolve.charts import (
+    ArchiveChart,
     ChartError,
     IndexEntry,
+    chart_in_archive,
     chart_in_tree,
     missing_dependencies,
     parse_index,
@@ -70,10 +78,15 @@ _LOOPBACK = ("127.0.0.1", "localhost", "[::1]")
 # Dependencies of dependencies...: deeper than this is a loop or a mistake.
 _MAX_CHART_DEPTH = 5
 _TAGS_PAGE = 1000
+_MAX_MANIFEST_BYTES = 4 * 1024 * 1024
 
 
 class _NotFound(Exception):
     """The server answered: this reference does not exist."""
+
+
+class _Refused(_NotFound):
+    """The server answered with an error status or refused access (no content to judge)."""
 
 
 class _Unavailable(Exception):
@@ -95,15 +108,20 @@ class ResolveSettings:
 
 
 def _ask(
-    client: RegistryClient, url: str, method: str, headers: dict[str, str] | None = None
+    client: RegistryClient,
+    url: str,
+    method: str,
+    headers: dict[str, str] | None = None,
+    *,
+    stream: bool = False,
 ) -> requests.Response:
     """One request through the shared registry client, its errors as the resolver's: refused
     access or a request that cannot be made is _NotFound, an unreachable registry
     _Unavailable."""
     try:
-        response: requests.Response = client.do_request(url, method, headers=headers)
+        response: requests.Response = client.do_request(url, method, headers=headers, stream=stream)
     except (AuthenticationError, RegistryProtocolError) as exc:
-        raise _NotFound(f"registry refused access: {exc}") from exc
+        raise _Refused(f"registry refused access: {exc}") from exc
     except RegistryUnavailableError as exc:
         raise _Unavailable(str(exc)) from exc
     return response
@@ -148,7 +166,9 @@ class Resolver:
         self._charts: dict[tuple[str, str, str], ChartPin] = {}
         self._tags: dict[str, list[str]] = {}
         self._git_charts: dict[tuple[str, str, str], Pin] = {}
-        self._registries: dict[tuple[str, bool], RegistryClient] = {}
+        self._http_charts: dict[tuple[str, str, str], Pin] = {}
+        self._oci_charts: dict[tuple[str, str], tuple[ChartDependency, ...]] = {}
+        self._registries: dict[tuple[str, bool, int], RegistryClient] = {}
         self._scratch: tempfile.TemporaryDirectory[str] | None = None
         self._scratch_repo: pygit2.Repository | None = None
         self.requests = {"image": 0, "git": 0, "http": 0, "helm": 0}
@@ -184,10 +204,16 @@ class Resolver:
         total = len(users)
         for done, (src, names) in enumerate(sorted(users.items(), key=lambda kv: _key(kv[0]))):
             try:
-                pins[src] = self.resolve(src)
-                if src.kind == "git" and formats[src] == {"helm"}:
-                    # A chart directory in git may list dependencies it does not vendor.
+                chart = formats[src] == {"helm"}
+                # The chart of a helm bundle may list dependencies it does not vendor.
+                if chart and src.kind == "http":
+                    pins[src] = self._http_chart(src)  # one download hashes it and reads it
+                else:
+                    pins[src] = self.resolve(src)
+                if chart and src.kind == "git":
                     pins[src] = self._git_chart(src, str(pins[src]))
+                elif chart and src.kind == "image":
+                    pins[src] = self._oci_chart(src, pins[src])
             except _NotFound as exc:
                 missing.extend((n, src.describe(), str(exc)) for n in sorted(set(names)))
             except _Unavailable as exc:
@@ -224,12 +250,17 @@ class Resolver:
 
     # --- OCI ------------------------------------------------------------------------------
 
-    def _registry(self, uri: str) -> tuple[RegistryClient, str, str, bool]:
+    def _registry(
+        self, uri: str, *, tries: int | None = None
+    ) -> tuple[RegistryClient, str, str, bool]:
+        """The registry client for ``uri`` (``tries`` attempts per request, default the
+        settings'), its host, repository and whether it speaks plain HTTP."""
         try:
             host, repo, plain = split_oci_uri(uri, self.settings.insecure_registries)
         except ValueError as exc:
             raise _NotFound(str(exc)) from exc
-        client = self._registries.get((host, plain))
+        tries = tries or self.settings.attempts
+        client = self._registries.get((host, plain, tries))
         if client is None:
             user, password = (self.settings.registry_credentials or {}).get(host, (None, None))
             client = RegistryClient(
@@ -237,14 +268,14 @@ class Resolver:
                 settings=RegistrySettings(
                     plain_http=plain,
                     timeout=self.settings.timeout,
-                    attempts=self.settings.attempts,
+                    attempts=tries,
                     backoff=self.settings.backoff,
                     user_agent=self.settings.user_agent,
                 ),
                 credentials=Credentials(username=user, password=password) if user else None,
                 source=f"registry {host}",
             )
-            self._registries[(host, plain)] = client
+            self._registries[(host, plain, tries)] = client
         return client, host, repo, plain
 
     def _oci_tag(self, uri: str, tag: str) -> str:
@@ -301,6 +332,110 @@ class Resolver:
         self._tags[uri] = tags
         return tags
 
+    def _oci_chart(self, src: SourceRef, pin: Pin) -> Pin:
+        """The pin of a helm bundle's OCI chart with the dependencies it does not vendor.
+
+        A digest written in the fleet whose chart cannot be fetched (the registry unreachable
+        at one attempt, or answering with an error: the pin is valid without this read) is kept
+        as is, as before: publishing a pinned fleet needs no network (the agent names any
+        dependency then missing, and the next resolve pins it). Content that contradicts the
+        digest is refused.
+        """
+        digest = pin.pin if isinstance(pin, ChartPin) else pin
+        dependencies = self._oci_dependencies(src.uri, digest, depth=0, offline_ok=src.pinned)
+        return _with_dependencies(pin, dependencies)
+
+    def _oci_dependencies(
+        self, uri: str, digest: str, *, depth: int, offline_ok: bool = False
+    ) -> tuple[ChartDependency, ...]:
+        """The dependencies the chart at ``uri@digest`` lists and does not vendor, pinned
+        (none for an artifact that is not a Helm chart: the agent says what it is; none when
+        ``offline_ok`` and the registry does not give the chart at the first attempt)."""
+        key = (uri, digest)
+        cached = self._oci_charts.get(key)
+        if cached is not None:
+            return cached
+        with tempfile.TemporaryDirectory(prefix="fleetlet-chart-") as scratch:
+            path = Path(scratch) / "chart.tgz"
+            try:
+                found = self._oci_chart_layer(uri, digest, path, tries=1 if offline_ok else None)
+            except (_Unavailable, _Refused):
+                if offline_ok:
+                    return ()
+                raise
+            chart = _read_chart(path, where=f"{uri}@{digest}") if found else None
+        dependencies = self._chart_dependencies(chart, depth=depth) if chart else ()
+        self._oci_charts[key] = dependencies
+        return dependencies
+
+    def _oci_chart_layer(
+        self, uri: str, digest: str, out: Path, *, tries: int | None = None
+    ) -> bool:
+        """Download the Helm chart layer of the manifest ``digest`` into ``out``, checked
+        against the manifest's descriptor; False when the manifest has no single chart layer."""
+        client, host, repo, plain = self._registry(uri, tries=tries)
+        base = f"{'http' if plain else 'https'}://{host}/v2/{repo}"
+        self.requests["image"] += 1
+        response = _ask(
+            client, f"{base}/manifests/{digest}", "GET", {"Accept": _OCI_ACCEPT}, stream=True
+        )
+        with response:
+            if response.status_code != 200:
+                raise _Refused(f"GET manifest {digest}: HTTP {response.status_code}")
+            body = b""
+            try:
+                for chunk in response.iter_content(1 << 16):
+                    body += chunk
+                    if len(body) > _MAX_MANIFEST_BYTES:
+                        raise _NotFound(
+                            f"manifest {digest} is larger than {_MAX_MANIFEST_BYTES} bytes"
+                        )
+            except requests.RequestException as exc:
+                raise _Unavailable(f"download of manifest {digest} failed: {exc}") from exc
+        actual = "sha256:" + hashlib.sha256(body).hexdigest()
+        if actual != digest:
+            raise _NotFound(f"manifest bytes hash to {actual}, the pin is {digest}")
+        try:
+            manifest = json.loads(body)
+        except ValueError as exc:
+            raise _NotFound(f"manifest {digest} is not JSON: {exc}") from exc
+        layers = manifest.get("layers") if isinstance(manifest, dict) else None
+        charts = [
+            layer
+            for layer in (layers if isinstance(layers, list) else [])
+            if isinstance(layer, dict) and layer.get("mediaType") == HELM_CHART_LAYER_MEDIA_TYPE
+        ]
+        if len(charts) != 1:
+            return False
+        blob, size = charts[0].get("digest"), charts[0].get("size")
+        if not isinstance(blob, str) or not is_digest(blob) or not isinstance(size, int):
+            raise _NotFound(f"manifest {digest}: the chart layer's descriptor is malformed")
+        if size > self.settings.max_download_bytes:
+            raise _NotFound(
+                f"chart layer is {size} bytes, more than the {self.settings.max_download_bytes} "
+                "allowed"
+            )
+        self.requests["image"] += 1
+        response = _ask(client, f"{base}/blobs/{blob}", "GET", stream=True)
+        if response.status_code != 200:
+            response.close()
+            raise _Refused(f"GET chart layer {blob}: HTTP {response.status_code}")
+        hasher = hashlib.sha256()
+        got = 0
+        try:
+            with response, open(out, "wb") as sink:
+                for chunk in response.iter_content(1 << 16):
+                    got += len(chunk)
+                    if got > size:
+                        break
+                    hasher.update(chunk)
+                    sink.write(chunk)
+        except requests.RequestException as exc:
+            raise _Unavailable(f"download of chart layer {blob} failed: {exc}") from exc
+        if got != size or "sha256:" + hasher.hexdigest() != blob:
+            raise _NotFound(f"chart layer {blob} does not match its descriptor")
+        return True
+
     # --- helm -----------------------------------------------------------------------------
 
     def _helm_chart(self, repo: str, chart: str, wanted: str, *, depth: int) -> ChartPin:
@@ -332,79 +467,88 @@ class Resolver:
                 archive = read_archive(path)
             except ChartError as exc:
                 raise _NotFound(f"{archive_url}: {exc}") from exc
-        dependencies: list[ChartDependency] = []
-        for dependency in missing_dependencies(archive):
-            dependencies.extend(
-                self._dependency(dependency, parent=chart, top=archive.top, depth=depth)
-            )
         pin = ChartPin(
             version=version,
             pin=sha256,
             archive_url=archive_url,
-            dependencies=tuple(dependencies),
+            dependencies=self._chart_dependencies(archive, depth=depth),
         )
         self._charts[key] = pin
         return pin
+
+    def _chart_dependencies(
+        self, chart: ArchiveChart, *, depth: int
+    ) -> tuple[ChartDependency, ...]:
+        """The dependencies ``chart`` lists and does not vendor, pinned (theirs too), placed
+        under its ``charts/``."""
+        out: list[ChartDependency] = []
+        for dependency in missing_dependencies(chart):
+            out.extend(
+                self._dependency(
+                    dependency, parent=str(chart.metadata["name"]), top=chart.top, depth=depth
+                )
+            )
+        return tuple(out)
 
     def _dependency(
         self, dependency: Mapping[str, Any], *, parent: str, top: str, depth: int
     ) -> list[ChartDependency]:
         """One missing dependency of a chart (and its own missing ones), placed under
-        ``<top>/charts``."""
+        ``<top>/charts``. Its failures name the chart, the dependency and its range."""
         name = str(dependency["name"])
         repository = str(dependency.get("repository") or "")
         wanted = str(dependency.get("version") or "*")
-        where = f"{top}/charts" if top else "charts"
+        what = f"chart {parent}: dependency {name} version {wanted!r} from {repository or '-'!r}"
         if depth >= _MAX_CHART_DEPTH:
             raise _NotFound(f"chart {parent}: dependencies nested deeper than {_MAX_CHART_DEPTH}")
+        try:
+            return self._pin_dependency(name, repository, wanted, top=top, depth=depth)
+        except _NotFound as exc:
+            raise _NotFound(f"{what}: {exc}") from exc
+        except _Unavailable as exc:
+            raise _Unavailable(f"{what}: {exc}") from exc
+
+    def _pin_dependency(
+        self, name: str, repository: str, wanted: str, *, top: str, depth: int
+    ) -> list[ChartDependency]:
+        where = f"{top}/charts" if top else "charts"
         if repository.startswith(("http://", "https://")):
             pin = self._helm_chart(repository, name, wanted, depth=depth + 1)
-            out = [
-                ChartDependency(
-                    kind="helm",
-                    uri=repository,
-                    chart=name,
-                    version=pin.version,
-                    pin=pin.pin,
-                    archive_url=pin.archive_url,
-                    tag=None,
-                    destination=where,
-                )
-            ]
-            # Its own dependencies go under its directory (the archive's top is its name).
-            for nested in pin.dependencies:
-                out.append(
-                    ChartDependency(
-                        kind=nested.kind,
-                        uri=nested.uri,
-                        chart=nested.chart,
-                        version=nested.version,
-                        pin=nested.pin,
-                        archive_url=nested.archive_url,
-                        tag=nested.tag,
-                        destination=f"{where}/{nested.destination}",
-                    )
-                )
-            return out
-        if repository.startswith("oci://"):
+            placed = ChartDependency(
+                kind="helm",
+                uri=repository,
+                chart=name,
+                version=pin.version,
+                pin=pin.pin,
+                archive_url=pin.archive_url,
+                tag=None,
+                destination=where,
+            )
+        elif repository.startswith("oci://"):
             uri = f"{repository.removeprefix('oci://').rstrip('/')}/{name}"
             pin = self._oci_version(uri, wanted)
-            return [
-                ChartDependency(
-                    kind="image",
-                    uri=uri,
-                    chart=name,
-                    version=pin.version,
-                    pin=pin.pin,
-                    archive_url=None,
-                    tag=pin.tag,
-                    destination=where,
-                )
-            ]
-        raise _NotFound(
-            f"chart {parent}: dependency {name} from {repository or 'no repository'!r} is not "
-            "vendored in charts/ and only http(s):// and oci:// repositories can be pinned"
-        )
+            pin = dataclasses.replace(
+                pin, dependencies=self._oci_dependencies(uri, pin.pin, depth=depth + 1)
+            )
+            placed = ChartDependency(
+                kind="image",
+                uri=uri,
+                chart=name,
+                version=pin.version,
+                pin=pin.pin,
+                archive_url=None,
+                tag=pin.tag,
+                destination=where,
+            )
+        else:
+            raise _NotFound(
+                "not vendored in charts/, and only http(s):// and oci:// repositories can be pinned"
+            )
+        # Its own dependencies go under its directory (the archive's top is its name).
+        return [placed] + [
+            dataclasses.replace(nested, destination=f"{where}/{nested.destination}")
+            for nested in pin.dependencies
+        ]
 
     def _index(self, repo: str) -> dict[str, list[IndexEntry]]:
         cached = self._indexes.get(repo)
@@ -443,15 +587,7 @@ class Resolver:
                 raise _NotFound(f"commit {commit}: {exc}") from exc
         pin: Pin = commit
         if chart is not None:
-            dependencies: list[ChartDependency] = []
-            for dependency in missing_dependencies(chart):
-                dependencies.extend(
-                    self._dependency(
-                        dependency, parent=chart.metadata["name"], top=chart.top, depth=0
-                    )
-                )
-            if dependencies:
-                pin = ChartPin(version="", pin=commit, dependencies=tuple(dependencies))
+            pin = _with_dependencies(commit, self._chart_dependencies(chart, depth=0))
         self._git_charts[key] = pin
         return pin
 
@@ -523,11 +659,44 @@ class Resolver:
     def _http_sha256(self, url: str) -> str:
         return self._http_download(url, None)
 
-    def _http_download(self, url: str, sink: IO[bytes] | None) -> str:
-        """GET ``url`` (bounded, retried) into ``sink`` if given; returns the sha256 hex."""
+    def _http_chart(self, src: SourceRef) -> Pin:
+        """The sha256 of a helm bundle's chart archive over http (checked against the one the
+        bundle writes, if any), with the dependencies its chart lists and does not vendor.
+
+        An archive without a chart where the helm format looks for one is returned as is:
+        the agent then says what is missing. So is a sha256 written in the fleet whose archive
+        cannot be downloaded (one attempt: the pin is valid without this read): publishing a
+        pinned fleet needs no network. An archive that contradicts the sha256 is refused.
+        """
+        key = (src.uri, src.ref_field, src.ref)
+        cached = self._http_charts.get(key)
+        if cached is not None:
+            return cached
+        with tempfile.TemporaryDirectory(prefix="fleetlet-chart-") as scratch:
+            path = Path(scratch) / "chart.tgz"
+            try:
+                with open(path, "wb") as sink:
+                    sha256 = self._http_download(src.uri, sink, tries=1 if src.pinned else None)
+            except (_Unavailable, _NotFound):
+                if src.pinned:
+                    return src.ref
+                raise
+            if src.pinned and sha256 != src.ref:
+                raise _NotFound(f"content hashes to sha256 {sha256}, the bundle pins {src.ref}")
+            chart = _read_chart(path, where=src.uri)
+        pin: Pin = sha256
+        if chart is not None:
+            pin = _with_dependencies(sha256, self._chart_dependencies(chart, depth=0))
+        self._http_charts[key] = pin
+        return pin
+
+    def _http_download(self, url: str, sink: IO[bytes] | None, *, tries: int | None = None) -> str:
+        """GET ``url`` (bounded, retried ``tries`` times, default the settings') into ``sink``
+        if given; returns the sha256 hex."""
         failure = ""
         limit = self.settings.max_download_bytes
-        for _attempt in attempts(self.settings.attempts, initial=self.settings.backoff):
+        tries = tries or self.settings.attempts
+        for _attempt in attempts(tries, initial=self.settings.backoff):
             self.requests["http"] += 1
             request = urllib.request.Request(url, headers={"User-Agent": self.settings.user_agent})
             try:
@@ -559,7 +728,23 @@ class Resolver:
                 continue
             except ValueError as exc:  # http.client.InvalidURL and other malformed URLs
                 raise _NotFound(f"invalid URL: {exc}") from exc
-        raise _Unavailable(f"unreachable after {self.settings.attempts} attempts ({failure})")
+        raise _Unavailable(f"unreachable after {tries} attempts ({failure})")
+
+
+def _read_chart(path: Path, *, where: str) -> ArchiveChart | None:
+    try:
+        return chart_in_archive(path)
+    except ChartError as exc:
+        raise _NotFound(f"{where}: {exc}") from exc
+
+
+def _with_dependencies(pin: Pin, dependencies: tuple[ChartDependency, ...]) -> Pin:
+    """``pin`` carrying ``dependencies`` (as is when there are none)."""
+    if not dependencies:
+        return pin
+    if isinstance(pin, ChartPin):
+        return dataclasses.replace(pin, dependencies=dependencies)
+    return ChartPin(version="", pin=pin, dependencies=dependencies)
 
 
 def _git_not_found(message: str) -> bool:
