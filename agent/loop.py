@@ -94,6 +94,12 @@ class Agent:
         start, a temporary failure to retry, a failed target to retry later."""
         self._work = threading.Lock()  # one inbound/outbound at a time
 
+    @property
+    def pending_work(self) -> bool:
+        """Whether the outbound half has something to do without a new set (a temporary
+        failure to retry, a failed target retried later)."""
+        return self._pending_work
+
     # -- the whole reconcile ----------------------------------------------------------------
 
     def tick(self) -> TickResult:

@@ -8,6 +8,7 @@ Configuration is read here, at the edge, and passed down explicitly.
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Sequence
 
 from agent import __version__
@@ -18,7 +19,10 @@ from agent.errors import (
     NotImplementedYetError,
     TemporaryError,
 )
-from hub import cli as hub_cli
+
+AGENT_COMMANDS = frozenset({"agent", "render", "health"})
+"""Top-level commands of the agent: ``fleetlet agent run`` in a cluster never imports the hub
+(its CLI pulls in the hub's server and status code: about 28 MB and half a second)."""
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -33,7 +37,8 @@ def _demo(args: argparse.Namespace) -> int:
     return run_demo(args)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(*, agent_only: bool = False) -> argparse.ArgumentParser:
+    """The whole command tree; with ``agent_only``, the agent's commands alone."""
     parser = argparse.ArgumentParser(
         prog="fleetlet",
         description=(
@@ -45,6 +50,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"fleetlet {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    if agent_only:
+        agent_cli.register(sub)
+        return parser
+    from hub import cli as hub_cli
+
     hub_cli.register(sub)
     agent_cli.register(sub)
     hub_cli.register_installations(sub)
@@ -89,7 +99,8 @@ def _fail(message: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(agent_only=bool(argv) and argv[0] in AGENT_COMMANDS)
     args = parser.parse_args(argv)
     try:
         code: int = args.handler(args)

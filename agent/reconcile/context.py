@@ -25,6 +25,7 @@ from agent.report.metrics import Metrics
 from agent.report.outputs import OutputsStage
 from agent.report.runs import RunLog
 from agent.report.view import BundleView, BundleViews
+from agent.settings import ReconcileSettings
 
 Manifest = dict[str, Any]
 RenderFn = Callable[
@@ -32,34 +33,6 @@ RenderFn = Callable[
 ]
 """Renders some entries of a set: bundle name -> finished objects. Raises the inbound
 pipeline's errors (FetchError: temporary; ContentRefusedError, InvalidManifestError: not)."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class ReconcileSettings:
-    """How the agent moves groups."""
-
-    agent_namespace: str
-    """Where its own objects live (revision store, group records, runs, credentials)."""
-    health_interval: float = 1.0
-    """Seconds between two health assessments while waiting for a group."""
-    uninstall_failed_install: bool = False
-    """A first install that fails has no previous revision: leave it as it is (default, for
-    inspection; still known, so removing the bundle deletes it) or delete what it created."""
-    workers: int = 8
-    """Objects of a stage applied concurrently."""
-    parallel_groups: int = 4
-    """Independent groups (no ``dependsOn`` path between them) moved concurrently."""
-    retry_backoff: float = 30.0
-    """Seconds before a target refused for a reason the cluster caused (a missing namespace
-    or CRD, a webhook down) is tried again by itself; doubles with each attempt, up to 10
-    minutes."""
-    establish_timeout: float = 60.0
-    """Seconds a group's CRDs may take to become Established."""
-    failpoint: Callable[[str], None] | None = None
-    """Called with the name of each step of a move (``intent``, ``apply:<progress>``,
-    ``applied``, ``health``, ``healthy``, ``pruned``, ``stored``, ``finished``, ``rollback``,
-    ``rollback:applied``, ``rollback:pruned``): fault injection for crash tests
-    (``FLEETLET_FAILPOINT``); None in production."""
 
 
 class Identities:
