@@ -109,10 +109,15 @@ def _build_agent(args: argparse.Namespace) -> Any:
     return build_agent(settings_from_args(args))
 
 
-def build_agent(settings: Any, *, metrics: Any = None) -> Any:
-    """The agent's objects from :class:`agent.settings.AgentSettings` (``metrics``: where they
-    record, default a new :class:`~agent.report.metrics.Metrics`). Credentials come from the
-    mounted Secrets' directories (``FLEETLET_GIT_CREDENTIALS_DIR``,
+def build_agent(
+    settings: Any, *, metrics: Any = None, lazy_trust: bool = False, vouched: Any = None
+) -> Any:
+    """The agent's objects from :class:`agent.settings.AgentSettings`. ``metrics``: where they
+    record (default a new :class:`~agent.report.metrics.Metrics`); ``lazy_trust``: load the
+    trust policy, and sigstore with it, only when a publication is verified (for work that
+    may verify none; the trust configuration is then not checked up front); ``vouched``: a
+    :class:`~agent.verify.VouchedSignature` this job checked already. Credentials come
+    from the mounted Secrets' directories (``FLEETLET_GIT_CREDENTIALS_DIR``,
     ``FLEETLET_STATUS_GIT_CREDENTIALS_DIR``) or ``FLEETLET_GIT_*`` variables.
 
     Raises ConfigurationError (kubeconfig, trust policy, CRDs not installed)."""
@@ -121,6 +126,7 @@ def build_agent(settings: Any, *, metrics: Any = None) -> Any:
     from agent import __version__
     from agent.apply.intent import GroupRecords
     from agent.apply.store import RevisionStore
+    from agent.apply.verified import VerifiedObjects
     from agent.inbound import InboundPipeline
     from agent.kube import KubeClient
     from agent.loop import Agent
@@ -134,10 +140,20 @@ def build_agent(settings: Any, *, metrics: Any = None) -> Any:
     from agent.source.compose import ContentStore
     from agent.source.oci import OciFetcher, OciSettings
     from agent.state import ClusterState
-    from agent.verify import IdentityPolicy, TrustPolicy
+    from agent.verify import DeferredTrust, IdentityPolicy
 
     if metrics is None:
         metrics = Metrics(cluster=settings.repo.cluster, version=__version__)
+    trust = (
+        DeferredTrust(
+            load=lambda: trust_policy(settings),
+            identity=IdentityPolicy(issuer=settings.trust.issuer, subject=settings.trust.identity),
+            max_validity=settings.trust.max_validity,
+            vouched=vouched,
+        )
+        if lazy_trust or vouched is not None
+        else trust_policy(settings)
+    )
     credentials = git_credentials()
     repo = settings.repo
     cache = repo.cache_dir
@@ -159,11 +175,7 @@ def build_agent(settings: Any, *, metrics: Any = None) -> Any:
         installed=lambda bundle: store.latest_number(bundle) is not None,
         cluster=repo.cluster,
         watcher=branch_watcher(settings, credentials),
-        trust=TrustPolicy(
-            trusted_root=settings.trust.trusted_root,
-            identity=IdentityPolicy(issuer=settings.trust.issuer, subject=settings.trust.identity),
-            max_validity=settings.trust.max_validity,
-        ),
+        trust=trust,
         content=ContentStore(
             cache=ContentCache(root=cache / "content", max_bytes=1 << 30, metrics=metrics),
             oci=OciFetcher(settings=OciSettings(plain_http=settings.plain_http_registries)),
@@ -185,6 +197,7 @@ def build_agent(settings: Any, *, metrics: Any = None) -> Any:
             kube, namespace, repo.cluster, settings.hub_public_key, settings.agent_sealing_key
         ),
         metrics=metrics,
+        verified=VerifiedObjects(cache / "work" / "verified.json"),
     )
     return Agent(
         cluster=repo.cluster,
@@ -193,6 +206,18 @@ def build_agent(settings: Any, *, metrics: Any = None) -> Any:
         state=state,
         pusher=status_pusher(settings, credentials, metrics) if settings.status else None,
         metrics=metrics,
+    )
+
+
+def trust_policy(settings: Any) -> Any:
+    """The agent's :class:`~agent.verify.TrustPolicy` (this loads sigstore). Raises
+    TrustConfigError."""
+    from agent.verify import IdentityPolicy, TrustPolicy
+
+    return TrustPolicy(
+        trusted_root=settings.trust.trusted_root,
+        identity=IdentityPolicy(issuer=settings.trust.issuer, subject=settings.trust.identity),
+        max_validity=settings.trust.max_validity,
     )
 
 

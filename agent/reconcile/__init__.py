@@ -29,6 +29,7 @@ from agent.api.reasons import Reason
 from agent.apply import Inventory, Key
 from agent.apply.intent import GroupRecords
 from agent.apply.store import RevisionStore
+from agent.apply.verified import VerifiedObjects
 from agent.errors import TemporaryError
 from agent.kube import ApiUnavailableError, KubeClient
 from agent.reconcile.context import (
@@ -119,7 +120,10 @@ class Reconciler:
         outputs: OutputsStage | None = None,
         clock: Callable[[], datetime] = now,
         metrics: Metrics | None = None,
+        verified: VerifiedObjects | None = None,
     ) -> None:
+        """``verified``: objects applied or found unchanged before, whose dry run is skipped
+        while they and their manifests stay the same (None: every object is dry-run)."""
         self.kube = kube
         self.settings = settings
         self.store = store
@@ -129,6 +133,7 @@ class Reconciler:
         self.outputs = outputs
         self.clock = clock
         self.metrics = metrics
+        self.verified = verified
         self.identities = Identities(kube=kube, agent_namespace=settings.agent_namespace)
 
     def reconcile(
@@ -180,6 +185,7 @@ class Reconciler:
                 outputs=self.outputs,
                 clock=self.clock,
                 metrics=self.metrics,
+                verified=self.verified,
             )
 
         outcomes = self._run_groups(deployment_set, context)

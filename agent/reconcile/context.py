@@ -19,6 +19,7 @@ from agent.api import BundleDeploymentEntry, BundleDeploymentSet, BundleDeployme
 from agent.apply import Key
 from agent.apply.intent import GroupRecords
 from agent.apply.store import RevisionStore
+from agent.apply.verified import VerifiedObjects
 from agent.errors import PermanentError, TemporaryError
 from agent.kube import KubeClient
 from agent.report.metrics import Metrics
@@ -143,6 +144,8 @@ class GroupContext:
     outputs: OutputsStage | None
     clock: Callable[[], datetime]
     metrics: Metrics | None = None
+    verified: VerifiedObjects | None = None
+    """Objects verified before: their dry run is skipped while nothing changed."""
     owners: dict[Any, str] = field(default_factory=dict)
     """Which bundle of the group each object (and checked object) belongs to (per-bundle
     health counts); filled by the step that applies."""

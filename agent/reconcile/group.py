@@ -1014,6 +1014,7 @@ def _apply(ctx: GroupContext, inputs: list[BundleInput]) -> ApplyResult:
         agent_namespace=ctx.settings.agent_namespace,
         workers=ctx.settings.workers,
         establish_timeout=ctx.settings.establish_timeout,
+        verified=ctx.verified,
     )
 
 
@@ -1047,6 +1048,7 @@ def _apply_moving(
             plan=plan,
             on_progress=lambda message: ctx.failpoint(f"apply:{message}"),
             between_waves=between_waves,
+            verified=ctx.verified,
         )
     except ApplyError as exc:
         # The first dry run covers every object that is not deferred, before any write.

@@ -89,6 +89,7 @@ class WorkerLauncher:
         settings: Mapping[str, object],
         progress_interval: float,
         previous_failure: str | None = None,
+        known_commits: tuple[str, ...] = (),
         log_level: str = "info",
         log_format: str = "text",
     ) -> WorkerRun:
@@ -106,6 +107,7 @@ class WorkerLauncher:
                 progress_interval=progress_interval,
                 parent_pid=os.getpid(),
                 previous_failure=previous_failure,
+                known_commits=known_commits,
                 log_level=log_level,
                 log_format=log_format,
             )

@@ -39,6 +39,9 @@ class JobRequest:
     """The supervisor: the worker exits at once if its parent is another process."""
     previous_failure: str | None = None
     """How the previous worker failed (it died, or hung): said on every bundle first."""
+    known_commits: tuple[str, ...] = ()
+    """Branch commits the cluster runs or refused already: a tick does not check their
+    signature before it starts (see :mod:`agent.runner.worker`)."""
     log_level: str = "info"
     log_format: str = "text"
 
@@ -52,6 +55,7 @@ class JobRequest:
                 "progressInterval": self.progress_interval,
                 "parentPid": self.parent_pid,
                 "previousFailure": self.previous_failure,
+                "knownCommits": list(self.known_commits),
                 "logLevel": self.log_level,
                 "logFormat": self.log_format,
             },
@@ -74,6 +78,7 @@ class JobRequest:
                 progress_interval=float(doc["progressInterval"]),
                 parent_pid=int(doc["parentPid"]),
                 previous_failure=doc.get("previousFailure"),
+                known_commits=tuple(str(c) for c in doc.get("knownCommits") or ()),
                 log_level=str(doc.get("logLevel") or "info"),
                 log_format=str(doc.get("logFormat") or "text"),
             )

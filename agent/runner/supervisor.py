@@ -167,7 +167,10 @@ class Supervisor:
             return
         if self._launcher.running is not None:
             self._take_progress(self._launcher.progress)
-        self.pusher.tick()
+        if self.pusher.latest is not None:
+            # This job runs every heartbeat interval: a heartbeat is due by definition (the
+            # pusher's own clock would skip one whenever the job fires a moment early).
+            self.pusher.push()
 
     # -- workers ------------------------------------------------------------------------------
 
@@ -200,6 +203,13 @@ class Supervisor:
                     settings=self._settings,
                     progress_interval=self._progress_interval,
                     previous_failure=self._failure,
+                    known_commits=tuple(
+                        c
+                        for c in (
+                            (self._known.commit, self._known.refused_commit) if self._known else ()
+                        )
+                        if c
+                    ),
                     log_level=level,
                     log_format=fmt,
                 )

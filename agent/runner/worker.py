@@ -1,6 +1,17 @@
 """The worker process: one job of the agent, then exit (``python -m agent.runner.worker REQUEST``).
 
-It builds the whole agent from the request's settings (as ``fleetlet agent sync --once``
+A ``tick`` starts in two steps, for memory: first, with nothing but the branch watcher and
+sigstore loaded, it polls the branch and, when the tip is a commit the cluster neither runs
+nor refused, checks the publication's signature; then it replaces itself (``exec``, same
+process, fresh memory) with the step that does the job, given that signature as a
+:class:`~agent.verify.VouchedSignature`: sigstore (about 45 MB) is then not in memory while
+the content is fetched and rendered (helm runs beside it) and the group applied. That step
+verifies everything else of the publication as always, and its signature too, with sigstore,
+if its bytes are not exactly the ones vouched for. A first step that cannot check anything
+(git server away) vouches for nothing; a trust configuration that cannot be loaded ends the
+job with a configuration error.
+
+Then it builds the whole agent from the request's settings (as ``fleetlet agent sync --once``
 does; its own failpoint comes from ``FLEETLET_FAILPOINT``), says on every bundle how the
 previous worker failed if it did, runs the job (:meth:`agent.loop.Agent.tick` or
 :meth:`~agent.loop.Agent.correct_drift`), and writes its :class:`~agent.runner.protocol.JobResult`:
@@ -56,6 +67,11 @@ def die_with_parent(parent: int) -> bool:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    # ``REQUEST --then VOUCHED``: a tick's second step (VOUCHED is ``-`` when it has none).
+    second = len(args) == 3 and args[1] == "--then"
+    vouched_text = args[2] if second and args[2] != "-" else None
+    if second:
+        args = args[:1]
     if len(args) != 1:
         print("usage: python -m agent.runner.worker REQUEST", file=sys.stderr)
         return EXIT_BAD_REQUEST
@@ -66,12 +82,71 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_BAD_REQUEST
     if not die_with_parent(request.parent_pid):
         return EXIT_ORPHAN
-    result = run(request)
+    if request.job == "tick" and not second:
+        checked = check_signature(request)
+        if isinstance(checked, JobResult):
+            write_atomically(request.result, checked.to_json())
+            return 0
+        # The rest of the job in a fresh image: what was loaded to check the signature goes.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        then = checked.to_json() if checked is not None else "-"
+        os.execv(
+            sys.executable,
+            [sys.executable, "-m", "agent.runner.worker", args[0], "--then", then],
+        )
+    vouched = None
+    if vouched_text is not None:
+        from agent.verify import VouchedSignature
+
+        vouched = VouchedSignature.from_json(vouched_text)
+    result = run(request, vouched=vouched)
     write_atomically(request.result, result.to_json())
     return 0
 
 
-def run(request: JobRequest) -> JobResult:
+def check_signature(request: JobRequest) -> Any:
+    """The first step of a tick: the signature of the branch's new tip, checked. Returns a
+    :class:`~agent.verify.VouchedSignature`, None (nothing new, or nothing could be
+    checked: the next step does it all), or a JobResult (the trust configuration cannot be
+    loaded: the job ends)."""
+    from agent.cli import branch_watcher, git_credentials, trust_policy
+    from agent.errors import ConfigurationError, FleetletError
+    from agent.settings import settings_from_dict
+    from agent.verify import (
+        BUNDLE_FILE,
+        STATEMENT_FILE,
+        VouchedSignature,
+        verify_statement_signature,
+    )
+
+    settings = settings_from_dict(request.settings)
+    try:
+        watcher = branch_watcher(settings, git_credentials())
+        commit = watcher.poll()
+        if commit is None or commit in request.known_commits:
+            return None
+        files = watcher.fetch(commit)
+        statement, bundle = files[STATEMENT_FILE], files[BUNDLE_FILE]
+        trust = trust_policy(settings)
+        signer = verify_statement_signature(
+            statement=statement, bundle_json=bundle, trust=trust, bundle_name=BUNDLE_FILE
+        )
+        return VouchedSignature.of(
+            statement=statement, bundle_json=bundle, signer=signer, policy=trust.digest()
+        )
+    except ConfigurationError as exc:
+        return JobResult(
+            job=request.job,
+            summary=f"{settings.repo.cluster}: the agent cannot start: {exc}",
+            error=JobError(kind="configuration", reason=exc.reason, message=str(exc)),
+        )
+    except (FleetletError, KeyError, ValueError):
+        # Refused, unreadable, or the server away: the next step meets it again, and says so.
+        return None
+
+
+def run(request: JobRequest, *, vouched: Any = None) -> JobResult:
     """Build the agent, run the job, say what it did. Never raises for the job's errors (they
     are in the result); an unexpected exception is one too."""
     from agent.cli import build_agent, make_failpoint
@@ -90,7 +165,13 @@ def run(request: JobRequest) -> JobResult:
     metrics = RecordingMetrics(cluster=cluster, version=__version__)
     try:
         # The supervisor pushes the status document: the worker never does.
-        agent = build_agent(replace(settings, status=False), metrics=metrics)
+        agent = build_agent(
+            replace(settings, status=False),
+            metrics=metrics,
+            # sigstore is loaded only for bytes no earlier step of this job vouched for.
+            lazy_trust=True,
+            vouched=vouched,
+        )
     except FleetletError as exc:
         kind: ErrorKind = (
             "configuration"
