@@ -51,8 +51,6 @@ class VerifiedObjects:
         self._lock = threading.Lock()
         self._entries: dict[Key, tuple[str, str]] = {}
         self._dirty = False
-        self.hits = 0
-        self.misses = 0
         if path is not None:
             self._load(path)
 
@@ -80,13 +78,7 @@ class VerifiedObjects:
             return False
         with self._lock:
             found = self._entries.get(key)
-        same = found is not None and found == (manifest, digest(live))
-        with self._lock:
-            if same:
-                self.hits += 1
-            else:
-                self.misses += 1
-        return same
+        return found is not None and found == (manifest, digest(live))
 
     def remember(self, key: Key, manifest: str, live: Mapping[str, Any]) -> None:
         """``live`` is as ``manifest`` wants it (found unchanged, or just applied)."""
@@ -108,16 +100,16 @@ class VerifiedObjects:
         """Write the entries (atomically) when they changed; a failure is ignored (a cache)."""
         if self.path is None:
             return
-        with self._lock:
+        with self._lock:  # groups move in threads: one writer at a time
             if not self._dirty:
                 return
             rows = [[*key, *value] for key, value in self._entries.items()]
             self._dirty = False
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        with contextlib.suppress(OSError):
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp.write_text(json.dumps({"version": _VERSION, "entries": rows}))
-            os.replace(tmp, self.path)
+            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+            with contextlib.suppress(OSError):
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                tmp.write_text(json.dumps({"version": _VERSION, "entries": rows}))
+                os.replace(tmp, self.path)
 
 
 __all__ = ["MAX_ENTRIES", "Key", "VerifiedObjects", "digest", "key_of"]

@@ -42,8 +42,8 @@ __all__ = [
     "PublicationStatement",
     "SignerIdentity",
     "TrustPolicy",
-    "VouchedSignature",
     "VerifiedPublication",
+    "VouchedSignature",
     "verify_publication",
     "verify_statement_signature",
 ]
