@@ -204,34 +204,34 @@ def roll_back(fleet: Fleet) -> dict[str, float]:
     set_canary_backend(fleet, "v2")
     began = time.monotonic()
     fleet.publish()
-    failed = wait(
-        lambda: fleet.phase(CANARY, BROKEN_BUNDLE)[0] == "RollingBack",
-        "the canary's health check to fail",
-        fleet.demo,
-    )
-    in_cluster = wait(
-        lambda: fleet.phase(CANARY, BROKEN_BUNDLE)[1] == "RolledBack",
-        "the canary's group rolled back",
-        fleet.demo,
-    )
-    reported = wait(
-        lambda: fleet.reported(CANARY, BROKEN_BUNDLE)[2] == "RolledBack",
-        "the rollback reported",
-        fleet.demo,
-    )
+    seen: dict[str, float] = {}
+
+    def rolled_back_and_reported() -> bool:
+        now = time.monotonic()
+        phase, reason = fleet.phase(CANARY, BROKEN_BUNDLE)
+        if phase == "RollingBack" or reason == "RolledBack":
+            seen.setdefault("failed", now)  # the health check gave up: rolling back
+        if reason == "RolledBack":
+            seen.setdefault("in_cluster", now)
+        if fleet.reported(CANARY, BROKEN_BUNDLE)[2] == "RolledBack":
+            seen.setdefault("reported", now)
+        return "reported" in seen and "in_cluster" in seen
+
+    wait(rolled_back_and_reported, "the canary's group rolled back and reported", fleet.demo)
+    failed = seen["failed"]
     set_canary_backend(fleet, None)
     back = time.monotonic()
-    serials = fleet.publish()
-    serial = serials.get(CANARY)
+    fleet.publish()
+    # Back to what it runs already: the group stays on its healthy revision and says so.
     ready = wait(
-        lambda: fleet.reported(CANARY, BROKEN_BUNDLE)[:2] == (serial, "True"),
-        "the canary's group back to Ready",
+        lambda: fleet.reported(CANARY, BROKEN_BUNDLE)[1:] == ("True", "Healthy"),
+        "the canary's group Ready again",
         fleet.demo,
     )
     return {
         "publish_to_failed": failed - began,
-        "failed_to_rolled_back": in_cluster - failed,
-        "failed_to_reported": reported - failed,
+        "failed_to_rolled_back": seen["in_cluster"] - failed,
+        "failed_to_reported": seen["reported"] - failed,
         "revert_to_ready": ready - back,
     }
 
