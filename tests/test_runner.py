@@ -290,3 +290,51 @@ def test_kill_9_of_the_supervisor_takes_its_worker_and_a_restart_finishes_the_mo
         _wait(lambda: _ready(kube, upgrades) and _serial(kube, upgrades) == 2, "v2 Ready")
         upgrades.assert_wholly_on(v2, [v1, v2])
         assert not upgrades.intent_exists(namespace)
+
+
+_ORPHANS = """
+import ctypes, json, os, pathlib, sys
+from agent.runner.launcher import WorkerFailedError, WorkerLauncher
+
+# As a container's first process would: orphans of the worker's tree become ours.
+PR_SET_CHILD_SUBREAPER = 36
+assert ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1) == 0
+work = pathlib.Path(sys.argv[1])
+launcher = WorkerLauncher(workdir=work / "w", timeout=120, python=sys.argv[2])
+try:
+    launcher.run("tick", settings={}, progress_interval=1)
+except WorkerFailedError as exc:
+    cause = exc.cause
+pid = int((work / "helper.pid").read_text())
+try:
+    state = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+except FileNotFoundError:
+    state = "gone"
+print(json.dumps({"cause": cause, "helper": state}))
+"""
+
+
+def test_a_killed_workers_children_are_killed_and_reaped_not_left_as_zombies(
+    tmp_path: Path,
+) -> None:
+    # A "worker" that starts a helper (as it would start helm) and is then killed (SIGKILL).
+    worker = tmp_path / "worker.sh"
+    worker.write_text(
+        "#!/bin/sh\n"
+        "sleep 300 &\n"
+        f"echo $! > {tmp_path}/helper.pid.tmp && mv {tmp_path}/helper.pid.tmp {tmp_path}/helper.pid\n"
+        "kill -9 $$\n"
+    )
+    worker.chmod(0o755)
+    done = subprocess.run(
+        [sys.executable, "-c", _ORPHANS, str(tmp_path), str(worker)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.splitlines()[-1])
+    assert report["cause"] == "signal"
+    # Killed with the worker and waited for: neither running nor a zombie of the agent.
+    assert report["helper"] == "gone", report

@@ -132,6 +132,7 @@ class WorkerLauncher:
                 # What the worker started (helm, kustomize) goes with it.
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(worker.pid, signal.SIGKILL)
+                _reap_group(worker.pid)
             seconds = self._clock() - started
             return self._outcome(job, request.result, status, max_rss, timed_out, seconds)
 
@@ -194,6 +195,19 @@ class WorkerLauncher:
                 seconds=seconds,
             ) from exc
         return WorkerRun(result=result, seconds=seconds, max_rss=max_rss)
+
+
+def _reap_group(pgid: int) -> None:
+    """Reap what is left of a worker's process group (just killed): as a container's first
+    process the agent inherits what the worker started (a helm), and without a wait they would
+    stay zombies. Only the group's members are waited for, never another child of the agent;
+    they were sent SIGKILL, so the wait is short. Outside a container (not pid 1, not a
+    subreaper) the agent has none of them and this returns at once."""
+    while True:
+        try:
+            os.waitpid(-pgid, 0)
+        except ChildProcessError:
+            return
 
 
 __all__ = ["FAILURE_CAUSES", "FailureCause", "WorkerFailedError", "WorkerLauncher", "WorkerRun"]
