@@ -34,6 +34,7 @@ from agent.kube import KubeClient, ObjectRef
 from tests.fleetlab import REPO_ROOT, Lab, conditions, configmap, live, namespace_manifest
 from tests.realenv.gitserver import free_port
 from tests.realenv.kube import Cluster
+from tests.test_apply_group import crd
 from tests.test_crash import Upgrades, Version
 from tests.test_crds import crds as crds  # the fixture: the CRDs installed
 from tests.test_metrics import value
@@ -184,6 +185,40 @@ def test_idle_agent_runs_no_worker_and_an_edited_object_starts_one_that_puts_it_
               "the correction counted")  # fmt: skip
         assert agent.metric("fleetlet_agent_worker_runs_total", job="drift", result="ok") > runs
         assert conditions(kube, name)["Ready"]["status"] == "True"
+
+
+def test_an_optional_object_waits_idle_for_its_crd_and_is_applied_once_it_appears(
+    lab: Lab, crds: Cluster, namespace: str, tmp_path: Path
+) -> None:
+    kube = KubeClient(kubeconfig=str(crds.kubeconfig))
+    ns, name, group = lab.name("opt"), lab.name("cfg"), f"{lab.name('w')}.example.com"
+    widget = (
+        f"apiVersion: {group}/v1\nkind: Widget\n"
+        f"metadata:\n  name: w\n  namespace: {ns}\nspec:\n  size: 1\n"
+    )
+    files = {"01.yaml": namespace_manifest(ns), "02.yaml": configmap("c", ns, {"v": "1"}),
+             "03.yaml": widget}  # fmt: skip
+    optional = [{"apiGroup": group, "kind": "Widget"}]
+    source = lab.source("opt", lab.push("opt", files, tag="1"))
+    lab.publish([{"name": name, "sources": [source], "optional": optional}])
+    extra = ["--drift-interval", "1", "--heartbeat", "2"]
+    with agent_run(lab, crds, namespace=namespace, workdir=tmp_path / "a", extra=extra) as agent:
+        _wait(lambda: _is_ready(kube, name), "Ready")
+        # The Widget's API is not served: skipped, and the idle drift checks run no worker.
+        _wait(lambda: agent.metric("fleetlet_agent_drift_checks_total", result="unchanged") >= 2,
+              "two idle drift checks")  # fmt: skip
+        runs = agent.metric("fleetlet_agent_worker_runs_total", job="drift", result="ok")
+        unchanged = agent.metric("fleetlet_agent_drift_checks_total", result="unchanged")
+        _wait(lambda: agent.metric("fleetlet_agent_drift_checks_total", result="unchanged")
+              >= unchanged + 2, "two more idle drift checks")  # fmt: skip
+        assert agent.metric("fleetlet_agent_worker_runs_total", job="drift", result="ok") == runs
+        bd = live(kube, "fleetlet.io/v1alpha1", "BundleDeployment", name)
+        assert bd is not None and bd["status"]["resources"]["skipped"] == 1
+
+        # Its CRD is installed: the next drift check sees it, a worker applies the Widget.
+        kube.apply(crd(group), field_manager="test")
+        _wait(lambda: live(kube, f"{group}/v1", "Widget", "w", ns) is not None, "the Widget")
+        assert agent.metric("fleetlet_agent_drift_checks_total", result="changed") >= 1
 
 
 def _worker_failed_event(kube: KubeClient, bundle: str) -> list[str]:

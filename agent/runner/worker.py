@@ -262,10 +262,13 @@ def _result(
 def watches(agent: Any) -> tuple[Watch, ...] | None:
     """What to watch for drift: the BundleDeployments, and per bundle of the accepted set the
     collections of its stored revision's objects and of its health checks' objects, read as
-    the bundle's identity. None when an object's API cannot be located (not served)."""
+    the bundle's identity. An object whose API is not served (an optional one, skipped)
+    cannot be watched: the CustomResourceDefinitions are instead (read as the same identity),
+    so a CRD that appears starts a worker, which applies the object. None when the
+    collections cannot be located (the API server away)."""
     from agent.apply.store import RevisionStore
     from agent.health.group import checks_of
-    from agent.kube import KubeError, ObjectRef
+    from agent.kube import ApiNotServedError, KubeError, ObjectRef
     from agent.report.bundles import GROUP_VERSION, KIND, MANAGED_LABEL
 
     kube = agent.reconciler.kube
@@ -279,6 +282,7 @@ def watches(agent: Any) -> tuple[Watch, ...] | None:
     if accepted is None:
         return tuple(found)
     names: dict[tuple[str | None, str], set[str]] = {}
+    unserved: set[str | None] = set()
     namespace = agent.reconciler.settings.agent_namespace
     try:
         for entry in accepted.bundle_deployments:
@@ -288,8 +292,15 @@ def watches(agent: Any) -> tuple[Watch, ...] | None:
             refs = [ObjectRef.of(o) for o in (stored.manifests if stored else ())]
             refs += [ObjectRef.of(c.object) for c in checks_of(entry.spec)]
             for ref in refs:
-                path = kube.collection_path(ref.api_version, ref.kind, ref.namespace)
+                try:
+                    path = kube.collection_path(ref.api_version, ref.kind, ref.namespace)
+                except ApiNotServedError:
+                    unserved.add(user)
+                    continue
                 names.setdefault((user, path), set()).add(ref.name)
+        if unserved:
+            crds = kube.collection_path("apiextensions.k8s.io/v1", "CustomResourceDefinition")
+            found += [Watch(path=crds, user=user) for user in sorted(unserved, key=str)]
     except KubeError as exc:
         log.info("drift checks need a worker each time: %s", exc)
         return None
