@@ -14,7 +14,9 @@ until every installation is Ready. Then:
 - **failed health check to rolled back and reported**, ``--rollbacks`` times: the canary
   store's ``shop`` group gets ``shop-backend`` v2, whose image never becomes ready (kwok); its
   health check gives up after the bundle's ``healthChecks.timeoutSeconds`` (30 s in the
-  example fleet). The clock starts when the canary's BundleDeployment says the group is
+  example fleet). The same failed target is not tried again by itself: from the second run
+  on, the bench sets a new ``fleetlet.io/retry`` annotation on the BundleDeployment first, as
+  a cluster admin would. The clock starts when the canary's BundleDeployment says the group is
   rolling back (read from its API server every 50 ms: the health check failed there and then)
   and stops when its status branch reports ``RolledBack``; when the cluster itself says
   ``RolledBack`` is timed too. Then the override is removed and the group moves back (a
@@ -199,8 +201,17 @@ def converge(fleet: Fleet, version: str) -> dict[str, float]:
     return {"all": end - began, "publish": published - began, **done}
 
 
-def roll_back(fleet: Fleet) -> dict[str, float]:
+def roll_back(fleet: Fleet, run: int) -> dict[str, float]:
     """One failed-health-check sample on the canary; then the group moves back."""
+    if run:
+        # A target that failed is not tried again by itself: ask for one more attempt, as a
+        # cluster admin would; the agent reads it with the publication that follows.
+        kube = fleet._kube(CANARY)
+        kube.patch(
+            {"apiVersion": "fleetlet.io/v1alpha1", "kind": "BundleDeployment",
+             "metadata": {"name": BROKEN_BUNDLE}},
+            {"metadata": {"annotations": {"fleetlet.io/retry": f"bench-{run}"}}},
+        )  # fmt: skip
     set_canary_backend(fleet, "v2")
     began = time.monotonic()
     fleet.publish()
@@ -271,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
                     file=sys.stderr,
                 )
             for run in range(args.rollbacks):
-                sample = roll_back(fleet)
+                sample = roll_back(fleet, run)
                 rolled.append(sample)
                 print(
                     f"rollback {run + 1}/{args.rollbacks}: failed to reported "
