@@ -1,4 +1,5 @@
-"""The agent's subcommands: ``agent run``, ``agent sync``, ``render`` and ``health``."""
+"""The agent's subcommands: ``agent run``, ``agent sync``, ``render``, ``health`` and a cluster
+admin's ``preview``, ``approve`` and ``deny`` of approval requests."""
 
 from __future__ import annotations
 
@@ -44,16 +45,35 @@ def _render(args: argparse.Namespace) -> int:
 
 def _health(args: argparse.Namespace) -> int:
     from agent.health.command import run_health
+    from agent.options import kubeconfig_of
 
     text, code = run_health(
         filename=args.filename,
         output=args.output,
-        kubeconfig=args.kubeconfig,
+        kubeconfig=kubeconfig_of(args),
         context=args.context,
         offline=args.offline,
     )
     print(text)
     return code
+
+
+def _preview(args: argparse.Namespace) -> int:
+    from agent.approve.command import run_preview
+
+    return run_preview(args)
+
+
+def _approve(args: argparse.Namespace) -> int:
+    from agent.approve.command import run_decision
+
+    return run_decision(args, "approve")
+
+
+def _deny(args: argparse.Namespace) -> int:
+    from agent.approve.command import run_decision
+
+    return run_decision(args, "deny")
 
 
 def settings_from_args(args: argparse.Namespace) -> Any:
@@ -62,6 +82,7 @@ def settings_from_args(args: argparse.Namespace) -> Any:
     import os
     from pathlib import Path
 
+    from agent.apply.guard import Guard
     from agent.reconcile.context import ReconcileSettings
     from agent.render.tools import ToolSettings
     from agent.settings import AgentSettings, PollSettings, RepoSettings, TrustSettings
@@ -85,6 +106,14 @@ def settings_from_args(args: argparse.Namespace) -> Any:
             uninstall_failed_install=args.uninstall_failed_install,
             parallel_groups=args.parallel_groups,
             retry_backoff=args.retry_backoff,
+            guard=Guard(
+                agent_namespace=args.namespace,
+                allowed=frozenset(
+                    name.strip()
+                    for name in (args.allow_agent_objects or "").split(",")
+                    if name.strip()
+                ),
+            ),
             failpoint=make_failpoint(os.environ.get("FLEETLET_FAILPOINT")),
         ),
         poll=PollSettings(
@@ -254,6 +283,7 @@ def status_pusher(settings: Any, credentials: Any, metrics: Any) -> Any:
     import os
     from pathlib import Path
 
+    from agent.render.formats import available_formats
     from agent.report.push import StatusPusher
     from agent.source.credentials import GitCredentials
 
@@ -270,6 +300,7 @@ def status_pusher(settings: Any, credentials: Any, metrics: Any) -> Any:
         workdir=repo.cache_dir / "status",
         heartbeat_interval=settings.poll.heartbeat,
         metrics=metrics,
+        formats=available_formats(),
     )
 
 
@@ -362,6 +393,7 @@ def summary(cluster: str, result: Any) -> str:
             ("rolled back", out.rolled_back),
             ("failed", tuple(g for g in out.failed if g not in out.rolled_back)),
             ("waiting", out.waiting),
+            ("awaiting approval", out.awaiting_approval),
             ("held", out.held),
             ("removed", out.removed),
         ):
@@ -411,7 +443,7 @@ def _sync(args: argparse.Namespace) -> int:
         return EXIT_FAILED
     if out is not None and not out.converged:
         error_line(
-            f"{args.cluster}: not everything is Ready: {_failure_lines(agent, out.failed or out.waiting or out.held)}",
+            f"{args.cluster}: not everything is Ready: {_failure_lines(agent, out.failed or out.waiting or out.awaiting_approval or out.held)}",
             prefix="",
         )
         return EXIT_DEGRADED
@@ -529,27 +561,6 @@ def _setup_logging(args: argparse.Namespace) -> None:
     setup_logging(level=args.log_level, format=args.log_format, cluster=args.cluster)
 
 
-def add_logging_arguments(p: argparse.ArgumentParser, *, default_level: str) -> None:
-    """``--log-level`` and ``--log-format`` (also for the hub's commands)."""
-    import os
-
-    from agent.report.logs import FORMATS, LEVELS
-
-    p.add_argument(
-        "--log-level",
-        choices=LEVELS,
-        default=os.environ.get("FLEETLET_LOG_LEVEL") or default_level,
-        help=f"least severe level logged ($FLEETLET_LOG_LEVEL, default {default_level})",
-    )
-    p.add_argument(
-        "--log-format",
-        choices=FORMATS,
-        default=os.environ.get("FLEETLET_LOG_FORMAT") or "text",
-        help="text lines, or one JSON object per line with cluster, bundle, group, serial and "
-        "run where they apply ($FLEETLET_LOG_FORMAT, default text)",
-    )
-
-
 def _add_agent_connection(p: argparse.ArgumentParser) -> None:
     # Each flag's default comes from its FLEETLET_* variable (the Deployment's ConfigMaps).
     import os
@@ -652,6 +663,14 @@ def _add_agent_connection(p: argparse.ArgumentParser) -> None:
         type=float,
         metavar="SECONDS",
     )
+    flag(
+        "--allow-agent-objects",
+        "FLEETLET_ALLOW_AGENT_OBJECTS",
+        "bundles (comma-separated) allowed to manage the agent's own objects: its namespace, "
+        "the fleetlet.io API and CRDs, its cluster RBAC and admission policies (e.g. a bundle "
+        "that upgrades the agent); off limits to every other bundle",
+        metavar="BUNDLE[,BUNDLE...]",
+    )
     p.add_argument("--no-status", action="store_true", help="do not push status to git")
     p.add_argument(
         "--uninstall-failed-install",
@@ -690,7 +709,7 @@ def _lazy(parser: argparse.ArgumentParser, add: str, run: str) -> None:
 
 
 def register(sub: Any) -> None:
-    from agent.output import add_output_option
+    from agent.options import add_cluster_options, add_logging_arguments, add_output_option
 
     agent = sub.add_parser(
         "agent",
@@ -830,9 +849,58 @@ def register(sub: Any) -> None:
     )
     health.add_argument("-f", "--filename", required=True, metavar="FILE")
     add_output_option(health)
-    health.add_argument("--kubeconfig", metavar="FILE", help="assess the live objects here")
-    health.add_argument("--context", metavar="NAME", help="kubeconfig context")
+    add_cluster_options(health)
     health.add_argument(
         "--offline", action="store_true", help="assess the objects as written in FILE"
     )
     health.set_defaults(handler=_health)
+
+    _register_approvals(sub)
+
+
+def _register_approvals(sub: Any) -> None:
+    """``fleetlet preview|approve|deny REQUEST`` (docs/approvals.md)."""
+    from agent.options import add_cluster_options, add_output_option
+
+    where = (
+        " Your own kubeconfig is used (--kubeconfig, else $KUBECONFIG, else ~/.kube/config): "
+        "the API server decides whether this user may (the verb approve on the request)."
+    )
+    preview = sub.add_parser(
+        "preview",
+        help="show what approving a BundleDeploymentRequest would do",
+        description="Print a request's preview: the group, serial and pins, why it needs an "
+        "approval, each object created, changed, deleted or refused by the server-side dry "
+        "run with its diff, and the security summary (RBAC, CRDs, webhooks, privileged pods, "
+        "namespaces)." + where,
+    )
+    approve = sub.add_parser(
+        "approve",
+        help="approve a BundleDeploymentRequest",
+        description="Approve REQUEST as yourself (recorded as status.decidedBy); the agent "
+        "then applies exactly what it pins. A decision is final." + where,
+    )
+    deny = sub.add_parser(
+        "deny",
+        help="deny a BundleDeploymentRequest",
+        description="Deny REQUEST as yourself, with a reason: the group stays wholly on its "
+        "current revision until a new publication. A decision is final." + where,
+    )
+    for p in (preview, approve, deny):
+        p.add_argument("request", metavar="REQUEST", help="the BundleDeploymentRequest's name")
+        add_cluster_options(p)
+    approve.add_argument("--reason", metavar="TEXT", help="why (recorded on the request)")
+    deny.add_argument("--reason", metavar="TEXT", required=True, help="why (required)")
+    add_output_option(preview)
+    preview.add_argument(
+        "--full", action="store_true", help="whole diffs, from the agent's namespace"
+    )
+    preview.add_argument(
+        "--namespace",
+        metavar="NS",
+        default="fleetlet-system",
+        help="the agent's namespace, where whole diffs are kept (fleetlet-system)",
+    )
+    preview.set_defaults(handler=_preview)
+    approve.set_defaults(handler=_approve)
+    deny.set_defaults(handler=_deny)

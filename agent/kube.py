@@ -836,6 +836,24 @@ class KubeClient:
             )
         return self._json(response)
 
+    def whoami(self) -> str:
+        """The user name the API server authenticates this client as (a SelfSubjectReview).
+
+        Raises KubeApiError, ApiUnavailableError.
+        """
+        review = self.create(
+            {
+                "apiVersion": "authentication.k8s.io/v1",
+                "kind": "SelfSubjectReview",
+                "metadata": {"name": "whoami"},
+            },
+            field_manager=STATE_FIELD_MANAGER,
+        )
+        name = ((review.get("status") or {}).get("userInfo") or {}).get("username")
+        if not isinstance(name, str) or not name:
+            raise KubeApiError("a SelfSubjectReview without a user name", target="whoami")
+        return name
+
     def delete(
         self,
         obj: Mapping[str, Any] | RefLike,

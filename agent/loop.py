@@ -31,7 +31,14 @@ from datetime import UTC, datetime
 from agent import __version__
 from agent.api import BundleDeploymentEntry, BundleDeploymentSet, parse_time, set_digest
 from agent.api.models import Condition
-from agent.api.status import SCHEMA_VERSION, BundleStatusReport, ClusterStatus, Refusal
+from agent.api.status import (
+    SCHEMA_VERSION,
+    BundleStatusReport,
+    ClusterStatus,
+    Refusal,
+    RequestReport,
+)
+from agent.approve.summary import reports
 from agent.errors import FleetletError
 from agent.inbound import InboundPipeline, SyncResult
 from agent.kube import ApiUnavailableError
@@ -93,6 +100,7 @@ class Agent:
         """The outbound half has something to do without a new set: first pass after a
         start, a temporary failure to retry, a failed target to retry later."""
         self._work = threading.Lock()  # one inbound/outbound at a time
+        self._reported_requests: tuple[RequestReport, ...] = ()
 
     @property
     def pending_work(self) -> bool:
@@ -160,8 +168,11 @@ class Agent:
                     rendered=rendered,
                     set_digest=set_digest(self.accepted),
                 )
-                self._pending_work = outbound_result.temporary is not None or bool(
-                    outbound_result.failed and _retry_due_later(self.reconciler)
+                # A retry due later, or a decision awaited: the poll job keeps looking.
+                self._pending_work = (
+                    outbound_result.temporary is not None
+                    or bool(outbound_result.failed and _retry_due_later(self.reconciler))
+                    or bool(outbound_result.awaiting_approval)
                 )
                 if error is None and outbound_result.temporary is not None:
                     error = outbound_result.temporary
@@ -246,7 +257,17 @@ class Agent:
             last_accepted_serial=state.last_serial or 0,
             last_refusal=refusal,
             bundles=tuple(bundles),
+            requests=self._requests(),
         )
+
+    def _requests(self) -> tuple[RequestReport, ...]:
+        """The approval requests to report (the last ones read when the API server does not
+        answer now)."""
+        try:
+            self._reported_requests = reports(self.reconciler.approvals.requests.all())
+        except FleetletError as exc:
+            log.warning("%s: approval requests not read: %s", self.cluster, exc)
+        return self._reported_requests
 
     def _report(self, state: AgentState) -> None:
         if self.pusher is None:

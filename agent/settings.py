@@ -11,11 +11,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.errors import ConfigurationError
 from agent.render.tools import ToolSettings
 from agent.source.branch import branch_ref
+
+if TYPE_CHECKING:
+    from agent.apply.guard import Guard  # not at run time: the supervisor stays light
 
 
 class SettingsError(ConfigurationError):
@@ -45,8 +48,12 @@ class ReconcileSettings:
     minutes."""
     establish_timeout: float = 60.0
     """Seconds a group's CRDs may take to become Established."""
+    guard: Guard | None = None
+    """The agent's own objects, off limits to bundle content (None: nothing guarded; the
+    CLI always sets it)."""
     failpoint: Callable[[str], None] | None = None
-    """Called with the name of each step of a move (``intent``, ``apply:<progress>``,
+    """Called with the name of each step of a move (``approved``, ``intent``,
+    ``apply:<progress>``,
     ``applied``, ``health``, ``healthy``, ``pruned``, ``stored``, ``finished``, ``rollback``,
     ``rollback:applied``, ``rollback:pruned``): fault injection for crash tests
     (``FLEETLET_FAILPOINT``); None in production."""
@@ -183,7 +190,21 @@ def settings_to_dict(settings: AgentSettings) -> dict[str, Any]:
             "issuer": trust.issuer,
             "maxValiditySeconds": trust.max_validity.total_seconds(),
         },
-        "reconcile": {k: v for k, v in settings.reconcile.__dict__.items() if k != "failpoint"},
+        "reconcile": {
+            **{
+                k: v
+                for k, v in settings.reconcile.__dict__.items()
+                if k not in ("failpoint", "guard")
+            },
+            "guard": (
+                {
+                    "agentNamespace": guard.agent_namespace,
+                    "allowed": sorted(guard.allowed),
+                }
+                if (guard := settings.reconcile.guard) is not None
+                else None
+            ),
+        },
         "poll": dict(settings.poll.__dict__),
         "kubeconfig": settings.kubeconfig,
         "tools": {
@@ -224,7 +245,11 @@ def settings_from_dict(
             issuer=trust["issuer"],
             max_validity=timedelta(seconds=float(trust["maxValiditySeconds"])),
         ),
-        reconcile=ReconcileSettings(**data["reconcile"], failpoint=failpoint),
+        reconcile=ReconcileSettings(
+            **{k: v for k, v in data["reconcile"].items() if k != "guard"},
+            guard=_guard(data["reconcile"].get("guard")),
+            failpoint=failpoint,
+        ),
         poll=PollSettings(**data["poll"]),
         kubeconfig=data["kubeconfig"],
         tools=ToolSettings(
@@ -234,6 +259,17 @@ def settings_from_dict(
         hub_public_key=path(data["hubPublicKey"]),
         agent_sealing_key=path(data["agentSealingKey"]),
         plain_http_registries=bool(data["plainHttpRegistries"]),
+    )
+
+
+def _guard(data: Mapping[str, Any] | None) -> Guard | None:
+    from agent.apply.guard import Guard
+
+    if data is None:
+        return None
+    return Guard(
+        agent_namespace=str(data["agentNamespace"]),
+        allowed=frozenset(str(name) for name in data["allowed"]),
     )
 
 

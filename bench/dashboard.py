@@ -45,6 +45,7 @@ import requests
 import rfc8785
 from playwright.sync_api import Browser
 
+from bench._docs import write_section
 from hub.api.tokens import write_clear_tokens
 from hub.serve import fleet_labels
 from hub.status import FleetStatus
@@ -191,17 +192,6 @@ def in_process(
             queries.matrix(limit=PAGE)
             query.append(time.perf_counter() - began)
     return cold, query
-
-
-def write_docs(section: str, path: Path = DOCS) -> None:
-    """Replace (or append) this benchmark's section of ``path``; leave other sections alone."""
-    text = path.read_text()
-    pattern = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.M | re.S)
-    if pattern.search(text):
-        text = pattern.sub(lambda _: section.rstrip("\n") + "\n\n", text, count=1)
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    path.write_text(text.rstrip("\n") + "\n")
 
 
 def screenshot(args: argparse.Namespace, tmp: Path, daemon: GitDaemon, out: Path) -> int:
@@ -378,7 +368,7 @@ median; the naive full table takes {naive_total / paint:.0f}x as long, and its A
     print(table)
     print(api_table)
     if not args.no_docs:
-        write_docs(section)
+        write_section(section)
         print(f"wrote the section {SECTION!r} of {DOCS}", file=sys.stderr)
     return 0
 

@@ -33,5 +33,10 @@ log "pip install --require-hashes -r requirements/ci.txt; pip install --no-deps 
 python3 -m pip install -q --disable-pip-version-check --require-hashes -r requirements/ci.txt
 python3 -m pip install -q --disable-pip-version-check --no-deps -e .
 
+# The example format plugin (its own distribution, with the jsonnet bindings from PyPI):
+# the plugin tests render and deploy with it.
+log "pip install ./examples/fleetlet-jsonnet"
+python3 -m pip install -q --disable-pip-version-check ./examples/fleetlet-jsonnet
+
 log "Kubernetes control-plane binaries, helm and kustomize (a cold build from the Go module proxy takes about 15 minutes on two cores; seconds when cached)"
 python3 -m tests.realenv.binaries

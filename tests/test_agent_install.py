@@ -102,6 +102,14 @@ def test_dry_run_prints_the_manifests_and_deploy_matches_them(install_args: list
     (deployment,) = [o for o in objects if o["kind"] == "Deployment"]
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     assert container["image"] == IMAGE_1
+    # Approvals enforced by the API server come with the agent (docs/approvals.md).
+    named = {(o["kind"], o["metadata"]["name"]) for o in objects}
+    assert {
+        ("ValidatingAdmissionPolicy", "fleetlet-approvals"),
+        ("ValidatingAdmissionPolicyBinding", "fleetlet-approvals"),
+        ("ClusterRole", "fleetlet-approver"),
+    } <= named
+    assert ("ServiceAccount", "fleetlet-auto-approver") not in named  # opt-in only
     events = [o for o in objects if o["kind"] == "Role" and o["metadata"]["namespace"] == "default"]
     assert [r["verbs"] for r in events[0]["rules"]] == [["create", "patch"]]
     # Secrets hold base64, and the password is nowhere in clear.
@@ -219,6 +227,11 @@ def test_install_reinstall_upgrade_uninstall(
     assert not can_i(cluster, "create", "events", "-n", "kube-system")
     assert can_i(cluster, "create", "secrets", "-n", NAMESPACE)
     assert not can_i(cluster, "*", "*")
+    # It asks for approvals; it never gives one, and the policy that says so is installed.
+    assert can_i(cluster, "create", "bundledeploymentrequests.fleetlet.io")
+    assert not can_i(cluster, "approve", "bundledeploymentrequests.fleetlet.io")
+    kubectl(cluster, "get", "validatingadmissionpolicy,validatingadmissionpolicybinding",
+            "fleetlet-approvals")  # fmt: skip
 
     # Uninstall: the agent and its namespace go; the CRDs (and BundleDeployments) stay.
     done = fleetlet("agent", "uninstall", *config)
@@ -227,6 +240,12 @@ def test_install_reinstall_upgrade_uninstall(
     gone = kubectl(cluster, "get", "deployment", "fleetlet-agent", "-n", NAMESPACE, check=False)
     assert gone.returncode != 0
     assert kubectl(cluster, "get", "clusterrole", "fleetlet-agent", check=False).returncode != 0
+    assert (
+        kubectl(
+            cluster, "get", "validatingadmissionpolicy", "fleetlet-approvals", check=False
+        ).returncode
+        != 0
+    )
     assert kubectl(cluster, "get", "role", "fleetlet-agent-events", "-n", "default", check=False).returncode != 0  # fmt: skip
     phase = kubectl(
         cluster, "get", "namespace", NAMESPACE, "-o", "jsonpath={.status.phase}", check=False

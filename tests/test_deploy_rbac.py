@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -259,7 +260,11 @@ ALLOWED_CLUSTER = [
     *[(verb, "bundledeployments.fleetlet.io") for verb in ("get", "list", "watch", "create")],
     *[(verb, "bundledeployments.fleetlet.io") for verb in ("update", "patch", "delete")],
     *[(verb, "bundleoutputs.fleetlet.io") for verb in ("get", "list", "create", "patch", "delete")],
-    *[(verb, "bundledeploymentrequests.fleetlet.io") for verb in ("get", "watch", "create")],
+    *[
+        (verb, "bundledeploymentrequests.fleetlet.io")
+        for verb in ("get", "watch", "create", "delete", "supersede")
+    ],
+    *[(verb, "approvalpolicies.fleetlet.io") for verb in ("get", "list", "watch")],
 ]
 
 
@@ -322,11 +327,12 @@ REFUSED = [
     ("impersonate", "users"),
     ("impersonate", "groups"),
     ("impersonate", "userextras.authentication.k8s.io"),
-    # The agent asks for approval; it may not give it.
-    ("update", "bundledeploymentrequests.fleetlet.io", "--subresource=status"),
-    ("patch", "bundledeploymentrequests.fleetlet.io", "--subresource=status"),
+    # The agent asks for approval; it may not give it (the status subresource it may write, to
+    # mark a request Superseded; the ValidatingAdmissionPolicy requires `approve` to decide).
     ("approve", "bundledeploymentrequests.fleetlet.io"),
     ("update", "bundledeploymentrequests.fleetlet.io"),
+    ("update", "approvalpolicies.fleetlet.io"),
+    ("create", "approvalpolicies.fleetlet.io"),
 ]
 REFUSED_IN_OWN_NAMESPACE = [
     # Even in its own namespace: nothing that runs code or mints identities.
@@ -499,6 +505,41 @@ def test_agent_applies_as_the_bundle_service_account(
         denied = kubectl(agent_kubeconfig, "get", "namespaces", *identity, check=False)
         assert denied.returncode != 0, identity
         assert "cannot impersonate" in denied.stderr, denied.stderr
+
+
+def test_agent_token_creates_requests_but_never_approves_them(
+    install: Install, agent_kubeconfig: Path
+) -> None:
+    """With its real token, the agent makes a BundleDeploymentRequest (as itself) and marks
+    it Superseded, and the ValidatingAdmissionPolicy of deploy/agent/approvals refuses it a
+    decision, whatever RBAC allows on the status."""
+    from agent.approve.request import Requests, read, ref
+    from agent.kube import KubeApiError, KubeClient
+    from tests.test_approvals import raw_decision, request_object
+
+    name = f"app-s7-{uuid.uuid4().hex[:6]}"
+    with KubeClient(kubeconfig=str(agent_kubeconfig)) as agent:
+        assert agent.whoami() == install.username
+        deadline = time.monotonic() + 60
+        while True:  # until the policy of this install takes effect
+            try:
+                agent.create(request_object(name, requested_by="someone-else"), field_manager="t")
+            except KubeApiError as exc:
+                assert "requestedBy" in str(exc), exc
+                break
+            agent.delete(ref(name))
+            assert time.monotonic() < deadline, "the ValidatingAdmissionPolicy never took effect"
+            time.sleep(0.5)
+        agent.create(request_object(name, requested_by=install.username), field_manager="t")
+        try:
+            with pytest.raises(KubeApiError) as refused:
+                raw_decision(agent, name, decision="Approved", by=install.username)
+            assert "needs the verb approve" in str(refused.value), refused.value
+            assert read(agent, name).state == "Pending"
+            Requests(kube=agent, owner=install.namespace).supersede(read(agent, name), serial=9)
+            assert read(agent, name).state == "Superseded"
+        finally:
+            agent.delete(ref(name))
 
 
 # --- the opt-in overlay -----------------------------------------------------------------------

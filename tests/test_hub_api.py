@@ -193,6 +193,16 @@ def test_installations_filters_states_and_runs(hub: Hub) -> None:
     assert not clusters["edge-a"]["stale"] and clusters["edge-old"]["stale"]
     assert clusters["edge-old"]["heartbeatAgeSeconds"] >= 3600
 
+    # Pages: what a client of a large fleet asks for.
+    page = hub.get("/api/v1/installations", offset="1", limit="2").json()
+    assert (page["total"], page["offset"], page["limit"]) == (4, 1, 2)
+    assert [i["name"] for i in page["items"]] == ["edge-a/web", "edge-b/web"]
+    ready = hub.get("/api/v1/installations", state="Ready", limit="1", offset="1").json()
+    assert ready["total"] == 2 and [i["name"] for i in ready["items"]] == ["edge-a/web"]
+    first = hub.get("/api/v1/clusters", limit="2").json()
+    assert first["total"] == 3 and [c["name"] for c in first["items"]] == ["edge-a", "edge-b"]
+    assert hub.get("/api/v1/clusters", limit="0").status_code == 400
+
 
 @pytest.mark.parametrize(
     ("path", "message"),

@@ -219,8 +219,9 @@ def test_unknown_format_names_the_available_ones(tmp_path: Path) -> None:
 
 
 @pytest.fixture
-def plugin_on_path(tmp_path: Path) -> Iterator[None]:
-    """Install a format plugin the way pip would: a module plus dist-info with entry points."""
+def plugin_on_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Install a format plugin the way pip would: a module plus dist-info with entry points
+    (found here through sys.path, by the plugin's child process through PYTHONPATH)."""
     site = tmp_path / "site"
     (site / "fleetlet_test_plugin-1.0.dist-info").mkdir(parents=True)
     (site / "fleetlet_test_plugin-1.0.dist-info" / "METADATA").write_text(
@@ -240,6 +241,7 @@ def plugin_on_path(tmp_path: Path) -> Iterator[None]:
     """)
     )
     sys.path.insert(0, str(site))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]))
     formats._plugins.cache_clear()
     yield
     sys.path.remove(str(site))

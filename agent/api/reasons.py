@@ -20,7 +20,9 @@ class Reason(StrEnum):
     HEALTHY = "Healthy"
     PROGRESSING = "Progressing"
     WAITING_FOR_DEPENDENCY = "WaitingForDependency"
-    APPROVAL_REQUIRED = "ApprovalRequired"
+    AWAITING_APPROVAL = "AwaitingApproval"
+    DENIED = "Denied"
+    APPROVAL_FAILED = "ApprovalFailed"
     PAUSED = "Paused"
     FETCH_FAILED = "FetchFailed"
     RENDER_FAILED = "RenderFailed"
@@ -41,7 +43,14 @@ REASON_HELP: dict[Reason, str] = {
     Reason.PROGRESSING: "The group is moving to a new revision: applying, health-checking or "
     "pruning (Ready=Unknown while it moves).",
     Reason.WAITING_FOR_DEPENDENCY: "A group listed in `dependsOn` is not healthy yet.",
-    Reason.APPROVAL_REQUIRED: "The move waits for an approved BundleDeploymentRequest.",
+    Reason.AWAITING_APPROVAL: "The group's move needs an approval (a bundle says "
+    "`approval: manual`, or the cluster's ApprovalPolicy requires it): the agent made a "
+    "BundleDeploymentRequest with a preview and waits for a decision; the group keeps running "
+    "its current revision (see docs/approvals.md).",
+    Reason.DENIED: "The BundleDeploymentRequest for this move was denied (the message says by "
+    "whom and why): the group stays wholly on its current revision until a new publication.",
+    Reason.APPROVAL_FAILED: "The approval step itself failed (the preview's dry run or the "
+    "request could not be written); retried with backoff.",
     Reason.PAUSED: "The set or a cluster admin paused the bundle: nothing is applied, drift is "
     "only reported.",
     Reason.FETCH_FAILED: "The bundle's content could not be fetched yet (retried with backoff).",
@@ -87,6 +96,8 @@ class Phase(StrEnum):
     PENDING = "Pending"
     WAITING = "Waiting"
     PAUSED = "Paused"
+    AWAITING_APPROVAL = "AwaitingApproval"
+    DENIED = "Denied"
     APPLYING = "Applying"
     HEALTH_CHECKING = "HealthChecking"
     ROLLING_BACK = "RollingBack"

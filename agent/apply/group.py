@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from agent.api.status import RunCounts
+from agent.apply.guard import Guard
 from agent.apply.inventory import Entry, Inventory
 from agent.apply.plan import (
     STAGE_CRDS,
@@ -133,6 +134,10 @@ class _Work:
     key: Key | None = None
     manifest: str = ""
     """Digest of the manifest (when ``verified`` is given)."""
+    answer: Object | None = None
+    """The dry run's answer: the object as the apply would leave it."""
+    live: Object | None = None
+    """The live object the answer was compared with (None: absent, or not readable)."""
 
 
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -238,6 +243,7 @@ def _dry_run(work: _Work) -> None:
             _forget(work)
             raise _as_apply_error(exc, planned, dry_run=True) from exc
         version = str(_meta(answer).get("resourceVersion") or "")
+        work.answer = answer
         work.existed = bool(version)
         work.version_before = version
         if not version:
@@ -252,6 +258,7 @@ def _dry_run(work: _Work) -> None:
                 return  # the bundle's ServiceAccount may write but not read: the apply decides
         if live is None or str(_meta(live).get("resourceVersion")) != version:
             continue
+        work.live = live
         if _comparable(live) == _comparable(answer):
             work.unchanged = live
             _remember(work, live)
@@ -352,6 +359,24 @@ def _wait_established(crds: Sequence[_Work], timeout: float) -> None:
         time.sleep(delay(polls, initial=0.05, maximum=1.0))
 
 
+def _works(
+    kube: KubeClient, bundles: Sequence[BundleInput], plan: Plan, agent_namespace: str
+) -> list[_Work]:
+    """One work item per planned object: each bundle acts as its own identity (impersonating
+    its ServiceAccount when it names one) and forces only what it may take over."""
+    settings = {b.name: b.settings for b in bundles}
+
+    def client_of(bundle: str) -> KubeClient:
+        account = settings[bundle].service_account_name
+        return kube.impersonating(account, agent_namespace) if account else kube
+
+    def force(planned: PlannedObject) -> bool:
+        mine = settings[planned.bundle]
+        return mine.take_ownership or identity(planned.ref) in mine.reclaim
+
+    return [_Work(planned=p, force=force(p), client=client_of(p.bundle)) for p in plan.objects]
+
+
 def apply_group(
     kube: KubeClient,
     bundles: Sequence[BundleInput],
@@ -363,6 +388,7 @@ def apply_group(
     plan: Plan | None = None,
     between_waves: Callable[[ApplyResult], None] | None = None,
     verified: VerifiedObjects | None = None,
+    guard: Guard | None = None,
 ) -> ApplyResult:
     """Dry-run, then apply, every object of a group (see the module docstring).
 
@@ -379,18 +405,8 @@ def apply_group(
     a conflict names the other field managers), CrdNotEstablishedError, ApiUnavailableError.
     """
     say = on_progress or (lambda _message: None)
-    plan = plan if plan is not None else plan_group(bundles, kube)
-    settings = {b.name: b.settings for b in bundles}
-
-    def client_of(bundle: str) -> KubeClient:
-        account = settings[bundle].service_account_name
-        return kube.impersonating(account, agent_namespace) if account else kube
-
-    def force(planned: PlannedObject) -> bool:
-        mine = settings[planned.bundle]
-        return mine.take_ownership or identity(planned.ref) in mine.reclaim
-
-    works = [_Work(planned=p, force=force(p), client=client_of(p.bundle)) for p in plan.objects]
+    plan = plan if plan is not None else plan_group(bundles, kube, guard=guard)
+    works = _works(kube, bundles, plan, agent_namespace)
     if verified is not None:
         for work in works:
             work.verified = verified
@@ -461,3 +477,70 @@ def _stages(
             )
             results.extend(_run_all(pool, _apply, stage_works))
     return ApplyResult(objects=tuple(results), skipped=plan.skipped)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DryRunResult:
+    """One object's server-side dry run, nothing written: the live object and the dry run's
+    answer (the object as the apply would leave it), or why there is none."""
+
+    bundle: str
+    ref: ObjectRef
+    manifest: Object
+    existed: bool
+    """The object exists (it may exist although ``live`` is None: not readable by the
+    bundle's identity)."""
+    unchanged: bool = False
+    """The apply would change nothing (compared as :func:`apply_group` compares)."""
+    live: Object | None = None
+    answer: Object | None = None
+    refused: ApplyError | None = None
+    """The dry run refused it: the move would fail on it."""
+    deferred: bool = False
+    """Not dry-run: its CRD or Namespace comes with the group (it would be created)."""
+
+
+def dry_run_group(
+    kube: KubeClient,
+    bundles: Sequence[BundleInput],
+    *,
+    agent_namespace: str,
+    workers: int = DEFAULT_WORKERS,
+    guard: Guard | None = None,
+) -> tuple[list[DryRunResult], tuple[Skipped, ...]]:
+    """The server-side dry run :func:`apply_group` starts with, of every object of a group,
+    with what it found per object (refusals included, not raised); nothing is written. For
+    the preview of an approval request. Returns the results in plan order and the skipped
+    optional objects. ``guard``: as for :func:`apply_group` (objects bundle content may never
+    touch are refused by the plan).
+
+    Raises PlanError, ApplyError (objects that cannot be planned), ApiUnavailableError.
+    """
+    plan = plan_group(bundles, kube, guard=guard)
+    works = _works(kube, bundles, plan, agent_namespace)
+
+    def one(work: _Work) -> DryRunResult:
+        planned = work.planned
+        where: dict[str, Any] = {
+            "bundle": planned.bundle,
+            "ref": planned.ref,
+            "manifest": planned.manifest,
+        }
+        try:
+            _dry_run(work)
+        except ApplyError as exc:
+            if planned.deferred and isinstance(exc.__cause__, NotFoundError | ApiNotServedError):
+                return DryRunResult(**where, existed=False, deferred=True)
+            return DryRunResult(**where, existed=False, refused=exc)
+        return DryRunResult(
+            **where,
+            existed=bool(work.existed),
+            unchanged=work.unchanged is not None,
+            live=work.live,
+            answer=work.answer,
+        )
+
+    with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="dry-run") as pool:
+        _list_live(pool, works)
+        results = list(pool.map(one, works))
+    return results, plan.skipped

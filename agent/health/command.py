@@ -8,7 +8,6 @@ assessed as written, which suits the output of ``kubectl get -o yaml`` saved ear
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -79,14 +78,6 @@ def _objects(filename: str) -> list[Mapping[str, Any]]:
     return objects
 
 
-def _default_kubeconfig() -> str | None:
-    configured = os.environ.get("KUBECONFIG", "").split(os.pathsep)[0]
-    if configured:
-        return configured
-    home = Path.home() / ".kube" / "config"
-    return str(home) if home.exists() else None
-
-
 def _with_namespaces(objects: list[Mapping[str, Any]], kube: Any) -> list[Mapping[str, Any]]:
     # Like kubectl: a namespaced object written without a namespace lives in `default`.
     out: list[Mapping[str, Any]] = []
@@ -131,7 +122,7 @@ def run_health(
         from agent.kube import KubeClient
 
         with KubeClient(
-            kubeconfig=kubeconfig or _default_kubeconfig(),
+            kubeconfig=kubeconfig,
             context=context,
             discovery_cache_dir=discovery_cache_dir,
         ) as kube:

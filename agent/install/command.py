@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from agent.install.manifests import (
     InstallConfigError,
     install_objects,
 )
+from agent.options import add_cluster_options, add_output_option, kubeconfig_of
 from agent.report.logs import mask
 
 
@@ -120,15 +120,6 @@ def config_from_args(args: argparse.Namespace) -> InstallConfig:
     )
 
 
-def _kubeconfig(args: argparse.Namespace) -> str | None:
-    """--kubeconfig, else $KUBECONFIG, else ~/.kube/config if it exists (as kubectl), else
-    None: the in-cluster configuration."""
-    if args.kubeconfig:
-        return str(args.kubeconfig)
-    default = Path.home() / ".kube" / "config"
-    return str(default) if default.is_file() else None
-
-
 def run_install(args: argparse.Namespace) -> int:
     """Handler of ``fleetlet agent install``."""
     args.output = args.output or ("yaml" if args.dry_run else "table")
@@ -140,7 +131,7 @@ def run_install(args: argparse.Namespace) -> int:
     from agent.install.installer import install
     from agent.kube import KubeClient
 
-    with KubeClient(kubeconfig=_kubeconfig(args), context=args.context) as kube:
+    with KubeClient(kubeconfig=kubeconfig_of(args), context=args.context) as kube:
         changes = install(kube, objects, report=None if args.output != "table" else _print)
     if args.output != "table":
         sys.stdout.write(_dump_changes(changes, args.output))
@@ -161,7 +152,7 @@ def run_uninstall(args: argparse.Namespace) -> int:
     from agent.install.installer import uninstall
     from agent.kube import KubeClient
 
-    with KubeClient(kubeconfig=_kubeconfig(args), context=args.context) as kube:
+    with KubeClient(kubeconfig=kubeconfig_of(args), context=args.context) as kube:
         changes = uninstall(
             kube,
             namespace=args.namespace,
@@ -208,7 +199,6 @@ def _dump_changes(changes: list[Any], output: str) -> str:
 
 def add_install_arguments(p: argparse.ArgumentParser) -> None:
     """The flags of ``agent install``."""
-    env = os.environ
 
     def cred_flags(prefix: str, what: str) -> None:
         p.add_argument(f"--{prefix}-username", metavar="USER", help=f"{what}: user (basic auth)")
@@ -273,19 +263,8 @@ def add_install_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="print the manifests instead of applying them (for kustomize or GitOps)",
     )
-    p.add_argument(
-        "-o",
-        "--output",
-        choices=["table", "json", "yaml"],
-        help="table (default), or the objects (--dry-run; default yaml) or changes as JSON/YAML",
-    )
-    p.add_argument(
-        "--kubeconfig",
-        default=env.get("KUBECONFIG") or None,
-        metavar="FILE",
-        help="the cluster (default: $KUBECONFIG, else in-cluster)",
-    )
-    p.add_argument("--context", metavar="NAME", help="kubeconfig context")
+    add_output_option(p, default=None)  # table; the objects as YAML with --dry-run
+    add_cluster_options(p)
 
 
 def add_uninstall_arguments(p: argparse.ArgumentParser) -> None:
@@ -297,6 +276,5 @@ def add_uninstall_arguments(p: argparse.ArgumentParser) -> None:
         help="also delete fleetlet's CRDs, and with them every BundleDeployment and "
         "BundleOutputs (what was applied keeps running)",
     )
-    p.add_argument("-o", "--output", choices=["table", "json", "yaml"], default="table")
-    p.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG") or None, metavar="FILE")
-    p.add_argument("--context", metavar="NAME", help="kubeconfig context")
+    add_output_option(p)
+    add_cluster_options(p)

@@ -17,7 +17,9 @@ The objects, in the order they are applied:
 4. the configuration: ConfigMap ``fleetlet-agent`` (repository, cluster), Secret
    ``fleetlet-trust`` (trusted root and identity policy), credentials Secrets, the hub's public
    key;
-5. the approval policy, once the approvals work provides one (:func:`approval_policies`);
+5. approvals enforced by the API server (:func:`approval_policies`): the
+   ValidatingAdmissionPolicy ``fleetlet-approvals`` and its binding, the ClusterRole
+   ``fleetlet-approver`` and the Role ``fleetlet-preview-reader`` (:mod:`agent.approve.admission`);
 6. the probe/metrics Service, an optional ServiceMonitor, and the Deployment, pinned to an
    image digest, with a hash of the configuration in its pod template so a changed
    configuration restarts the agent.
@@ -25,7 +27,6 @@ The objects, in the order they are applied:
 
 from __future__ import annotations
 
-import argparse
 import base64
 import hashlib
 import json
@@ -33,11 +34,12 @@ import re
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from agent.api.canonical import dump_yaml
-from agent.api.crds import CRDS, REPO_ROOT, crd_document
+from agent.api.crds import CRDS, crd_document
+from agent.api.generated import write_or_check
+from agent.approve.admission import approver_objects, auto_approver_objects, policy_objects
 from agent.errors import PermanentError
 
 Object = dict[str, Any]
@@ -190,12 +192,25 @@ def rbac_objects(namespace: str) -> list[Object]:
             },
             # Outputs of the latest successful run (sensitive values in Secrets of its namespace).
             {"apiGroups": ["fleetlet.io"], "resources": ["bundleoutputs"], "verbs": all_verbs},
-            # Approval requests: it asks and reads the decision; it may never decide (no
-            # /status, no custom verb "approve").
+            # Approval requests: it asks, reads the decision, marks a pending one Superseded
+            # (custom verb "supersede") and deletes old ones. It may never decide: no custom
+            # verb "approve", which the ValidatingAdmissionPolicy fleetlet-approvals requires
+            # for any decision whatever RBAC allows on /status.
             {
                 "apiGroups": ["fleetlet.io"],
                 "resources": ["bundledeploymentrequests"],
-                "verbs": ["get", "list", "watch", "create", "delete"],
+                "verbs": ["get", "list", "watch", "create", "delete", "supersede"],
+            },
+            {
+                "apiGroups": ["fleetlet.io"],
+                "resources": ["bundledeploymentrequests/status"],
+                "verbs": ["get", "update", "patch"],
+            },
+            # The cluster admin's approval rules, read only.
+            {
+                "apiGroups": ["fleetlet.io"],
+                "resources": ["approvalpolicies"],
+                "verbs": ["get", "list", "watch"],
             },
         ],
     }
@@ -277,13 +292,11 @@ def service_monitor(namespace: str) -> Object:
 
 
 def approval_policies(namespace: str) -> list[Object]:
-    """The ValidatingAdmissionPolicy (and binding) that enforces approvals.
-
-    HOOK for the approvals work (issue 17): none exists yet, so nothing is installed. When
-    deploy/ gains the policy, return its objects here (built like the others); ``install``
-    applies them after the RBAC and before the Deployment, and ``uninstall`` removes them.
-    """
-    return []
+    """What makes the API server enforce approvals (docs/approvals.md): the
+    ValidatingAdmissionPolicy ``fleetlet-approvals`` and its binding, the ClusterRole
+    ``fleetlet-approver`` for people who decide, the Role ``fleetlet-preview-reader`` of the
+    agent's namespace. Not the opt-in auto-approver (``deploy/agent/auto-approver/``)."""
+    return [*policy_objects(), *approver_objects(namespace)]
 
 
 def deployment(
@@ -568,6 +581,23 @@ def base_files() -> dict[str, bytes]:
             "placeholder digest: set yours with kustomize `images:` (see docs/operations.md).",
             [deployment(namespace=ns, image=RELEASE_IMAGE)],
         ),
+        "deploy/agent/approvals/policy.yaml": file(
+            "Approvals enforced by kube-apiserver (docs/approvals.md): who may decide a\n"
+            "BundleDeploymentRequest. Needs Kubernetes 1.30+ (ValidatingAdmissionPolicy GA).",
+            policy_objects(),
+        ),
+        "deploy/agent/approvals/approver.yaml": file(
+            "For the people who decide: kubectl create clusterrolebinding alice-approves\n"
+            "--clusterrole=fleetlet-approver --user=alice (or a ClusterRole of your own with\n"
+            "resourceNames: named-resource RBAC works with the verb approve). The Role reads\n"
+            "the whole diffs of large previews (fleetlet preview --full).",
+            approver_objects(ns),
+        ),
+        "deploy/agent/auto-approver/auto-approver.yaml": file(
+            "OPT-IN: the identity the agent approves as when a rule of the cluster's\n"
+            'ApprovalPolicy matches (docs/approvals.md, "What is trusted").',
+            auto_approver_objects(ns),
+        ),
         "deploy/agent/monitoring/servicemonitor.yaml": file(
             "Optional: needs the Prometheus Operator's CRDs.", [service_monitor(ns)]
         ),
@@ -576,33 +606,12 @@ def base_files() -> dict[str, bytes]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``--write`` the kustomize base or ``--check`` it; returns the exit code."""
-    parser = argparse.ArgumentParser(
+    return write_or_check(
+        base_files,
         prog="python -m agent.install.manifests",
         description="Write deploy/agent/ from the objects `fleetlet agent install` applies.",
+        argv=argv,
     )
-    mode = parser.add_mutually_exclusive_group(required=True)
-    mode.add_argument("--write", action="store_true", help="write the files")
-    mode.add_argument("--check", action="store_true", help="exit 1 if a file is out of date")
-    parser.add_argument("--root", type=Path, default=REPO_ROOT, help="repository root")
-    args = parser.parse_args(argv)
-    stale = []
-    for relative, content in base_files().items():
-        path = args.root / relative
-        if path.exists() and path.read_bytes() == content:
-            continue
-        if args.write:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(content)
-            print(f"wrote {relative}")
-        else:
-            stale.append(relative)
-    if stale:
-        print(
-            "out of date (run python -m agent.install.manifests --write): " + ", ".join(stale),
-            file=sys.stderr,
-        )
-        return 1
-    return 0
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ from agent.apply import Inventory, Key
 from agent.apply.intent import GroupRecords
 from agent.apply.store import RevisionStore
 from agent.apply.verified import VerifiedObjects
+from agent.approve.gate import Approvals
 from agent.errors import TemporaryError
 from agent.kube import ApiUnavailableError, KubeClient
 from agent.reconcile.context import (
@@ -91,7 +92,13 @@ class PassResult:
 
     @property
     def held(self) -> tuple[str, ...]:
+        """Groups paused, or whose move was denied."""
         return self._groups(GroupState.HELD)
+
+    @property
+    def awaiting_approval(self) -> tuple[str, ...]:
+        """Groups whose move waits for a decision on its BundleDeploymentRequest."""
+        return self._groups(GroupState.AWAITING_APPROVAL)
 
     @property
     def drift_corrected(self) -> int:
@@ -121,9 +128,12 @@ class Reconciler:
         clock: Callable[[], datetime] = now,
         metrics: Metrics | None = None,
         verified: VerifiedObjects | None = None,
+        approvals: Approvals | None = None,
     ) -> None:
         """``verified``: objects applied or found unchanged before, whose dry run is skipped
-        while they and their manifests stay the same (None: every object is dry-run)."""
+        while they and their manifests stay the same (None: every object is dry-run).
+        ``approvals``: default, this agent's requests and the cluster's ApprovalPolicies
+        through ``kube``."""
         self.kube = kube
         self.settings = settings
         self.store = store
@@ -135,6 +145,7 @@ class Reconciler:
         self.metrics = metrics
         self.verified = verified
         self.identities = Identities(kube=kube, agent_namespace=settings.agent_namespace)
+        self.approvals = approvals or Approvals(kube=kube, agent_namespace=settings.agent_namespace)
 
     def reconcile(
         self,
@@ -186,6 +197,7 @@ class Reconciler:
                 clock=self.clock,
                 metrics=self.metrics,
                 verified=self.verified,
+                approvals=self.approvals,
             )
 
         outcomes = self._run_groups(deployment_set, context)

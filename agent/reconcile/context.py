@@ -13,10 +13,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.api import BundleDeploymentEntry, BundleDeploymentSet, BundleDeploymentSpec, Revision
-from agent.apply import Key
+from agent.apply import ApplyError, Key
 from agent.apply.intent import GroupRecords
 from agent.apply.store import RevisionStore
 from agent.apply.verified import VerifiedObjects
@@ -27,6 +27,9 @@ from agent.report.outputs import OutputsStage
 from agent.report.runs import RunLog
 from agent.report.view import BundleView, BundleViews
 from agent.settings import ReconcileSettings
+
+if TYPE_CHECKING:
+    from agent.approve.gate import Approvals
 
 Manifest = dict[str, Any]
 RenderFn = Callable[
@@ -75,6 +78,19 @@ class MoveFailed(PermanentError):
         self.written = written
         self.causes = frozenset(causes) or frozenset({reason})
 
+    @classmethod
+    def of_apply(cls, exc: ApplyError, *, reason: str, written: bool) -> MoveFailed:
+        """The move's failure for an apply error: its first object named, the API server's
+        reason of every refused object as the causes."""
+        return cls(
+            reason,
+            str(exc),
+            bundle=exc.bundle,
+            target=exc.target,
+            written=written,
+            causes=(f.reason for f in exc.failures),
+        )
+
     @property
     def culprit(self) -> tuple[str, str] | None:
         """(bundle, object) that made the group fail, when the failure names one."""
@@ -98,6 +114,8 @@ class GroupState(StrEnum):
     ROLLED_BACK = "rolledBack"
     FAILED = "failed"
     WAITING = "waiting"
+    AWAITING_APPROVAL = "awaitingApproval"
+    """Its move waits for a decision on its BundleDeploymentRequest (looked at each poll)."""
     HELD = "held"
 
 
@@ -146,6 +164,9 @@ class GroupContext:
     metrics: Metrics | None = None
     verified: VerifiedObjects | None = None
     """Objects verified before: their dry run is skipped while nothing changed."""
+    approvals: Approvals | None = None
+    """Approval requests and the cluster's ApprovalPolicies (None: moves are never held for
+    an approval)."""
     owners: dict[Any, str] = field(default_factory=dict)
     """Which bundle of the group each object (and checked object) belongs to (per-bundle
     health counts); filled by the step that applies."""

@@ -23,6 +23,7 @@ import os
 import shutil
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -31,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 import pygit2
 
 from agent.api.status import (
+    SCHEMA_VERSION,
     STATUS_FILE,
     ClusterStatus,
     bound_status,
@@ -110,6 +112,8 @@ class StatusPusher:
     ``tick(now)`` does both. Thread-safe. The document's ``heartbeat`` and ``sequence`` are
     set here (what the caller puts there is ignored); it is bounded with ``bound_status``.
     ``metrics``, when given, counts pushes that succeeded and failed.
+    ``formats`` (the formats this agent can render) are written into every document that
+    names none: they are the agent's, not any one reconcile's.
     """
 
     def __init__(
@@ -125,9 +129,11 @@ class StatusPusher:
         io_timeout: float = 30.0,
         recycle_every: int = DEFAULT_RECYCLE_EVERY,
         metrics: Metrics | None = None,
+        formats: Sequence[str] = (),
     ) -> None:
         self.repo_url = repo_url
         self._metrics = metrics
+        self.formats = tuple(sorted(set(formats)))
         self.cluster = cluster
         self.branch = status_branch(cluster)
         self.ref = "refs/heads/" + self.branch
@@ -221,7 +227,12 @@ class StatusPusher:
         now = time.time() if now is None else now
         with self._lock:
             # ``truncated`` is ours to say (after bounding), not the caller's.
-            candidate = bound_status(dataclasses.replace(status, truncated=False), **self._bound)
+            status = dataclasses.replace(status, truncated=False)
+            if self.formats and not status.formats:
+                status = dataclasses.replace(
+                    status, formats=self.formats, schema_version=SCHEMA_VERSION
+                )
+            candidate = bound_status(status, **self._bound)
             if self._latest is not None and _content_key(candidate) == _content_key(self._latest):
                 return False
             sequence = self._latest.sequence + 1 if self._latest is not None else 1

@@ -10,7 +10,11 @@ the size capped before the download starts. Layers are then unpacked with the sa
 into one tree with one budget: the unpack limits hold for the image, not for each layer, and
 links are judged across layers. A Helm chart in a registry (Helm's own media types) is an
 artifact like any other: its chart layer unpacks to ``<chart>/``, which the ``helm`` format
-renders.
+renders. A container image's layers (OCI or Docker media types) are content too, unpacked in
+order: an OLM bundle image (``manifests/``, ``metadata/`` at its root) is what the
+``registry+v1`` format renders. Layers are unpacked as archives, not as image filesystems:
+whiteout files (``.wh.*``) are not interpreted, so an image whose later layers delete files
+of earlier ones is not what a bundle image is (bundle images are one ``COPY`` each).
 """
 
 from __future__ import annotations
@@ -49,6 +53,13 @@ BUNDLE_ARTIFACT_TYPE = "application/vnd.fleetlet.bundle.v1"
 # (`<chart>/Chart.yaml`...); the provenance layer, if any, is not content.
 HELM_CHART_LAYER_MEDIA_TYPE = "application/vnd.cncf.helm.chart.content.v1.tar+gzip"
 HELM_CONFIG_MEDIA_TYPE = "application/vnd.cncf.helm.config.v1+json"
+# A container image's filesystem layers (an OLM bundle image is one: manifests/ and metadata/
+# at its root), unpacked in order into one tree.
+IMAGE_LAYER_MEDIA_TYPES = (
+    "application/vnd.oci.image.layer.v1.tar+gzip",
+    "application/vnd.oci.image.layer.v1.tar",
+    "application/vnd.docker.image.rootfs.diff.tar.gzip",
+)
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
 DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
@@ -80,7 +91,11 @@ class OciSettings:
     backoff: float = 0.5
     max_manifest_bytes: int = 4 * 1024 * 1024
     max_layer_bytes: int = 64 * 1024 * 1024
-    layer_media_types: tuple[str, ...] = (BUNDLE_LAYER_MEDIA_TYPE, HELM_CHART_LAYER_MEDIA_TYPE)
+    layer_media_types: tuple[str, ...] = (
+        BUNDLE_LAYER_MEDIA_TYPE,
+        HELM_CHART_LAYER_MEDIA_TYPE,
+        *IMAGE_LAYER_MEDIA_TYPES,
+    )
     artifact_types: tuple[str, ...] = (BUNDLE_ARTIFACT_TYPE, HELM_CONFIG_MEDIA_TYPE)
     archive_limits: ArchiveLimits = field(default_factory=ArchiveLimits)
     user_agent: str = "fleetlet-agent"

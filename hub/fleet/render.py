@@ -297,9 +297,15 @@ def plan_clusters(
     by_name = any("name" in r for r in refs.values())
     problems: list[FieldProblem] = []
     plans: dict[str, ClusterPlan] = {}
+    # Clusters loaded from the parsed-file cache share one labels mapping per label set.
+    label_keys: dict[int, tuple[tuple[str, str], ...]] = {}
+    complete: dict[tuple[Any, ...], bool] = {}
     for cluster in clusters:
+        labels_key = label_keys.get(id(cluster.labels))
+        if labels_key is None:
+            labels_key = label_keys[id(cluster.labels)] = tuple(sorted(cluster.labels.items()))
         shape_key = (
-            tuple(sorted(cluster.labels.items())),
+            labels_key,
             tuple(cluster.name in names for names in name_lists),
             cluster.name if by_name else None,
         )
@@ -307,6 +313,7 @@ def plan_clusters(
         if shape is None:
             shape = _shape(fleet, cluster, pins, entries, group_deps, problems, refs)
             shapes[shape_key] = shape
+            complete[shape_key] = all(e is not None for e in shape[0])
         chosen, groups, missing = shape
         if missing:
             problems.append(
@@ -316,7 +323,7 @@ def plan_clusters(
                     found="groups " + ", ".join(groups),
                 )
             )
-        elif all(e is not None for e in chosen):
+        elif complete[shape_key]:
             plans[cluster.name] = ClusterPlan(cluster=cluster, entries=chosen, groups=groups)
     if problems:
         # The same spec problem in several override combinations is reported once.
