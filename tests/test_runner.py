@@ -373,3 +373,23 @@ def test_a_killed_workers_children_are_killed_and_reaped_not_left_as_zombies(
     assert report["cause"] == "signal"
     # Killed with the worker and waited for: neither running nor a zombie of the agent.
     assert report["helper"] == "gone", report
+
+
+def test_a_worker_gets_the_agents_guard_with_its_settings(tmp_path: Path) -> None:
+    # The worker rebuilds the settings from the request file: the agent's own objects stay off
+    # limits there too, with the bundles a cluster admin allowed.
+    from agent.cli import settings_from_args
+    from agent.settings import settings_from_dict, settings_to_dict
+    from fleetlet.cli import build_parser
+
+    args = build_parser(agent_only=True).parse_args(
+        ["agent", "run", "--repo", "git://x/r.git", "--cluster", "c", "--namespace", "agent-ns",
+         "--allow-agent-objects", "upgrade-agent, other", "--trusted-root", str(tmp_path / "r"),
+         "--identity", "i", "--issuer", "https://issuer"]
+    )  # fmt: skip
+    settings = settings_from_args(args)
+    again = settings_from_dict(json.loads(json.dumps(settings_to_dict(settings))))
+    guard = again.reconcile.guard
+    assert guard is not None and guard == settings.reconcile.guard
+    assert guard.agent_namespace == "agent-ns"
+    assert guard.allowed == {"upgrade-agent", "other"}
