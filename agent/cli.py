@@ -114,7 +114,7 @@ def settings_from_args(args: argparse.Namespace) -> Any:
                     if name.strip()
                 ),
             ),
-            failpoint=_failpoint(os.environ.get("FLEETLET_FAILPOINT")),
+            failpoint=make_failpoint(os.environ.get("FLEETLET_FAILPOINT")),
         ),
         poll=PollSettings(
             interval=getattr(args, "interval", 30.0),
@@ -122,6 +122,7 @@ def settings_from_args(args: argparse.Namespace) -> Any:
             max_backoff=max(getattr(args, "max_backoff", 300.0), getattr(args, "interval", 30.0)),
             drift_interval=getattr(args, "drift_interval", 300.0),
             heartbeat=args.heartbeat,
+            worker_timeout=getattr(args, "worker_timeout", 3600.0),
         ),
         kubeconfig=args.kubeconfig,
         tools=ToolSettings.from_env(),
@@ -137,41 +138,52 @@ def _build_agent(args: argparse.Namespace) -> Any:
     return build_agent(settings_from_args(args))
 
 
-def build_agent(settings: Any) -> Any:
-    """The agent's objects from :class:`agent.settings.AgentSettings`. Credentials come from
-    the mounted Secrets' directories (``FLEETLET_GIT_CREDENTIALS_DIR``,
+def build_agent(
+    settings: Any, *, metrics: Any = None, lazy_trust: bool = False, vouched: Any = None
+) -> Any:
+    """The agent's objects from :class:`agent.settings.AgentSettings`. ``metrics``: where they
+    record (default a new :class:`~agent.report.metrics.Metrics`); ``lazy_trust``: load the
+    trust policy, and sigstore with it, only when a publication is verified (for work that
+    may verify none; the trust configuration is then not checked up front); ``vouched``: a
+    :class:`~agent.verify.VouchedSignature` this job checked already. Credentials come
+    from the mounted Secrets' directories (``FLEETLET_GIT_CREDENTIALS_DIR``,
     ``FLEETLET_STATUS_GIT_CREDENTIALS_DIR``) or ``FLEETLET_GIT_*`` variables.
 
     Raises ConfigurationError (kubeconfig, trust policy, CRDs not installed)."""
     import os
-    from pathlib import Path
 
     from agent import __version__
     from agent.apply.intent import GroupRecords
     from agent.apply.store import RevisionStore
+    from agent.apply.verified import VerifiedObjects
     from agent.inbound import InboundPipeline
     from agent.kube import KubeClient
     from agent.loop import Agent
     from agent.reconcile import Reconciler
-    from agent.render.formats import available_formats
     from agent.report.bundles import BundleDeployments
     from agent.report.events import EventRecorder
     from agent.report.metrics import Metrics
-    from agent.report.push import StatusPusher
     from agent.report.runs import RunLog
     from agent.report.view import BundleViews
-    from agent.source.branch import BranchWatcher
     from agent.source.cache import ContentCache
     from agent.source.compose import ContentStore
-    from agent.source.credentials import GitCredentials
     from agent.source.oci import OciFetcher, OciSettings
     from agent.state import ClusterState
-    from agent.verify import IdentityPolicy, TrustPolicy
+    from agent.verify import DeferredTrust, IdentityPolicy
 
-    metrics = Metrics(cluster=settings.repo.cluster, version=__version__)
-    creds_dir = os.environ.get("FLEETLET_GIT_CREDENTIALS_DIR")
-    creds = GitCredentials.from_files(Path(creds_dir)) if creds_dir else GitCredentials.from_env()
-    credentials = None if creds.kind == "none" else creds
+    if metrics is None:
+        metrics = Metrics(cluster=settings.repo.cluster, version=__version__)
+    trust = (
+        DeferredTrust(
+            load=lambda: trust_policy(settings),
+            identity=IdentityPolicy(issuer=settings.trust.issuer, subject=settings.trust.identity),
+            max_validity=settings.trust.max_validity,
+            vouched=vouched,
+        )
+        if lazy_trust or vouched is not None
+        else trust_policy(settings)
+    )
+    credentials = git_credentials()
     repo = settings.repo
     cache = repo.cache_dir
     namespace = settings.namespace
@@ -191,18 +203,8 @@ def build_agent(settings: Any) -> Any:
         tools=settings.tools,
         installed=lambda bundle: store.latest_number(bundle) is not None,
         cluster=repo.cluster,
-        watcher=BranchWatcher(
-            repo_url=repo.url,
-            cluster=repo.cluster,
-            cache_dir=cache,
-            credentials=credentials,
-            protocol_v2=repo.protocol_v2,
-        ),
-        trust=TrustPolicy(
-            trusted_root=settings.trust.trusted_root,
-            identity=IdentityPolicy(issuer=settings.trust.issuer, subject=settings.trust.identity),
-            max_validity=settings.trust.max_validity,
-        ),
+        watcher=branch_watcher(settings, credentials),
+        trust=trust,
         content=ContentStore(
             cache=ContentCache(root=cache / "content", max_bytes=1 << 30, metrics=metrics),
             oci=OciFetcher(settings=OciSettings(plain_http=settings.plain_http_registries)),
@@ -224,53 +226,117 @@ def build_agent(settings: Any) -> Any:
             kube, namespace, repo.cluster, settings.hub_public_key, settings.agent_sealing_key
         ),
         metrics=metrics,
+        verified=VerifiedObjects(cache / "work" / "verified.json"),
     )
-    pusher = None
-    if settings.status:
-        # The status repository may have its own (write) credentials.
-        status_dir = os.environ.get("FLEETLET_STATUS_GIT_CREDENTIALS_DIR")
-        status_creds = credentials
-        if status_dir and Path(status_dir).is_dir() and any(Path(status_dir).iterdir()):
-            found = GitCredentials.from_files(Path(status_dir))
-            status_creds = None if found.kind == "none" else found
-        pusher = StatusPusher(
-            repo_url=repo.status_url or repo.url,
-            cluster=repo.cluster,
-            credentials=status_creds,
-            workdir=cache / "status",
-            heartbeat_interval=settings.poll.heartbeat,
-            metrics=metrics,
-            formats=available_formats(),
-        )
     return Agent(
         cluster=repo.cluster,
         pipeline=pipeline,
         reconciler=reconciler,
         state=state,
-        pusher=pusher,
+        pusher=status_pusher(settings, credentials, metrics) if settings.status else None,
         metrics=metrics,
     )
 
 
-def _failpoint(spec: str | None) -> Any:
-    """``FLEETLET_FAILPOINT=<step prefix>[#n]``: the agent kills itself (SIGKILL, as the OOM
-    killer or a node failure would) at the n-th step whose name starts with the prefix. For
-    crash-safety tests; unset in production."""
+def trust_policy(settings: Any) -> Any:
+    """The agent's :class:`~agent.verify.TrustPolicy` (this loads sigstore). Raises
+    TrustConfigError."""
+    from agent.verify import IdentityPolicy, TrustPolicy
+
+    return TrustPolicy(
+        trusted_root=settings.trust.trusted_root,
+        identity=IdentityPolicy(issuer=settings.trust.issuer, subject=settings.trust.identity),
+        max_validity=settings.trust.max_validity,
+    )
+
+
+def git_credentials() -> Any:
+    """The desired-state repository's credentials: from ``FLEETLET_GIT_CREDENTIALS_DIR`` (the
+    mounted Secret) or the ``FLEETLET_GIT_*`` variables; None when there are none."""
+    import os
+    from pathlib import Path
+
+    from agent.source.credentials import GitCredentials
+
+    creds_dir = os.environ.get("FLEETLET_GIT_CREDENTIALS_DIR")
+    creds = GitCredentials.from_files(Path(creds_dir)) if creds_dir else GitCredentials.from_env()
+    return None if creds.kind == "none" else creds
+
+
+def branch_watcher(settings: Any, credentials: Any) -> Any:
+    """The watcher of this cluster's branch (its local repository under the cache)."""
+    from agent.source.branch import BranchWatcher
+
+    repo = settings.repo
+    return BranchWatcher(
+        repo_url=repo.url,
+        cluster=repo.cluster,
+        cache_dir=repo.cache_dir,
+        credentials=credentials,
+        protocol_v2=repo.protocol_v2,
+    )
+
+
+def status_pusher(settings: Any, credentials: Any, metrics: Any) -> Any:
+    """The status pusher: to ``--status-repo`` (or the desired-state repository), with the
+    status repository's own (write) credentials when they are mounted."""
+    import os
+    from pathlib import Path
+
+    from agent.render.formats import available_formats
+    from agent.report.push import StatusPusher
+    from agent.source.credentials import GitCredentials
+
+    status_dir = os.environ.get("FLEETLET_STATUS_GIT_CREDENTIALS_DIR")
+    status_creds = credentials
+    if status_dir and Path(status_dir).is_dir() and any(Path(status_dir).iterdir()):
+        found = GitCredentials.from_files(Path(status_dir))
+        status_creds = None if found.kind == "none" else found
+    repo = settings.repo
+    return StatusPusher(
+        repo_url=repo.status_url or repo.url,
+        cluster=repo.cluster,
+        credentials=status_creds,
+        workdir=repo.cache_dir / "status",
+        heartbeat_interval=settings.poll.heartbeat,
+        metrics=metrics,
+        formats=available_formats(),
+    )
+
+
+def make_failpoint(spec: str | None) -> Any:
+    """``FLEETLET_FAILPOINT=[stop:]<step prefix>[#n][@FILE]``: the agent kills itself (SIGKILL,
+    as the OOM killer or a node failure would) at the n-th step whose name starts with the
+    prefix; with ``stop:`` it stops itself there instead (SIGSTOP: a process that hangs). With
+    ``@FILE`` it does so only while FILE exists, and removes it: armed from outside, once,
+    whichever process gets there (an ``agent run`` starts a worker per job). For crash-safety
+    tests; unset in production."""
     if not spec:
         return None
     import os
     import signal
 
+    action = signal.SIGKILL
+    if spec.startswith("stop:"):
+        action, spec = signal.SIGSTOP, spec[len("stop:") :]
+    spec, _, armed = spec.partition("@")
     prefix, _, nth = spec.partition("#")
     wanted = int(nth) if nth.isdigit() else 1
     hits = 0
 
     def failpoint(name: str) -> None:
         nonlocal hits
-        if name.startswith(prefix):
-            hits += 1
-            if hits == wanted:
-                os.kill(os.getpid(), signal.SIGKILL)
+        if not name.startswith(prefix):
+            return
+        hits += 1
+        if hits != wanted:
+            return
+        if armed:
+            try:
+                os.unlink(armed)
+            except FileNotFoundError:
+                return
+        os.kill(os.getpid(), action)
 
     return failpoint
 
@@ -317,7 +383,8 @@ EXIT_DEGRADED = 4
 sync, a group waiting for a dependency or an approval."""
 
 
-def _summary(cluster: str, result: Any) -> str:
+def summary(cluster: str, result: Any) -> str:
+    """One line: what a tick did (the inbound outcome, the serial, groups by outcome)."""
     out = result.outbound
     parts = [f"{cluster}: {result.inbound}, serial {result.serial}"]
     if out is not None:
@@ -355,7 +422,7 @@ def _sync(args: argparse.Namespace) -> int:
         error = exc
         result = agent.last
     if result is not None:
-        print(_summary(args.cluster, result))
+        print(summary(args.cluster, result))
     if error is not None:
         temporary = " (temporary; retrying may help)" if isinstance(error, TemporaryError) else ""
         error_line(f"{args.cluster}: sync failed: {error}{temporary}", prefix="")
@@ -400,6 +467,7 @@ def _failure_lines(agent: Any, groups: Any) -> str:
 
 
 def _run(args: argparse.Namespace) -> int:
+    """``agent run``: the supervisor (:mod:`agent.runner`) and its jobs until SIGTERM."""
     import logging
     import signal
 
@@ -410,21 +478,23 @@ def _run(args: argparse.Namespace) -> int:
     # The scheduler logs every run; the agent reports outcomes itself.
     logging.getLogger("apscheduler").setLevel(logging.ERROR)
     settings = settings_from_args(args)
-    agent = build_agent(settings)
+    supervisor = build_supervisor(settings, log_level=args.log_level, log_format=args.log_format)
     poll = settings.poll
-    metrics = agent.metrics
     scheduler = AgentScheduler(
-        poll=metrics.instrument(agent, agent.poll),
-        drift=metrics.instrument(agent, agent.correct_drift),
-        heartbeat=agent.heartbeat if agent.pusher is not None else None,
+        poll=supervisor.poll,
+        drift=supervisor.drift,
+        heartbeat=supervisor.heartbeat if supervisor.pusher is not None else None,
         interval=poll.interval,
         jitter=poll.jitter,
         drift_interval=poll.drift_interval,
         heartbeat_interval=poll.heartbeat,
         max_backoff=poll.max_backoff,
     )
+    supervisor.on_fatal = lambda: scheduler.stop(wait=False)
     probe = (
-        ProbeServer(args.probe_address, agent=agent, poller=scheduler, metrics=metrics)
+        ProbeServer(
+            args.probe_address, agent=supervisor, poller=scheduler, metrics=supervisor.metrics
+        )
         if args.probe_address
         else None
     )
@@ -443,7 +513,46 @@ def _run(args: argparse.Namespace) -> int:
         scheduler.stop(wait=True)
         if probe is not None:
             probe.stop()
+    if supervisor.fatal is not None:
+        raise supervisor.fatal
     return 0
+
+
+def build_supervisor(settings: Any, *, log_level: str, log_format: str) -> Any:
+    """The long-lived half of ``agent run`` (:class:`agent.runner.supervisor.Supervisor`): its
+    branch watcher, status pusher, metrics, worker launcher and, when the kubeconfig's
+    credentials allow it, the reader of its drift checks."""
+    import logging
+
+    from agent import __version__
+    from agent.report.metrics import Metrics
+    from agent.runner.launcher import WorkerLauncher
+    from agent.runner.reader import ReaderUnsupported, open_reader
+    from agent.runner.supervisor import Supervisor
+
+    metrics = Metrics(cluster=settings.repo.cluster, version=__version__)
+    credentials = git_credentials()
+    try:
+        reader = open_reader(settings.kubeconfig)
+    except (ReaderUnsupported, OSError, ValueError) as exc:
+        logging.getLogger("agent.runner").warning(
+            "drift checks start a worker each time: the supervisor cannot read the cluster "
+            "itself (%s)",
+            exc,
+        )
+        reader = None
+    return Supervisor(
+        settings=settings,
+        launcher=WorkerLauncher(
+            workdir=settings.repo.cache_dir / "worker", timeout=settings.poll.worker_timeout
+        ),
+        watcher=branch_watcher(settings, credentials),
+        metrics=metrics,
+        pusher=status_pusher(settings, credentials, metrics) if settings.status else None,
+        reader=reader,
+        log_level=log_level,
+        log_format=log_format,
+    )
 
 
 def _setup_logging(args: argparse.Namespace) -> None:
@@ -632,6 +741,15 @@ def register(sub: Any) -> None:
         default=float(env.get("FLEETLET_DRIFT_INTERVAL") or 300.0),
         metavar="SECONDS",
         help="seconds between drift checks of the accepted set ($FLEETLET_DRIFT_INTERVAL)",
+    )
+    run.add_argument(
+        "--worker-timeout",
+        type=float,
+        default=float(env.get("FLEETLET_WORKER_TIMEOUT") or 3600.0),
+        metavar="SECONDS",
+        help="the longest one worker process may run (a move, its health wait and hooks); a "
+        "worker still running then is killed and its job retried with backoff "
+        "($FLEETLET_WORKER_TIMEOUT)",
     )
     run.add_argument(
         "--probe-address",

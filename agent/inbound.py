@@ -31,8 +31,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from cryptography.hazmat.primitives import hashes
-
 from agent.api import (
     BundleDeploymentEntry,
     BundleDeploymentSet,
@@ -67,7 +65,7 @@ from agent.source.branch import (
 from agent.source.compose import ContentStore, credentials_from_secret
 from agent.source.content import ContentRefusedError, Credentials
 from agent.state import AgentState, ClusterState
-from agent.verify import TrustPolicy, verify_publication
+from agent.verify import DeferredTrust, TrustPolicy, verify_publication
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +114,7 @@ class InboundPipeline:
         *,
         cluster: str,
         watcher: BranchWatcher,
-        trust: TrustPolicy,
+        trust: TrustPolicy | DeferredTrust,
         content: ContentStore,
         kube: KubeClient,
         state: ClusterState,
@@ -132,7 +130,8 @@ class InboundPipeline:
         (None: not reported, for clusters without the CRDs); ``tools``: where helm and
         kustomize are (default: PATH, then the cache); ``installed(bundle)``: whether the
         bundle has a healthy revision already (helm's ``.Release.IsUpgrade``); ``renders``: the
-        render cache (default: in memory and under ``workdir/renders``)."""
+        render cache (default: in memory and under ``workdir/renders``); ``trust``: a
+        :class:`~agent.verify.DeferredTrust` loads sigstore only when it verifies a signature."""
         self.cluster = cluster
         self._watcher = watcher
         self._trust = trust
@@ -146,21 +145,14 @@ class InboundPipeline:
         self._tools = tools or ToolSettings()
         self._installed = installed or (lambda _bundle: False)
         self.renders = renders or RenderCache(directory=self._workdir / "renders")
-        # Who may sign and which CAs are trusted: a refusal is remembered under this policy.
-        identity = trust.identity
-        cas = sorted(
-            c.fingerprint(hashes.SHA256()).hex() for c in trust.trusted_root.get_fulcio_certs()
-        )
-        self._policy = digest_of(
-            canonical_bytes(
-                {
-                    "issuer": identity.issuer,
-                    "subject": identity.subject,
-                    "cas": cas,
-                    "maxValidity": trust.max_validity.total_seconds(),
-                }
-            )
-        )
+        self._policy_digest: str | None = None
+
+    @property
+    def _policy(self) -> str:
+        """Who may sign and which CAs are trusted: a refusal is remembered under this policy."""
+        if self._policy_digest is None:
+            self._policy_digest = self._trust.digest()
+        return self._policy_digest
 
     def sync(self) -> SyncResult:
         """One inbound reconcile.

@@ -540,6 +540,18 @@ class KubeClient:
             self._resources[key] = resource
             return resource
 
+    def collection_path(self, api_version: str, kind: str, namespace: str | None = None) -> str:
+        """The URL path of the collection of a kind (in ``namespace`` for a namespaced kind
+        given one), e.g. ``/apis/apps/v1/namespaces/shop/deployments``: what a LIST reads.
+
+        Raises ApiNotServedError, ApiUnavailableError.
+        """
+        resource = self.resource_for(api_version, kind)
+        base = f"/apis/{api_version}" if "/" in api_version else f"/api/{api_version}"
+        if resource.namespaced and namespace:
+            return f"{base}/namespaces/{namespace}/{resource.name}"
+        return f"{base}/{resource.name}"
+
     def is_namespaced(self, api_version: str, kind: str) -> bool:
         """Whether the kind is namespaced. Raises ApiNotServedError, ApiUnavailableError."""
         return bool(self.resource_for(api_version, kind).namespaced)

@@ -102,6 +102,12 @@ class Agent:
         self._work = threading.Lock()  # one inbound/outbound at a time
         self._reported_requests: tuple[RequestReport, ...] = ()
 
+    @property
+    def pending_work(self) -> bool:
+        """Whether the outbound half has something to do without a new set (a temporary
+        failure to retry, a failed target retried later)."""
+        return self._pending_work
+
     # -- the whole reconcile ----------------------------------------------------------------
 
     def tick(self) -> TickResult:

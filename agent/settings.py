@@ -7,20 +7,56 @@ group validates itself on construction (:class:`SettingsError` names the setting
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from agent.errors import ConfigurationError
-from agent.reconcile.context import ReconcileSettings
 from agent.render.tools import ToolSettings
 from agent.source.branch import branch_ref
+
+if TYPE_CHECKING:
+    from agent.apply.guard import Guard  # not at run time: the supervisor stays light
 
 
 class SettingsError(ConfigurationError):
     """A setting is missing or invalid; the message names it."""
 
     reason = "SettingsInvalid"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReconcileSettings:
+    """How the agent moves groups."""
+
+    agent_namespace: str
+    """Where its own objects live (revision store, group records, runs, credentials)."""
+    health_interval: float = 1.0
+    """Seconds between two health assessments while waiting for a group."""
+    uninstall_failed_install: bool = False
+    """A first install that fails has no previous revision: leave it as it is (default, for
+    inspection; still known, so removing the bundle deletes it) or delete what it created."""
+    workers: int = 8
+    """Objects of a stage applied concurrently."""
+    parallel_groups: int = 4
+    """Independent groups (no ``dependsOn`` path between them) moved concurrently."""
+    retry_backoff: float = 30.0
+    """Seconds before a target refused for a reason the cluster caused (a missing namespace
+    or CRD, a webhook down) is tried again by itself; doubles with each attempt, up to 10
+    minutes."""
+    establish_timeout: float = 60.0
+    """Seconds a group's CRDs may take to become Established."""
+    guard: Guard | None = None
+    """The agent's own objects, off limits to bundle content (None: nothing guarded; the
+    CLI always sets it)."""
+    failpoint: Callable[[str], None] | None = None
+    """Called with the name of each step of a move (``approved``, ``intent``,
+    ``apply:<progress>``,
+    ``applied``, ``health``, ``healthy``, ``pruned``, ``stored``, ``finished``, ``rollback``,
+    ``rollback:applied``, ``rollback:pruned``): fault injection for crash tests
+    (``FLEETLET_FAILPOINT``); None in production."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,14 +99,17 @@ class PollSettings:
     """Between two drift checks of the accepted set (objects put back, health assessed)."""
     heartbeat: float = 60.0
     """Between two status documents pushed when nothing changed."""
+    worker_timeout: float = 3600.0
+    """The longest a worker process may run one job (a move waits for health, runs hooks):
+    one that takes longer is killed and its job tried again with backoff."""
 
     def __post_init__(self) -> None:
         if self.interval <= 0:
             raise SettingsError(f"poll interval: must be positive, got {self.interval}")
         if self.jitter < 0:
             raise SettingsError(f"poll jitter: must not be negative, got {self.jitter}")
-        if self.drift_interval <= 0 or self.heartbeat <= 0:
-            raise SettingsError("drift interval and heartbeat: must be positive")
+        if self.drift_interval <= 0 or self.heartbeat <= 0 or self.worker_timeout <= 0:
+            raise SettingsError("drift interval, heartbeat and worker timeout: must be positive")
         if self.max_backoff < self.interval:
             raise SettingsError(
                 f"max backoff ({self.max_backoff}) must not be below the interval ({self.interval})"
@@ -129,10 +168,118 @@ class AgentSettings:
         return self.reconcile.agent_namespace
 
 
+# --- the settings as JSON: what a worker process is given (agent.runner) -------------------
+
+
+def settings_to_dict(settings: AgentSettings) -> dict[str, Any]:
+    """``settings`` as JSON-ready data (:func:`settings_from_dict` reads it back). The
+    failpoint, a function, is left out: a worker derives its own."""
+    tools = settings.tools
+    trust = settings.trust
+    return {
+        "repo": {
+            "url": settings.repo.url,
+            "cluster": settings.repo.cluster,
+            "statusUrl": settings.repo.status_url,
+            "cacheDir": str(settings.repo.cache_dir),
+            "protocolV2": settings.repo.protocol_v2,
+        },
+        "trust": {
+            "trustedRoot": str(trust.trusted_root),
+            "identity": trust.identity,
+            "issuer": trust.issuer,
+            "maxValiditySeconds": trust.max_validity.total_seconds(),
+        },
+        "reconcile": {
+            **{
+                k: v
+                for k, v in settings.reconcile.__dict__.items()
+                if k not in ("failpoint", "guard")
+            },
+            "guard": (
+                {
+                    "agentNamespace": guard.agent_namespace,
+                    "allowed": sorted(guard.allowed),
+                }
+                if (guard := settings.reconcile.guard) is not None
+                else None
+            ),
+        },
+        "poll": dict(settings.poll.__dict__),
+        "kubeconfig": settings.kubeconfig,
+        "tools": {
+            "helm": tools.helm,
+            "kustomize": tools.kustomize,
+            "cacheRoot": str(tools.cache_root) if tools.cache_root else None,
+        },
+        "status": settings.status,
+        "hubPublicKey": str(settings.hub_public_key) if settings.hub_public_key else None,
+        "agentSealingKey": str(settings.agent_sealing_key) if settings.agent_sealing_key else None,
+        "plainHttpRegistries": settings.plain_http_registries,
+    }
+
+
+def settings_from_dict(
+    data: Mapping[str, Any], *, failpoint: Callable[[str], None] | None = None
+) -> AgentSettings:
+    """The settings :func:`settings_to_dict` wrote, with ``failpoint``.
+
+    Raises SettingsError (a setting is invalid), KeyError or TypeError (not such data).
+    """
+
+    def path(value: Any) -> Path | None:
+        return Path(value) if value else None
+
+    repo, trust, tools = data["repo"], data["trust"], data["tools"]
+    return AgentSettings(
+        repo=RepoSettings(
+            url=repo["url"],
+            cluster=repo["cluster"],
+            status_url=repo["statusUrl"],
+            cache_dir=Path(repo["cacheDir"]),
+            protocol_v2=bool(repo["protocolV2"]),
+        ),
+        trust=TrustSettings(
+            trusted_root=Path(trust["trustedRoot"]),
+            identity=trust["identity"],
+            issuer=trust["issuer"],
+            max_validity=timedelta(seconds=float(trust["maxValiditySeconds"])),
+        ),
+        reconcile=ReconcileSettings(
+            **{k: v for k, v in data["reconcile"].items() if k != "guard"},
+            guard=_guard(data["reconcile"].get("guard")),
+            failpoint=failpoint,
+        ),
+        poll=PollSettings(**data["poll"]),
+        kubeconfig=data["kubeconfig"],
+        tools=ToolSettings(
+            helm=tools["helm"], kustomize=tools["kustomize"], cache_root=path(tools["cacheRoot"])
+        ),
+        status=bool(data["status"]),
+        hub_public_key=path(data["hubPublicKey"]),
+        agent_sealing_key=path(data["agentSealingKey"]),
+        plain_http_registries=bool(data["plainHttpRegistries"]),
+    )
+
+
+def _guard(data: Mapping[str, Any] | None) -> Guard | None:
+    from agent.apply.guard import Guard
+
+    if data is None:
+        return None
+    return Guard(
+        agent_namespace=str(data["agentNamespace"]),
+        allowed=frozenset(str(name) for name in data["allowed"]),
+    )
+
+
 __all__ = [
     "AgentSettings",
     "PollSettings",
+    "ReconcileSettings",
     "RepoSettings",
     "SettingsError",
     "TrustSettings",
+    "settings_from_dict",
+    "settings_to_dict",
 ]

@@ -13,7 +13,8 @@ import pytest
 from agent.api.models import ManifestSelector
 from agent.apply.group import FIELD_MANAGER, apply_group
 from agent.apply.inventory import Entry, Inventory, plan_prune, prune
-from agent.apply.plan import ApplyError, ApplySettings, BundleInput, PlanError
+from agent.apply.plan import ApplyError, ApplySettings, BundleInput, PlanError, identity
+from agent.apply.verified import VerifiedObjects
 from agent.kube import LIST_FROM, KubeClient, ObjectRef
 from agent.render.plain import BUNDLE_LABEL, GROUP_LABEL
 from tests.realenv.kube import Cluster
@@ -256,6 +257,101 @@ def test_many_objects_of_a_kind_are_compared_through_one_list(
     assert actions == ["unchanged", "configured"] + ["unchanged"] * (len(objects) - 2)
     assert gets == ["cm-2"]  # only the object changed since the LIST is read again
     assert [r.uid for r in second.objects] == [r.uid for r in first.objects]
+
+
+def _count_dry_runs(kube: KubeClient, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Names of the objects dry-run through ``kube`` from now on (the real requests are made)."""
+    dry_runs: list[str] = []
+    real_apply = kube.apply
+
+    def apply(obj: Any, **kwargs: Any) -> Any:
+        if kwargs.get("dry_run"):
+            dry_runs.append(ObjectRef.of(obj).name)
+        return real_apply(obj, **kwargs)
+
+    monkeypatch.setattr(kube, "apply", apply)
+    return dry_runs
+
+
+def test_verified_objects_skip_their_dry_run_until_they_or_their_manifest_change(
+    kube: KubeClient, namespace: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    many = [
+        owned(configmap(namespace, f"cm-{i}", n=str(i)), "app", "apps")
+        for i in range(LIST_FROM + 2)
+    ]
+    few = [owned(deployment(namespace, "web"), "app", "apps")]
+    objects = [*many, *few]
+    verified = VerifiedObjects(tmp_path / "verified.json")
+    first = apply_group(
+        kube, [BundleInput(name="app", objects=objects)], agent_namespace=namespace,
+        verified=verified,
+    )  # fmt: skip
+    assert first.counts["created"] == len(objects)
+    deadline = time.monotonic() + 60
+    while "deployment.kubernetes.io/revision" not in (
+        (kube.get(few[0]) or {})["metadata"].get("annotations") or {}
+    ):
+        assert time.monotonic() < deadline, "the deployment controller never saw the Deployment"
+        time.sleep(0.2)
+    # Another process (the next worker) reads what this one saved.
+    verified = VerifiedObjects(tmp_path / "verified.json")
+    dry_runs = _count_dry_runs(kube, monkeypatch)
+    second = apply_group(
+        kube, [BundleInput(name="app", objects=objects)], agent_namespace=namespace,
+        verified=verified,
+    )  # fmt: skip
+    assert second.counts["unchanged"] == len(objects)
+    # The ConfigMaps were listed and are as applied; the Deployment's controller wrote to it
+    # after the apply (its revision annotation), so it is dry-run once more (twice if its
+    # status moves between the dry run and the read), then known.
+    assert set(dry_runs) == {"web"}
+    dry_runs.clear()
+    third = apply_group(
+        kube, [BundleInput(name="app", objects=objects)], agent_namespace=namespace,
+        verified=verified,
+    )  # fmt: skip
+    assert third.counts["unchanged"] == len(objects) and dry_runs == []
+
+    # Drift (someone edits cm-3) and a new manifest (cm-5): dry-run, then applied (taking the
+    # edited field back, as the agent does for the objects it applied before).
+    kube.patch(ObjectRef("v1", "ConfigMap", "cm-3", namespace), {"data": {"n": "edited"}})
+    objects[5]["data"]["n"] = "new"
+    reclaim = frozenset(identity(ObjectRef.of(o)) for o in objects)
+    fourth = apply_group(
+        kube,
+        [BundleInput(name="app", objects=objects, settings=ApplySettings(reclaim=reclaim))],
+        agent_namespace=namespace,
+        verified=verified,
+    )
+    assert sorted(dry_runs) == ["cm-3", "cm-5"]
+    assert {r.ref.name: r.action for r in fourth.objects if r.action != "unchanged"} == {
+        "cm-3": "configured",
+        "cm-5": "configured",
+    }
+    assert kube.get(objects[3])["data"] == {"n": "3"}  # type: ignore[index]
+
+
+def test_verified_objects_never_let_a_refused_group_write(
+    kube: KubeClient, namespace: str, tmp_path: Any
+) -> None:
+    good = [owned(configmap(namespace, f"cm-{i}", n=str(i)), "app", "apps") for i in range(3)]
+    verified = VerifiedObjects(tmp_path / "verified.json")
+    apply_group(
+        kube, [BundleInput(name="app", objects=good)], agent_namespace=namespace,
+        verified=verified,
+    )  # fmt: skip
+    changed = [configmap(namespace, f"cm-{i}", n="two") for i in range(3)]
+    bad = owned(configmap(namespace, "broken", **{"not a key!": "x"}), "app", "apps")
+    with pytest.raises(ApplyError):
+        apply_group(
+            kube,
+            [BundleInput(name="app", objects=[*[owned(c, "app", "apps") for c in changed], bad])],
+            agent_namespace=namespace,
+            verified=verified,
+        )
+    assert [kube.get(c)["data"] for c in good] == [{"n": str(i)} for i in range(3)]  # type: ignore[index]
+    assert kube.get(bad) is None
 
 
 # --- nothing written when anything is refused -------------------------------------------------

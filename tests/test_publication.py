@@ -47,9 +47,11 @@ from agent.verify import (
     SET_FILE,
     STATEMENT_FILE,
     ClusterProof,
+    DeferredTrust,
     IdentityPolicy,
     PublicationStatement,
     TrustPolicy,
+    VouchedSignature,
     verify_publication,
 )
 from agent.verify._sigstore import verify_statement_signature
@@ -271,6 +273,46 @@ def test_a_statement_edited_after_signing_is_refused(
     files = replaced(published.clusters["edge-a"].files, statement=json.dumps(statement).encode())
     with pytest.raises(SignatureError, match="does not verify over the statement"):
         verify_publication(files=files, cluster="edge-a", last_serial=1, trust=trust)
+
+
+def test_a_vouched_signature_stands_for_those_bytes_only(
+    published: Publication, trust: TrustPolicy
+) -> None:
+    """``agent run``'s worker checks a signature in a first step, then applies without
+    sigstore: the signature is taken as verified for exactly the bytes checked; any other
+    statement is verified for real (and a tampered one refused)."""
+    files = published.clusters["edge-a"].files
+    statement, bundle = files[STATEMENT_FILE], files[BUNDLE_FILE]
+    signer = verify_statement_signature(
+        statement=statement, bundle_json=bundle, trust=trust, bundle_name=BUNDLE_FILE
+    )
+    vouched = VouchedSignature.from_json(
+        VouchedSignature.of(
+            statement=statement, bundle_json=bundle, signer=signer, policy=trust.digest()
+        ).to_json()
+    )
+    loads: list[str] = []
+
+    def load() -> TrustPolicy:
+        loads.append("sigstore")
+        return trust
+
+    deferred = DeferredTrust(load=load, identity=trust.identity, vouched=vouched)
+    verified = verify_publication(files=files, cluster="edge-a", last_serial=1, trust=deferred)
+    assert verified.deployment_set == make_set("edge-a", 4)
+    assert verified.signer_identities == (DEFAULT_IDENTITY,)
+    assert loads == [] and deferred.digest() == trust.digest()
+    # Every other check still runs: a replayed serial is refused without sigstore too.
+    with pytest.raises(ReplayError):
+        verify_publication(files=files, cluster="edge-a", last_serial=4, trust=deferred)
+    assert loads == []
+
+    edited = json.loads(statement)
+    edited["expiresAt"] = "2099-01-01T00:00:00Z"
+    tampered = replaced(files, statement=json.dumps(edited).encode())
+    with pytest.raises(SignatureError, match="does not verify over the statement"):
+        verify_publication(files=tampered, cluster="edge-a", last_serial=1, trust=deferred)
+    assert loads == ["sigstore"]  # those bytes were not vouched for: verified for real
 
 
 def test_a_set_edited_after_signing_is_refused(published: Publication, trust: TrustPolicy) -> None:

@@ -35,6 +35,7 @@ class Reason(StrEnum):
     OUTPUT_FAILED = "OutputFailed"
     DRIFT_CORRECTION_FAILED = "DriftCorrectionFailed"
     API_UNAVAILABLE = "ApiUnavailable"
+    WORKER_FAILED = "WorkerFailed"
 
 
 REASON_HELP: dict[Reason, str] = {
@@ -71,6 +72,9 @@ REASON_HELP: dict[Reason, str] = {
     Reason.DRIFT_CORRECTION_FAILED: "Putting drifted objects back failed.",
     Reason.API_UNAVAILABLE: "The API server (or an API it aggregates) did not answer; retried "
     "with backoff.",
+    Reason.WORKER_FAILED: "The agent's worker process died (killed, out of memory) or hung "
+    "past `--worker-timeout`; retried with backoff, and a move it interrupted is finished or "
+    "rolled back (Progressing and Degraded; Ready keeps what it said).",
 }
 """One line per reason, for the API reference."""
 

@@ -14,6 +14,11 @@ When the bundle's identity may not read the object, it is applied and the resour
 before and after decide. The live objects are read before the dry run by one LIST per kind and
 namespace when the group has many of them there (a GET each otherwise, or when the object
 changed since the LIST: the dry run's resourceVersion must be the live object's).
+
+An object whose manifest and live state are what they were when the agent last applied it or
+found it unchanged (:mod:`agent.apply.verified`) skips its dry run: the apply could not change
+it, so it cannot be refused either, and nothing is written for it. A drift check of an
+unchanged group then costs its LISTs, not a dry run per object.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from agent.apply.plan import (
     identity,
     plan_group,
 )
+from agent.apply.verified import Key, VerifiedObjects, digest, key_of
 from agent.backoff import attempts, delay
 from agent.errors import TemporaryError
 from agent.kube import (
@@ -124,6 +130,10 @@ class _Work:
     unchanged: Object | None = None
     listed: Object | None = None
     """The live object as a LIST before the dry run saw it (None: not listed or absent)."""
+    verified: VerifiedObjects | None = None
+    key: Key | None = None
+    manifest: str = ""
+    """Digest of the manifest (when ``verified`` is given)."""
     answer: Object | None = None
     """The dry run's answer: the object as the apply would leave it."""
     live: Object | None = None
@@ -179,12 +189,47 @@ def _comparable(obj: Mapping[str, Any]) -> Object:
     return {**rest, "metadata": meta, "ours": ours}
 
 
+def _skip_dry_run(work: _Work) -> bool:
+    """Whether the object is, as last verified, what its manifest wants (see
+    :mod:`agent.apply.verified`): then it is ``unchanged`` without a dry run. Reads the live
+    object by a GET when the LIST did not; never raises for a refused read."""
+    verified, key = work.verified, work.key
+    if verified is None or key is None or not verified.known(key, work.manifest):
+        return False
+    live = work.listed
+    if live is None:
+        try:
+            live = work.client.get(work.planned.ref)
+        except (ForbiddenError, NotFoundError, ApiNotServedError):
+            return False
+        work.listed = live
+    if live is None or not verified.unchanged(key, work.manifest, _comparable(live)):
+        return False
+    work.existed = True
+    work.version_before = str(_meta(live).get("resourceVersion") or "")
+    work.unchanged = live
+    return True
+
+
+def _remember(work: _Work, live: Mapping[str, Any]) -> None:
+    if work.verified is not None and work.key is not None:
+        work.verified.remember(work.key, work.manifest, _comparable(live))
+
+
+def _forget(work: _Work) -> None:
+    if work.verified is not None and work.key is not None:
+        work.verified.forget(work.key)
+
+
 def _dry_run(work: _Work) -> None:
     """Dry-run the apply of one object; remember whether it exists, its resourceVersion, and
-    (reading the live object, only when it exists) whether the apply would change it.
+    (reading the live object, only when it exists) whether the apply would change it. An
+    object verified before and unchanged since (:func:`_skip_dry_run`) is not dry-run.
 
     Raises ApplyError, ApiUnavailableError.
     """
+    if _skip_dry_run(work):
+        return
     planned = work.planned
     # A controller writing to the object between the dry run and the read (a new Deployment's
     # status, several times in its first second) makes them incomparable: try again a few
@@ -195,6 +240,7 @@ def _dry_run(work: _Work) -> None:
                 planned.manifest, field_manager=FIELD_MANAGER, force=work.force, dry_run=True
             )
         except KubeApiError as exc:
+            _forget(work)
             raise _as_apply_error(exc, planned, dry_run=True) from exc
         version = str(_meta(answer).get("resourceVersion") or "")
         work.answer = answer
@@ -215,6 +261,7 @@ def _dry_run(work: _Work) -> None:
         work.live = live
         if _comparable(live) == _comparable(answer):
             work.unchanged = live
+            _remember(work, live)
         return
 
 
@@ -232,7 +279,9 @@ def _apply(work: _Work) -> ObjectResult:
     try:
         answer = work.client.apply(planned.manifest, field_manager=FIELD_MANAGER, force=work.force)
     except KubeApiError as exc:
+        _forget(work)
         raise _as_apply_error(exc, planned, dry_run=False) from exc
+    _remember(work, answer)
     meta = _meta(answer)
     version = str(meta.get("resourceVersion") or "")
     action: Action
@@ -338,6 +387,7 @@ def apply_group(
     on_progress: Progress | None = None,
     plan: Plan | None = None,
     between_waves: Callable[[ApplyResult], None] | None = None,
+    verified: VerifiedObjects | None = None,
     guard: Guard | None = None,
 ) -> ApplyResult:
     """Dry-run, then apply, every object of a group (see the module docstring).
@@ -347,7 +397,8 @@ def apply_group(
     short message before each step. ``plan`` may be given when already computed. Objects
     after the Namespaces are applied wave by wave (:attr:`PlannedObject.wave`); between two
     waves ``between_waves`` is called with what was applied so far (a health wait: it raises
-    to stop the apply).
+    to stop the apply). ``verified``: objects verified before, whose dry run is skipped while
+    they and their manifests stay the same (:mod:`agent.apply.verified`); updated and saved.
 
     Raises PlanError (an object's API is not served and it is not optional), ApplyError (the
     first object refused, by the dry run or by the apply: bundle, object and server message;
@@ -356,7 +407,28 @@ def apply_group(
     say = on_progress or (lambda _message: None)
     plan = plan if plan is not None else plan_group(bundles, kube, guard=guard)
     works = _works(kube, bundles, plan, agent_namespace)
-    later: list[_Work] = []
+    if verified is not None:
+        for work in works:
+            work.verified = verified
+            work.key = key_of(work.planned.ref, work.client.impersonate)
+            work.manifest = digest(work.planned.manifest)
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="apply") as pool:
+            return _stages(pool, works, plan, say, establish_timeout, between_waves)
+    finally:
+        if verified is not None:
+            verified.save()
+
+
+def _stages(
+    pool: ThreadPoolExecutor,
+    works: list[_Work],
+    plan: Plan,
+    say: Progress,
+    establish_timeout: float,
+    between_waves: Callable[[ApplyResult], None] | None,
+) -> ApplyResult:
+    """The dry run, then the stages (see :func:`apply_group`)."""
 
     def first_dry_run(work: _Work) -> bool:
         try:
@@ -368,45 +440,42 @@ def apply_group(
             raise
         return True
 
-    with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="apply") as pool:
-        _list_live(pool, works)
-        say(f"dry run of {len(works)} objects")
-        done = _run_all(pool, first_dry_run, works)
-        later = [w for w, ok in zip(works, done, strict=True) if not ok]
-        results: list[ObjectResult] = []
-        waves = sorted({w.planned.wave for w in works if w.planned.stage > STAGE_NAMESPACES})
-        for stage, name in enumerate(STAGE_NAMES[: STAGE_NAMESPACES + 1]):
-            stage_works = [w for w in works if w.planned.stage == stage]
+    _list_live(pool, works)
+    say(f"dry run of {len(works)} objects")
+    done = _run_all(pool, first_dry_run, works)
+    later = [w for w, ok in zip(works, done, strict=True) if not ok]
+    results: list[ObjectResult] = []
+    waves = sorted({w.planned.wave for w in works if w.planned.stage > STAGE_NAMESPACES})
+    for stage, name in enumerate(STAGE_NAMES[: STAGE_NAMESPACES + 1]):
+        stage_works = [w for w in works if w.planned.stage == stage]
+        if not stage_works:
+            continue
+        say(f"applying {len(stage_works)} {name} ({stage + 1}/{len(STAGE_NAMES)})")
+        results.extend(_run_all(pool, _apply, stage_works))
+        if stage == STAGE_CRDS:
+            say(f"waiting for {len(stage_works)} CustomResourceDefinitions to be Established")
+            _wait_established(stage_works, establish_timeout)
+            for client in {id(w.client): w.client for w in works}.values():
+                client.forget_discovery()
+    if later:
+        say(f"dry run of {len(later)} objects that needed the group's CRDs/Namespaces")
+        _run_all(pool, _dry_run, later)
+    for index, wave in enumerate(waves):
+        if index:
+            # The previous waves are applied: they must be healthy before this one starts.
+            say(f"waiting for wave {waves[index - 1]} to be healthy")
+            if between_waves is not None:
+                between_waves(ApplyResult(objects=tuple(results), skipped=plan.skipped))
+        for stage in range(STAGE_NAMESPACES + 1, len(STAGE_NAMES)):
+            stage_works = [w for w in works if w.planned.stage == stage and w.planned.wave == wave]
             if not stage_works:
                 continue
-            say(f"applying {len(stage_works)} {name} ({stage + 1}/{len(STAGE_NAMES)})")
+            shown = f" of wave {wave}" if len(waves) > 1 else ""
+            say(
+                f"applying {len(stage_works)} {STAGE_NAMES[stage]}{shown} "
+                f"({stage + 1}/{len(STAGE_NAMES)})"
+            )
             results.extend(_run_all(pool, _apply, stage_works))
-            if stage == STAGE_CRDS:
-                say(f"waiting for {len(stage_works)} CustomResourceDefinitions to be Established")
-                _wait_established(stage_works, establish_timeout)
-                for client in {id(w.client): w.client for w in works}.values():
-                    client.forget_discovery()
-        if later:
-            say(f"dry run of {len(later)} objects that needed the group's CRDs/Namespaces")
-            _run_all(pool, _dry_run, later)
-        for index, wave in enumerate(waves):
-            if index:
-                # The previous waves are applied: they must be healthy before this one starts.
-                say(f"waiting for wave {waves[index - 1]} to be healthy")
-                if between_waves is not None:
-                    between_waves(ApplyResult(objects=tuple(results), skipped=plan.skipped))
-            for stage in range(STAGE_NAMESPACES + 1, len(STAGE_NAMES)):
-                stage_works = [
-                    w for w in works if w.planned.stage == stage and w.planned.wave == wave
-                ]
-                if not stage_works:
-                    continue
-                shown = f" of wave {wave}" if len(waves) > 1 else ""
-                say(
-                    f"applying {len(stage_works)} {STAGE_NAMES[stage]}{shown} "
-                    f"({stage + 1}/{len(STAGE_NAMES)})"
-                )
-                results.extend(_run_all(pool, _apply, stage_works))
     return ApplyResult(objects=tuple(results), skipped=plan.skipped)
 
 

@@ -195,14 +195,22 @@ def wait_healthy(
 
     started = clock()
     deadline = started + timeout
+    # Positions in the report: the objects (when assessed), then the checks. An object or a
+    # check found Current is not read again: each round reads only what is still pending
+    # (as `kubectl rollout status` follows each rollout until it is done), so a large group
+    # of ConfigMaps and a few Deployments costs one LIST of each kind, then the Deployments'.
+    offset = len(objects) if builtin else 0
+    pending_objects = list(range(offset))
+    pending_checks = list(range(len(checks)))
+    latest: dict[int, ObjectHealth] = {}
     last: list[ObjectHealth] | None = None
     error: ApiUnavailableError | None = None
     while True:
         try:
-            last = assess_live(
+            fresh = assess_live(
                 kube,
-                objects,
-                checks=checks,
+                [objects[i] for i in pending_objects],
+                checks=[checks[j] for j in pending_checks],
                 default_namespace=default_namespace,
                 builtin=builtin,
                 wait_for_load_balancer=wait_for_load_balancer,
@@ -210,11 +218,18 @@ def wait_healthy(
         except ApiUnavailableError as exc:
             error = exc
         else:
+            positions = [*pending_objects, *(offset + j for j in pending_checks)]
+            latest.update(zip(positions, fresh, strict=True))
+            last = [latest[i] for i in sorted(latest)]
             if on_progress is not None:
                 on_progress(last)
             failed = tuple(r for r in last if r.status is Status.FAILED)
             if all(r.status is Status.CURRENT for r in last) or (fail_fast and failed):
                 return HealthReport(tuple(last), elapsed=clock() - started, failed=failed)
+            pending_objects = [i for i in pending_objects if latest[i].status is not Status.CURRENT]
+            pending_checks = [
+                j for j in pending_checks if latest[offset + j].status is not Status.CURRENT
+            ]
         now = clock()
         if now >= deadline:
             if last is None:

@@ -29,6 +29,7 @@ from agent.api.reasons import Reason
 from agent.apply import Inventory, Key
 from agent.apply.intent import GroupRecords
 from agent.apply.store import RevisionStore
+from agent.apply.verified import VerifiedObjects
 from agent.approve.gate import Approvals
 from agent.errors import TemporaryError
 from agent.kube import ApiUnavailableError, KubeClient
@@ -126,9 +127,12 @@ class Reconciler:
         outputs: OutputsStage | None = None,
         clock: Callable[[], datetime] = now,
         metrics: Metrics | None = None,
+        verified: VerifiedObjects | None = None,
         approvals: Approvals | None = None,
     ) -> None:
-        """``approvals``: default, this agent's requests and the cluster's ApprovalPolicies
+        """``verified``: objects applied or found unchanged before, whose dry run is skipped
+        while they and their manifests stay the same (None: every object is dry-run).
+        ``approvals``: default, this agent's requests and the cluster's ApprovalPolicies
         through ``kube``."""
         self.kube = kube
         self.settings = settings
@@ -139,6 +143,7 @@ class Reconciler:
         self.outputs = outputs
         self.clock = clock
         self.metrics = metrics
+        self.verified = verified
         self.identities = Identities(kube=kube, agent_namespace=settings.agent_namespace)
         self.approvals = approvals or Approvals(kube=kube, agent_namespace=settings.agent_namespace)
 
@@ -191,6 +196,7 @@ class Reconciler:
                 outputs=self.outputs,
                 clock=self.clock,
                 metrics=self.metrics,
+                verified=self.verified,
                 approvals=self.approvals,
             )
 

@@ -103,6 +103,7 @@ def apply_steady(ctx: GroupContext, inputs: list[BundleInput]) -> ApplyResult:
         workers=ctx.settings.workers,
         establish_timeout=ctx.settings.establish_timeout,
         guard=ctx.settings.guard,
+        verified=ctx.verified,
     )
 
 
@@ -129,6 +130,7 @@ def apply_moving(
             plan=plan,
             on_progress=lambda message: ctx.failpoint(f"apply:{message}"),
             between_waves=between_waves,
+            verified=ctx.verified,
         )
     except ApplyError as exc:
         # The first dry run covers every object that is not deferred, before any write.

@@ -17,15 +17,16 @@ from typing import TYPE_CHECKING, Any
 
 from agent.api import BundleDeploymentEntry, BundleDeploymentSet, BundleDeploymentSpec, Revision
 from agent.apply import ApplyError, Key
-from agent.apply.guard import Guard
 from agent.apply.intent import GroupRecords
 from agent.apply.store import RevisionStore
+from agent.apply.verified import VerifiedObjects
 from agent.errors import PermanentError, TemporaryError
 from agent.kube import KubeClient
 from agent.report.metrics import Metrics
 from agent.report.outputs import OutputsStage
 from agent.report.runs import RunLog
 from agent.report.view import BundleView, BundleViews
+from agent.settings import ReconcileSettings
 
 if TYPE_CHECKING:
     from agent.approve.gate import Approvals
@@ -36,38 +37,6 @@ RenderFn = Callable[
 ]
 """Renders some entries of a set: bundle name -> finished objects. Raises the inbound
 pipeline's errors (FetchError: temporary; ContentRefusedError, InvalidManifestError: not)."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class ReconcileSettings:
-    """How the agent moves groups."""
-
-    agent_namespace: str
-    """Where its own objects live (revision store, group records, runs, credentials)."""
-    health_interval: float = 1.0
-    """Seconds between two health assessments while waiting for a group."""
-    uninstall_failed_install: bool = False
-    """A first install that fails has no previous revision: leave it as it is (default, for
-    inspection; still known, so removing the bundle deletes it) or delete what it created."""
-    workers: int = 8
-    """Objects of a stage applied concurrently."""
-    parallel_groups: int = 4
-    """Independent groups (no ``dependsOn`` path between them) moved concurrently."""
-    retry_backoff: float = 30.0
-    """Seconds before a target refused for a reason the cluster caused (a missing namespace
-    or CRD, a webhook down) is tried again by itself; doubles with each attempt, up to 10
-    minutes."""
-    establish_timeout: float = 60.0
-    """Seconds a group's CRDs may take to become Established."""
-    guard: Guard | None = None
-    """The agent's own objects, off limits to bundle content (None: nothing guarded; the
-    CLI always sets it)."""
-    failpoint: Callable[[str], None] | None = None
-    """Called with the name of each step of a move (``approved``, ``intent``,
-    ``apply:<progress>``,
-    ``applied``, ``health``, ``healthy``, ``pruned``, ``stored``, ``finished``, ``rollback``,
-    ``rollback:applied``, ``rollback:pruned``): fault injection for crash tests
-    (``FLEETLET_FAILPOINT``); None in production."""
 
 
 class Identities:
@@ -193,6 +162,8 @@ class GroupContext:
     outputs: OutputsStage | None
     clock: Callable[[], datetime]
     metrics: Metrics | None = None
+    verified: VerifiedObjects | None = None
+    """Objects verified before: their dry run is skipped while nothing changed."""
     approvals: Approvals | None = None
     """Approval requests and the cluster's ApprovalPolicies (None: moves are never held for
     an approval)."""

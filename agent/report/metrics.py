@@ -36,6 +36,10 @@ SYNC_RESULTS = ("success", "failed", "error")
 """``success``: every group where it should be; ``failed``: a group failed (rolled back or
 not); ``error``: the tick raised (git or API server away, a refused publication)."""
 
+WORKER_FAILURE_CAUSES = ("signal", "exit", "timeout", "result")
+"""Why a worker ended without a result (see :class:`agent.runner.launcher.WorkerFailedError`)."""
+DRIFT_CHECK_RESULTS = ("unchanged", "changed", "unknown")
+
 # Ticks take from milliseconds (an idle poll) to minutes (a large group waiting for health).
 _DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 
@@ -173,6 +177,40 @@ class Metrics:
             ["result"],
             registry=r,
         )
+        self.worker_runs = Counter(
+            f"{PREFIX}_worker_runs_total",
+            "Worker processes run (agent run), by job (tick, drift) and result (ok: it wrote "
+            "its result, whatever the job's outcome; failed: it died or hung).",
+            ["job", "result"],
+            registry=r,
+        )
+        self.worker_failures = Counter(
+            f"{PREFIX}_worker_failures_total",
+            "Workers that ended without a result, by cause (signal: killed, e.g. out of "
+            "memory; exit: an error exit; timeout: killed after --worker-timeout; result: "
+            "unreadable result).",
+            ["cause"],
+            registry=r,
+        )
+        self.worker_duration = Histogram(
+            f"{PREFIX}_worker_duration_seconds",
+            "Time a worker process ran, by job.",
+            ["job"],
+            buckets=_DURATION_BUCKETS,
+            registry=r,
+        )
+        self.worker_max_rss = Gauge(
+            f"{PREFIX}_worker_max_resident_bytes",
+            "Peak resident memory of the last worker that finished.",
+            registry=r,
+        )
+        self.drift_checks = Counter(
+            f"{PREFIX}_drift_checks_total",
+            "Drift checks of the supervisor, by result (unchanged: nothing the set owns moved, "
+            "no worker ran; changed; unknown: the check could not be made, a worker checked).",
+            ["result"],
+            registry=r,
+        )
         # Every label value known up front is exported at 0, so rate() works from the start.
         for result in SYNC_RESULTS:
             self.syncs.labels(result=result)
@@ -180,6 +218,10 @@ class Metrics:
             self.cache_lookups.labels(result=value)
         for value in ("success", "failure"):
             self.status_pushes.labels(result=value)
+        for value in WORKER_FAILURE_CAUSES:
+            self.worker_failures.labels(cause=value)
+        for value in DRIFT_CHECK_RESULTS:
+            self.drift_checks.labels(result=value)
 
     # --- the small recording methods -----------------------------------------------------
 
@@ -233,6 +275,36 @@ class Metrics:
     def status_pushed(self, *, ok: bool) -> None:
         """A status push succeeded or failed."""
         self.status_pushes.labels(result="success" if ok else "failure").inc()
+
+    def worker_finished(
+        self,
+        job: str,
+        seconds: float,
+        *,
+        failure: str | None = None,
+        max_rss: int | None = None,
+    ) -> None:
+        """A worker ran ``job`` for ``seconds``: it wrote its result (``failure`` None; its
+        peak memory ``max_rss`` in bytes when known) or ended without one for ``failure``, one
+        of :data:`WORKER_FAILURE_CAUSES`.
+
+        Raises ValueError for another cause.
+        """
+        if failure is not None and failure not in WORKER_FAILURE_CAUSES:
+            raise ValueError(f"worker failure must be one of {WORKER_FAILURE_CAUSES}")
+        self.worker_runs.labels(job=job, result="failed" if failure else "ok").inc()
+        self.worker_duration.labels(job=job).observe(seconds)
+        if failure is not None:
+            self.worker_failures.labels(cause=failure).inc()
+        if max_rss is not None:
+            self.worker_max_rss.set(max_rss)
+
+    def drift_checked(self, result: str) -> None:
+        """A drift check of the supervisor ended with ``result``, one of
+        :data:`DRIFT_CHECK_RESULTS`. Raises ValueError for another result."""
+        if result not in DRIFT_CHECK_RESULTS:
+            raise ValueError(f"drift check result must be one of {DRIFT_CHECK_RESULTS}")
+        self.drift_checks.labels(result=result).inc()
 
     # --- a whole tick ----------------------------------------------------------------------
 

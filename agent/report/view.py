@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from agent.api import Revision, format_time, from_dict, to_dict
+from agent.api import Revision, format_time, from_dict, parse_time, to_dict
 from agent.api.reasons import Phase, Reason
 from agent.api.status import HealthSummary, Run
 from agent.errors import FleetletError
@@ -97,6 +97,13 @@ class BundleView:
         an approval)."""
         self.phase = phase
         self._triple("False", "True", "False", reason, message)
+
+    def mark_worker_failed(self, message: str) -> None:
+        """The agent's previous worker died or hung: Progressing (it is retried) and Degraded
+        say so; Ready keeps what it said, since nothing shows what runs has changed. The
+        worker that reports it goes on to set the state it finds."""
+        self.set("Progressing", "True", Reason.WORKER_FAILED, message)
+        self.set("Degraded", "True", Reason.WORKER_FAILED, message)
 
     def mark_stopped(self, reason: str, message: str, *, phase: Phase) -> None:
         """Not Ready, not moving, not Degraded: held where it is by a decision (a denied
@@ -178,6 +185,11 @@ class BundleViews:
                 view.phase = Phase(str(live.get("phase") or Phase.PENDING))
             for c in live.get("conditions") or []:
                 view.set(c["type"], c["status"], c["reason"], c.get("message", ""))
+                # The transition time the cluster shows, not this process's start: a restart
+                # (every worker of ``agent run`` is one) changes no condition.
+                since = parse_time(str(c.get("lastTransitionTime") or ""))
+                if since is not None:
+                    view.since[c["type"]] = since
         view.runs = self._runs.runs(name)
         return view
 

@@ -8,9 +8,12 @@ touches sigstore-python.
 
 from agent.verify._sigstore import (
     DEFAULT_MAX_VALIDITY,
+    DeferredTrust,
     IdentityPolicy,
     SignerIdentity,
     TrustPolicy,
+    VouchedSignature,
+    verify_statement_signature,
 )
 from agent.verify.publication import (
     BRANCH_FILES,
@@ -34,10 +37,13 @@ __all__ = [
     "SET_FILE",
     "STATEMENT_FILE",
     "ClusterProof",
+    "DeferredTrust",
     "IdentityPolicy",
     "PublicationStatement",
     "SignerIdentity",
     "TrustPolicy",
     "VerifiedPublication",
+    "VouchedSignature",
     "verify_publication",
+    "verify_statement_signature",
 ]

@@ -13,7 +13,10 @@ resident memory, so it is imported only when a :class:`TrustPolicy` is built: im
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING
@@ -107,6 +110,131 @@ class TrustPolicy:
             self.verifier = Verifier(trusted_root=self.trusted_root)
         except Exception as exc:  # sigstore raises several unrelated types for a bad root
             raise TrustConfigError(f"trusted root: unusable: {_one_line(exc)}") from exc
+
+    def digest(self) -> str:
+        """A digest of who may sign and which CAs are trusted (and the longest validity): a
+        refusal is remembered under it, so a changed policy tries the same commit again."""
+        from cryptography.hazmat.primitives import hashes
+
+        from agent.api import canonical_bytes, digest_of
+
+        cas = sorted(
+            c.fingerprint(hashes.SHA256()).hex() for c in self.trusted_root.get_fulcio_certs()
+        )
+        return digest_of(
+            canonical_bytes(
+                {
+                    "issuer": self.identity.issuer,
+                    "subject": self.identity.subject,
+                    "cas": cas,
+                    "maxValidity": self.max_validity.total_seconds(),
+                }
+            )
+        )
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+@dataclass(frozen=True, kw_only=True)
+class VouchedSignature:
+    """A signature verified by an earlier step of the same job: the exact statement and
+    bundle bytes (their SHA-256), who signed them and the digest of the trust policy they were
+    verified under (:meth:`TrustPolicy.digest`).
+
+    ``agent run``'s worker checks a new publication's signature first, in a process of its
+    own, then replaces itself (``exec``) with the process that renders and applies, which
+    never loads sigstore (about 45 MB) unless it must verify other bytes. Only those same
+    bytes are accepted on its word: :func:`verify_statement_signature` verifies anything else.
+    """
+
+    statement_sha256: str
+    bundle_sha256: str
+    identities: tuple[str, ...]
+    issuer: str | None
+    policy: str
+
+    @classmethod
+    def of(
+        cls, *, statement: bytes, bundle_json: bytes, signer: SignerIdentity, policy: str
+    ) -> VouchedSignature:
+        return cls(
+            statement_sha256=_sha256(statement),
+            bundle_sha256=_sha256(bundle_json),
+            identities=signer.identities,
+            issuer=signer.issuer,
+            policy=policy,
+        )
+
+    def covers(self, statement: bytes, bundle_json: bytes) -> bool:
+        """Whether these are the bytes that were verified."""
+        return (
+            _sha256(statement) == self.statement_sha256
+            and _sha256(bundle_json) == self.bundle_sha256
+        )
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "statement": self.statement_sha256,
+                "bundle": self.bundle_sha256,
+                "identities": list(self.identities),
+                "issuer": self.issuer,
+                "policy": self.policy,
+            },
+            sort_keys=True,
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> VouchedSignature:
+        """Raises ValueError (not such a record)."""
+        try:
+            doc = json.loads(text)
+            return cls(
+                statement_sha256=str(doc["statement"]),
+                bundle_sha256=str(doc["bundle"]),
+                identities=tuple(str(i) for i in doc["identities"]),
+                issuer=doc["issuer"],
+                policy=str(doc["policy"]),
+            )
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"not a vouched signature: {exc}") from exc
+
+
+class DeferredTrust:
+    """The trust policy, built (and sigstore loaded) only when a signature must be checked;
+    with ``vouched``, the signature of those exact bytes is taken as verified.
+
+    ``load`` builds the :class:`TrustPolicy` (it raises TrustConfigError); ``identity`` and
+    ``max_validity`` are the policy's, known without loading it.
+    """
+
+    def __init__(
+        self,
+        *,
+        load: Callable[[], TrustPolicy],
+        identity: IdentityPolicy,
+        max_validity: timedelta = DEFAULT_MAX_VALIDITY,
+        vouched: VouchedSignature | None = None,
+    ) -> None:
+        self._load = load
+        self._policy: TrustPolicy | None = None
+        self.identity = identity
+        self.max_validity = max_validity
+        self.vouched = vouched
+
+    def policy(self) -> TrustPolicy:
+        """The trust policy, built on first use. Raises TrustConfigError."""
+        if self._policy is None:
+            self._policy = self._load()
+        return self._policy
+
+    def digest(self) -> str:
+        """:meth:`TrustPolicy.digest` (the vouched signature's, without loading sigstore)."""
+        if self.vouched is not None and self._policy is None:
+            return self.vouched.policy
+        return self.policy().digest()
 
 
 def _load_root(path: str | os.PathLike[str]) -> TrustedRoot:
@@ -213,14 +341,21 @@ class _ClassifyingIdentity:
 
 
 def verify_statement_signature(
-    *, statement: bytes, bundle_json: bytes, trust: TrustPolicy, bundle_name: str
+    *, statement: bytes, bundle_json: bytes, trust: TrustPolicy | DeferredTrust, bundle_name: str
 ) -> SignerIdentity:
-    """Verify the Sigstore bundle ``bundle_json`` over ``statement`` against ``trust``.
+    """Verify the Sigstore bundle ``bundle_json`` over ``statement`` against ``trust`` (a
+    :class:`DeferredTrust` vouching for exactly these bytes answers without sigstore).
 
     Returns who signed. Raises :class:`SignatureError` (unreadable bundle, statement edited,
     signature or log entry inconsistent), :class:`UntrustedSignerError` (certificate, SCT or
-    time source not trusted by the trusted root) or :class:`IdentityMismatchError`.
+    time source not trusted by the trusted root), :class:`IdentityMismatchError`,
+    TrustConfigError (a deferred policy that cannot be built).
     """
+    if isinstance(trust, DeferredTrust):
+        vouched = trust.vouched
+        if vouched is not None and vouched.covers(statement, bundle_json):
+            return SignerIdentity(identities=vouched.identities, issuer=vouched.issuer)
+        trust = trust.policy()
     from sigstore.models import Bundle
 
     try:

@@ -39,7 +39,7 @@ from agent.errors import (
     ValidityTooLongError,
     WrongClusterError,
 )
-from agent.verify._sigstore import TrustPolicy, verify_statement_signature
+from agent.verify._sigstore import DeferredTrust, TrustPolicy, verify_statement_signature
 from agent.verify.merkle import HASH_SIZE, publication_leaf, verify_inclusion
 
 API_VERSION = "fleetlet.io/v1alpha1"
@@ -275,7 +275,7 @@ def verify_publication(
     files: Mapping[str, bytes],
     cluster: str,
     last_serial: int | None,
-    trust: TrustPolicy,
+    trust: TrustPolicy | DeferredTrust,
     now: datetime | None = None,
     clock_skew: timedelta = DEFAULT_CLOCK_SKEW,
 ) -> VerifiedPublication:

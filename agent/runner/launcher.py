@@ -1,0 +1,213 @@
+"""Start a worker process for one job, wait for it (bounded), read what it did.
+
+:meth:`WorkerLauncher.run` writes the :class:`~agent.runner.protocol.JobRequest`, starts
+``python -m agent.runner.worker REQUEST`` in a session of its own (so that the worker and
+whatever it started, helm or kustomize, are killed together) and waits for it up to the
+timeout. A worker that does not exit in time is killed with SIGKILL: crash safety makes that
+safe at any point (the next worker resumes or returns the interrupted move). Every way a
+worker can fail without a result (killed by a signal, an exit code, a timeout, an unreadable
+result) raises :class:`WorkerFailedError`, a temporary error: the scheduler backs off.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from agent.errors import TemporaryError
+from agent.runner.protocol import JobRequest, JobResult, write_atomically
+
+FailureCause = Literal["signal", "exit", "timeout", "result"]
+FAILURE_CAUSES: tuple[FailureCause, ...] = ("signal", "exit", "timeout", "result")
+
+
+class WorkerFailedError(TemporaryError):
+    """A worker ended without a result: killed (``cause`` ``signal``: the OOM killer, a
+    node's kill, a crash), exited with an error code (``exit``), did not finish within the
+    timeout and was killed (``timeout``), or wrote no readable result (``result``)."""
+
+    reason = "WorkerFailed"
+
+    def __init__(self, message: str, *, cause: FailureCause, seconds: float) -> None:
+        super().__init__(message)
+        self.cause = cause
+        self.seconds = seconds
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerRun:
+    """A worker that wrote its result: the result, how long it ran, its peak memory."""
+
+    result: JobResult
+    seconds: float
+    max_rss: int
+    """The worker's peak resident memory in bytes (``ru_maxrss`` of its rusage)."""
+
+
+class WorkerLauncher:
+    """Runs workers, one at a time, with request and result files under ``workdir``."""
+
+    def __init__(
+        self,
+        *,
+        workdir: Path,
+        timeout: float,
+        python: str = sys.executable,
+        environ: Mapping[str, str] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """``timeout``: seconds a worker may run; ``environ``: its environment (default: this
+        process's, which carries ``FLEETLET_*``, ``PYTHONPATH`` and credentials' paths)."""
+        self.workdir = Path(workdir)
+        self.timeout = timeout
+        self._python = python
+        self._environ = environ
+        self._clock = clock
+        self._lock = threading.Lock()
+        self.running: int | None = None
+        """The pid of the worker running now (None: none)."""
+        self.workdir.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def progress(self) -> Path:
+        """Where a running worker writes its status document (for the heartbeats)."""
+        return self.workdir / "progress.json"
+
+    def run(
+        self,
+        job: Literal["tick", "drift"],
+        *,
+        settings: Mapping[str, object],
+        progress_interval: float,
+        previous_failure: str | None = None,
+        known_commits: tuple[str, ...] = (),
+        log_level: str = "info",
+        log_format: str = "text",
+    ) -> WorkerRun:
+        """Run ``job`` in a new worker and wait for it (at most :attr:`timeout`).
+
+        Raises WorkerFailedError (no result: see the class), OSError (the worker cannot be
+        started).
+        """
+        with self._lock:
+            request = JobRequest(
+                job=job,
+                settings=settings,
+                result=self.workdir / "result.json",
+                progress=self.progress,
+                progress_interval=progress_interval,
+                parent_pid=os.getpid(),
+                previous_failure=previous_failure,
+                known_commits=known_commits,
+                log_level=log_level,
+                log_format=log_format,
+            )
+            for stale in (request.result, request.progress):
+                with contextlib.suppress(FileNotFoundError):
+                    stale.unlink()
+            path = self.workdir / "request.json"
+            # Settings only, no secret: credentials stay in their files and variables.
+            write_atomically(path, request.to_json())
+            started = self._clock()
+            worker = subprocess.Popen(
+                [self._python, "-m", "agent.runner.worker", str(path)],
+                stdin=subprocess.DEVNULL,
+                env=dict(self._environ) if self._environ is not None else None,
+                start_new_session=True,
+            )
+            self.running = worker.pid
+            try:
+                status, max_rss, timed_out = self._wait(worker)
+            finally:
+                self.running = None
+                # What the worker started (helm, kustomize) goes with it.
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(worker.pid, signal.SIGKILL)
+                _reap_group(worker.pid)
+            seconds = self._clock() - started
+            return self._outcome(job, request.result, status, max_rss, timed_out, seconds)
+
+    def _wait(self, worker: subprocess.Popen[bytes]) -> tuple[int, int, bool]:
+        """Wait for the worker (reaping it with its rusage); kill it past the timeout.
+        Returns its wait status, its ``ru_maxrss`` in bytes and whether it timed out."""
+        ended = threading.Event()
+        outcome: list[tuple[int, int]] = []
+
+        def reap() -> None:
+            _pid, status, usage = os.wait4(worker.pid, 0)
+            outcome.append((status, int(usage.ru_maxrss) * 1024))
+            ended.set()
+
+        reaper = threading.Thread(target=reap, name="worker-reaper", daemon=True)
+        reaper.start()
+        timed_out = not ended.wait(self.timeout)
+        if timed_out:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(worker.pid, signal.SIGKILL)
+            reaper.join()
+        status, max_rss = outcome[0]
+        # Reaped here: the Popen object must not wait for it again.
+        worker.returncode = os.waitstatus_to_exitcode(status)
+        return status, max_rss, timed_out
+
+    def _outcome(
+        self,
+        job: str,
+        result_path: Path,
+        status: int,
+        max_rss: int,
+        timed_out: bool,
+        seconds: float,
+    ) -> WorkerRun:
+        what = f"the {job} worker"
+        if timed_out:
+            raise WorkerFailedError(
+                f"{what} did not finish within {self.timeout:g} s and was killed",
+                cause="timeout",
+                seconds=seconds,
+            )
+        if os.WIFSIGNALED(status):
+            number = os.WTERMSIG(status)
+            name = signal.Signals(number).name if number in signal.valid_signals() else "?"
+            raise WorkerFailedError(
+                f"{what} was killed by signal {number} ({name}) after {seconds:.0f} s"
+                + (" (out of memory?)" if number == signal.SIGKILL else ""),
+                cause="signal",
+                seconds=seconds,
+            )
+        try:
+            result = JobResult.from_json(result_path.read_bytes())
+        except (OSError, ValueError) as exc:
+            code = os.waitstatus_to_exitcode(status)
+            cause: FailureCause = "exit" if code != 0 else "result"
+            raise WorkerFailedError(
+                f"{what} exited with code {code} after {seconds:.0f} s without a result ({exc})",
+                cause=cause,
+                seconds=seconds,
+            ) from exc
+        return WorkerRun(result=result, seconds=seconds, max_rss=max_rss)
+
+
+def _reap_group(pgid: int) -> None:
+    """Reap what is left of a worker's process group (just killed): as a container's first
+    process the agent inherits what the worker started (a helm), and without a wait they would
+    stay zombies. Only the group's members are waited for, never another child of the agent;
+    they were sent SIGKILL, so the wait is short. Outside a container (not pid 1, not a
+    subreaper) the agent has none of them and this returns at once."""
+    while True:
+        try:
+            os.waitpid(-pgid, 0)
+        except ChildProcessError:
+            return
+
+
+__all__ = ["FAILURE_CAUSES", "FailureCause", "WorkerFailedError", "WorkerLauncher", "WorkerRun"]

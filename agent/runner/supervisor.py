@@ -1,0 +1,315 @@
+"""The long-lived half of ``fleetlet agent run``: poll, check for drift, heartbeat, and start a
+worker when there is work (see :mod:`agent.runner`).
+
+:class:`Supervisor` gives :class:`~agent.schedule.AgentScheduler` its three jobs:
+
+- :meth:`Supervisor.poll`: one ``ls-refs`` of the cluster's branch. When the branch is where
+  the last worker left it (the commit the cluster runs, or one refused for good), nothing else
+  happens: an idle poll is that one request. Otherwise, and while the last worker left work
+  pending (a temporary failure), a failed target's retry is due or a worker failed, a
+  ``tick`` worker runs.
+- :meth:`Supervisor.drift`: the fingerprint of what the accepted set owns
+  (:mod:`agent.runner.fingerprint`); when it is what it was just before the last successful
+  outbound pass, nothing changed and nothing runs; otherwise a ``drift`` worker runs.
+- :meth:`Supervisor.heartbeat`: the status document pushed when it changed or is due; while a
+  worker runs, the document it writes as it progresses.
+
+A worker's errors come back as the same temporary or permanent errors the scheduler already
+backs off on; a worker that died or hung raises :class:`~agent.runner.launcher.WorkerFailedError`
+(temporary: backoff), is counted in the metrics, said in the status document at once, and on
+the BundleDeployments by the next worker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+
+from agent.api.models import Condition
+from agent.api.status import ClusterStatus, load_status
+from agent.errors import (
+    ConfigurationError,
+    FleetletError,
+    PermanentError,
+    TemporaryError,
+    ValidationError,
+)
+from agent.report.metrics import Metrics
+from agent.report.push import StatusPusher
+from agent.runner.fingerprint import Fingerprint, take
+from agent.runner.launcher import WorkerFailedError, WorkerLauncher
+from agent.runner.protocol import Job, JobError, JobResult
+from agent.runner.reader import ClusterReader, ReaderError
+from agent.runner.relay import replay
+from agent.settings import AgentSettings, settings_to_dict
+from agent.source.branch import BranchNotFoundError, BranchWatcher
+
+log = logging.getLogger(__name__)
+
+WORKER_FAILED = "WorkerFailed"
+
+
+class JobRefusedError(PermanentError):
+    """A worker's job ended with a permanent error (a refused publication: the next polls are
+    idle until the branch moves); ``reason`` is the worker's."""
+
+
+class JobFailedError(TemporaryError):
+    """A worker's job ended with a temporary error (a server away); ``reason`` is the
+    worker's."""
+
+
+class Supervisor:
+    """See the module docstring. Thread-safe: the poll and drift jobs share one thread (the
+    scheduler's ``work`` executor), the heartbeat has its own."""
+
+    def __init__(
+        self,
+        *,
+        settings: AgentSettings,
+        launcher: WorkerLauncher,
+        watcher: BranchWatcher,
+        metrics: Metrics,
+        pusher: StatusPusher | None = None,
+        reader: ClusterReader | None = None,
+        log_level: str = "info",
+        log_format: str = "text",
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        """``reader``: metadata-only LISTs for the drift checks (None: every drift check runs a
+        worker)."""
+        self.cluster = settings.repo.cluster
+        self.metrics = metrics
+        self.pusher = pusher
+        self._settings = settings_to_dict(settings)
+        self._progress_interval = max(1.0, settings.poll.heartbeat / 2)
+        self._launcher = launcher
+        self._watcher = watcher
+        self._reader = reader
+        self._log = (log_level, log_format)
+        self._wall = wall
+        self.ticks = 0
+        """Runs of the poll and drift jobs (the probe's liveness)."""
+        self.last: JobResult | None = None
+        """The last worker's result (the probe's readiness: a first one came back)."""
+        self._known: JobResult | None = None
+        self._verified: Fingerprint | None = None
+        self._failures = 0
+        self._failure: str | None = None
+        self._progress_seen = 0.0
+        self._lock = threading.Lock()
+        self.fatal: ConfigurationError | None = None
+        """The first worker could not build the agent: ``agent run`` stops with this."""
+        self.on_fatal: Callable[[], None] | None = None
+
+    # -- the jobs -----------------------------------------------------------------------------
+
+    def poll(self) -> None:
+        """The poll job. Raises what the scheduler backs off on (see the module docstring)."""
+        self.ticks += 1
+        started = time.perf_counter()
+        known = self._known
+        try:
+            commit = self._watcher.poll()
+        except FleetletError:
+            seconds = time.perf_counter() - started
+            self.metrics.poll_finished("failed", seconds)
+            self.metrics.sync_finished("error", seconds)
+            if known is not None and (known.pending or self._due()):
+                # The cluster keeps correcting what it runs while the git server is away.
+                with contextlib.suppress(FleetletError):
+                    self._work("drift")
+            raise
+        if known is None or self._failure is not None or known.pending or self._due():
+            self._work("tick")
+            return
+        if commit is None:
+            self.metrics.sync_finished("error", time.perf_counter() - started)
+            raise BranchNotFoundError(
+                f"{self._watcher.repo_url}: no branch {self._watcher.ref} (nothing published "
+                f"for cluster {self.cluster!r} yet)"
+            )
+        if commit == known.commit:
+            outcome = "unchanged"
+        elif commit == known.refused_commit:
+            outcome = "refused-before"
+        else:
+            self._work("tick")
+            return
+        seconds = time.perf_counter() - started
+        self.metrics.poll_finished(outcome, seconds)
+        self.metrics.sync_finished("failed" if known.failed else "success", seconds)
+
+    def drift(self) -> None:
+        """The drift job. Raises what the scheduler backs off on."""
+        self.ticks += 1
+        known = self._known
+        if known is None or self._failure is not None or known.pending or self._due():
+            self._work("drift")
+            return
+        now = self._fingerprint(known)
+        if now is not None and now == self._verified:
+            self.metrics.drift_checked("unchanged")
+            return
+        self.metrics.drift_checked("unknown" if now is None else "changed")
+        self._work("drift", before=now)
+
+    def heartbeat(self) -> None:
+        """The heartbeat job: the document a running worker wrote last, then a push when one
+        is due. Raises the pusher's errors (the scheduler logs them)."""
+        if self.pusher is None:
+            return
+        if self._launcher.running is not None:
+            self._take_progress(self._launcher.progress)
+        if self.pusher.latest is not None:
+            # This job runs every heartbeat interval: a heartbeat is due by definition (the
+            # pusher's own clock would skip one whenever the job fires a moment early).
+            self.pusher.push()
+
+    # -- workers ------------------------------------------------------------------------------
+
+    def _due(self) -> bool:
+        known = self._known
+        return bool(known and known.wake_at is not None and self._wall() >= known.wake_at)
+
+    def _fingerprint(self, known: JobResult | None) -> Fingerprint | None:
+        if self._reader is None or known is None or known.watch is None:
+            return None
+        try:
+            return take(self._reader, known.watch)
+        except ReaderError as exc:
+            log.info("%s: drift check: %s (a worker checks instead)", self.cluster, exc)
+            return None
+
+    def _work(self, job: Job, *, before: Fingerprint | None = None) -> JobResult:
+        """Run ``job`` in a worker and take in its result.
+
+        Raises WorkerFailedError, JobFailedError, JobRefusedError, ConfigurationError (the
+        first worker: ``fatal``)."""
+        with self._lock:
+            first = self._known is None
+            if before is None:
+                before = self._fingerprint(self._known)
+            level, fmt = self._log
+            try:
+                run = self._launcher.run(
+                    job,
+                    settings=self._settings,
+                    progress_interval=self._progress_interval,
+                    previous_failure=self._failure,
+                    known_commits=tuple(
+                        c
+                        for c in (
+                            (self._known.commit, self._known.refused_commit) if self._known else ()
+                        )
+                        if c
+                    ),
+                    log_level=level,
+                    log_format=fmt,
+                )
+            except WorkerFailedError as exc:
+                self._worker_failed(job, exc)
+                raise
+            self._failures, self._failure = 0, None
+            result = run.result
+            self.metrics.worker_finished(job, run.seconds, max_rss=run.max_rss)
+            replay(self.metrics, result.metrics)
+            self.last = self._known = result
+            # What this pass verified is what was there just before it started.
+            self._verified = before if result.error is None else None
+            if result.status is not None:
+                self._take_status(result.status)
+            log.info("%s", result.summary)
+            if result.error is not None:
+                raise self._error(result.error, first=first)
+            return result
+
+    def _error(self, error: JobError, *, first: bool) -> FleetletError:
+        if error.kind == "configuration":
+            fatal = ConfigurationError(error.message)
+            if first:
+                self.fatal = fatal
+                if self.on_fatal is not None:
+                    self.on_fatal()
+                return fatal
+            # The cluster changed under a running agent (CRDs removed): try again later.
+            failed: FleetletError = JobFailedError(error.message)
+        elif error.kind == "permanent":
+            failed = JobRefusedError(error.message)
+        else:
+            failed = JobFailedError(error.message, delay=error.delay)
+        failed.reason = error.reason
+        return failed
+
+    def _worker_failed(self, job: Job, exc: WorkerFailedError) -> None:
+        self._failures += 1
+        self._failure = (
+            f"{exc}; retried with backoff (failure {self._failures} in a row of the agent's "
+            f"{job} worker)"
+        )
+        self._verified = None
+        self.metrics.worker_finished(job, exc.seconds, failure=exc.cause)
+        log.error("%s: %s", self.cluster, self._failure)
+        if self.pusher is None or self.pusher.latest is None:
+            return
+        with contextlib.suppress(FleetletError, ValueError):
+            self.pusher.update(_with_failure(self.pusher.latest, self._failure))
+            self.pusher.tick()
+
+    # -- status -------------------------------------------------------------------------------
+
+    def _take_status(self, data: bytes) -> None:
+        if self.pusher is None:
+            return
+        try:
+            self.pusher.update(load_status(data, origin="the worker's status document"))
+            self.pusher.tick()
+        except ValidationError as exc:
+            log.warning("%s: the worker's status document is unreadable: %s", self.cluster, exc)
+        except FleetletError as exc:
+            # Kept pending (also across restarts) and pushed when the server is back.
+            log.warning("%s: status not pushed yet: %s", self.cluster, exc)
+
+    def _take_progress(self, path: Path) -> None:
+        assert self.pusher is not None
+        try:
+            changed = path.stat().st_mtime
+            if changed == self._progress_seen:
+                return
+            self._progress_seen = changed
+            self.pusher.update(load_status(path.read_bytes(), origin=str(path)))
+        except (OSError, ValidationError):
+            return  # not written yet, or being replaced: the next heartbeat reads it
+
+
+def _with_failure(doc: ClusterStatus, message: str) -> ClusterStatus:
+    """``doc`` with Progressing and Degraded saying the worker failed on every bundle (Ready
+    says what it said: what runs in the cluster has not been seen to change)."""
+    now = datetime.now(UTC).replace(microsecond=0)
+    bundles = []
+    for bundle in doc.bundles:
+        kept = [c for c in bundle.conditions if c.type not in ("Progressing", "Degraded")]
+        old = {c.type: c for c in bundle.conditions}
+        added = [
+            Condition(
+                type=kind,
+                status="True",
+                reason=WORKER_FAILED,
+                message=message[:4096],
+                last_transition_time=old[kind].last_transition_time
+                if kind in old and old[kind].status == "True"
+                else now,
+            )
+            for kind in ("Progressing", "Degraded")
+        ]
+        bundles.append(dataclasses.replace(bundle, conditions=tuple(kept + added)))
+    return dataclasses.replace(doc, bundles=tuple(bundles))
+
+
+__all__ = ["WORKER_FAILED", "JobFailedError", "JobRefusedError", "Supervisor"]

@@ -1,0 +1,395 @@
+"""``fleetlet agent run`` as a supervisor and workers (``agent.runner``), against real parts.
+
+- The supervisor stays small: after a whole tick done by a worker it has imported neither the
+  ``kubernetes`` package, sigstore, oras nor the hub.
+- Idle, it starts no worker: its drift checks compare resourceVersions and find nothing
+  changed; an object edited in the cluster starts one, which puts it back.
+- A worker killed (SIGKILL, as the OOM killer would) in the middle of an upgrade, or one that
+  hangs past ``--worker-timeout``, is retried with backoff and reported (metrics, an Event and
+  the ``WorkerFailed`` reason on every BundleDeployment); the retry finishes the move and the
+  group ends wholly on the new revision.
+- kill -9 of the supervisor during a move takes its worker with it (no orphan goes on moving
+  the group); a restarted agent finishes the move.
+
+The faults come from the agent's own fault injection, armed from outside once
+(``FLEETLET_FAILPOINT=[stop:]<step>@FILE``: only while FILE exists, which the first worker to
+get there removes).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import requests
+
+from agent.kube import KubeClient, ObjectRef
+from tests.fleetlab import REPO_ROOT, Lab, conditions, configmap, live, namespace_manifest
+from tests.realenv.gitserver import free_port
+from tests.realenv.kube import Cluster
+from tests.test_apply_group import crd
+from tests.test_crash import Upgrades, Version
+from tests.test_crds import crds as crds  # the fixture: the CRDs installed
+from tests.test_metrics import value
+
+
+def _wait(predicate: Callable[[], object], what: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.3)
+
+
+class Running:
+    """An ``agent run`` process, its probe port and its log."""
+
+    def __init__(self, popen: subprocess.Popen[bytes], port: int, log: Path) -> None:
+        self.popen = popen
+        self.port = port
+        self.log = log
+
+    def metric(self, name: str, **labels: str) -> float:
+        text = requests.get(f"http://127.0.0.1:{self.port}/metrics", timeout=10).text
+        return value(text, name, **labels) or 0.0
+
+    def workers(self) -> list[int]:
+        """The pids of this agent's worker processes (its children)."""
+        found = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = (entry / "stat").read_text()
+                cmdline = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
+            if ppid == self.popen.pid and b"agent.runner.worker" in cmdline:
+                found.append(int(entry.name))
+        return found
+
+
+@contextmanager
+def agent_run(
+    lab: Lab,
+    cluster: Cluster,
+    *,
+    namespace: str,
+    workdir: Path,
+    extra: list[str] | None = None,
+    env: dict[str, str] | None = None,
+) -> Iterator[Running]:
+    port = free_port()
+    log = workdir.parent / f"{workdir.name}-{port}.log"
+    argv = [
+        sys.executable, "-m", "fleetlet", "agent", "run",
+        *lab.agent_args("edge-1", cluster, namespace=namespace, workdir=workdir),
+        "--interval", "1", "--jitter", "0", "--probe-address", f"127.0.0.1:{port}",
+        *(extra or []),
+    ]  # fmt: skip
+    popen = subprocess.Popen(
+        argv,
+        cwd=REPO_ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=log.open("w"),
+        env={**os.environ, **(env or {})},
+    )
+    running = Running(popen, port, log)
+    try:
+        _wait(lambda: _answers(port), "the probe server")
+        yield running
+    finally:
+        if popen.poll() is None:
+            popen.send_signal(signal.SIGTERM)
+            try:
+                popen.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                popen.kill()
+                popen.wait()
+        print(log.read_text()[-6000:])  # shown when the test fails
+
+
+def _answers(port: int) -> bool:
+    try:
+        return requests.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+def test_the_supervisor_imports_neither_the_cluster_client_nor_sigstore_nor_the_hub(
+    lab: Lab, crds: Cluster, namespace: str, tmp_path: Path
+) -> None:
+    ns, name = lab.name("light"), lab.name("cfg")
+    files = {"01.yaml": namespace_manifest(ns), "02.yaml": configmap("c", ns, {"v": "1"})}
+    lab.publish([{"name": name, "sources": [lab.source("cfg", lab.push("cfg", files, tag="1"))]}])
+    flags = lab.agent_args("edge-1", crds, namespace=namespace, workdir=tmp_path / "agent")
+    script = f"""
+import json, sys
+from fleetlet.cli import build_parser
+from agent.cli import build_supervisor, settings_from_args
+args = build_parser(agent_only=True).parse_args(["agent", "run", *{flags!r}])
+supervisor = build_supervisor(settings_from_args(args), log_level="error", log_format="text")
+supervisor.poll()  # the first poll: a worker does the whole tick
+supervisor.poll()  # idle: one ls-refs
+roots = sorted({{m.split(".")[0] for m in sys.modules}})
+print(json.dumps({{"roots": roots, "summary": supervisor.last.summary}}))
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.splitlines()[-1])
+    assert "moved" in report["summary"], report["summary"]
+    assert live(KubeClient(kubeconfig=str(crds.kubeconfig)), "v1", "ConfigMap", "c", ns)
+    heavy = {"kubernetes", "sigstore", "oras", "hub", "tuf", "requests"} & set(report["roots"])
+    assert not heavy, f"the supervisor imported {heavy}"
+
+
+def test_idle_agent_runs_no_worker_and_an_edited_object_starts_one_that_puts_it_back(
+    lab: Lab, crds: Cluster, namespace: str, tmp_path: Path
+) -> None:
+    kube = KubeClient(kubeconfig=str(crds.kubeconfig))
+    ns, name = lab.name("idle"), lab.name("cfg")
+    files = {"01.yaml": namespace_manifest(ns), "02.yaml": configmap("c", ns, {"v": "one"})}
+    lab.publish([{"name": name, "sources": [lab.source("cfg", lab.push("cfg", files, tag="1"))]}])
+    extra = ["--drift-interval", "1", "--heartbeat", "2"]
+    with agent_run(lab, crds, namespace=namespace, workdir=tmp_path / "a", extra=extra) as agent:
+        _wait(lambda: _is_ready(kube, name), "Ready")
+        # Settled: a pass that finds nothing to do, then drift checks that find nothing.
+        _wait(lambda: agent.metric("fleetlet_agent_drift_checks_total", result="unchanged") >= 2,
+              "two idle drift checks")  # fmt: skip
+        runs = agent.metric("fleetlet_agent_worker_runs_total", job="drift", result="ok")
+        ticks = agent.metric("fleetlet_agent_worker_runs_total", job="tick", result="ok")
+        unchanged = agent.metric("fleetlet_agent_drift_checks_total", result="unchanged")
+        polls = agent.metric("fleetlet_agent_polls_total", outcome="unchanged")
+        _wait(lambda: agent.metric("fleetlet_agent_drift_checks_total", result="unchanged")
+              >= unchanged + 3, "three more idle drift checks")  # fmt: skip
+        assert agent.metric("fleetlet_agent_polls_total", outcome="unchanged") > polls
+        assert agent.metric("fleetlet_agent_worker_runs_total", job="drift", result="ok") == runs
+        assert agent.metric("fleetlet_agent_worker_runs_total", job="tick", result="ok") == ticks
+
+        # Someone edits the ConfigMap: the next drift check sees it, a worker puts it back.
+        kube.patch(ObjectRef("v1", "ConfigMap", "c", ns), {"data": {"v": "edited"}})
+        _wait(lambda: (live(kube, "v1", "ConfigMap", "c", ns) or {}).get("data") == {"v": "one"},
+              "the drift put back")  # fmt: skip
+        assert agent.metric("fleetlet_agent_drift_checks_total", result="changed") >= 1
+        # The worker put it back; the supervisor counts it once it has the worker's result.
+        _wait(lambda: agent.metric("fleetlet_agent_drift_corrections_total") >= 1,
+              "the correction counted")  # fmt: skip
+        assert agent.metric("fleetlet_agent_worker_runs_total", job="drift", result="ok") > runs
+        assert conditions(kube, name)["Ready"]["status"] == "True"
+
+
+def test_an_optional_object_waits_idle_for_its_crd_and_is_applied_once_it_appears(
+    lab: Lab, crds: Cluster, namespace: str, tmp_path: Path
+) -> None:
+    kube = KubeClient(kubeconfig=str(crds.kubeconfig))
+    ns, name, group = lab.name("opt"), lab.name("cfg"), f"{lab.name('w')}.example.com"
+    widget = (
+        f"apiVersion: {group}/v1\nkind: Widget\n"
+        f"metadata:\n  name: w\n  namespace: {ns}\nspec:\n  size: 1\n"
+    )
+    files = {"01.yaml": namespace_manifest(ns), "02.yaml": configmap("c", ns, {"v": "1"}),
+             "03.yaml": widget}  # fmt: skip
+    optional = [{"apiGroup": group, "kind": "Widget"}]
+    source = lab.source("opt", lab.push("opt", files, tag="1"))
+    lab.publish([{"name": name, "sources": [source], "optional": optional}])
+    extra = ["--drift-interval", "1", "--heartbeat", "2"]
+    with agent_run(lab, crds, namespace=namespace, workdir=tmp_path / "a", extra=extra) as agent:
+        _wait(lambda: _is_ready(kube, name), "Ready")
+        # The Widget's API is not served: skipped, and the idle drift checks run no worker.
+        _wait(lambda: agent.metric("fleetlet_agent_drift_checks_total", result="unchanged") >= 2,
+              "two idle drift checks")  # fmt: skip
+        runs = agent.metric("fleetlet_agent_worker_runs_total", job="drift", result="ok")
+        unchanged = agent.metric("fleetlet_agent_drift_checks_total", result="unchanged")
+        _wait(lambda: agent.metric("fleetlet_agent_drift_checks_total", result="unchanged")
+              >= unchanged + 2, "two more idle drift checks")  # fmt: skip
+        assert agent.metric("fleetlet_agent_worker_runs_total", job="drift", result="ok") == runs
+        bd = live(kube, "fleetlet.io/v1alpha1", "BundleDeployment", name)
+        assert bd is not None and bd["status"]["resources"]["skipped"] == 1
+
+        # Its CRD is installed: the next drift check sees it, a worker applies the Widget.
+        kube.apply(crd(group), field_manager="test")
+        _wait(lambda: live(kube, f"{group}/v1", "Widget", "w", ns) is not None, "the Widget")
+        assert agent.metric("fleetlet_agent_drift_checks_total", result="changed") >= 1
+
+
+def _worker_failed_event(kube: KubeClient, bundle: str) -> list[str]:
+    events = kube.list("v1", "Event", namespace="default")
+    return [
+        str(e.get("message") or "")
+        for e in events
+        if e.get("reason") == "WorkerFailed"
+        and (e.get("involvedObject") or {}).get("name") == bundle
+    ]
+
+
+def test_a_worker_killed_mid_upgrade_is_retried_reported_and_the_group_ends_whole(
+    lab: Lab, crds: Cluster, namespace: str, tmp_path: Path
+) -> None:
+    kube = KubeClient(kubeconfig=str(crds.kubeconfig))
+    upgrades = Upgrades(lab, kube)
+    armed = tmp_path / "armed"
+    v1, v2 = Version(1), Version(2)
+    upgrades.publish(v1)
+    env = {"FLEETLET_FAILPOINT": f"applied@{armed}"}
+    with agent_run(lab, crds, namespace=namespace, workdir=tmp_path / "a", env=env) as agent:
+        _wait(lambda: _ready(kube, upgrades), "v1 Ready")
+        armed.touch()  # the next worker to reach "applied" is killed there
+        upgrades.publish(v2)
+        _wait(lambda: not armed.exists(), "the worker killed at 'applied'")
+        _wait(lambda: agent.metric("fleetlet_agent_worker_failures_total", cause="signal") == 1,
+              "the failure counted")  # fmt: skip
+        _wait(lambda: _ready(kube, upgrades) and _serial(kube, upgrades) == 2, "v2 Ready")
+        upgrades.assert_wholly_on(v2, [v1, v2])
+        messages = _worker_failed_event(kube, upgrades.web)
+        assert messages and "killed by signal 9" in messages[0], messages
+        assert agent.metric("fleetlet_agent_worker_failures_total", cause="signal") == 1
+
+
+def _is_ready(kube: KubeClient, bundle: str) -> bool:
+    bd = live(kube, "fleetlet.io/v1alpha1", "BundleDeployment", bundle)
+    found = {c["type"]: c for c in ((bd or {}).get("status") or {}).get("conditions") or []}
+    return found.get("Ready", {}).get("status") == "True"
+
+
+def _ready(kube: KubeClient, upgrades: Upgrades) -> bool:
+    return all(_is_ready(kube, b) for b in (upgrades.web, upgrades.conf))
+
+
+def _serial(kube: KubeClient, upgrades: Upgrades) -> int | None:
+    bd = live(kube, "fleetlet.io/v1alpha1", "BundleDeployment", upgrades.web) or {}
+    applied = (bd.get("status") or {}).get("appliedRevision") or {}
+    serial = applied.get("serial")
+    return int(serial) if serial is not None else None
+
+
+def test_a_hung_worker_is_killed_after_the_timeout_retried_and_the_move_finishes(
+    lab: Lab, crds: Cluster, namespace: str, tmp_path: Path
+) -> None:
+    kube = KubeClient(kubeconfig=str(crds.kubeconfig))
+    upgrades = Upgrades(lab, kube)
+    armed = tmp_path / "armed"
+    v1, v2 = Version(1), Version(2)
+    upgrades.publish(v1)
+    env = {"FLEETLET_FAILPOINT": f"stop:applied@{armed}"}
+    extra = ["--worker-timeout", "20"]
+    with agent_run(
+        lab, crds, namespace=namespace, workdir=tmp_path / "a", env=env, extra=extra
+    ) as agent:
+        _wait(lambda: _ready(kube, upgrades), "v1 Ready")
+        armed.touch()
+        upgrades.publish(v2)
+        _wait(lambda: not armed.exists(), "the worker stopped at 'applied'")
+        hung = agent.workers()
+        assert len(hung) == 1
+        # While it hangs, the supervisor still answers and pushes heartbeats.
+        assert requests.get(f"http://127.0.0.1:{agent.port}/healthz", timeout=5).status_code == 200
+        _wait(lambda: agent.metric("fleetlet_agent_worker_failures_total", cause="timeout") == 1,
+              "the timeout", timeout=90)  # fmt: skip
+        assert not Path(f"/proc/{hung[0]}").exists()
+        _wait(lambda: _ready(kube, upgrades) and _serial(kube, upgrades) == 2, "v2 Ready")
+        upgrades.assert_wholly_on(v2, [v1, v2])
+        messages = _worker_failed_event(kube, upgrades.web)
+        assert messages and "did not finish within 20 s" in messages[0], messages
+
+
+def test_kill_9_of_the_supervisor_takes_its_worker_and_a_restart_finishes_the_move(
+    lab: Lab, crds: Cluster, namespace: str, tmp_path: Path
+) -> None:
+    kube = KubeClient(kubeconfig=str(crds.kubeconfig))
+    upgrades = Upgrades(lab, kube)
+    armed = tmp_path / "armed"
+    v1, v2 = Version(1), Version(2)
+    upgrades.publish(v1)
+    env = {"FLEETLET_FAILPOINT": f"stop:applied@{armed}"}
+    workdir = tmp_path / "a"
+    with agent_run(lab, crds, namespace=namespace, workdir=workdir, env=env) as agent:
+        _wait(lambda: _ready(kube, upgrades), "v1 Ready")
+        armed.touch()
+        upgrades.publish(v2)
+        _wait(lambda: not armed.exists(), "the worker stopped at 'applied'")
+        (worker,) = agent.workers()
+        agent.popen.kill()  # kill -9 of the supervisor, its worker in the middle of the move
+        agent.popen.wait()
+        _wait(lambda: not Path(f"/proc/{worker}").exists(), "the worker gone with it", timeout=10)
+        assert upgrades.intent_exists(namespace)  # the move was interrupted
+    with agent_run(lab, crds, namespace=namespace, workdir=workdir):
+        _wait(lambda: _ready(kube, upgrades) and _serial(kube, upgrades) == 2, "v2 Ready")
+        upgrades.assert_wholly_on(v2, [v1, v2])
+        assert not upgrades.intent_exists(namespace)
+
+
+_ORPHANS = """
+import ctypes, json, os, pathlib, sys
+from agent.runner.launcher import WorkerFailedError, WorkerLauncher
+
+# As a container's first process would: orphans of the worker's tree become ours.
+PR_SET_CHILD_SUBREAPER = 36
+assert ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1) == 0
+work = pathlib.Path(sys.argv[1])
+launcher = WorkerLauncher(workdir=work / "w", timeout=120, python=sys.argv[2])
+try:
+    launcher.run("tick", settings={}, progress_interval=1)
+except WorkerFailedError as exc:
+    cause = exc.cause
+pid = int((work / "helper.pid").read_text())
+try:
+    state = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+except FileNotFoundError:
+    state = "gone"
+print(json.dumps({"cause": cause, "helper": state}))
+"""
+
+
+def test_a_killed_workers_children_are_killed_and_reaped_not_left_as_zombies(
+    tmp_path: Path,
+) -> None:
+    # A "worker" that starts a helper (as it would start helm) and is then killed (SIGKILL).
+    worker = tmp_path / "worker.sh"
+    worker.write_text(
+        "#!/bin/sh\n"
+        "sleep 300 &\n"
+        f"echo $! > {tmp_path}/helper.pid.tmp && mv {tmp_path}/helper.pid.tmp {tmp_path}/helper.pid\n"
+        "kill -9 $$\n"
+    )
+    worker.chmod(0o755)
+    done = subprocess.run(
+        [sys.executable, "-c", _ORPHANS, str(tmp_path), str(worker)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.splitlines()[-1])
+    assert report["cause"] == "signal"
+    # Killed with the worker and waited for: neither running nor a zombie of the agent.
+    assert report["helper"] == "gone", report
+
+
+def test_a_worker_gets_the_agents_guard_with_its_settings(tmp_path: Path) -> None:
+    # The worker rebuilds the settings from the request file: the agent's own objects stay off
+    # limits there too, with the bundles a cluster admin allowed.
+    from agent.cli import settings_from_args
+    from agent.settings import settings_from_dict, settings_to_dict
+    from fleetlet.cli import build_parser
+
+    args = build_parser(agent_only=True).parse_args(
+        ["agent", "run", "--repo", "git://x/r.git", "--cluster", "c", "--namespace", "agent-ns",
+         "--allow-agent-objects", "upgrade-agent, other", "--trusted-root", str(tmp_path / "r"),
+         "--identity", "i", "--issuer", "https://issuer"]
+    )  # fmt: skip
+    settings = settings_from_args(args)
+    again = settings_from_dict(json.loads(json.dumps(settings_to_dict(settings))))
+    guard = again.reconcile.guard
+    assert guard is not None and guard == settings.reconcile.guard
+    assert guard.agent_namespace == "agent-ns"
+    assert guard.allowed == {"upgrade-agent", "other"}
