@@ -30,7 +30,7 @@ from pathlib import Path
 
 import requests
 
-from agent.kube import KubeClient, ObjectRef
+from agent.kube import ApiNotServedError, KubeClient, ObjectRef
 from tests.fleetlab import REPO_ROOT, Lab, conditions, configmap, live, namespace_manifest
 from tests.realenv.gitserver import free_port
 from tests.realenv.kube import Cluster
@@ -217,7 +217,14 @@ def test_an_optional_object_waits_idle_for_its_crd_and_is_applied_once_it_appear
 
         # Its CRD is installed: the next drift check sees it, a worker applies the Widget.
         kube.apply(crd(group), field_manager="test")
-        _wait(lambda: live(kube, f"{group}/v1", "Widget", "w", ns) is not None, "the Widget")
+
+        def widget() -> object:
+            try:
+                return live(kube, f"{group}/v1", "Widget", "w", ns)
+            except ApiNotServedError:
+                return None  # the CRD is not established yet
+
+        _wait(lambda: widget() is not None, "the Widget")
         assert agent.metric("fleetlet_agent_drift_checks_total", result="changed") >= 1
 
 
