@@ -186,8 +186,9 @@ the work added. Target, cold: within 10% of `helm template` — {verdict} by the
 ({(ratio - 1) * 100:+.0f}%; {(ours_cpu / helm_cpu - 1) * 100:+.0f}% in CPU). fleetlet
 runs the same helm (as a bounded child process in an empty `HOME`), so the difference is the
 child-process set-up (util-linux `prlimit` sets the limits and execs helm; a temporary `HOME`)
-and reading the output into validated objects. Cached renders (target: under 5 ms) are not measured here: the render cache,
-keyed by content digest, options and cluster facts, is not in this tree yet.
+and reading the output into validated objects. Cached renders (target: under 5 ms) are not
+format-specific: the render cache (`agent/render/cache.py`, keyed by the pinned sources, options
+and cluster facts) answers without running any tool, and is measured under [Render](#render).
 """
     print(section)
     if not args.no_docs:
