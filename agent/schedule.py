@@ -15,9 +15,9 @@ ran collapse into one; a ``misfire_grace_time`` drops runs that are too late). T
 has its own executor: it still goes out while a group is moving.
 
 After a :class:`~agent.errors.TemporaryError` (or an unexpected exception) the poll and drift
-jobs back off (:class:`Backoff`: exponential from ``initial_backoff`` up to ``max_backoff``, or
-the ``delay`` the error suggests, with jitter): their runs return at once until the backoff is
-over. A :class:`~agent.errors.PermanentError` is reported and does not slow the loop down: the
+jobs back off (:class:`~agent.backoff.Backoff`: exponential from ``initial_backoff`` up to
+``max_backoff``, or the ``delay`` the error suggests, plus up to ``jitter`` seconds at
+random): their runs return at once until the backoff is over. A :class:`~agent.errors.PermanentError` is reported and does not slow the loop down: the
 inbound pipeline remembers the refused commit and the next polls are idle until the branch
 moves.
 """
@@ -36,43 +36,10 @@ from typing import Any
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 
+from agent.backoff import Backoff, delay
 from agent.errors import PermanentError, TemporaryError
 
 log = logging.getLogger(__name__)
-
-
-class Backoff:
-    """Exponential backoff with a cap: ``initial * 2**(n-1)`` after the n-th failure in a row.
-
-    The one backoff policy of the agent (the poll loop here; the registry, http and status
-    clients use :func:`delays`)."""
-
-    def __init__(self, *, initial: float, maximum: float) -> None:
-        """Raises ValueError unless 0 < initial <= maximum."""
-        if not 0 < initial <= maximum:
-            raise ValueError(f"backoff needs 0 < initial ({initial}) <= maximum ({maximum})")
-        self.initial = initial
-        self.maximum = maximum
-        self.failures = 0
-
-    def failure(self, suggested: float | None = None) -> float:
-        """Count one more failure; return the delay before the next attempt.
-
-        ``suggested`` (a ``TemporaryError.delay``) replaces the computed delay, capped.
-        """
-        self.failures += 1
-        if suggested is not None:
-            return min(max(suggested, 0.0), self.maximum)
-        return delay(self.failures, initial=self.initial, maximum=self.maximum)
-
-    def reset(self) -> None:
-        self.failures = 0
-
-
-def delay(attempt: int, *, initial: float, maximum: float) -> float:
-    """The wait before retry number ``attempt`` (1-based): ``initial * 2**(attempt-1)``,
-    capped at ``maximum`` (the exponent is bounded so a long outage cannot overflow)."""
-    return min(initial * 2.0 ** min(max(attempt, 1) - 1, 60), maximum)
 
 
 @dataclass(frozen=True)
@@ -154,7 +121,9 @@ class AgentScheduler:
                 log.error("%s refused (permanent, waiting for the branch to move): %s", job, exc)
                 outcome = JobOutcome(job, exc, permanent=True)
             except TemporaryError as exc:
-                wait = self.backoff.failure(exc.delay) + self._jitter(exc.delay is None)
+                # Jitter even on a suggested delay: agents that lost the same server must not
+                # all come back to it at the same instant.
+                wait = self.backoff.failure(exc.delay) + self._jitter(True)
                 log.warning("%s failed (retry in %.1f s): %s", job, wait, exc)
                 outcome = JobOutcome(job, exc, wait)
             except Exception as exc:

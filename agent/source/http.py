@@ -19,6 +19,7 @@ from pathlib import Path
 
 import requests
 
+from agent.backoff import pause
 from agent.source.archive import ArchiveLimits, extract_archive, is_archive
 from agent.source.content import (
     AuthenticationError,
@@ -41,9 +42,14 @@ class DownloadTooLargeError(ContentRefusedError):
 
 @dataclass(frozen=True, kw_only=True)
 class HttpSettings:
-    """Timeouts, retries and the size cap of http sources."""
+    """Timeouts, retries and the size cap of http sources.
+
+    ``timeout`` bounds each read (a server that accepts and then says nothing), and
+    ``connect_timeout`` the connection; ``attempts`` requests are made at most, ``backoff``
+    seconds apart and doubling, with jitter (:func:`agent.backoff.pause`)."""
 
     timeout: float = 10.0
+    connect_timeout: float = 5.0
     attempts: int = 3
     backoff: float = 0.5
     max_bytes: int = 64 * 1024 * 1024
@@ -122,7 +128,7 @@ class HttpFetcher:
         failure = ""
         for attempt in range(self.settings.attempts):
             if attempt:
-                time.sleep(self.settings.backoff * 2 ** (attempt - 1))
+                time.sleep(pause(attempt, initial=self.settings.backoff))
             self.attempts_made += 1
             try:
                 with requests.get(
@@ -130,7 +136,7 @@ class HttpFetcher:
                     headers=self._headers(credentials),
                     auth=auth,
                     stream=True,
-                    timeout=self.settings.timeout,
+                    timeout=(self.settings.connect_timeout, self.settings.timeout),
                 ) as response:
                     if response.status_code in (401, 403):
                         raise AuthenticationError(

@@ -34,6 +34,7 @@ import oras.auth.base
 import oras.provider
 import requests
 
+from agent.backoff import pause
 from agent.source.archive import ArchiveLimits, TreeBudget, extract_archive
 from agent.source.content import (
     AuthenticationError,
@@ -91,10 +92,14 @@ class InvalidArtifactError(ContentRefusedError):
 
 @dataclass(frozen=True, kw_only=True)
 class OciSettings:
-    """How the OCI client behaves. ``plain_http`` talks HTTP (tests, in-cluster registries)."""
+    """How the OCI client behaves. ``plain_http`` talks HTTP (tests, in-cluster registries).
+
+    ``timeout`` bounds each read and ``connect_timeout`` each connection; a request is made
+    ``attempts`` times at most, ``backoff`` seconds apart and doubling, with jitter."""
 
     plain_http: bool = False
     timeout: float = 10.0
+    connect_timeout: float = 5.0
     attempts: int = 3
     backoff: float = 0.5
     max_manifest_bytes: int = 4 * 1024 * 1024
@@ -218,7 +223,7 @@ class _ChallengeAuth(oras.auth.base.AuthBackend):  # type: ignore[misc]
 class _TimeoutSession(requests.Session):
     """A session whose requests time out: requests has no default timeout."""
 
-    def __init__(self, timeout: float, user_agent: str) -> None:
+    def __init__(self, timeout: tuple[float, float], user_agent: str) -> None:
         super().__init__()
         self._timeout = timeout
         self.headers["User-Agent"] = user_agent
@@ -237,7 +242,9 @@ class _BoundedRegistry(oras.provider.Registry):  # type: ignore[misc]
         super().__init__(hostname=host, insecure=settings.plain_http)
         self.settings = settings
         self.source = source
-        self.session = _TimeoutSession(settings.timeout, settings.user_agent)
+        self.session = _TimeoutSession(
+            (settings.connect_timeout, settings.timeout), settings.user_agent
+        )
         self.auth = _ChallengeAuth(credentials, source=source)
         self.auth.session = self.session
         self.auth.prefix = self.prefix
@@ -260,7 +267,7 @@ class _BoundedRegistry(oras.provider.Registry):  # type: ignore[misc]
         failure = ""
         for attempt in range(self.settings.attempts):
             if attempt:
-                time.sleep(self.settings.backoff * 2 ** (attempt - 1))
+                time.sleep(pause(attempt, initial=self.settings.backoff))
             self.attempts_made += 1
             merged = {**(headers or {}), **self.auth.get_auth_header()}
             try:
