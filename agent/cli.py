@@ -64,7 +64,13 @@ def settings_from_args(args: argparse.Namespace) -> Any:
 
     from agent.reconcile.context import ReconcileSettings
     from agent.render.tools import ToolSettings
-    from agent.settings import AgentSettings, PollSettings, RepoSettings, TrustSettings
+    from agent.settings import (
+        AgentSettings,
+        NetworkSettings,
+        PollSettings,
+        RepoSettings,
+        TrustSettings,
+    )
 
     return AgentSettings(
         repo=RepoSettings(
@@ -79,6 +85,7 @@ def settings_from_args(args: argparse.Namespace) -> Any:
             identity=args.identity or "",
             issuer=args.issuer or "",
             max_validity=args.max_publication_validity,
+            clock_skew=args.clock_skew,
         ),
         reconcile=ReconcileSettings(
             agent_namespace=args.namespace,
@@ -93,6 +100,11 @@ def settings_from_args(args: argparse.Namespace) -> Any:
             max_backoff=max(getattr(args, "max_backoff", 300.0), getattr(args, "interval", 30.0)),
             drift_interval=getattr(args, "drift_interval", 300.0),
             heartbeat=args.heartbeat,
+        ),
+        network=NetworkSettings(
+            connect_timeout=args.connect_timeout,
+            read_timeout=args.read_timeout,
+            attempts=args.fetch_attempts,
         ),
         kubeconfig=args.kubeconfig,
         tools=ToolSettings.from_env(),
@@ -131,6 +143,8 @@ def build_agent(settings: Any) -> Any:
     from agent.source.cache import ContentCache
     from agent.source.compose import ContentStore
     from agent.source.credentials import GitCredentials
+    from agent.source.git import GitFetcher, GitSettings
+    from agent.source.http import HttpFetcher, HttpSettings
     from agent.source.oci import OciFetcher, OciSettings
     from agent.state import ClusterState
     from agent.verify import IdentityPolicy, TrustPolicy
@@ -141,7 +155,12 @@ def build_agent(settings: Any) -> Any:
     repo = settings.repo
     cache = repo.cache_dir
     namespace = settings.namespace
-    kube = KubeClient(kubeconfig=settings.kubeconfig)
+    net = settings.network
+    kube = KubeClient(
+        kubeconfig=settings.kubeconfig,
+        connect_timeout=net.connect_timeout,
+        read_timeout=net.read_timeout,
+    )
     _check_crds(kube)
     state = ClusterState(kube=kube, namespace=namespace)
     bundles = BundleDeployments(kube=kube, owner=namespace)
@@ -157,6 +176,8 @@ def build_agent(settings: Any) -> Any:
             cache_dir=cache,
             credentials=credentials,
             protocol_v2=repo.protocol_v2,
+            connect_timeout=net.connect_timeout,
+            io_timeout=net.read_timeout,
         ),
         trust=TrustPolicy(
             trusted_root=settings.trust.trusted_root,
@@ -165,13 +186,35 @@ def build_agent(settings: Any) -> Any:
         ),
         content=ContentStore(
             cache=ContentCache(root=cache / "content", max_bytes=1 << 30),
-            oci=OciFetcher(settings=OciSettings(plain_http=settings.plain_http_registries)),
+            oci=OciFetcher(
+                settings=OciSettings(
+                    plain_http=settings.plain_http_registries,
+                    connect_timeout=net.connect_timeout,
+                    timeout=net.read_timeout,
+                    attempts=net.attempts,
+                )
+            ),
+            git=GitFetcher(
+                repos_dir=cache / "content" / "git",
+                settings=GitSettings(
+                    connect_timeout=net.connect_timeout, io_timeout=net.read_timeout
+                ),
+            ),
+            http=HttpFetcher(
+                settings=HttpSettings(
+                    connect_timeout=net.connect_timeout,
+                    timeout=net.read_timeout,
+                    attempts=net.attempts,
+                )
+            ),
         ),
         kube=kube,
         state=state,
         agent_namespace=namespace,
         workdir=cache / "work",
         bundles=bundles,
+        failpoint=settings.reconcile.failpoint,
+        clock_skew=settings.trust.clock_skew,
     )
     reconciler = Reconciler(
         kube=kube,
@@ -198,6 +241,8 @@ def build_agent(settings: Any) -> Any:
             credentials=status_creds,
             workdir=cache / "status",
             heartbeat_interval=settings.poll.heartbeat,
+            connect_timeout=net.connect_timeout,
+            io_timeout=net.read_timeout,
         )
     return Agent(
         cluster=repo.cluster,
@@ -470,6 +515,15 @@ def _add_agent_connection(p: argparse.ArgumentParser) -> None:
         metavar="DURATION",
     )
     flag(
+        "--clock-skew",
+        "FLEETLET_CLOCK_SKEW",
+        "how far this cluster's clock may be off when a publication's issuedAt and expiresAt "
+        "are judged, e.g. 5m",
+        default="5m",
+        type=_duration,
+        metavar="DURATION",
+    )
+    flag(
         "--heartbeat",
         "FLEETLET_HEARTBEAT",
         "seconds between status heartbeats",
@@ -501,6 +555,32 @@ def _add_agent_connection(p: argparse.ArgumentParser) -> None:
         default=30.0,
         type=float,
         metavar="SECONDS",
+    )
+    flag(
+        "--connect-timeout",
+        "FLEETLET_CONNECT_TIMEOUT",
+        "seconds to wait for a connection to the API server, git, a registry or an http server",
+        default=5.0,
+        type=float,
+        metavar="SECONDS",
+    )
+    flag(
+        "--read-timeout",
+        "FLEETLET_READ_TIMEOUT",
+        "seconds to wait for an answer from a server that accepted the connection (each "
+        "request is bounded by it; a failed sync is retried by the poll's backoff)",
+        default=30.0,
+        type=float,
+        metavar="SECONDS",
+    )
+    flag(
+        "--fetch-attempts",
+        "FLEETLET_FETCH_ATTEMPTS",
+        "requests made to a registry or an http server per fetch before the sync fails "
+        "(with backoff and jitter between them)",
+        default=3,
+        type=int,
+        metavar="N",
     )
     p.add_argument("--no-status", action="store_true", help="do not push status to git")
     p.add_argument(

@@ -78,6 +78,30 @@ class PollSettings:
 
 
 @dataclass(frozen=True, kw_only=True)
+class NetworkSettings:
+    """How long the agent waits for the servers it talks to (the API server, git, registries,
+    http), in seconds, and how many times one request to a registry or an http server is made.
+
+    Every request is bounded: ``connect_timeout`` for the connection, ``read_timeout`` for each
+    wait on an answer (a server that accepts and never answers). A failed sync is retried by
+    the poll job's backoff, not by long waits here."""
+
+    connect_timeout: float = 5.0
+    read_timeout: float = 30.0
+    attempts: int = 3
+    """Requests to a registry or an http server per fetch (backoff with jitter between)."""
+
+    def __post_init__(self) -> None:
+        if self.connect_timeout <= 0 or self.read_timeout <= 0:
+            raise SettingsError(
+                f"timeouts: must be positive, got connect {self.connect_timeout}, "
+                f"read {self.read_timeout} (--connect-timeout, --read-timeout)"
+            )
+        if self.attempts < 1:
+            raise SettingsError(f"fetch attempts: at least 1, got {self.attempts}")
+
+
+@dataclass(frozen=True, kw_only=True)
 class TrustSettings:
     """Whom the agent believes: the Sigstore trust config and the signer's identity."""
 
@@ -90,8 +114,13 @@ class TrustSettings:
     max_validity: timedelta = timedelta(days=30)
     """A publication valid for longer than this (``expiresAt - issuedAt``) is refused: a set
     signed to stay valid for years would defeat the freeze protection."""
+    clock_skew: timedelta = timedelta(minutes=5)
+    """How far this cluster's clock may be off when a publication's ``issuedAt`` and
+    ``expiresAt`` are judged (also when the running publication is said to have expired)."""
 
     def __post_init__(self) -> None:
+        if self.clock_skew < timedelta(0):
+            raise SettingsError(f"clock skew: must not be negative, got {self.clock_skew}")
         if not (str(self.trusted_root) and self.identity and self.issuer):
             raise SettingsError(
                 "--trusted-root, --identity and --issuer are required: the agent never "
@@ -107,6 +136,7 @@ class AgentSettings:
     trust: TrustSettings
     reconcile: ReconcileSettings
     poll: PollSettings = field(default_factory=PollSettings)
+    network: NetworkSettings = field(default_factory=NetworkSettings)
     kubeconfig: str | None = None
     """None: the in-cluster configuration (the pod's ServiceAccount)."""
     tools: ToolSettings = field(default_factory=ToolSettings)
@@ -131,6 +161,7 @@ class AgentSettings:
 
 __all__ = [
     "AgentSettings",
+    "NetworkSettings",
     "PollSettings",
     "RepoSettings",
     "SettingsError",
