@@ -32,6 +32,7 @@ class Reason(StrEnum):
     OUTPUT_FAILED = "OutputFailed"
     DRIFT_CORRECTION_FAILED = "DriftCorrectionFailed"
     API_UNAVAILABLE = "ApiUnavailable"
+    EXPIRED = "Expired"
 
 
 REASON_HELP: dict[Reason, str] = {
@@ -59,6 +60,9 @@ REASON_HELP: dict[Reason, str] = {
     Reason.DRIFT_CORRECTION_FAILED: "Putting drifted objects back failed.",
     Reason.API_UNAVAILABLE: "The API server (or an API it aggregates) did not answer; retried "
     "with backoff.",
+    Reason.EXPIRED: "The publication this cluster runs has expired and no newer one was "
+    "accepted (the hub stopped publishing, or the git server is away): the agent keeps running "
+    "and correcting what it has, and says so until a newer publication arrives.",
 }
 """One line per reason, for the API reference."""
 
