@@ -399,6 +399,25 @@ class Cluster:
             self._processes = [p for p in self._processes if p.name != "kube-apiserver"]
         _stop_processes(gone, self._stop_grace)
 
+    def freeze_apiserver(self) -> None:
+        """SIGSTOP the apiserver: connections are accepted (by the kernel) and never answered,
+        as a hung server; the other components wait. :meth:`thaw_apiserver` resumes it."""
+        for proc in self._processes:
+            if proc.name == "kube-apiserver":
+                proc.signal(signal.SIGSTOP)
+
+    def thaw_apiserver(self) -> None:
+        """SIGCONT after :meth:`freeze_apiserver`; returns once it answers again."""
+        for proc in self._processes:
+            if proc.name == "kube-apiserver":
+                proc.signal(signal.SIGCONT)
+        deadline = time.monotonic() + 60
+        while not self._apiserver_ready():
+            self._check_alive()
+            if time.monotonic() > deadline:
+                raise self._timed_out("kube-apiserver")
+            time.sleep(0.05)
+
     def start_apiserver(self, *, timeout: float = 120.0) -> None:
         """Start the apiserver again after :meth:`stop_apiserver` (same port, certificates and
         data) and wait until ``/readyz`` is ok. Raises :class:`ClusterError`."""
