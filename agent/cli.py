@@ -132,7 +132,7 @@ def build_agent(settings: Any) -> Any:
     from agent.apply.intent import GroupRecords
     from agent.apply.store import RevisionStore
     from agent.inbound import InboundPipeline
-    from agent.kube import KubeClient
+    from agent.kube import KubeClient, KubeconfigError
     from agent.loop import Agent
     from agent.reconcile import Reconciler
     from agent.report.bundles import BundleDeployments
@@ -156,12 +156,18 @@ def build_agent(settings: Any) -> Any:
     cache = repo.cache_dir
     namespace = settings.namespace
     net = settings.network
-    kube = KubeClient(
-        kubeconfig=settings.kubeconfig,
-        connect_timeout=net.connect_timeout,
-        read_timeout=net.read_timeout,
-    )
-    _check_crds(kube)
+    try:
+        kube = KubeClient(
+            kubeconfig=settings.kubeconfig,
+            connect_timeout=net.connect_timeout,
+            read_timeout=net.read_timeout,
+        )
+    except KubeconfigError as exc:
+        raise KubeconfigError(
+            f"{exc}. Give the cluster's kubeconfig with --kubeconfig FILE (or "
+            "$FLEETLET_KUBECONFIG), or run the agent in its pod (deploy/agent/)"
+        ) from exc
+    _check_crds(kube, settings.kubeconfig)
     state = ClusterState(kube=kube, namespace=namespace)
     bundles = BundleDeployments(kube=kube, owner=namespace)
     runs = RunLog(kube, namespace=namespace)
@@ -276,14 +282,34 @@ def _failpoint(spec: str | None) -> Any:
     return failpoint
 
 
-def _check_crds(kube: Any) -> None:
-    """Fail at once, and clearly, on a cluster without fleetlet's CRDs."""
+def _check_crds(kube: Any, kubeconfig: str | None) -> None:
+    """Fail at once, and clearly, on a cluster that cannot be reached or lacks fleetlet's
+    CRDs."""
     from agent.errors import ConfigurationError
-    from agent.kube import ApiNotServedError
+    from agent.kube import ApiNotServedError, ApiUnavailableError, ForbiddenError, KubeApiError
     from agent.report.bundles import GROUP_VERSION, KIND
 
+    where = f"kubeconfig {kubeconfig}" if kubeconfig else "the in-cluster configuration"
     try:
         kube.resource_for(GROUP_VERSION, KIND)
+    except ApiUnavailableError as exc:
+        raise ApiUnavailableError(
+            f"{exc}. Is the cluster of {where} up (and is it the right kubeconfig)?",
+            target=exc.target,
+            status=exc.status,
+        ) from exc
+    except ForbiddenError as exc:
+        raise ConfigurationError(
+            f"{kube.server}: the agent's identity may not read the fleetlet CRDs ({exc}): "
+            "give it the agent's RBAC (deploy/agent/), or another kubeconfig"
+        ) from exc
+    except KubeApiError as exc:
+        if exc.status == 401:
+            raise ConfigurationError(
+                f"{kube.server}: the API server refused the credentials of {where} ({exc}): "
+                "a token or certificate that expired, or another cluster's?"
+            ) from exc
+        raise
     except ApiNotServedError as exc:
         raise ConfigurationError(
             f"{kube.server}: the fleetlet CRDs are not installed ({KIND} {GROUP_VERSION} is not "
@@ -359,7 +385,7 @@ def _sync(args: argparse.Namespace) -> int:
         print(_summary(args.cluster, result))
     if error is not None:
         temporary = " (temporary; retrying may help)" if isinstance(error, TemporaryError) else ""
-        print(f"{args.cluster}: sync failed: {error}{temporary}", file=sys.stderr)
+        print(f"{args.cluster}: sync failed: {error}{temporary}{_hint(error)}", file=sys.stderr)
         return EXIT_FAILED
     assert result is not None
     if result.inbound == "refused-before":
@@ -382,6 +408,19 @@ def _sync(args: argparse.Namespace) -> int:
         )
         return EXIT_DEGRADED
     return EXIT_CONVERGED
+
+
+def _hint(error: Any) -> str:
+    """How to provide what an error says is missing (the agent's flags and variables)."""
+    from agent.source.credentials import GitAuthError
+
+    if isinstance(error, GitAuthError):
+        return (
+            ". Git credentials: mount a Secret at $FLEETLET_GIT_CREDENTIALS_DIR (username and "
+            "password, or token), or set FLEETLET_GIT_TOKEN (or FLEETLET_GIT_USERNAME and "
+            "FLEETLET_GIT_PASSWORD)"
+        )
+    return ""
 
 
 def _failure_lines(agent: Any, groups: Any) -> str:

@@ -399,6 +399,8 @@ class KubeClient:
         from kubernetes.config.config_exception import ConfigException
 
         configuration = Configuration()
+        if self.kubeconfig is not None and not Path(self.kubeconfig).is_file():
+            raise KubeconfigError(f"kubeconfig {self.kubeconfig}: no such file")
         try:
             if self.kubeconfig is None:
                 from kubernetes.config.incluster_config import load_incluster_config
@@ -414,8 +416,12 @@ class KubeClient:
                     persist_config=False,
                 )
         except (ConfigException, OSError, ValueError, TypeError) as exc:
-            where = self.kubeconfig or "in-cluster configuration"
-            raise KubeconfigError(f"cannot load {where}: {exc}") from exc
+            if self.kubeconfig is None:
+                raise KubeconfigError(
+                    "no kubeconfig given and not running in a pod (the in-cluster "
+                    f"configuration is missing: {str(exc).rstrip('.')})"
+                ) from exc
+            raise KubeconfigError(f"cannot load kubeconfig {self.kubeconfig}: {exc}") from exc
         self._tune(configuration)
         return configuration
 
