@@ -337,6 +337,15 @@ class OutageWorld:
                 found[bundle] = f"{ready['reason']}: {ready['message']}"
         return found
 
+    def status(self, bundle: str) -> dict[str, Any]:
+        bd = live(self.kube, "fleetlet.io/v1alpha1", "BundleDeployment", self.names[bundle])
+        assert bd is not None, f"no BundleDeployment {bundle}"
+        return dict(bd.get("status") or {})
+
+    def object_count(self, bundle: str, version: Version) -> int:
+        """How many objects ``bundle`` has at ``version``."""
+        return 2 if bundle == "conf" and version.extra else 1
+
     def conditions(self, bundle: str) -> dict[str, dict[str, Any]]:
         bd = live(self.kube, "fleetlet.io/v1alpha1", "BundleDeployment", self.names[bundle])
         assert bd is not None, f"no BundleDeployment {bundle}"

@@ -226,6 +226,10 @@ def _assert_ready_and_delivered(world: OutageWorld, agent: Agent, target: Versio
         conditions = world.conditions(bundle)
         assert conditions["Ready"]["status"] == "True", (bundle, conditions["Ready"])
         assert conditions["Degraded"]["status"] == "False", (bundle, conditions["Degraded"])
+        # Each bundle counts its own objects (not its group's).
+        resources = world.status(bundle)["resources"]
+        objects = world.object_count(bundle, target)
+        assert (resources["total"], resources["ready"]) == (objects, objects), (bundle, resources)
     assert agent.pusher is not None and not agent.pusher.pending
     document = world.status_document()
     assert document is not None
