@@ -65,7 +65,12 @@ from agent.source.branch import (
     FetchTooLargeError,
 )
 from agent.source.compose import ContentStore, credentials_from_secret
-from agent.source.content import ContentRefusedError, Credentials
+from agent.source.content import (
+    LOCAL_STORAGE_ERRNOS,
+    ContentRefusedError,
+    Credentials,
+    LocalStorageError,
+)
 from agent.state import AgentState, ClusterState
 from agent.verify import DEFAULT_CLOCK_SKEW, TrustPolicy, verify_publication
 
@@ -250,17 +255,15 @@ class InboundPipeline:
             raise
         except FleetletError:
             raise  # a registry or git server away: tried again
+        except OSError as exc:
+            if exc.errno not in LOCAL_STORAGE_ERRNOS:
+                raise self._unreadable(state, commit, deployment_set, exc) from exc
+            # The agent's own disk (full, read-only): the content is not at fault.
+            raise LocalStorageError.of(
+                exc, doing="render the set", source=f"serial {deployment_set.serial}"
+            ) from exc
         except Exception as exc:
-            log.warning(
-                "content of serial %s: unexpected error", deployment_set.serial, exc_info=True
-            )
-            unreadable = ContentRefusedError(
-                f"the content cannot be read: {type(exc).__name__}: {exc}",
-                source="content",
-                rule="Unreadable",
-            )
-            self._refuse(state, commit, unreadable)
-            raise unreadable from exc
+            raise self._unreadable(state, commit, deployment_set, exc) from exc
         self._step("rendered")
         # The serial is accepted once everything it names could be fetched and rendered: a
         # temporary fetch failure leaves the commit to be tried again at the next poll. The
@@ -274,6 +277,24 @@ class InboundPipeline:
             deployment_set=deployment_set,
             bundles=bundles,
         )
+
+    def _unreadable(
+        self,
+        state: AgentState,
+        commit: str,
+        deployment_set: BundleDeploymentSet,
+        exc: Exception,
+    ) -> ContentRefusedError:
+        """Content that made a library raise what none of our checks names: refused (and
+        remembered), as any content we cannot read."""
+        log.warning("content of serial %s: unexpected error", deployment_set.serial, exc_info=True)
+        unreadable = ContentRefusedError(
+            f"the content cannot be read: {type(exc).__name__}: {exc}",
+            source="content",
+            rule="Unreadable",
+        )
+        self._refuse(state, commit, unreadable)
+        return unreadable
 
     def _step(self, name: str) -> None:
         if self.failpoint is not None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import random
 import shutil
@@ -47,6 +48,8 @@ from agent.backoff import pause
 from agent.errors import PermanentError, ValidationError
 from agent.source.credentials import GitAuthError, GitCallbacks, GitCredentials
 from agent.source.lsrefs import GitUnavailableError
+
+_log = logging.getLogger(__name__)
 
 __all__ = [
     "GitAuthError",
@@ -213,8 +216,12 @@ class StatusPusher:
     def _write(self, name: str, data: bytes) -> None:
         path = self.workdir / name
         tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
+        try:
+            tmp.write_bytes(data)
+            os.replace(tmp, path)
+        except OSError as exc:
+            # The local copy only serves a restart: the document stays in memory and is pushed.
+            _log.warning("status: cannot keep %s on local storage: %s", path, exc)
 
     def _stamp(self, s: ClusterStatus, now: float, *, sequence: int) -> ClusterStatus:
         """``s`` written anew (time, sequence), bounded, kept as the latest, saved."""

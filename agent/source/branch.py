@@ -22,6 +22,7 @@ from pathlib import Path
 import pygit2
 
 from agent.errors import PermanentError
+from agent.source.content import LocalStorageError
 from agent.source.credentials import (
     GitAuthError,
     GitCallbacks,
@@ -44,6 +45,7 @@ __all__ = [
 ]
 
 BRANCH_PREFIX = "refs/heads/fleetlet/clusters/"
+_LOCAL_STORAGE_MESSAGES = ("no space left", "read-only file system", "disk quota exceeded")
 TRACKING_PREFIX = "refs/remotes/origin/fleetlet/clusters/"
 _REMOTE = "origin"
 
@@ -254,6 +256,11 @@ class BranchWatcher:
         lowered = text.lower()
         if "401" in text or "403" in text or "authentication" in lowered:
             return GitAuthError(f"{self.repo_url}: cannot {doing} the repository: {text}")
+        if any(m in lowered for m in _LOCAL_STORAGE_MESSAGES):
+            # libgit2 could not write the fetched objects here: our disk, not the server.
+            return LocalStorageError(
+                f"cannot {doing} the repository into {self.path}: {text}", source=self.repo_url
+            )
         return GitUnavailableError(f"{self.repo_url}: cannot {doing} the repository: {text}")
 
 
