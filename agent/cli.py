@@ -66,6 +66,7 @@ def settings_from_args(args: argparse.Namespace) -> Any:
     from agent.render.tools import ToolSettings
     from agent.settings import (
         AgentSettings,
+        LimitSettings,
         NetworkSettings,
         PollSettings,
         RepoSettings,
@@ -106,6 +107,13 @@ def settings_from_args(args: argparse.Namespace) -> Any:
             read_timeout=args.read_timeout,
             attempts=args.fetch_attempts,
         ),
+        limits=LimitSettings(
+            max_bundle_bytes=args.max_bundle_bytes,
+            max_bundle_files=args.max_bundle_files,
+            max_file_bytes=args.max_file_bytes,
+            max_download_bytes=args.max_download_bytes,
+            cache_bytes=args.cache_max_bytes,
+        ),
         kubeconfig=args.kubeconfig,
         tools=ToolSettings.from_env(),
         status=not args.no_status,
@@ -139,6 +147,7 @@ def build_agent(settings: Any) -> Any:
     from agent.report.push import StatusPusher
     from agent.report.runs import RunLog
     from agent.report.view import BundleViews
+    from agent.source.archive import ArchiveLimits
     from agent.source.branch import BranchWatcher
     from agent.source.cache import ContentCache
     from agent.source.compose import ContentStore
@@ -156,6 +165,13 @@ def build_agent(settings: Any) -> Any:
     cache = repo.cache_dir
     namespace = settings.namespace
     net = settings.network
+    limits = settings.limits
+    unpack = ArchiveLimits(
+        max_files=limits.max_bundle_files,
+        max_file_bytes=limits.max_file_bytes,
+        max_total_bytes=limits.max_bundle_bytes,
+    )
+    _check_cache_dir(cache)
     try:
         kube = KubeClient(
             kubeconfig=settings.kubeconfig,
@@ -191,19 +207,23 @@ def build_agent(settings: Any) -> Any:
             max_validity=settings.trust.max_validity,
         ),
         content=ContentStore(
-            cache=ContentCache(root=cache / "content", max_bytes=1 << 30),
+            cache=ContentCache(root=cache / "content", max_bytes=limits.cache_bytes),
             oci=OciFetcher(
                 settings=OciSettings(
                     plain_http=settings.plain_http_registries,
                     connect_timeout=net.connect_timeout,
                     timeout=net.read_timeout,
                     attempts=net.attempts,
+                    max_layer_bytes=limits.max_download_bytes,
+                    archive_limits=unpack,
                 )
             ),
             git=GitFetcher(
                 repos_dir=cache / "content" / "git",
                 settings=GitSettings(
-                    connect_timeout=net.connect_timeout, io_timeout=net.read_timeout
+                    connect_timeout=net.connect_timeout,
+                    io_timeout=net.read_timeout,
+                    limits=unpack,
                 ),
             ),
             http=HttpFetcher(
@@ -211,8 +231,11 @@ def build_agent(settings: Any) -> Any:
                     connect_timeout=net.connect_timeout,
                     timeout=net.read_timeout,
                     attempts=net.attempts,
+                    max_bytes=limits.max_download_bytes,
+                    archive_limits=unpack,
                 )
             ),
+            limits=unpack,
         ),
         kube=kube,
         state=state,
@@ -280,6 +303,23 @@ def _failpoint(spec: str | None) -> Any:
                 os.kill(os.getpid(), signal.SIGKILL)
 
     return failpoint
+
+
+def _check_cache_dir(path: Any) -> None:
+    """Fail at once, and clearly, when the cache directory cannot be written."""
+    import tempfile
+
+    from agent.errors import ConfigurationError
+
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as exc:
+        raise ConfigurationError(
+            f"--cache-dir {path}: the agent cannot write there ({exc.strerror or exc}): give "
+            "it a writable directory (in its pod, an emptyDir volume)"
+        ) from exc
 
 
 def _check_crds(kube: Any, kubeconfig: str | None) -> None:
@@ -621,6 +661,19 @@ def _add_agent_connection(p: argparse.ArgumentParser) -> None:
         type=int,
         metavar="N",
     )
+    for name, var, default, what in (
+        ("--max-bundle-bytes", "FLEETLET_MAX_BUNDLE_BYTES", "128Mi",
+         "bytes of one bundle's files unpacked, all its sources together"),
+        ("--max-bundle-files", "FLEETLET_MAX_BUNDLE_FILES", "10000",
+         "files, directories and links of one bundle"),
+        ("--max-file-bytes", "FLEETLET_MAX_FILE_BYTES", "16Mi", "bytes of one file of a bundle"),
+        ("--max-download-bytes", "FLEETLET_MAX_DOWNLOAD_BYTES", "64Mi",
+         "bytes of one download (an OCI layer, an http archive)"),
+        ("--cache-max-bytes", "FLEETLET_CACHE_MAX_BYTES", "1Gi",
+         "size of the content cache (least recently used content goes first)"),
+    ):  # fmt: skip
+        flag(name, var, f"{what}; a bundle over it is refused", default=default, type=_size,
+             metavar="SIZE")  # fmt: skip
     p.add_argument("--no-status", action="store_true", help="do not push status to git")
     p.add_argument(
         "--uninstall-failed-install",
@@ -628,6 +681,24 @@ def _add_agent_connection(p: argparse.ArgumentParser) -> None:
         help="delete what a failed first install created (default: leave it for inspection; "
         "removing the bundle deletes it)",
     )
+
+
+def _size(text: str) -> int:
+    """``64Mi``, ``1Gi``, ``500k``, ``2M`` (or bare bytes) as bytes; argparse's type."""
+    units = {"": 1, "k": 1000, "m": 1000**2, "g": 1000**3, "ki": 1024, "mi": 1024**2,
+             "gi": 1024**3}  # fmt: skip
+    value = text.strip().lower()
+    number = value.rstrip("kmgi")
+    unit = value[len(number) :]
+    try:
+        size = int(float(number) * units[unit])
+    except (KeyError, ValueError):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a size (bytes, or a number with k, M, G, Ki, Mi or Gi)"
+        ) from None
+    if size <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected more than 0")
+    return size
 
 
 def _duration(text: str) -> Any:

@@ -102,6 +102,37 @@ class NetworkSettings:
 
 
 @dataclass(frozen=True, kw_only=True)
+class LimitSettings:
+    """How much content the agent takes in for one bundle, and how much it keeps on disk.
+
+    A bundle over a limit is refused (with the limit named); the agent keeps running what it
+    has. The defaults suit most fleets; an edge node with a small disk lowers them, a fleet of
+    large charts raises them."""
+
+    max_bundle_bytes: int = 128 * 1024 * 1024
+    """Bytes of one bundle's files, all its sources together, unpacked."""
+    max_bundle_files: int = 10_000
+    """Files, directories and links of one bundle."""
+    max_file_bytes: int = 16 * 1024 * 1024
+    """Bytes of one file of a bundle."""
+    max_download_bytes: int = 64 * 1024 * 1024
+    """Bytes of one download: an OCI layer, an http archive."""
+    cache_bytes: int = 1024 * 1024 * 1024
+    """The content cache's size; the least recently used content goes first."""
+
+    def __post_init__(self) -> None:
+        for name in (
+            "max_bundle_bytes",
+            "max_bundle_files",
+            "max_file_bytes",
+            "max_download_bytes",
+            "cache_bytes",
+        ):
+            if getattr(self, name) <= 0:
+                raise SettingsError(f"{name.replace('_', ' ')}: must be positive")
+
+
+@dataclass(frozen=True, kw_only=True)
 class TrustSettings:
     """Whom the agent believes: the Sigstore trust config and the signer's identity."""
 
@@ -137,6 +168,7 @@ class AgentSettings:
     reconcile: ReconcileSettings
     poll: PollSettings = field(default_factory=PollSettings)
     network: NetworkSettings = field(default_factory=NetworkSettings)
+    limits: LimitSettings = field(default_factory=LimitSettings)
     kubeconfig: str | None = None
     """None: the in-cluster configuration (the pod's ServiceAccount)."""
     tools: ToolSettings = field(default_factory=ToolSettings)
@@ -161,6 +193,7 @@ class AgentSettings:
 
 __all__ = [
     "AgentSettings",
+    "LimitSettings",
     "NetworkSettings",
     "PollSettings",
     "RepoSettings",
