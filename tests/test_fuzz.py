@@ -45,9 +45,10 @@ from tests.fuzz.mutate import (
     REPO_ROOT,
     Tally,
     inputs,
-    mutated,
+    json_inputs,
     seeds_in,
     survives,
+    yaml_inputs,
 )
 from tests.realenv.gitserver import GitDaemon
 
@@ -91,7 +92,7 @@ def test_fleet_repo_loader() -> None:
         @FUZZ
         @given(
             st.sampled_from(sorted(FLEET_FILES)).flatmap(
-                lambda name: st.tuples(st.just(name), inputs(FLEET_FILES[name]))
+                lambda name: st.tuples(st.just(name), yaml_inputs(FLEET_FILES[name]))
             )
         )
         def run(case: tuple[str, bytes]) -> None:
@@ -117,7 +118,7 @@ def test_manifest_loader() -> None:
     with tallied("manifest loader") as tally:
 
         @FUZZ
-        @given(inputs(MANIFESTS), st.sampled_from(["m.yaml", "m.yml", "m.json"]))
+        @given(yaml_inputs(MANIFESTS), st.sampled_from(["m.yaml", "m.yml", "m.json"]))
         def run(data: bytes, file: str) -> None:
             survives(lambda: parse_manifests(data, source="fuzz", file=file), tally=tally)
 
@@ -177,6 +178,12 @@ def test_the_seed_publication_verifies(trust: TrustPolicy) -> None:
     assert verified.deployment_set.cluster == META["cluster"]
 
 
+def _publication_inputs(name: str) -> st.SearchStrategy[bytes]:
+    if name.endswith(".yaml"):
+        return yaml_inputs([FILES[name]])
+    return json_inputs([FILES[name]])
+
+
 def test_publication_statement_and_proof() -> None:
     parsers = {
         "statement.json": lambda data: PublicationStatement.from_bytes(data),
@@ -188,7 +195,7 @@ def test_publication_statement_and_proof() -> None:
         @FUZZ
         @given(
             st.sampled_from(sorted(parsers)).flatmap(
-                lambda name: st.tuples(st.just(name), inputs([FILES[name]]))
+                lambda name: st.tuples(st.just(name), _publication_inputs(name))
             )
         )
         def run(case: tuple[str, bytes]) -> None:
@@ -209,7 +216,7 @@ def test_publication_verification(trust: TrustPolicy) -> None:
             st.sampled_from(names).flatmap(
                 lambda name: st.tuples(
                     st.just(name),
-                    st.one_of(st.none(), inputs([FILES[name]]), mutated([FILES[name]])),
+                    st.one_of(st.none(), _publication_inputs(name)),
                 )
             )
         )
@@ -238,7 +245,7 @@ def test_status_document() -> None:
     with tallied("status document") as tally:
 
         @FUZZ
-        @given(inputs(STATUS))
+        @given(json_inputs(STATUS))
         def run(data: bytes) -> None:
             survives(lambda: load_status(data, origin="fuzz"), tally=tally)
 
@@ -470,5 +477,68 @@ def test_hub_api_requests(hub_app: Any) -> None:
             )
             # An answer for the client's mistake, never a server error.
             assert codes and codes[0] < 500, (method, target, codes)
+
+        run()
+
+
+# --- the hub reading agents' status documents (hub/status/, hub/api/) -------------------------
+
+
+def test_hub_status_documents_from_agents(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A status document an agent (or anyone who can push to its branch) wrote: the hub's
+    aggregation keeps it or marks it bad, and no API answer becomes a server error."""
+    import pygit2
+
+    from hub.api.app import create_app
+    from hub.status.aggregate import FleetStatus
+
+    tmp = tmp_path_factory.mktemp("fuzz-hub-status")
+    signature = pygit2.Signature("agent", "agent@fleetlet.invalid", 1_700_000_000, 0)
+    auth = [(b"authorization", f"Bearer {ADMIN}".encode())]
+    targets = [
+        b"/api/v1/clusters",
+        b"/api/v1/clusters/edge-1",
+        b"/api/v1/installations",
+        b"/api/v1/installations?state=Ready",
+        b"/api/v1/installations/edge-1/web",
+        b"/api/v1/installations/edge-1/web/runs",
+        b"/api/v1/installations/edge-1/web/runs/latest/outputs",
+        b"/api/v1/installations/edge-1/conf/runs/edge-1.conf.2.1/outputs",
+        b"/api/v1/matrix",
+        b"/api/v1/matrix?state=Degraded&label=tier%3Dedge",
+    ]
+    good = STATUS[0]
+    counter = iter(range(1_000_000))
+
+    def hub_after(documents: list[bytes]) -> Any:
+        """A new hub that read ``documents``, one after the other, from edge-1's branch."""
+        where = tmp / str(next(counter))
+        bare = pygit2.init_repository(str(where / "status.git"), bare=True)
+        status = FleetStatus(repo_url=str(where / "status.git"), cache_dir=where / "hub")
+        ref = "refs/heads/fleetlet/status/edge-1"
+        for document in documents:
+            builder = bare.TreeBuilder()
+            builder.insert("status.json", bare.create_blob(document), pygit2.GIT_FILEMODE_BLOB)
+            parents = [bare.references[ref].target] if ref in bare.references else []
+            bare.create_commit(ref, signature, signature, "status", builder.write(), parents)
+            status.refresh()
+        app = create_app(
+            status=status, tokens={ADMIN: "admin"}, labels={"edge-1": {"tier": "edge"}}
+        )
+        app.state.queries.warm()
+        return app
+
+    with tallied("hub: status documents from agents") as tally:
+
+        @FUZZ
+        @given(json_inputs(STATUS), st.booleans())
+        def run(data: bytes, after_a_good_one: bool) -> None:
+            def read() -> None:
+                app = hub_after([good, data] if after_a_good_one else [data])
+                for target in targets:
+                    code = asyncio.run(_request(app, "GET", target, auth, b""))
+                    assert code < 500, (target, code)
+
+            survives(read, allowed=(), tally=tally)
 
         run()

@@ -4,12 +4,17 @@ that runs one input: only fleetlet's own errors may come out, within a memory bo
 
 from __future__ import annotations
 
+import contextlib
+import copy
+import json
 import os
 import tracemalloc
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
+import yaml
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
@@ -129,3 +134,109 @@ def survives(
     if tally is not None:
         tally.note(error)
     assert peak < MEMORY_BOUND, f"one input made the parser allocate {peak} bytes"
+
+
+# --- structure-aware: documents mutated field by field ----------------------------------------
+
+_ODD_TEXT = st.sampled_from(
+    ["", "\x00", "a" * 5000, "1970-01-01T00:00:00Z", "9999-12-31T23:59:59Z", "sha256:" + "0" * 64,
+     "../../etc/passwd", "-1", "1e400", "null", "ſ", "\u202e", "${x}", "{{ .Values }}", " "]
+)  # fmt: skip
+ODD_VALUES: st.SearchStrategy[Any] = st.recursive(
+    st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(min_value=-(2**70), max_value=2**70),
+        st.floats(allow_nan=True, allow_infinity=True),
+        st.text(max_size=40),
+        _ODD_TEXT,
+    ),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=8), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+
+
+def _paths(doc: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """Every path to a value inside ``doc`` (dict keys and list indexes), the root included."""
+    found = [prefix]
+    if isinstance(doc, dict):
+        for key, value in doc.items():
+            found.extend(_paths(value, (*prefix, key)))
+    elif isinstance(doc, list):
+        for index, value in enumerate(doc):
+            found.extend(_paths(value, (*prefix, index)))
+    return found
+
+
+@st.composite
+def _edited(draw: st.DrawFn, seeds: Sequence[Any]) -> Any:
+    doc = copy.deepcopy(draw(st.sampled_from(list(seeds))))
+    for _ in range(draw(st.integers(min_value=1, max_value=4))):
+        path = draw(st.sampled_from(_paths(doc)))
+        if not path:
+            continue
+        parent = doc
+        for step in path[:-1]:
+            parent = parent[step]
+        last = path[-1]
+        op = draw(st.sampled_from(("replace", "replace", "delete", "add", "wrap")))
+        if op == "replace":
+            parent[last] = draw(ODD_VALUES)
+        elif op == "delete":
+            del parent[last]
+        elif op == "wrap":
+            parent[last] = [parent[last]] if draw(st.booleans()) else {"x": parent[last]}
+        elif isinstance(parent, dict):
+            parent[draw(st.text(max_size=12))] = draw(ODD_VALUES)
+        else:
+            parent.insert(last, draw(ODD_VALUES))
+    return doc
+
+
+def structured(
+    seeds: Sequence[bytes], *, loads: Callable[[bytes], Any], dumps: Callable[[Any], bytes]
+) -> st.SearchStrategy[bytes]:
+    """Seeds parsed, edited field by field (odd types and values, keys removed or added,
+    values wrapped), written again: inputs that get past the syntax to the checks."""
+    documents = []
+    for seed in seeds:
+        with contextlib.suppress(Exception):
+            documents.append(loads(seed))
+    assert documents, "no seed parses"
+
+    def dump(doc: Any) -> bytes:
+        try:
+            return dumps(doc)
+        except (ValueError, TypeError, OverflowError):
+            return b""
+
+    return _edited(documents).map(dump)
+
+
+def json_inputs(seeds: Sequence[bytes]) -> st.SearchStrategy[bytes]:
+    """Byte-wise and field-wise mutations of JSON seeds."""
+    return st.one_of(
+        inputs(seeds),
+        structured(seeds, loads=json.loads, dumps=lambda d: json.dumps(d).encode()),
+        structured(seeds, loads=json.loads, dumps=lambda d: json.dumps(d).encode()),
+    )
+
+
+def yaml_inputs(seeds: Sequence[bytes]) -> st.SearchStrategy[bytes]:
+    """Byte-wise and field-wise mutations of (multi-document) YAML seeds."""
+
+    def loads(data: bytes) -> Any:
+        return list(yaml.safe_load_all(data))
+
+    def dumps(docs: Any) -> bytes:
+        if isinstance(docs, list):
+            return yaml.safe_dump_all(docs, allow_unicode=True).encode()
+        return yaml.safe_dump(docs, allow_unicode=True).encode()
+
+    return st.one_of(
+        inputs(seeds),
+        structured(seeds, loads=loads, dumps=dumps),
+        structured(seeds, loads=loads, dumps=dumps),
+    )
