@@ -229,7 +229,9 @@ class OutageWorld:
         url = self.http.put(f"remote-{version.number}.tar.gz", data)
         return url, hashlib.sha256(data).hexdigest()
 
-    def publish(self, version: Version, *, expires_after: str = "7d") -> None:
+    def publish(
+        self, version: Version, *, expires_after: str = "7d", health_timeout: int = HEALTH_TIMEOUT
+    ) -> None:
         """Publish ``version`` of the fleet, valid for ``expires_after``."""
         lab, names = self.lab, self.names
         web = lab.push(
@@ -239,7 +241,7 @@ class OutageWorld:
         url, sha = self._http_content(version)
         git = {"kind": "git", "uri": self.content_git.url_for(self.content_repo), "commit": commit}
         http = {"kind": "http", "uri": url, "sha256": sha}
-        checks = {"timeoutSeconds": HEALTH_TIMEOUT}
+        checks = {"timeoutSeconds": health_timeout}
         app = {"group": "app", "dependsOn": ["base"], "healthChecks": checks}
         lab.publish(
             [

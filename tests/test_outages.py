@@ -24,6 +24,7 @@ publication's life (the agent keeps running what it has and says ``Expired``).
 
 from __future__ import annotations
 
+import contextlib
 import random
 import threading
 import time
@@ -323,6 +324,36 @@ def test_the_api_server_restarting_in_the_middle_of_an_apply(world: OutageWorld)
     world.assert_wholly_on(target)
     assert not world.moving()
     _assert_ready_and_delivered(world, agent, target)
+
+
+def test_the_api_server_away_in_the_middle_of_a_rollback(world: OutageWorld) -> None:
+    """A broken version rolls back; the API server goes away after the previous revision was
+    re-applied: the rollback is finished by the next sync, and its reason is said once."""
+    agent = world.agent
+    assert agent is not None
+    settle(world, agent)
+    previous = world.version
+    assert previous is not None
+    broken = world.next_version(broken=True)
+    world.publish(broken, health_timeout=6)
+    fault = world.fault("apiserver", "refused")
+    world.trap.arm("rollback:applied", fault.inject)
+    try:
+        with pytest.raises(TemporaryError):
+            bounded(agent.tick)
+        assert fault.active, "the rollback never reached the re-applied step"
+    finally:
+        world.trap.disarm()
+        fault.heal()
+    assert world.moving()  # the rollback is recorded, to be finished
+    with contextlib.suppress(TemporaryError):
+        bounded(agent.tick)
+    world.assert_wholly_on(previous)
+    assert not world.moving()
+    for bundle in ("web", "conf", "remote"):
+        ready = world.conditions(bundle)["Ready"]
+        assert ready["reason"] == "RolledBack", ready
+        assert ready["message"].count("HealthCheckFailed") == 1, ready["message"]
 
 
 def test_the_hub_away_longer_than_a_publication_lives(world: OutageWorld) -> None:

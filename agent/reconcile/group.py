@@ -799,7 +799,8 @@ def resume(ctx: GroupContext, intent: Intent) -> GroupOutcome | None:
             log.info("resuming group %s: completing the move to serial %s", ctx.group, ctx.serial)
             return advance(ctx, intent, active, objects)
     if intent.phase == "rolling-back":
-        failed = MoveFailed(intent.failure_reason or Reason.ROLLED_BACK, intent.failure)
+        # Said as it was when the rollback began: each retry must not wrap it once more.
+        failed = MoveFailed.recorded(intent.failure_reason or Reason.ROLLED_BACK, intent.failure)
     else:
         failed = MoveFailed(Reason.INTERRUPTED, "the agent stopped in the middle of the move")
     outcome = roll_back(ctx, intent, failed)
