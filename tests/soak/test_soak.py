@@ -102,7 +102,10 @@ class Soak:
                 tag=f"v{number}",
             )
             front = lab.push("frontend", frontend, tag=f"v{number}")
-            shop = {"group": "shop", "dependsOn": ["base"], "healthChecks": {"timeoutSeconds": 10}}
+            # A broken version is told apart in 10 s; a good one gets the time a cluster
+            # whose API server was just restarted needs (its controllers catch up slowly).
+            health = {"timeoutSeconds": 10 if broken else 120}
+            shop = {"group": "shop", "dependsOn": ["base"], "healthChecks": health}
             lab.publish(
                 [
                     {"name": self.names["base"], "sources": [lab.source("base", self._base)],
@@ -145,6 +148,19 @@ class Soak:
         except (OSError, StopIteration):
             return
         self.samples.append((time.monotonic(), rss, fds))
+
+    def open_files(self) -> dict[str, int]:
+        """What the steady agent's open files are, by kind (for a failure message)."""
+        kinds: dict[str, int] = {}
+        fd_dir = Path(f"/proc/{self.agents[STEADY].pid}/fd")
+        for fd in fd_dir.iterdir():
+            try:
+                target = os.readlink(fd)
+            except OSError:
+                continue
+            kind = target.split(":")[0] if ":" in target else str(Path(target).parent)
+            kinds[kind] = kinds.get(kind, 0) + 1
+        return kinds
 
     # -- faults -------------------------------------------------------------------------
 
@@ -415,5 +431,5 @@ def _assert_did_not_grow(soak: Soak) -> dict[str, Any]:
         "fds_late": late_fds,
     }
     assert late_rss <= early_rss * 1.10 + 4096, figures
-    assert late_fds <= early_fds + 4, figures
+    assert late_fds <= early_fds + 4, (figures, soak.open_files())
     return figures
