@@ -177,9 +177,15 @@ class OutageWorld:
         }.get(component)
         if component == "apiserver":
             cluster = self.cluster
+
+            def back(resume: Callable[[], None]) -> Callable[[], None]:
+                # The controllers would reconnect by themselves, up to a minute later: they
+                # are not what these tests are about.
+                return lambda: (resume(), cluster.restart_controllers())  # type: ignore[func-returns-value]
+
             if mode == "refused":
-                return Fault(component, mode, cluster.stop_apiserver, cluster.start_apiserver)
-            return Fault(component, mode, cluster.freeze_apiserver, cluster.thaw_apiserver)
+                return Fault(component, mode, cluster.stop_apiserver, back(cluster.start_apiserver))
+            return Fault(component, mode, cluster.freeze_apiserver, back(cluster.thaw_apiserver))
         if server is None:
             raise ValueError(f"unknown component {component!r}")
         if mode == "refused":

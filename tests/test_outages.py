@@ -306,6 +306,7 @@ def test_the_api_server_restarting_in_the_middle_of_an_apply(world: OutageWorld)
         def run() -> None:
             world.cluster.stop_apiserver()
             world.cluster.start_apiserver()
+            world.cluster.restart_controllers()
             restarted.set()
 
         threading.Thread(target=run, daemon=True).start()

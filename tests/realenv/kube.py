@@ -399,6 +399,22 @@ class Cluster:
             self._processes = [p for p in self._processes if p.name != "kube-apiserver"]
         _stop_processes(gone, self._stop_grace)
 
+    def restart_controllers(self) -> None:
+        """Restart the controller-manager, the scheduler and kwok (same arguments).
+
+        After an API server restart their informers reconnect with client-go's backoff: a
+        Deployment update can then go unseen for a minute. Tests of a client (the agent) that
+        should not wait on that restart them instead. Raises :class:`ClusterError`.
+        """
+        names = ("kube-controller-manager", "kube-scheduler", "kwok")
+        with self._lock:
+            gone = [p for p in self._processes if p.name in names]
+            self._processes = [p for p in self._processes if p.name not in names]
+        _stop_processes(gone, 0.5)
+        for name in names:
+            self._spawn(name, self._argv[name])
+        self._check_alive()
+
     def freeze_apiserver(self) -> None:
         """SIGSTOP the apiserver: connections are accepted (by the kernel) and never answered,
         as a hung server; the other components wait. :meth:`thaw_apiserver` resumes it."""
