@@ -1,21 +1,49 @@
-"""The agent's one backoff policy: exponential, capped, with jitter.
+"""The one backoff policy of fleetlet: exponential, capped, with optional jitter.
 
-Two users: the poll and drift jobs (:class:`Backoff`, one failure count per job, :mod:`agent.schedule`)
-and the clients that retry one request a few times (registry, http: :func:`pause`). Both spread
-their waits at random, so a fleet of agents that lost the same server does not come back to it in
-lockstep when it returns.
+Every retry of the agent and the hub waits by it: the registry, http and status clients retry
+a request a few times (:func:`attempts`), the scheduler's jobs back off after a failed run
+(:class:`Backoff`), the status pusher waits between failed pushes without blocking
+(:func:`pause`), waits for a condition poll less and less often (:func:`delay`). A library
+(tenacity, stamina) would bring its own decorator vocabulary for what is here a formula and a
+loop; the edge agent's footprint is measured, so it stays a few lines of our own.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 
 
 def delay(attempt: int, *, initial: float, maximum: float) -> float:
     """The wait before retry number ``attempt`` (1-based): ``initial * 2**(attempt-1)``,
     capped at ``maximum`` (the exponent is bounded so a long outage cannot overflow)."""
     return min(initial * 2.0 ** min(max(attempt, 1) - 1, 60), maximum)
+
+
+def attempts(
+    count: int,
+    *,
+    initial: float,
+    maximum: float = 30.0,
+    jitter: float = 0.1,
+    sleep: Callable[[float], None] = time.sleep,
+    rng: Callable[[], float] = random.random,
+) -> Iterator[int]:
+    """Attempt numbers ``0 .. count-1``, sleeping before each retry the :func:`delay` plus up
+    to ``jitter`` of it at random (so clients that failed together do not retry together)::
+
+        for attempt in attempts(3, initial=0.5):
+            try:
+                return request()
+            except Unreachable:
+                continue
+    """
+    for attempt in range(count):
+        if attempt:
+            wait = delay(attempt, initial=initial, maximum=maximum)
+            sleep(wait * (1.0 + jitter * rng()))
+        yield attempt
 
 
 def pause(
@@ -25,18 +53,16 @@ def pause(
     maximum: float = 30.0,
     rng: Callable[[], float] = random.random,
 ) -> float:
-    """The wait before retry ``attempt`` of one request: :func:`delay`, of which the second
-    half is drawn at random ("equal jitter": never less than half, never more than the
-    delay)."""
+    """The wait before retry ``attempt`` (1-based), for a caller that schedules rather than
+    sleeps: :func:`delay`, of which the second half is drawn at random ("equal jitter": never
+    less than half the delay, never more)."""
     base = delay(attempt, initial=initial, maximum=maximum)
     return base / 2 + base / 2 * rng()
 
 
 class Backoff:
-    """Exponential backoff with a cap: ``initial * 2**(n-1)`` after the n-th failure in a row.
-
-    The scheduler adds its jitter (seconds, at random) on top of what :meth:`failure` returns.
-    """
+    """The backoff of a loop that keeps failing: :meth:`failure` counts one more failure in a
+    row and gives the next wait, :meth:`reset` starts over after a success."""
 
     def __init__(self, *, initial: float, maximum: float) -> None:
         """Raises ValueError unless 0 < initial <= maximum."""
@@ -60,4 +86,4 @@ class Backoff:
         self.failures = 0
 
 
-__all__ = ["Backoff", "delay", "pause"]
+__all__ = ["Backoff", "attempts", "delay", "pause"]

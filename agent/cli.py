@@ -1,4 +1,5 @@
-"""The agent's subcommands: ``agent run``, ``agent sync``, ``render`` and ``health``."""
+"""The agent's subcommands: ``agent run``, ``agent sync``, ``render``, ``health`` and a cluster
+admin's ``preview``, ``approve`` and ``deny`` of approval requests."""
 
 from __future__ import annotations
 
@@ -44,16 +45,35 @@ def _render(args: argparse.Namespace) -> int:
 
 def _health(args: argparse.Namespace) -> int:
     from agent.health.command import run_health
+    from agent.options import kubeconfig_of
 
     text, code = run_health(
         filename=args.filename,
         output=args.output,
-        kubeconfig=args.kubeconfig,
+        kubeconfig=kubeconfig_of(args),
         context=args.context,
         offline=args.offline,
     )
     print(text)
     return code
+
+
+def _preview(args: argparse.Namespace) -> int:
+    from agent.approve.command import run_preview
+
+    return run_preview(args)
+
+
+def _approve(args: argparse.Namespace) -> int:
+    from agent.approve.command import run_decision
+
+    return run_decision(args, "approve")
+
+
+def _deny(args: argparse.Namespace) -> int:
+    from agent.approve.command import run_decision
+
+    return run_decision(args, "deny")
 
 
 def settings_from_args(args: argparse.Namespace) -> Any:
@@ -62,6 +82,7 @@ def settings_from_args(args: argparse.Namespace) -> Any:
     import os
     from pathlib import Path
 
+    from agent.apply.guard import Guard
     from agent.reconcile.context import ReconcileSettings
     from agent.render.tools import ToolSettings
     from agent.settings import (
@@ -93,6 +114,14 @@ def settings_from_args(args: argparse.Namespace) -> Any:
             uninstall_failed_install=args.uninstall_failed_install,
             parallel_groups=args.parallel_groups,
             retry_backoff=args.retry_backoff,
+            guard=Guard(
+                agent_namespace=args.namespace,
+                allowed=frozenset(
+                    name.strip()
+                    for name in (args.allow_agent_objects or "").split(",")
+                    if name.strip()
+                ),
+            ),
             failpoint=_failpoint(os.environ.get("FLEETLET_FAILPOINT")),
         ),
         poll=PollSettings(
@@ -137,13 +166,17 @@ def build_agent(settings: Any) -> Any:
     import os
     from pathlib import Path
 
+    from agent import __version__
     from agent.apply.intent import GroupRecords
     from agent.apply.store import RevisionStore
     from agent.inbound import InboundPipeline
     from agent.kube import KubeClient, KubeconfigError
     from agent.loop import Agent
     from agent.reconcile import Reconciler
+    from agent.render.formats import available_formats
     from agent.report.bundles import BundleDeployments
+    from agent.report.events import EventRecorder
+    from agent.report.metrics import Metrics
     from agent.report.push import StatusPusher
     from agent.report.runs import RunLog
     from agent.report.view import BundleViews
@@ -158,6 +191,7 @@ def build_agent(settings: Any) -> Any:
     from agent.state import ClusterState
     from agent.verify import IdentityPolicy, TrustPolicy
 
+    metrics = Metrics(cluster=settings.repo.cluster, version=__version__)
     creds_dir = os.environ.get("FLEETLET_GIT_CREDENTIALS_DIR")
     creds = GitCredentials.from_files(Path(creds_dir)) if creds_dir else GitCredentials.from_env()
     credentials = None if creds.kind == "none" else creds
@@ -185,7 +219,13 @@ def build_agent(settings: Any) -> Any:
         ) from exc
     _check_crds(kube, settings.kubeconfig)
     state = ClusterState(kube=kube, namespace=namespace)
-    bundles = BundleDeployments(kube=kube, owner=namespace)
+    events = EventRecorder(
+        kube=kube,
+        namespace="default",
+        component="fleetlet-agent",
+        instance=os.environ.get("HOSTNAME"),
+    )
+    bundles = BundleDeployments(kube=kube, owner=namespace, events=events)
     runs = RunLog(kube, namespace=namespace)
     store = RevisionStore(kube, namespace=namespace)
     pipeline = InboundPipeline(
@@ -207,7 +247,9 @@ def build_agent(settings: Any) -> Any:
             max_validity=settings.trust.max_validity,
         ),
         content=ContentStore(
-            cache=ContentCache(root=cache / "content", max_bytes=limits.cache_bytes),
+            cache=ContentCache(
+                root=cache / "content", max_bytes=limits.cache_bytes, metrics=metrics
+            ),
             oci=OciFetcher(
                 settings=OciSettings(
                     plain_http=settings.plain_http_registries,
@@ -255,6 +297,7 @@ def build_agent(settings: Any) -> Any:
         outputs=_outputs(
             kube, namespace, repo.cluster, settings.hub_public_key, settings.agent_sealing_key
         ),
+        metrics=metrics,
     )
     pusher = None
     if settings.status:
@@ -272,6 +315,8 @@ def build_agent(settings: Any) -> Any:
             heartbeat_interval=settings.poll.heartbeat,
             connect_timeout=net.connect_timeout,
             io_timeout=net.read_timeout,
+            metrics=metrics,
+            formats=available_formats(),
         )
     return Agent(
         cluster=repo.cluster,
@@ -279,6 +324,7 @@ def build_agent(settings: Any) -> Any:
         reconciler=reconciler,
         state=state,
         pusher=pusher,
+        metrics=metrics,
     )
 
 
@@ -393,6 +439,7 @@ def _summary(cluster: str, result: Any) -> str:
             ("rolled back", out.rolled_back),
             ("failed", tuple(g for g in out.failed if g not in out.rolled_back)),
             ("waiting", out.waiting),
+            ("awaiting approval", out.awaiting_approval),
             ("held", out.held),
             ("removed", out.removed),
         ):
@@ -408,12 +455,11 @@ def _summary(cluster: str, result: Any) -> str:
 def _sync(args: argparse.Namespace) -> int:
     """One reconcile. Prints a summary line, always, and on failure the reason in one line
     on stderr; the exit code says how it went (see the EXIT_* constants)."""
-    import logging
-
     from agent.errors import FleetletError, TemporaryError
+    from agent.report.logs import error_line
 
     # One clear line on failure (the error itself); progress warnings would repeat it.
-    logging.basicConfig(level=logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
+    _setup_logging(args)
     agent = _build_agent(args)
     error: FleetletError | None = None
     try:
@@ -425,26 +471,26 @@ def _sync(args: argparse.Namespace) -> int:
         print(_summary(args.cluster, result))
     if error is not None:
         temporary = " (temporary; retrying may help)" if isinstance(error, TemporaryError) else ""
-        print(f"{args.cluster}: sync failed: {error}{temporary}{_hint(error)}", file=sys.stderr)
+        error_line(f"{args.cluster}: sync failed: {error}{temporary}{_hint(error)}", prefix="")
         return EXIT_FAILED
     assert result is not None
     if result.inbound == "refused-before":
         state = agent.state.load()
-        print(
+        error_line(
             f"{args.cluster}: commit {(state.refused_commit or '-')[:12]} was refused and the "
             f"branch has not moved since ({state.refusal_reason}: {state.refusal_message})",
-            file=sys.stderr,
+            prefix="",
         )
         return EXIT_DEGRADED
     out = result.outbound
     if out is not None and out.failed_now:
         reasons = _failure_lines(agent, out.failed_now)
-        print(f"{args.cluster}: {reasons}", file=sys.stderr)
+        error_line(f"{args.cluster}: {reasons}", prefix="")
         return EXIT_FAILED
     if out is not None and not out.converged:
-        print(
-            f"{args.cluster}: not everything is Ready: {_failure_lines(agent, out.failed or out.waiting or out.held)}",
-            file=sys.stderr,
+        error_line(
+            f"{args.cluster}: not everything is Ready: {_failure_lines(agent, out.failed or out.waiting or out.awaiting_approval or out.held)}",
+            prefix="",
         )
         return EXIT_DEGRADED
     return EXIT_CONVERGED
@@ -486,17 +532,16 @@ def _run(args: argparse.Namespace) -> int:
     from agent.probe import ProbeServer
     from agent.schedule import AgentScheduler
 
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    _setup_logging(args)
     # The scheduler logs every run; the agent reports outcomes itself.
     logging.getLogger("apscheduler").setLevel(logging.ERROR)
     settings = settings_from_args(args)
     agent = build_agent(settings)
     poll = settings.poll
+    metrics = agent.metrics
     scheduler = AgentScheduler(
-        poll=agent.poll,
-        drift=agent.correct_drift,
+        poll=metrics.instrument(agent, agent.poll),
+        drift=metrics.instrument(agent, agent.correct_drift),
         heartbeat=agent.heartbeat if agent.pusher is not None else None,
         interval=poll.interval,
         jitter=poll.jitter,
@@ -505,7 +550,7 @@ def _run(args: argparse.Namespace) -> int:
         max_backoff=poll.max_backoff,
     )
     probe = (
-        ProbeServer(args.probe_address, agent=agent, poller=scheduler)
+        ProbeServer(args.probe_address, agent=agent, poller=scheduler, metrics=metrics)
         if args.probe_address
         else None
     )
@@ -527,6 +572,12 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _setup_logging(args: argparse.Namespace) -> None:
+    from agent.report.logs import setup_logging
+
+    setup_logging(level=args.log_level, format=args.log_format, cluster=args.cluster)
+
+
 def _add_agent_connection(p: argparse.ArgumentParser) -> None:
     # Each flag's default comes from its FLEETLET_* variable (the Deployment's ConfigMaps).
     import os
@@ -534,6 +585,7 @@ def _add_agent_connection(p: argparse.ArgumentParser) -> None:
     env = os.environ
 
     def flag(name: str, var: str, help: str, **kw: Any) -> None:
+        # Pop first: a set variable must not leave a second ``default`` in ``kw``.
         fallback = kw.pop("default", None)
         default = env.get(var) or fallback
         required = kw.pop("required", False) and default is None
@@ -561,7 +613,9 @@ def _add_agent_connection(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--plain-http-registries",
         action="store_true",
-        help="talk plain HTTP to OCI registries (local registries only)",
+        default=env.get("FLEETLET_PLAIN_HTTP_REGISTRIES", "").lower() in ("1", "true", "yes"),
+        help="talk plain HTTP to OCI registries (local registries only; "
+        "$FLEETLET_PLAIN_HTTP_REGISTRIES=true)",
     )
     flag(
         "--status-repo",
@@ -674,6 +728,14 @@ def _add_agent_connection(p: argparse.ArgumentParser) -> None:
     ):  # fmt: skip
         flag(name, var, f"{what}; a bundle over it is refused", default=default, type=_size,
              metavar="SIZE")  # fmt: skip
+    flag(
+        "--allow-agent-objects",
+        "FLEETLET_ALLOW_AGENT_OBJECTS",
+        "bundles (comma-separated) allowed to manage the agent's own objects: its namespace, "
+        "the fleetlet.io API and CRDs, its cluster RBAC and admission policies (e.g. a bundle "
+        "that upgrades the agent); off limits to every other bundle",
+        metavar="BUNDLE[,BUNDLE...]",
+    )
     p.add_argument("--no-status", action="store_true", help="do not push status to git")
     p.add_argument(
         "--uninstall-failed-install",
@@ -720,8 +782,17 @@ def _duration(text: str) -> Any:
     return timedelta(seconds=seconds)
 
 
+def _lazy(parser: argparse.ArgumentParser, add: str, run: str) -> None:
+    """Flags and handler from :mod:`agent.install.command` (imported only by these commands'
+    registration, which is cheap: the Kubernetes client is imported when they run)."""
+    from agent.install import command
+
+    getattr(command, add)(parser)
+    parser.set_defaults(handler=getattr(command, run))
+
+
 def register(sub: Any) -> None:
-    from agent.output import add_output_option
+    from agent.options import add_cluster_options, add_logging_arguments, add_output_option
 
     agent = sub.add_parser(
         "agent",
@@ -760,6 +831,7 @@ def register(sub: Any) -> None:
         default=env.get("FLEETLET_PROBE_ADDRESS"),
         help="serve /healthz and /readyz on HOST:PORT, e.g. :8081 ($FLEETLET_PROBE_ADDRESS)",
     )
+    add_logging_arguments(run, default_level="info")
     run.set_defaults(handler=_run)
     sync = agent_sub.add_parser(
         "sync",
@@ -771,7 +843,26 @@ def register(sub: Any) -> None:
     )
     _add_agent_connection(sync)
     sync.add_argument("--once", action="store_true", help="one reconcile, then exit")
+    add_logging_arguments(sync, default_level="error")
     sync.set_defaults(handler=_sync)
+    install = agent_sub.add_parser(
+        "install",
+        help="put this cluster into a fleet (idempotent)",
+        description="Apply everything the agent needs to this cluster, in order: fleetlet's "
+        "CRDs, the agent's namespace, least-privilege RBAC, its configuration (repository, "
+        "cluster, trusted root and identity policy, credentials), and the Deployment pinned to "
+        "an image digest. Running it again changes nothing; with another --image it upgrades. "
+        "--dry-run -o yaml prints the objects instead (for kustomize or GitOps).",
+    )
+    _lazy(install, "add_install_arguments", "run_install")
+    uninstall = agent_sub.add_parser(
+        "uninstall",
+        help="take this cluster out of the fleet",
+        description="Remove the agent, its configuration and RBAC, and its namespace if install "
+        "created it. fleetlet's CRDs (and so every BundleDeployment) stay unless --crds; what "
+        "the agent applied keeps running.",
+    )
+    _lazy(uninstall, "add_uninstall_arguments", "run_uninstall")
 
     render = sub.add_parser(
         "render",
@@ -832,9 +923,58 @@ def register(sub: Any) -> None:
     )
     health.add_argument("-f", "--filename", required=True, metavar="FILE")
     add_output_option(health)
-    health.add_argument("--kubeconfig", metavar="FILE", help="assess the live objects here")
-    health.add_argument("--context", metavar="NAME", help="kubeconfig context")
+    add_cluster_options(health)
     health.add_argument(
         "--offline", action="store_true", help="assess the objects as written in FILE"
     )
     health.set_defaults(handler=_health)
+
+    _register_approvals(sub)
+
+
+def _register_approvals(sub: Any) -> None:
+    """``fleetlet preview|approve|deny REQUEST`` (docs/approvals.md)."""
+    from agent.options import add_cluster_options, add_output_option
+
+    where = (
+        " Your own kubeconfig is used (--kubeconfig, else $KUBECONFIG, else ~/.kube/config): "
+        "the API server decides whether this user may (the verb approve on the request)."
+    )
+    preview = sub.add_parser(
+        "preview",
+        help="show what approving a BundleDeploymentRequest would do",
+        description="Print a request's preview: the group, serial and pins, why it needs an "
+        "approval, each object created, changed, deleted or refused by the server-side dry "
+        "run with its diff, and the security summary (RBAC, CRDs, webhooks, privileged pods, "
+        "namespaces)." + where,
+    )
+    approve = sub.add_parser(
+        "approve",
+        help="approve a BundleDeploymentRequest",
+        description="Approve REQUEST as yourself (recorded as status.decidedBy); the agent "
+        "then applies exactly what it pins. A decision is final." + where,
+    )
+    deny = sub.add_parser(
+        "deny",
+        help="deny a BundleDeploymentRequest",
+        description="Deny REQUEST as yourself, with a reason: the group stays wholly on its "
+        "current revision until a new publication. A decision is final." + where,
+    )
+    for p in (preview, approve, deny):
+        p.add_argument("request", metavar="REQUEST", help="the BundleDeploymentRequest's name")
+        add_cluster_options(p)
+    approve.add_argument("--reason", metavar="TEXT", help="why (recorded on the request)")
+    deny.add_argument("--reason", metavar="TEXT", required=True, help="why (required)")
+    add_output_option(preview)
+    preview.add_argument(
+        "--full", action="store_true", help="whole diffs, from the agent's namespace"
+    )
+    preview.add_argument(
+        "--namespace",
+        metavar="NS",
+        default="fleetlet-system",
+        help="the agent's namespace, where whole diffs are kept (fleetlet-system)",
+    )
+    preview.set_defaults(handler=_preview)
+    approve.set_defaults(handler=_approve)
+    deny.set_defaults(handler=_deny)

@@ -77,6 +77,8 @@ from agent.verify import DEFAULT_CLOCK_SKEW, TrustPolicy, verify_publication
 log = logging.getLogger(__name__)
 
 CREATED_NAMESPACE_ANNOTATION = "fleetlet.io/created-by-bundle"
+# Built-in formats whose output does not depend on whether the bundle is installed already.
+_UPGRADE_BLIND = frozenset({"plain", "kustomize", "registry+v1"})
 
 
 class PublicationUnreadableError(VerificationError):
@@ -363,9 +365,9 @@ class InboundPipeline:
                         options=_options_dict(options),
                         cluster=facts,
                         tools=self._tools,
-                        # Only helm renders differently on an upgrade (.Release.IsUpgrade):
-                        # for the others it stays out of the render cache's key.
-                        upgrade=spec.format == "helm" and self._installed(entry.name),
+                        # Only helm (.Release.IsUpgrade) and plugins may render differently
+                        # on an upgrade: for the others it stays out of the render cache's key.
+                        upgrade=spec.format not in _UPGRADE_BLIND and self._installed(entry.name),
                         patches=tuple(to_dict(p) for p in spec.patches),
                     ),
                     tree=functools.partial(

@@ -796,6 +796,72 @@ class KubeClient:
             )
         return self._json(response)
 
+    def create(self, obj: Mapping[str, Any], *, field_manager: str = STATE_FIELD_MANAGER) -> Object:
+        """Create ``obj`` (POST: ``metadata.generateName`` gives it a fresh name); returns the
+        object the server made.
+
+        Raises ConflictError (a named object that exists already), ForbiddenError,
+        InvalidError, NotFoundError (its namespace is missing), ApiNotServedError,
+        ApiUnavailableError.
+        """
+        meta = obj.get("metadata")
+        meta = meta if isinstance(meta, Mapping) else {}
+        api_version, kind = str(obj.get("apiVersion") or ""), str(obj.get("kind") or "")
+        shown = meta.get("name") or f"{meta.get('generateName') or '?'}*"
+        namespace = meta.get("namespace") if isinstance(meta.get("namespace"), str) else None
+        target = f"{kind} {api_version} " + (f"{namespace}/{shown}" if namespace else shown)
+        resource = self.resource_for(api_version, kind)
+        if resource.namespaced and not namespace:
+            raise InvalidError("a namespaced object needs metadata.namespace", target=target)
+        with _converted(target):
+            response = self._client().create(
+                resource,
+                body=dict(obj),
+                namespace=namespace if resource.namespaced else None,
+                field_manager=field_manager,
+                serialize=False,
+                _request_timeout=self._timeout,
+            )
+        return self._json(response)
+
+    def patch(self, obj: Mapping[str, Any] | RefLike, patch: Mapping[str, Any]) -> Object:
+        """Apply a JSON merge patch (RFC 7386) to the object; returns the patched object.
+
+        Raises NotFoundError, ForbiddenError, InvalidError, ApiNotServedError,
+        ApiUnavailableError.
+        """
+        ref = ObjectRef.of(obj)
+        resource, namespace = self._locate(ref)
+        with _converted(str(ref)):
+            response = self._client().patch(
+                resource,
+                name=ref.name,
+                namespace=namespace,
+                body=dict(patch),
+                content_type="application/merge-patch+json",
+                serialize=False,
+                _request_timeout=self._timeout,
+            )
+        return self._json(response)
+
+    def whoami(self) -> str:
+        """The user name the API server authenticates this client as (a SelfSubjectReview).
+
+        Raises KubeApiError, ApiUnavailableError.
+        """
+        review = self.create(
+            {
+                "apiVersion": "authentication.k8s.io/v1",
+                "kind": "SelfSubjectReview",
+                "metadata": {"name": "whoami"},
+            },
+            field_manager=STATE_FIELD_MANAGER,
+        )
+        name = ((review.get("status") or {}).get("userInfo") or {}).get("username")
+        if not isinstance(name, str) or not name:
+            raise KubeApiError("a SelfSubjectReview without a user name", target="whoami")
+        return name
+
     def delete(
         self,
         obj: Mapping[str, Any] | RefLike,

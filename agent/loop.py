@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -37,13 +38,21 @@ from agent.api import (
 )
 from agent.api.models import Condition
 from agent.api.reasons import Reason
-from agent.api.status import SCHEMA_VERSION, BundleStatusReport, ClusterStatus, Refusal
+from agent.api.status import (
+    SCHEMA_VERSION,
+    BundleStatusReport,
+    ClusterStatus,
+    Refusal,
+    RequestReport,
+)
+from agent.approve.summary import reports
 from agent.errors import FleetletError, TemporaryError
 from agent.inbound import InboundPipeline, SyncResult
 from agent.kube import ApiUnavailableError
 from agent.reconcile import PassResult, Reconciler
 from agent.reconcile.context import Manifest
 from agent.report.bundles import ConditionSpec
+from agent.report.metrics import Metrics
 from agent.report.push import StatusPusher
 from agent.state import AgentState, ClusterState
 
@@ -60,6 +69,8 @@ class TickResult:
     serial: int | None
     outbound: PassResult | None
     error: FleetletError | None = None
+    inbound_seconds: float | None = None
+    """How long the inbound half took (None: it did not run)."""
 
     @property
     def failed_now(self) -> bool:
@@ -79,13 +90,16 @@ class Agent:
         state: ClusterState,
         pusher: StatusPusher | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC).replace(microsecond=0),
+        metrics: Metrics | None = None,
     ) -> None:
+        """``metrics``: the agent's Prometheus metrics (recorded by the jobs and the steps)."""
         self.cluster = cluster
         self.pipeline = pipeline
         self.reconciler = reconciler
         self.state = state
         self.pusher = pusher
         self.clock = clock
+        self.metrics = metrics or Metrics(cluster=cluster, version=__version__)
         self.accepted: BundleDeploymentSet | None = None
         self.last: TickResult | None = None
         self.ticks = 0
@@ -97,6 +111,7 @@ class Agent:
         """Why the last inbound run failed (a server away, a refusal), said on every bundle."""
         self._state_seen: AgentState | None = None
         """The agent state as last read from the cluster (reported while it is away)."""
+        self._reported_requests: tuple[RequestReport, ...] = ()
 
     # -- the whole reconcile ----------------------------------------------------------------
 
@@ -127,12 +142,15 @@ class Agent:
             self.ticks += 1
             error: FleetletError | None = None
             result: SyncResult | None = None
+            inbound_seconds: float | None = None
             if inbound:
+                started = time.perf_counter()
                 try:
                     result = self.pipeline.sync()
                 except FleetletError as exc:
                     log.warning("%s: inbound: %s", self.cluster, exc)
                     error = exc
+                inbound_seconds = time.perf_counter() - started
                 # What the inbound half met last is said on every bundle until it does better.
                 self._inbound_problem = _problem_condition(error, "inbound")
             try:
@@ -152,6 +170,7 @@ class Agent:
                 serial=self.accepted.serial if self.accepted else None,
                 outbound=outbound_result,
                 error=error,
+                inbound_seconds=inbound_seconds,
             )
         if error is not None:
             raise error
@@ -185,8 +204,11 @@ class Agent:
                 rendered=rendered,
                 set_digest=set_digest(self.accepted),
             )
-            self._pending_work = outbound_result.temporary is not None or bool(
-                outbound_result.failed and _retry_due_later(self.reconciler)
+            # A retry due later, or a decision awaited: the poll job keeps looking.
+            self._pending_work = (
+                outbound_result.temporary is not None
+                or bool(outbound_result.failed and _retry_due_later(self.reconciler))
+                or bool(outbound_result.awaiting_approval)
             )
             for what, groups in (
                 ("moved to serial", outbound_result.moved),
@@ -292,7 +314,17 @@ class Agent:
             last_accepted_serial=state.last_serial or 0,
             last_refusal=refusal,
             bundles=tuple(bundles),
+            requests=self._requests(),
         )
+
+    def _requests(self) -> tuple[RequestReport, ...]:
+        """The approval requests to report (the last ones read when the API server does not
+        answer now)."""
+        try:
+            self._reported_requests = reports(self.reconciler.approvals.requests.all())
+        except FleetletError as exc:
+            log.warning("%s: approval requests not read: %s", self.cluster, exc)
+        return self._reported_requests
 
     def _report(self, state: AgentState) -> None:
         if self.pusher is None:

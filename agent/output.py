@@ -1,13 +1,13 @@
 """How every ``fleetlet`` command prints data: ``-o table|json|yaml``, one implementation.
 
-Commands add the option with :func:`add_output_option` and print with :func:`render`: JSON
+Commands add the option with :func:`agent.options.add_output_option` and print with
+:func:`render`: JSON
 (indented, keys sorted), YAML (block style, keys sorted) or the command's own table, for which
 :func:`table` lays out columns.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -15,17 +15,6 @@ from typing import Any, TypeVar
 OUTPUT_FORMATS = ("table", "json", "yaml")
 
 T = TypeVar("T")
-
-
-def add_output_option(parser: argparse.ArgumentParser, *, default: str = "table") -> None:
-    """``-o/--output table|json|yaml``."""
-    parser.add_argument(
-        "-o",
-        "--output",
-        choices=OUTPUT_FORMATS,
-        default=default,
-        help=f"how to print the result ({default})",
-    )
 
 
 def render(data: T, output: str, *, table: Callable[[T], str], sort_keys: bool = True) -> str:
@@ -54,4 +43,4 @@ def table(rows: Sequence[Sequence[Any]], header: Sequence[str]) -> str:
     )
 
 
-__all__ = ["OUTPUT_FORMATS", "add_output_option", "render", "table"]
+__all__ = ["OUTPUT_FORMATS", "render", "table"]

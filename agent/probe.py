@@ -1,4 +1,4 @@
-"""The agent's liveness and readiness probes: ``/healthz`` and ``/readyz`` over plain HTTP.
+"""The agent's probe server: ``/healthz``, ``/readyz`` and ``/metrics`` over plain HTTP.
 
 - ``/healthz``: the poll loop is alive: a tick started within a few intervals (the longest
   backoff counts as an interval: an agent waiting out a git outage is alive).
@@ -13,7 +13,10 @@ from __future__ import annotations
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from agent.report.metrics import Metrics
 
 
 class _Ticking(Protocol):
@@ -32,10 +35,17 @@ class ProbeServer:
     """Serves the probes on ``address`` (``HOST:PORT``, ``:PORT`` for all interfaces)."""
 
     def __init__(
-        self, address: str, *, agent: _Ticking, poller: _Polling, max_backoff: float = 300.0
+        self,
+        address: str,
+        *,
+        agent: _Ticking,
+        poller: _Polling,
+        max_backoff: float = 300.0,
+        metrics: Metrics | None = None,
     ) -> None:
         host, _, port = address.rpartition(":")
         self._agent = agent
+        self._metrics = metrics
         self._poller = poller
         self._started = time.monotonic()
         self._last_ticks = -1
@@ -45,10 +55,15 @@ class ProbeServer:
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
-                code, text = probe.answer(self.path)
-                body = text.encode()
+                content_type = "text/plain; charset=utf-8"
+                if self.path.partition("?")[0] == "/metrics" and probe._metrics is not None:
+                    code, body = 200, probe._metrics.exposition()
+                    content_type = probe._metrics.content_type
+                else:
+                    code, text = probe.answer(self.path)
+                    body = text.encode()
                 self.send_response(code)
-                self.send_header("Content-Type", "text/plain; charset=utf-8")
+                self.send_header("Content-Type", content_type)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)

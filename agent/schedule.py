@@ -15,9 +15,10 @@ ran collapse into one; a ``misfire_grace_time`` drops runs that are too late). T
 has its own executor: it still goes out while a group is moving.
 
 After a :class:`~agent.errors.TemporaryError` (or an unexpected exception) the poll and drift
-jobs back off (:class:`~agent.backoff.Backoff`: exponential from ``initial_backoff`` up to
-``max_backoff``, or the ``delay`` the error suggests, plus up to ``jitter`` seconds at
-random): their runs return at once until the backoff is over. A :class:`~agent.errors.PermanentError` is reported and does not slow the loop down: the
+jobs back off (:class:`~agent.backoff.Backoff`, the one policy of :mod:`agent.backoff`:
+exponential from ``initial_backoff`` up to ``max_backoff``, or the ``delay`` the error suggests,
+plus up to ``jitter`` seconds at random): their runs return at once until the backoff is over.
+A :class:`~agent.errors.PermanentError` is reported and does not slow the loop down: the
 inbound pipeline remembers the refused commit and the next polls are idle until the branch
 moves.
 """
@@ -36,7 +37,7 @@ from typing import Any
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 
-from agent.backoff import Backoff, delay
+from agent.backoff import Backoff
 from agent.errors import PermanentError, TemporaryError
 
 log = logging.getLogger(__name__)
@@ -218,4 +219,4 @@ class AgentScheduler:
         self.stop()
 
 
-__all__ = ["AgentScheduler", "Backoff", "JobOutcome", "delay"]
+__all__ = ["AgentScheduler", "Backoff", "JobOutcome"]

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import re
 import resource
 import socket
 import statistics
@@ -36,18 +35,13 @@ from pathlib import Path
 import pygit2
 
 from agent.source.branch import BranchWatcher
+from bench._docs import write_section
 from tests.realenv.gitserver import GitDaemon
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs" / "benchmarks.md"
 SECTION = "## Idle poll"
 SIGNATURE = pygit2.Signature("fleetlet bench", "bench@fleetlet.invalid", 1_700_000_000, 0)
-HEADER = """# Benchmarks
-
-Each benchmark runs its baseline in the same run, on the same machine, and reports medians and
-ratios. Commands reproduce the figures from the repository root. Sections are written by the
-scripts in `bench/`.
-"""
 
 
 def build_repository(path: Path, *, clusters: int, set_kb: int) -> list[str]:
@@ -124,18 +118,6 @@ def git_env(home: Path) -> dict[str, str]:
 
 def git_version() -> str:
     return subprocess.run(["git", "--version"], capture_output=True, text=True).stdout.strip()
-
-
-def write_docs(section: str, path: Path = DOCS) -> None:
-    """Replace (or append) the "Idle poll" section of ``path``; leave other sections alone."""
-    text = path.read_text() if path.exists() else HEADER
-    pattern = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.M | re.S)
-    if pattern.search(text):
-        text = pattern.sub(lambda _: section.rstrip("\n") + "\n\n", text, count=1)
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text.rstrip("\n") + "\n")
 
 
 POLL = "agent idle poll (`BranchWatcher.poll`)"
@@ -402,7 +384,7 @@ its cost stays flat.
         f"protocol v2 poll vs git fetch: wall {v2_ratio:.1f}x ({v2_verdict})"
     )
     if not args.no_docs:
-        write_docs(section)
+        write_section(section)
         print(f"wrote the section {SECTION!r} of {DOCS}", file=sys.stderr)
     return 0
 

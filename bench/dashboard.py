@@ -43,9 +43,10 @@ from typing import Any
 
 import requests
 import rfc8785
-import yaml
 from playwright.sync_api import Browser
 
+from bench._docs import write_section
+from hub.api.tokens import write_clear_tokens
 from hub.serve import fleet_labels
 from hub.status import FleetStatus
 from hub.status.queries import StatusQueries
@@ -193,22 +194,11 @@ def in_process(
     return cold, query
 
 
-def write_docs(section: str, path: Path = DOCS) -> None:
-    """Replace (or append) this benchmark's section of ``path``; leave other sections alone."""
-    text = path.read_text()
-    pattern = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.M | re.S)
-    if pattern.search(text):
-        text = pattern.sub(lambda _: section.rstrip("\n") + "\n\n", text, count=1)
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    path.write_text(text.rstrip("\n") + "\n")
-
-
 def screenshot(args: argparse.Namespace, tmp: Path, daemon: GitDaemon, out: Path) -> int:
     clusters, bundles = args.clusters or 36, args.bundles or 5
     url, fleet_dir, _ = build(tmp, daemon, clusters, bundles, history=True)
     tokens = tmp / "tokens.yaml"
-    tokens.write_text(yaml.safe_dump({TOKEN: "read"}))
+    write_clear_tokens(tokens, {TOKEN: "read"})
     extra = ["--tokens", str(tokens), "--fleet", str(fleet_dir), "--stale-after", "1h"]
     with serving_hub(url, tmp, extra) as hub, chromium() as browser:
         context = browser.new_context(viewport={"width": 1280, "height": 860})
@@ -246,7 +236,7 @@ def benchmark(args: argparse.Namespace, tmp: Path, daemon: GitDaemon) -> int:
     built = time.perf_counter() - began
     print(f"built {clusters} status branches in {built:.1f}s", file=sys.stderr)
     tokens = tmp / "tokens.yaml"
-    tokens.write_text(yaml.safe_dump({TOKEN: "read"}))
+    write_clear_tokens(tokens, {TOKEN: "read"})
     # Stale after an hour: the fleet's heartbeats must not age into Stale during the run.
     extra = ["--tokens", str(tokens), "--fleet", str(fleet_dir), "--stale-after", "1h"]
     began = time.perf_counter()
@@ -378,7 +368,7 @@ median; the naive full table takes {naive_total / paint:.0f}x as long, and its A
     print(table)
     print(api_table)
     if not args.no_docs:
-        write_docs(section)
+        write_section(section)
         print(f"wrote the section {SECTION!r} of {DOCS}", file=sys.stderr)
     return 0
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import re
 import shutil
 import statistics
 import subprocess
@@ -44,17 +43,12 @@ from agent.render.cache import RenderCache, sources_digest
 from agent.render.formats import render_bundle
 from agent.render.plain import RenderRequest
 from agent.render.tools import find_tool
+from bench._docs import write_section
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs" / "benchmarks.md"
 SECTION = "## Render"
 FLUX_EXAMPLE = ROOT / "tests" / "assets" / "flux2-kustomize-helm-example"
-HEADER = """# Benchmarks
-
-Each benchmark runs its baseline in the same run, on the same machine, and reports medians and
-ratios. Commands reproduce the figures from the repository root. Sections are written by the
-scripts in `bench/`.
-"""
 # A post-render patch as a bundle carries it, and the same patch inside a kustomization.
 PATCH = {
     "patch": "spec:\n  values:\n    replicaCount: 3\n",
@@ -194,17 +188,6 @@ def _machine() -> str:
     )
 
 
-def write_docs(section: str, path: Path = DOCS) -> None:
-    """Replace (or add) the section in docs/benchmarks.md."""
-    text = path.read_text() if path.exists() else HEADER
-    pattern = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.M | re.S)
-    if pattern.search(text):
-        text = pattern.sub(lambda _: section, text)
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    path.write_text(text)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=30)
@@ -249,7 +232,7 @@ fastest runs show the overhead with the least noise. fleetlet's own share of a c
 about 2 ms here: reading and checking the kustomizations (0.4 ms), parsing kustomize's output
 (0.4 ms), a temporary directory and validation; the rest is kustomize.
 """
-    write_docs(section)
+    write_section(section)
     print(f"wrote the section {SECTION!r} of {DOCS}", file=sys.stderr)
     return 0
 

@@ -26,7 +26,6 @@ import argparse
 import json
 import os
 import platform
-import re
 import resource
 import shutil
 import statistics
@@ -41,6 +40,7 @@ from agent.render.formats import render_bundle
 from agent.render.helm import parse_output
 from agent.render.plain import Ownership, RenderRequest, finish
 from agent.render.tools import PINNED_TOOLS
+from bench._docs import write_section
 from tests.realenv.binaries import ensure_tools
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -76,17 +76,6 @@ def _cpu() -> float:
     own = resource.getrusage(resource.RUSAGE_SELF)
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
-
-
-def write_docs(section: str, path: Path = DOCS) -> None:
-    """Replace (or append) the "Render: helm" section of ``path``; leave other sections alone."""
-    text = path.read_text()
-    pattern = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.M | re.S)
-    if pattern.search(text):
-        text = pattern.sub(lambda _: section.rstrip("\n") + "\n\n", text, count=1)
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    path.write_text(text.rstrip("\n") + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -202,7 +191,7 @@ keyed by content digest, options and cluster facts, is not in this tree yet.
 """
     print(section)
     if not args.no_docs:
-        write_docs(section)
+        write_section(section)
         print(f"wrote the section {SECTION!r} of {DOCS}", file=sys.stderr)
     return 0
 

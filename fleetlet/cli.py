@@ -8,7 +8,6 @@ Configuration is read here, at the edge, and passed down explicitly.
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Sequence
 
 from agent import __version__
@@ -19,6 +18,7 @@ from agent.errors import (
     NotImplementedYetError,
     TemporaryError,
 )
+from agent.options import add_output_option
 from hub import cli as hub_cli
 
 EXIT_OK = 0
@@ -32,6 +32,67 @@ def _demo(args: argparse.Namespace) -> int:
     from fleetlet.demo import run_demo
 
     return run_demo(args)
+
+
+def _import_fleet(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from agent.output import render, table
+    from hub.importer.fleet import (
+        FleetImportError,
+        ImportSettings,
+        import_fleet,
+        load_clusters,
+        write_fleet_repo,
+    )
+
+    source = Path(args.dir)
+    gitrepo = None
+    if args.gitrepo:
+        import yaml
+
+        try:
+            gitrepo = yaml.safe_load(Path(args.gitrepo).read_text())
+        except (OSError, yaml.YAMLError) as exc:
+            raise FleetImportError(f"--gitrepo {args.gitrepo}: {exc}") from exc
+        if not isinstance(gitrepo, dict) or gitrepo.get("kind") != "GitRepo":
+            raise FleetImportError(f"--gitrepo {args.gitrepo}: not a Fleet GitRepo")
+    name = args.name or str((gitrepo or {}).get("metadata", {}).get("name") or "")
+    result = import_fleet(
+        source,
+        ImportSettings(
+            name=name or source.resolve().name,
+            source_url=args.source_url,
+            branch=args.branch,
+            commit=args.commit,
+            gitrepo=gitrepo,
+            clusters=load_clusters(Path(args.clusters)) if args.clusters else None,
+        ),
+    )
+    write_fleet_repo(result, Path(args.out))
+    data = {
+        "out": args.out,
+        "bundles": [
+            {"name": b["name"], "format": b["format"], "overrides": len(b.get("overrides", []))}
+            for b in result.bundles
+        ],
+        "notExpressed": [n.to_dict() for n in result.notes],
+    }
+
+    def show(d: dict[str, object]) -> str:
+        lines = [f"imported {len(result.bundles)} bundles into {args.out}"]
+        lines.append(table([(b["name"], b["format"], b["overrides"]) for b in data["bundles"]],
+                           ["BUNDLE", "FORMAT", "OVERRIDES"]))  # fmt: skip
+        if result.notes:
+            lines.append(f"\nnot expressed ({len(result.notes)}):")
+            lines.append(table([(n.bundle, n.field, n.message) for n in result.notes],
+                               ["BUNDLE", "FIELD", "WHAT"]))  # fmt: skip
+        else:
+            lines.append("everything was expressed")
+        return "\n".join(lines)
+
+    print(render(data, args.output, table=show))
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -49,6 +110,46 @@ def build_parser() -> argparse.ArgumentParser:
     hub_cli.register(sub)
     agent_cli.register(sub)
     hub_cli.register_installations(sub)
+    importer = sub.add_parser(
+        "import",
+        help="convert another tool's fleet repo into a fleetlet fleet repo",
+        description="Convert a fleet repo written for another GitOps tool.",
+    )
+    import_sub = importer.add_subparsers(dest="import_command", metavar="TOOL", required=True)
+    fleet = import_sub.add_parser(
+        "fleet",
+        help="a Rancher Fleet GitRepo layout (fleet.yaml bundles)",
+        description="Convert the Rancher Fleet GitRepo content in DIR (directories with "
+        "fleet.yaml: namespaces, helm charts, values and valuesFiles, kustomize dirs, "
+        "targetCustomizations, dependsOn, paused, keepResources, takeOwnership) into a "
+        "fleetlet fleet repo in FLEET_DIR, and list what could not be expressed. Each bundle's "
+        "content stays in the git repository (a git source with the bundle's directory).",
+    )
+    fleet.add_argument("dir", metavar="DIR", help="a checkout of the Fleet GitRepo's repository")
+    fleet.add_argument("--out", required=True, metavar="FLEET_DIR", help="a new directory")
+    fleet.add_argument(
+        "--gitrepo",
+        metavar="FILE",
+        help="the Fleet GitRepo resource (YAML): its name, repo, branch, paths and targets",
+    )
+    fleet.add_argument("--name", help="the GitRepo's name (bundle name prefix; default: DIR's)")
+    fleet.add_argument(
+        "--source-url",
+        metavar="GIT_URL",
+        help="the git URL bundles fetch their content from (default: the GitRepo's repo, "
+        "else DIR's origin remote)",
+    )
+    ref = fleet.add_mutually_exclusive_group()
+    ref.add_argument("--branch", help="the branch to follow (default: the GitRepo's, else main)")
+    ref.add_argument("--commit", metavar="SHA", help="pin the bundles to this commit")
+    fleet.add_argument(
+        "--clusters",
+        metavar="FILE",
+        help="the cluster inventory (fleetlet's format or Fleet Cluster objects): written to "
+        "clusters/ and used to apply Fleet's first-match rule of targetCustomizations exactly",
+    )
+    add_output_option(fleet)
+    fleet.set_defaults(handler=_import_fleet)
     demo = sub.add_parser(
         "demo",
         help="run a local demo fleet: clusters, git server, registry, Sigstore, hub, agents",
@@ -57,7 +158,16 @@ def build_parser() -> argparse.ArgumentParser:
             "Sigstore on loopback, publish fleet-examples/ and run one agent per cluster."
         ),
     )
-    demo.add_argument("--scenario", choices=["install", "failed-upgrade"], default="install")
+    demo.add_argument(
+        "--scenario",
+        choices=["install", "failed-upgrade", "approval", "rollout"],
+        default="install",
+        help="after the install: a broken upgrade rolled back on the canary (failed-upgrade), "
+        "an upgrade that needs an approval, approved by the production stores' policy and "
+        "by a person on the canary (approval; see docs/approvals.md), or progressive "
+        "rollouts: a good version canary first, promoted to the rest, then a broken one "
+        "halted and reverted on the canary (rollout; see docs/rollouts.md)",
+    )
     demo.add_argument(
         "--exit-when-ready",
         action="store_true",
@@ -82,24 +192,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _fail(message: str) -> None:
+    """The one line of a failed command (JSON when the command set up JSON logs)."""
+    from agent.report.logs import error_line
+
+    error_line(message)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         code: int = args.handler(args)
     except NotImplementedYetError as exc:
-        print(f"fleetlet: {exc}", file=sys.stderr)
+        _fail(str(exc))
         return EXIT_NOT_IMPLEMENTED
     except ConfigurationError as exc:
-        print(f"fleetlet: {exc}", file=sys.stderr)
+        _fail(str(exc))
         return EXIT_USAGE
     except TemporaryError as exc:
-        print(f"fleetlet: {exc} (temporary; retrying may help)", file=sys.stderr)
+        _fail(f"{exc} (temporary; retrying may help)")
         return EXIT_FAILED
     except FleetletError as exc:
-        print(f"fleetlet: {exc}", file=sys.stderr)
+        _fail(str(exc))
         return EXIT_FAILED
     except KeyboardInterrupt:
-        print("fleetlet: interrupted", file=sys.stderr)
+        _fail("interrupted")
         return 130
     return code

@@ -7,7 +7,14 @@ one agent per cluster and the hub with its dashboard. It waits until every insta
 Ready, prints a summary and the dashboard's address, and keeps running until Ctrl-C, which
 stops everything it started. ``--scenario failed-upgrade`` then gives the canary store a broken
 upgrade of the ``shop`` group (and every store a good upgrade of ``payments-config``) and
-waits for the canary's group to roll back while the others move on.
+waits for the canary's group to roll back while the others move on. ``--scenario approval``
+makes ``payments-config`` need an approval and upgrades it: the production stores' own
+ApprovalPolicy approves it automatically, the canary waits for a person, and the demo shows the
+request's preview and approves it as that person (docs/approvals.md). ``--scenario rollout``
+gives ``payments-config`` and the ``shop`` group rollout strategies (the canary store first):
+payments-config v2 reaches the canary, is promoted to the production stores and completes; a
+broken shop-backend v2 reaches the canary only, and the hub halts its rollout and publishes the
+previous version back there (docs/rollouts.md).
 
 The demo runs from a source checkout: the components live in ``tests/realenv`` (test code, not
 shipped in the wheels). ``python -m fleetlet.demo pin [--check]`` recomputes the digests the
@@ -37,6 +44,7 @@ from typing import Any
 import yaml
 
 from agent.errors import PermanentError
+from hub.api.tokens import TokenEntry, token_digest, write_tokens
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO_ROOT / "fleet-examples"
@@ -47,6 +55,26 @@ REGISTRY_PORT = 5000
 PINNED_HOST = f"127.0.0.1:{REGISTRY_PORT}"
 REPOSITORY_PREFIX = "retail/"
 CANARY = "store-eu-1"
+APPROVALS = REPO_ROOT / "deploy" / "agent" / "approvals"
+AUTO_APPROVER = REPO_ROOT / "deploy" / "agent" / "auto-approver"
+APPROVER = "alice"
+OPERATOR = "ops-oncall"  # the name of the demo's admin token: who promotes a rollout
+# The production stores' own rule book: what touches no RBAC, CRD or webhook goes through.
+APPROVAL_POLICY = {
+    "apiVersion": "fleetlet.io/v1alpha1",
+    "kind": "ApprovalPolicy",
+    "metadata": {"name": "store-defaults"},
+    "spec": {
+        "rules": [
+            {
+                "name": "no-rbac-crds-webhooks",
+                "description": "changes that grant nothing and extend no API",
+                "expression": "preview.security.rbac.size() == 0 && "
+                "preview.security.crds.size() == 0 && preview.security.webhooks.size() == 0",
+            }
+        ]
+    },
+}
 _DIGEST_LINE = re.compile(r"^(\s*digest:\s*)(sha256:[0-9a-f]{64})\s*$", re.M)
 
 
@@ -197,6 +225,10 @@ class Demo:
         print(self.summary("Every installation is Ready"), flush=True)
         if self.scenario == "failed-upgrade":
             self.failed_upgrade()
+        elif self.scenario == "approval":
+            self.approval()
+        elif self.scenario == "rollout":
+            self.rollout()
         print(
             f"\nDashboard: {self.dashboard}\n"
             f"API: {self.hub_url}/api/v1 (read-only token: {self.read_token})\n"
@@ -294,8 +326,24 @@ class Demo:
         key, public = self.workdir / "hub.key", self.workdir / "hub.pub"
         write_keypair(key, public)
         tokens = self.workdir / "tokens.yaml"
-        tokens.write_text(yaml.safe_dump({self.admin_token: "admin", self.read_token: "read"}))
+        write_tokens(
+            tokens,
+            [
+                TokenEntry(name=OPERATOR, role="admin", sha256=token_digest(self.admin_token)),
+                TokenEntry(name="dashboard", role="read", sha256=token_digest(self.read_token)),
+            ],
+        )
         tokens.chmod(0o600)
+        self.admin_token_file = self.workdir / "admin.token"
+        self.admin_token_file.write_text(self.admin_token + "\n")
+        self.admin_token_file.chmod(0o600)
+        # The hub's rollout controller signs as the fleet's publisher (a token the local
+        # Sigstore accepts, valid for a day; in production a projected service-account token).
+        identity = self.workdir / "hub-identity.token"
+        identity.write_text(
+            self.sigstore.minter.mint(self.env.mini.DEFAULT_IDENTITY, lifetime=86400)
+        )
+        identity.chmod(0o600)
         for name, cluster in self.clusters.items():
             self._spawn(
                 f"agent-{name}",
@@ -328,6 +376,10 @@ class Demo:
                 "--refresh", "1s", "--stale-after", "60s",
                 "--fleet", str(self.fleet),
                 "--cache-dir", str(self._dir("hub-cache")),
+                "--cluster-repo", self.git.url_for("fleet-state.git"),
+                "--trust-config", str(self.sigstore.trust_config_path),
+                "--identity-token", str(identity),
+                "--rollout-interval", "2s",
             ],
         )  # fmt: skip
         _say(f"{len(self.clusters)} agents and the hub started; waiting for the fleet to settle")
@@ -381,6 +433,204 @@ class Demo:
             ),
             flush=True,
         )
+
+    def approval(self) -> None:
+        """payments-config needs an approval and gets v2: the production stores' ApprovalPolicy
+        approves it, the canary waits for alice, who previews and approves it."""
+        for name, cluster in self.clusters.items():
+            self._kubectl(cluster, "apply", "--server-side", "-k", str(APPROVALS))
+            if name != CANARY:
+                self._kubectl(cluster, "apply", "--server-side", "-k", str(AUTO_APPROVER))
+                self._kubectl_stdin(cluster, yaml.safe_dump(APPROVAL_POLICY), "apply", "-f", "-")
+        canary = self.clusters[CANARY]
+        alice = canary.mint_user(APPROVER)
+        self._kubectl(
+            canary, "create", "clusterrolebinding", "alice-approves",
+            "--clusterrole=fleetlet-approver", f"--user={APPROVER}",
+        )  # fmt: skip
+        _say(
+            f"scenario approval: ValidatingAdmissionPolicy fleetlet-approvals on every store; "
+            f"ApprovalPolicy store-defaults on the production stores; {APPROVER} may approve "
+            f"on {CANARY}"
+        )
+        files = bundle_files(self.fleet)
+        payments = yaml.safe_load(files["payments-config"].read_text())
+        payments["sources"][0]["digest"] = self.digests[("payments-config", "v2")]
+        payments["approval"] = "manual"
+        files["payments-config"].write_text(yaml.safe_dump(payments, sort_keys=False))
+        self._commit("payments-config v2, approval: manual")
+        before = {c: self._installation(c, "payments-config").get("appliedSerial")
+                  for c in self.clusters}  # fmt: skip
+        self._publish()
+
+        def asked() -> str | None:
+            items = self._items()
+            for cluster in self.clusters:
+                item = items.get((cluster, "payments-config")) or {}
+                state = item.get("state", "not reported")
+                if cluster == CANARY:
+                    if state != "AwaitingApproval":
+                        return f"{cluster}/payments-config is {state}, not AwaitingApproval yet"
+                elif state != "Ready" or item.get("appliedSerial") == before[cluster]:
+                    return f"{cluster}/payments-config not approved and upgraded yet"
+            return None
+
+        self.wait_for(asked, "the production stores upgraded, the canary asking for approval")
+        request = self._pending_request(CANARY, "payments-config")
+        preview = self._fleetlet("preview", request, "--kubeconfig", alice)
+        print(f"\n$ fleetlet preview {request}\n{preview}", flush=True)
+        approved = self._fleetlet(
+            "approve", request, "--kubeconfig", alice, "--reason", "new gateway endpoint, reviewed"
+        )
+        print(f"\n$ fleetlet approve {request} --reason ...\n{approved}", flush=True)
+
+        def moved() -> str | None:
+            item = self._items().get((CANARY, "payments-config"))
+            if (
+                item is None
+                or item["state"] != "Ready"
+                or item.get("appliedSerial") == before[CANARY]
+            ):
+                return f"{CANARY}/payments-config not upgraded yet"
+            return None
+
+        self.wait_for(moved, f"{CANARY} to apply the approved request")
+        print(
+            self.summary(
+                f"Scenario approval: payments-config v2 approved by ApprovalPolicy "
+                f"store-defaults on the production stores and by {APPROVER} on {CANARY}"
+            ),
+            flush=True,
+        )
+
+    def rollout(self) -> None:
+        """payments-config v2 goes canary first, is promoted to the production stores and
+        completes; a broken shop-backend v2 reaches the canary only and is reverted there."""
+        strategy = {
+            "waves": [
+                {"name": "canary", "clusterSelector": {"matchLabels": {"tier": "canary"}}},
+                {"name": "production", "pauseBefore": True},
+            ],
+            "maxFailures": 0,
+            "soakTime": "5s",
+            "progressDeadline": "5m",
+            "onFailure": "revert",
+        }
+        files = bundle_files(self.fleet)
+        payments = yaml.safe_load(files["payments-config"].read_text())
+        payments["sources"][0]["digest"] = self.digests[("payments-config", "v2")]
+        payments["rollout"] = strategy
+        files["payments-config"].write_text(yaml.safe_dump(payments, sort_keys=False))
+        self._commit("payments-config v2, rolled out canary first")
+        before = {c: self._installation(c, "payments-config").get("appliedSerial")
+                  for c in self.clusters}  # fmt: skip
+        _say(
+            "scenario rollout: payments-config v2 with a rollout strategy (the canary store, "
+            "then the production stores once promoted); the hub runs the rollout controller"
+        )
+        self._publish()
+        payments_id = self._rollout_of("payments-config")["id"]
+
+        def gated() -> str | None:
+            found = self._rollout(payments_id)
+            if found["status"] != "WaitingForPromotion":
+                return f"rollout {payments_id} is {found['status']}"
+            return None
+
+        self.wait_for(gated, f"{CANARY} Ready on payments-config v2 and the next wave gated")
+        for cluster in self.clusters:
+            if (
+                cluster != CANARY
+                and self._installation(cluster, "payments-config").get("appliedSerial")
+                != before[cluster]
+            ):
+                raise DemoError(f"{cluster} got payments-config v2 before its wave")
+        print(f"\n$ fleetlet hub rollout status {payments_id}", flush=True)
+        print(
+            self._fleetlet("hub", "rollout", "status", payments_id, *self._hub_args()), flush=True
+        )
+        promoted = self._fleetlet(
+            "hub", "rollout", "promote", payments_id, "--reason", "the canary is fine",
+            *self._hub_args(),
+        )  # fmt: skip
+        print(
+            f"\n$ fleetlet hub rollout promote {payments_id} --reason ...\n{promoted}", flush=True
+        )
+
+        def completed() -> str | None:
+            found = self._rollout(payments_id)
+            return None if found["status"] == "Completed" else f"rollout is {found['status']}"
+
+        self.wait_for(completed, "payments-config v2 on every store")
+
+        # A broken shop-backend v2 (its catalog-api image never gets ready), same strategy.
+        files = bundle_files(self.fleet)
+        backend = yaml.safe_load(files["shop-backend"].read_text())
+        backend["sources"][0]["digest"] = self.digests[("shop-backend", "v2")]
+        backend["rollout"] = strategy
+        files["shop-backend"].write_text(yaml.safe_dump(backend, sort_keys=False))
+        self._commit("shop-backend v2, rolled out canary first")
+        _say("scenario rollout: shop-backend v2 (broken) with the same strategy")
+        self._publish()
+        shop_id = self._rollout_of("shop")["id"]
+
+        def reverted() -> str | None:
+            found = self._rollout(shop_id)
+            if found["status"] != "Reverted":
+                return f"rollout {shop_id} is {found['status']}"
+            counts = found["counts"]
+            if counts.get("reverted", 0) < 1:
+                return "the previous version not yet back on the canary's branch"
+            return None
+
+        self.wait_for(reverted, f"{CANARY} to fail shop-backend v2 and the hub to revert it")
+
+        def back() -> str | None:
+            for bundle in ("shop-backend", "shop-frontend"):
+                item = self._installation(CANARY, bundle)
+                if item["state"] != "Ready":
+                    return f"{CANARY}/{bundle} is {item['state']}"
+            return None
+
+        self.wait_for(back, f"{CANARY} to accept the previous shop version and report it Ready")
+        print(f"\n$ fleetlet hub rollout status {shop_id}", flush=True)
+        print(self._fleetlet("hub", "rollout", "status", shop_id, *self._hub_args()), flush=True)
+        print(
+            self.summary(
+                f"Scenario rollout: payments-config v2 promoted by {OPERATOR} and completed; "
+                f"shop-backend v2 halted on {CANARY} and reverted, never sent to the other stores"
+            ),
+            flush=True,
+        )
+
+    def _hub_args(self) -> list[str]:
+        return ["--hub", self.hub_url, "--token-file", str(self.admin_token_file)]
+
+    def _rollout(self, rollout_id: str) -> dict[str, Any]:
+        found: dict[str, Any] = self._get(f"/rollouts/{rollout_id}")
+        return found
+
+    def _rollout_of(self, group: str) -> dict[str, Any]:
+        for item in self._get("/rollouts")["items"]:
+            if item["group"] == group and item["status"] != "Superseded":
+                found: dict[str, Any] = item
+                return found
+        raise DemoError(f"no rollout of group {group} started")
+
+    def _pending_request(self, cluster: str, bundle: str) -> str:
+        for request in self._installation(cluster, bundle).get("requests", []):
+            if request.get("state") == "Pending":
+                return str(request["name"])
+        raise DemoError(f"{cluster}/{bundle}: no pending request reported")
+
+    def _fleetlet(self, *args: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", "fleetlet", *args],
+            capture_output=True, text=True, timeout=120, cwd=REPO_ROOT,
+        )  # fmt: skip
+        if done.returncode != 0:
+            raise DemoError(f"fleetlet {' '.join(args[:2])}: {done.stderr.strip()}")
+        return done.stdout.rstrip("\n")
 
     # -- waiting and reporting ---------------------------------------------------------------
 
@@ -466,15 +716,30 @@ class Demo:
         if done.returncode != 0:
             raise DemoError(f"kubectl {' '.join(args)} on {cluster.name}: {done.stderr.strip()}")
 
+    def _kubectl_stdin(self, cluster: Any, stdin: str, *args: str) -> None:
+        done = subprocess.run(
+            [self.kubectl, "--kubeconfig", str(cluster.kubeconfig), *args],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        if done.returncode != 0:
+            raise DemoError(f"kubectl {' '.join(args)} on {cluster.name}: {done.stderr.strip()}")
+
     def _commit(self, message: str) -> None:
         _git(self.fleet, "add", "-A")
         _git(self.fleet, "-c", "user.name=demo", "-c", "user.email=demo@fleetlet.invalid",
              "commit", "-q", "-m", message)  # fmt: skip
 
     def _publish(self) -> None:
-        from hub.publish.flow import prepare, publish
+        """``hub publish`` of the fleet, signed (it starts rollouts where a group has a
+        strategy)."""
+        from hub.publish.flow import prepare
         from hub.publish.git import BranchStore
+        from hub.publish.shards import ShardedStore
         from hub.publish.sign import PublicationSigner
+        from hub.rollout.controller import Controller
 
         signer = PublicationSigner.from_trust_config(
             trust_config=self.sigstore.trust_config_path, token=self.sigstore.mint_token()
@@ -482,9 +747,18 @@ class Demo:
         with BranchStore(
             url=self.git.url_for("fleet-state.git"), cache_dir=self._dir("hub-publish")
         ) as store:
-            report = publish(prepare(self.fleet), store, signer=signer)
-        moved = ", ".join(f"{c.cluster} serial {c.serial_after}" for c in report.changes)
+            result = Controller(sharded=ShardedStore.of(store)).publish(
+                prepare(self.fleet), signer=signer, actor="demo"
+            )
+        assert result.publication is not None
+        moved = ", ".join(
+            f"{c.cluster} serial {c.serial_after}"
+            for c in result.publication.changes
+            if c.status != "unchanged"
+        )
         _say(f"published and signed once: {moved or 'nothing changed'}")
+        for rid, event in result.events:
+            _say(f"rollout {rid}: {event.action}: {event.message}")
 
     def _expected(self) -> dict[tuple[str, str], str]:
         """(cluster, bundle) -> the state it should reach: Paused where the set pauses it."""

@@ -1,5 +1,5 @@
-"""The hub's subcommands: ``hub render|publish|diff|serve|agent-key``, ``installations``,
-``approve|deny``.
+"""The hub's subcommands: ``hub render|publish|diff|serve|shards|rollout|agent-key|tokens`` and
+``installations`` (``hub rollout`` lives in :mod:`hub.rollout.command`).
 
 Progress goes to stderr, results (a summary table, or ``-o json|yaml``) to stdout. Every
 failure is raised as a :class:`~agent.errors.FleetletError`; ``fleetlet.cli`` prints it as one
@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import logging
 import os
 import sys
 import time
@@ -18,13 +19,14 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from agent.errors import NotImplementedYetError, PermanentError
-from agent.output import add_output_option
+from agent.errors import PermanentError
+from agent.options import add_logging_arguments, add_output_option
 from agent.output import render as render_output
 from hub import installations as inst_handlers
 from hub.serve import add_serve_arguments
 
 TOKEN_ENV = "SIGSTORE_ID_TOKEN"
+TRUST_CONFIG_ENV = "FLEETLET_TRUST_CONFIG"
 GIT_USERNAME_ENV = "FLEETLET_GIT_USERNAME"
 GIT_PASSWORD_ENV = "FLEETLET_GIT_PASSWORD"
 
@@ -33,23 +35,22 @@ class UsageError(PermanentError):
     """A command line that cannot work (missing token, bad time...)."""
 
 
-def _not_yet(what: str, issue: str) -> Any:
-    def handler(args: argparse.Namespace) -> int:
-        raise NotImplementedYetError(f"{what} is not implemented yet ({issue})")
+class Progress:
+    """Progress lines on stderr, stamped with the seconds since the command started; log
+    records instead (``hub.progress``, level info) when the command logs JSON."""
 
-    return handler
-
-
-class _Progress:
-    """Progress lines on stderr, stamped with the seconds since the command started."""
-
-    def __init__(self, quiet: bool) -> None:
+    def __init__(self, quiet: bool, *, json_logs: bool = False) -> None:
         self.quiet = quiet
+        self.json_logs = json_logs
         self.started = time.perf_counter()
 
     def __call__(self, message: str) -> None:
-        if not self.quiet:
-            elapsed = time.perf_counter() - self.started
+        if self.quiet:
+            return
+        elapsed = time.perf_counter() - self.started
+        if self.json_logs:
+            logging.getLogger("hub.progress").info(message, extra={"elapsed": round(elapsed, 3)})
+        else:
             print(f"[{elapsed:6.1f}s] {message}", file=sys.stderr, flush=True)
 
 
@@ -59,23 +60,63 @@ def _emit(data: Any, output: str) -> None:
 
 
 def _git_credentials() -> tuple[str, str] | None:
+    from agent.report.logs import mask
+
     user, password = os.environ.get(GIT_USERNAME_ENV), os.environ.get(GIT_PASSWORD_ENV)
+    mask(password)
     return (user, password) if user and password else None
 
 
-def _store(args: argparse.Namespace, progress: _Progress) -> Any:
+def branch_stores(args: argparse.Namespace, progress: Progress, fleet: Any) -> Any:
+    """The fleet's cluster-branch repositories: ``--repo`` (a template with ``{shard}`` for
+    a sharded fleet), else ``shards.repo`` of fleet.yaml. Raises UsageError, FleetRepoError."""
+    from hub.fleet.shards import fleet_shards
     from hub.publish.git import BranchStore
+    from hub.publish.shards import ShardedStore
 
-    return BranchStore(
-        url=args.repo,
-        cache_dir=Path(args.cache_dir) if args.cache_dir else None,
+    template = args.repo or fleet.settings.shards.repo
+    if not template:
+        raise UsageError("--repo is required (or shards.repo in fleet.yaml)")
+    cache = Path(args.cache_dir) if args.cache_dir else None
+    shard_map = fleet_shards(fleet)
+    if shard_map.count == 1 and "{shard}" not in template:
+        return BranchStore(
+            url=template, cache_dir=cache, credentials=_git_credentials(), progress=progress
+        )
+    return ShardedStore(
+        urls=shard_map.urls(template),
+        cache_dir=cache,
         credentials=_git_credentials(),
         progress=progress,
     )
 
 
+def _check_formats(args: argparse.Namespace, progress: Progress, prepared: Any) -> None:
+    """Refuse to publish a format an agent did not report it renders, reading each shard's
+    status branches (``--status-repo``, else ``shards.statusRepo``, else the cluster-branch
+    repositories). Raises FormatsUnavailableError, UsageError."""
+    from hub.publish.formats import check_formats
+
+    settings = prepared.fleet.settings.shards
+    template = args.status_repo or settings.status_repo or args.repo or settings.repo
+    if not template:
+        raise UsageError("--repo is required (or shards.repo in fleet.yaml)")
+    members = prepared.shard_map.members()
+    for shard, url in prepared.shard_map.urls(template).items():
+        wanted = set(members[shard])
+        check_formats(
+            {name: plan for name, plan in prepared.plans.items() if name in wanted},
+            status_url=url,
+            credentials=_git_credentials(),
+            force=args.force,
+            progress=progress,
+        )
+
+
 def _registry_credentials(path: str | None) -> dict[str, tuple[str, str]] | None:
     """host -> (user, password) from a docker config JSON. Raises UsageError."""
+    from agent.report.logs import mask
+
     if not path:
         return None
     try:
@@ -87,6 +128,7 @@ def _registry_credentials(path: str | None) -> dict[str, tuple[str, str]] | None
                 user, _, password = base64.b64decode(entry["auth"]).decode().partition(":")
             else:
                 user, password = entry["username"], entry["password"]
+            mask(password)
             out[host] = (user, password)
     except OSError as exc:
         raise UsageError(f"--registry-config {path}: {exc.strerror}") from exc
@@ -97,15 +139,19 @@ def _registry_credentials(path: str | None) -> dict[str, tuple[str, str]] | None
     return out
 
 
-def _prepare(args: argparse.Namespace, progress: _Progress) -> Any:
+def _prepare(args: argparse.Namespace, progress: Progress) -> Any:
     from hub.publish.flow import prepare
 
     progress(f"loading fleet {args.fleet_dir}")
+    cache = getattr(args, "cache_dir", None)
     prepared = prepare(
         args.fleet_dir,
         only=args.cluster or None,
         registry_credentials=_registry_credentials(args.registry_config),
         progress=progress,
+        # Parsed fleet files are kept with the git cache: an unchanged inventory is not
+        # parsed again.
+        cache_dir=Path(cache) / "fleet-files" if cache else None,
     )
     if not prepared.source.committed:
         progress(
@@ -126,7 +172,7 @@ def _render(args: argparse.Namespace) -> int:
     from agent.api import parse_time
     from hub.publish.flow import render
 
-    progress = _Progress(args.quiet)
+    progress = Progress(args.quiet)
     issued_at: datetime | None = None
     if args.issued_at:
         issued_at = parse_time(args.issued_at)
@@ -162,7 +208,7 @@ def _render(args: argparse.Namespace) -> int:
 # --- publish --------------------------------------------------------------------------------
 
 
-def _signer(args: argparse.Namespace) -> tuple[Any, Any]:
+def signer_from_args(args: argparse.Namespace) -> tuple[Any, Any]:
     """(PublicationSigner, ClientTrustConfig) from the flags ((None, None) with --no-sign).
 
     Raises UsageError or PublishError.
@@ -176,18 +222,7 @@ def _signer(args: argparse.Namespace) -> tuple[Any, Any]:
             file=sys.stderr,
         )
         return None, None
-    if args.identity_token:
-        try:
-            token = Path(args.identity_token).read_text().strip()
-        except OSError as exc:
-            raise UsageError(f"--identity-token {args.identity_token}: {exc.strerror}") from exc
-    else:
-        token = os.environ.get(TOKEN_ENV, "").strip()
-    if not token:
-        raise UsageError(
-            f"no OIDC identity token: give --identity-token FILE or set {TOKEN_ENV} "
-            "(or --no-sign, UNSAFE, for local experiments)"
-        )
+    token = _identity_token(args.identity_token)
     from sigstore.models import ClientTrustConfig
 
     from hub.errors import PublishError
@@ -205,9 +240,44 @@ def _signer(args: argparse.Namespace) -> tuple[Any, Any]:
     return PublicationSigner.from_trust_config(trust_config=trust, token=token), trust
 
 
-def _self_check(prepared: Any, trust: Any) -> Any:
+def _identity_token(path: str | None) -> str:
+    """The OIDC identity token to sign with: ``--identity-token FILE``, else
+    ``$SIGSTORE_ID_TOKEN``, else the CI system's ambient credential, found the way
+    sigstore-python finds it (``sigstore.oidc.detect_credential``: GitHub Actions with
+    ``permissions: id-token: write``, GitLab CI, Google Cloud, Buildkite, CircleCI).
+
+    The token is masked in every log line from then on. Raises UsageError when there is none
+    or the CI system refused one.
+    """
+    from agent.report.logs import mask
+
+    if path:
+        try:
+            token = Path(path).read_text().strip()
+        except OSError as exc:
+            raise UsageError(f"--identity-token {path}: {exc.strerror}") from exc
+    else:
+        token = os.environ.get(TOKEN_ENV, "").strip()
+    if not token and not path:
+        from sigstore.oidc import IdentityError, detect_credential
+
+        try:
+            token = (detect_credential() or "").strip()
+        except IdentityError as exc:
+            raise UsageError(f"ambient OIDC credential of this CI job: {exc}") from exc
+    if not token:
+        raise UsageError(
+            f"no OIDC identity token: give --identity-token FILE, set {TOKEN_ENV}, or run in a "
+            "CI job with an ambient OIDC credential (GitHub Actions: permissions: id-token: "
+            "write); or --no-sign, UNSAFE, for local experiments"
+        )
+    mask(token)
+    return token
+
+
+def agents_trust_policy(fleet: Any, trust: Any) -> Any:
     """The agents' trust policy when fleet.yaml names the signing identity, else None."""
-    settings = prepared.fleet.settings
+    settings = fleet.settings
     if trust is None or not settings.identity or not settings.issuer:
         return None
     from agent.verify import IdentityPolicy, TrustPolicy
@@ -219,28 +289,52 @@ def _self_check(prepared: Any, trust: Any) -> Any:
 
 
 def _publish(args: argparse.Namespace) -> int:
-    from hub.publish.flow import publish
+    from agent.report.logs import setup_logging
+    from hub.api.metrics import HubMetrics
+    from hub.publish.git import BranchStore
+    from hub.publish.shards import ShardedStore
+    from hub.rollout.controller import Controller
 
-    progress = _Progress(args.quiet)
+    setup_logging(level=args.log_level, format=args.log_format)
+    progress = Progress(args.quiet, json_logs=args.log_format == "json")
+    metrics = HubMetrics() if args.metrics_file else None
     started = time.perf_counter()
-    signer, trust = _signer(args)
-    prepared = _prepare(args, progress)
-    check = _self_check(prepared, trust)
-    with _store(args, progress) as store:
-        report = publish(prepared, store, signer=signer, progress=progress, check=check)
+    try:
+        signer, trust = signer_from_args(args)
+        prepared = _prepare(args, progress)
+        check = agents_trust_policy(prepared.fleet, trust)
+        _check_formats(args, progress, prepared)
+        with branch_stores(args, progress, prepared.fleet) as store:
+            controller = Controller(
+                sharded=ShardedStore.of(store) if isinstance(store, BranchStore) else store,
+                check=check,
+                progress=progress,
+            )
+            result = controller.publish(prepared, signer=signer, partial=bool(args.cluster))
+            assert result.publication is not None
+            report = result.publication
+    except BaseException:
+        if metrics is not None:
+            metrics.published(time.perf_counter() - started, ok=False)
+            _write_metrics(metrics, args.metrics_file)
+        raise
     seconds = time.perf_counter() - started
     data = report.to_dict(bundles=len(prepared.fleet.bundles), references=prepared.references)
+    if metrics is not None:
+        metrics.published(seconds, ok=True, clusters=data["clusters"])
+        _write_metrics(metrics, args.metrics_file)
     data["seconds"]["total"] = round(seconds, 3)
     data["source"] = {"repo": prepared.source.repo, "commit": prepared.source.commit}
-    data["repo"] = args.repo
+    data["repo"] = args.repo or prepared.fleet.settings.shards.repo
+    data["rollouts"] = [{"rollout": rid, **event.to_dict()} for rid, event in result.events]
     if args.output != "table":
         _emit(data, args.output)
         return 0
     counts = data["clusters"]
     print(
-        f"{len(report.pushed)} cluster branches pushed to {args.repo} in one push"
+        f"{len(report.pushed)} cluster branches pushed to {data['repo']} in one publication"
         if report.pushed
-        else f"nothing to publish: {args.repo} is up to date"
+        else f"nothing to publish: {data['repo']} is up to date"
     )
     print(
         "clusters: "
@@ -255,10 +349,46 @@ def _publish(args: argparse.Namespace) -> int:
         )
     timing = ", ".join(f"{k} {v:.2f}" for k, v in data["seconds"].items() if k != "total")
     print(f"time: {seconds:.2f} s ({timing})")
+    for rid, event in result.events:
+        print(f"rollout {rid}: {event.action}: {event.message}")
     for c in data["changes"]:
         before = c["serialBefore"] if c["serialBefore"] is not None else "-"
         after = c["serialAfter"] if c["serialAfter"] is not None else "-"
         print(f"  {c['cluster']:<40} {c['status']:<10} serial {before} -> {after}")
+    return 0
+
+
+def _write_metrics(metrics: Any, path: str) -> None:
+    try:
+        metrics.write(Path(path))
+    except OSError as exc:
+        raise UsageError(f"--metrics-file {path}: {exc.strerror}") from exc
+
+
+# --- tokens ---------------------------------------------------------------------------------
+
+
+def _tokens_add(args: argparse.Namespace) -> int:
+    from hub.api.tokens import add_token
+
+    token = add_token(Path(args.file), name=args.name, role=args.role)
+    print(token)
+    print(
+        f"token {args.name!r} ({args.role}) added to {args.file} (only its SHA-256 is kept): "
+        "copy it now, it is not shown again",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _tokens_migrate(args: argparse.Namespace) -> int:
+    from hub.api.tokens import migrate_tokens
+
+    count = migrate_tokens(Path(args.file))
+    if count:
+        print(f"{args.file}: {count} tokens now stored as SHA-256 hashes (still valid)")
+    else:
+        print(f"{args.file}: already hashed, nothing to do")
     return 0
 
 
@@ -273,15 +403,38 @@ def _short(value: Any) -> str:
 
 
 def _diff(args: argparse.Namespace) -> int:
+    from agent.render.tools import ToolSettings
     from hub.publish.flow import diff
+    from hub.serve import default_cache_dir
 
-    progress = _Progress(args.quiet)
+    progress = Progress(args.quiet)
     prepared = _prepare(args, progress)
-    progress(f"fetching cluster branches from {args.repo}")
-    with _store(args, progress) as store:
+    repo = args.repo or prepared.fleet.settings.shards.repo
+    progress(f"fetching cluster branches from {repo}")
+    previews: dict[str, Any] = {}
+    with branch_stores(args, progress, prepared.fleet) as store:
         diffs = diff(prepared, store)
+        if args.cluster and not args.no_preview:
+            from hub.preview import preview_clusters
+
+            cache = Path(args.cache_dir) / "preview" if args.cache_dir else None
+            previews = preview_clusters(
+                prepared,
+                store,
+                diffs,
+                clusters=args.cluster,
+                cache_dir=cache or default_cache_dir(repo) / "preview",
+                tools=ToolSettings.from_env(),
+                progress=progress,
+            )
     if args.output != "table":
-        _emit({"clusters": [d.to_dict() for d in diffs]}, args.output)
+        clusters = []
+        for d in diffs:
+            item = d.to_dict()
+            if d.cluster in previews:
+                item["preview"] = previews[d.cluster].to_dict()
+            clusters.append(item)
+        _emit({"clusters": clusters}, args.output)
         return 0
     for d in diffs:
         serial = f" (serial {d.serial_before})" if d.serial_before is not None else ""
@@ -296,6 +449,62 @@ def _diff(args: argparse.Namespace) -> int:
                 f"  groups: {', '.join(d.groups_before) or '(none)'} -> "
                 f"{', '.join(d.groups_after) or '(none)'}"
             )
+        if d.cluster in previews:
+            _print_preview(previews[d.cluster])
+    return 0
+
+
+def _print_preview(preview: Any) -> None:
+    """A cluster's previews, group by group, as an approval request shows them."""
+    from agent.approve.command import preview_lines
+
+    for note in preview.notes:
+        print(f"  note: {note}")
+    for group in preview.groups:
+        print(f"  group {group.group} (as an approval request would preview it):")
+        for line in preview_lines(group.preview):
+            print(f"    {line}")
+        for change in group.preview.objects:
+            if change.diff:
+                name = f"{change.bundle}: {change.target}"
+                text = group.full_diffs.get(name) or change.diff
+                print(f"    === {name}")
+                for line in text.rstrip("\n").splitlines():
+                    print(f"    {line}")
+
+
+# --- shards ---------------------------------------------------------------------------------
+
+
+def _shards(args: argparse.Namespace) -> int:
+    """Each cluster's shard and the repositories its agent is told (``--repo``,
+    ``--status-repo`` of ``fleetlet agent run``)."""
+    from hub.fleet.model import load_fleet
+    from hub.fleet.shards import fleet_shards, shard_url
+
+    fleet = load_fleet(args.fleet_dir)
+    shard_map = fleet_shards(fleet)
+    repo = args.repo or fleet.settings.shards.repo
+    status = args.status_repo or fleet.settings.shards.status_repo or repo
+    wanted = set(args.cluster or shard_map.assignment)
+    unknown = sorted(wanted - set(shard_map.assignment))
+    if unknown:
+        raise UsageError(f"--cluster: not a cluster of the fleet: {', '.join(unknown)}")
+    rows = [
+        {
+            "cluster": name,
+            "shard": shard_map.shard_of(name),
+            "repo": shard_url(repo, shard_map.shard_of(name)) if repo else None,
+            "statusRepo": shard_url(status, shard_map.shard_of(name)) if status else None,
+        }
+        for name in sorted(wanted)
+    ]
+    if args.output != "table":
+        _emit({"shards": shard_map.count, "clusters": rows}, args.output)
+        return 0
+    print(f"{'CLUSTER':<40} {'SHARD':>5}  REPO")
+    for row in rows:
+        print(f"{row['cluster']:<40} {row['shard']:>5}  {row['repo'] or '-'}")
     return 0
 
 
@@ -348,16 +557,24 @@ def register(sub: Any) -> None:
         f"{GIT_USERNAME_ENV}/{GIT_PASSWORD_ENV}.",
     )
     publish.add_argument("fleet_dir", metavar="FLEET_DIR")
-    publish.add_argument("--repo", required=True, metavar="GIT_URL")
+    publish.add_argument(
+        "--repo",
+        metavar="GIT_URL",
+        help="the cluster-branch repository; for a sharded fleet a template with {shard} "
+        "(default: shards.repo of fleet.yaml)",
+    )
     publish.add_argument(
         "--trust-config",
         metavar="FILE",
-        help="Sigstore client trust config (default: the public-good instance)",
+        default=os.environ.get(TRUST_CONFIG_ENV) or None,
+        help=f"Sigstore client trust config, for a private Sigstore (${TRUST_CONFIG_ENV}; "
+        "default: the public-good instance)",
     )
     publish.add_argument(
         "--identity-token",
         metavar="FILE",
-        help=f"file holding the OIDC identity token (default: ${TOKEN_ENV})",
+        help=f"file holding the OIDC identity token (default: ${TOKEN_ENV}, else the CI "
+        "job's ambient credential, e.g. GitHub Actions with id-token: write)",
     )
     publish.add_argument(
         "--no-sign",
@@ -366,6 +583,17 @@ def register(sub: Any) -> None:
     )
     publish.add_argument(
         "--cluster", action="append", metavar="NAME", help="only this cluster (repeatable)"
+    )
+    publish.add_argument(
+        "--status-repo",
+        metavar="GIT_URL",
+        help="where agents push their status (default: --repo): read to check that each "
+        "cluster's agent can render the formats of its bundles",
+    )
+    publish.add_argument(
+        "--force",
+        action="store_true",
+        help="publish even to clusters whose agents reported they cannot render a bundle's format",
     )
     publish.add_argument(
         "--cache-dir",
@@ -379,6 +607,13 @@ def register(sub: Any) -> None:
         metavar="FILE",
         help="docker config JSON with registry credentials for resolving tags",
     )
+    publish.add_argument(
+        "--metrics-file",
+        metavar="FILE",
+        help="write this publication's Prometheus metrics to FILE (for node-exporter's "
+        "textfile collector: name it *.prom)",
+    )
+    add_logging_arguments(publish, default_level="warning")
     publish.set_defaults(handler=_publish)
 
     diff = hub_sub.add_parser(
@@ -386,10 +621,21 @@ def register(sub: Any) -> None:
         help="show what each cluster would receive",
         description="Compare FLEET_DIR with what each cluster branch of GIT_URL holds: per "
         "cluster, the bundles added, removed or changed (with the fields that change: source "
-        "digests, values...). Pushes nothing.",
+        "digests, values...). With --cluster, also each changed group's preview, object by "
+        "object, in the shape of an approval request (rendered from the published and the new "
+        "content, not a live dry run; see docs/approvals.md). Pushes nothing.",
+    )
+    diff.add_argument(
+        "--no-preview",
+        action="store_true",
+        help="with --cluster: skip fetching and rendering content for the object preview",
     )
     diff.add_argument("fleet_dir", metavar="FLEET_DIR")
-    diff.add_argument("--repo", required=True, metavar="GIT_URL")
+    diff.add_argument(
+        "--repo",
+        metavar="GIT_URL",
+        help="as for hub publish: a template with {shard} for a sharded fleet",
+    )
     diff.add_argument(
         "--cluster", action="append", metavar="NAME", help="only this cluster (repeatable)"
     )
@@ -403,6 +649,26 @@ def register(sub: Any) -> None:
     )
     diff.set_defaults(handler=_diff)
 
+    shards = hub_sub.add_parser(
+        "shards",
+        help="each cluster's shard and the repositories its agent uses",
+        description="For a fleet sharded over several repositories (fleet.yaml: shards), print "
+        "each cluster's shard and the repositories its agent is told: fleetlet agent run "
+        "--repo REPO --status-repo STATUS_REPO. See docs/scaling.md.",
+    )
+    shards.add_argument("fleet_dir", metavar="FLEET_DIR")
+    shards.add_argument(
+        "--repo", metavar="GIT_URL", help="cluster-branch repository template with {shard}"
+    )
+    shards.add_argument(
+        "--status-repo", metavar="GIT_URL", help="status repository template with {shard}"
+    )
+    shards.add_argument(
+        "--cluster", action="append", metavar="NAME", help="only this cluster (repeatable)"
+    )
+    add_output_option(shards)
+    shards.set_defaults(handler=_shards)
+
     serve = hub_sub.add_parser(
         "serve",
         help="API, dashboard and status aggregation",
@@ -411,6 +677,10 @@ def register(sub: Any) -> None:
         "and as a dashboard at / (see docs/dashboard.md).",
     )
     add_serve_arguments(serve)
+
+    from hub.rollout.command import register as register_rollout
+
+    register_rollout(hub_sub)
 
     agent_key = hub_sub.add_parser(
         "agent-key",
@@ -424,6 +694,24 @@ def register(sub: Any) -> None:
     agent_key.add_argument("--cluster", required=True, metavar="NAME")
     agent_key.add_argument("--out", required=True, metavar="FILE", help="new file, mode 0600")
     agent_key.set_defaults(handler=_agent_key)
+    tokens = hub_sub.add_parser(
+        "tokens",
+        help="bearer tokens of the hub API (stored hashed)",
+        description="The tokens file of `hub serve --tokens` holds the SHA-256 of each token, "
+        "never a token: `add` makes a random token and prints it once; `migrate` converts a "
+        "file of the old clear-text format in place.",
+    )
+    tokens_sub = tokens.add_subparsers(dest="tokens_command", metavar="COMMAND", required=True)
+    add = tokens_sub.add_parser("add", help="make a token, store its hash, print it once")
+    add.add_argument("file", metavar="FILE", help="the tokens file (created if missing)")
+    add.add_argument("--name", required=True, help="who holds it (shown instead of the token)")
+    add.add_argument("--role", required=True, choices=["admin", "read"])
+    add.set_defaults(handler=_tokens_add)
+    migrate = tokens_sub.add_parser(
+        "migrate", help="rewrite a clear-text tokens file with hashes (tokens stay valid)"
+    )
+    migrate.add_argument("file", metavar="FILE")
+    migrate.set_defaults(handler=_tokens_migrate)
 
 
 def _agent_key(args: argparse.Namespace) -> int:
@@ -455,7 +743,12 @@ def register_installations(sub: Any) -> None:
         else:
             p.add_argument("--cluster", metavar="NAME", help="only this cluster")
             p.add_argument("--bundle", metavar="NAME", help="only this bundle")
-            p.add_argument("--state", metavar="STATE", help="Ready, Progressing, Degraded, ...")
+            p.add_argument(
+                "--state",
+                metavar="STATE",
+                help="Ready, Progressing, AwaitingApproval, Denied, Degraded, RolledBack, "
+                "Paused or Stale",
+            )
         p.add_argument("--hub", metavar="URL")
         p.add_argument("--repo", metavar="GIT_URL")
         add_output_option(p)
@@ -475,12 +768,6 @@ def register_installations(sub: Any) -> None:
         lst.set_defaults(
             handler=inst_handlers.runs_list if group == "runs" else inst_handlers.outputs_list
         )
-
-    for verb in ("approve", "deny"):
-        p = sub.add_parser(verb, help=f"{verb} a BundleDeploymentRequest")
-        p.add_argument("request", metavar="REQUEST")
-        p.add_argument("--kubeconfig", metavar="FILE")
-        p.set_defaults(handler=_not_yet(f"fleetlet {verb}", "the approvals issue"))
 
 
 __all__ = ["register", "register_installations"]

@@ -114,7 +114,11 @@ def _repo_fetch(args: argparse.Namespace) -> Fetch:
         parts = path.strip("/").split("/")
         try:
             if parts == ["installations"]:
-                return queries.installations(**query)
+                return queries.installations(
+                    cluster=query.get("cluster"),
+                    bundle=query.get("bundle"),
+                    state=query.get("state"),
+                )
             if len(parts) == 3:
                 return queries.installation(parts[1], parts[2], admin=admin)
             if len(parts) == 4:
@@ -192,9 +196,34 @@ def installations_show(args: argparse.Namespace) -> int:
             "",
             _runs_table(d.get("runs", [])),
         ]
+        if d.get("requests"):
+            lines += ["", _requests_table(d["requests"])]
         return "\n".join(lines)
 
     return _print(data, args.output, table)
+
+
+def _requests_table(requests: list[dict[str, Any]]) -> str:
+    """The group's approval requests: what each would do and who decided it."""
+    rows = []
+    for r in requests:
+        p = r.get("preview") or {}
+        rows.append(
+            (
+                r.get("name"),
+                r.get("serial"),
+                r.get("state"),
+                f"{p.get('created', 0)}/{p.get('changed', 0)}/{p.get('deleted', 0)}",
+                p.get("findings", 0),
+                r.get("decidedBy"),
+                r.get("decidedAt"),
+                r.get("reason"),
+            )
+        )
+    return columns(
+        rows,
+        ["REQUEST", "SERIAL", "STATE", "CREATED/CHANGED/DELETED", "FINDINGS", "BY", "AT", "REASON"],
+    )
 
 
 def _runs_table(runs: list[dict[str, Any]]) -> str:

@@ -4,23 +4,33 @@ The first refresh runs before the server listens (a warm cache makes it cheap); 
 daemon thread refreshes every ``--refresh`` interval. A failed refresh is reported on stderr
 and retried at the next tick: the view stays, and clusters go Stale by the clock. With
 ``--fleet`` the fleet repo is loaded once at start for the clusters' labels (restart to pick up
-new labels).
+new labels). With ``--fleet`` and the cluster-branch repositories the hub serves the fleet's
+rollouts, and with ``--trust-config`` and ``--identity-token`` it runs the rollout controller in
+a thread of its own (:mod:`hub.rollout.service`, docs/rollouts.md).
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import re
 import sys
 import threading
+import time
 import urllib.parse
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 from agent.errors import FleetletError, PermanentError
+from hub.api.metrics import HubMetrics  # prometheus-client only: no web framework
 from hub.status.aggregate import FleetStatus
+
+log = logging.getLogger(__name__)
+OBSERVE_EVERY = 30.0
+"""Seconds between two counts of the fleet's states for /metrics when nothing moved."""
 
 GIT_USERNAME_ENV = "FLEETLET_GIT_USERNAME"
 GIT_PASSWORD_ENV = "FLEETLET_GIT_PASSWORD"
@@ -68,8 +78,37 @@ def fleet_labels(fleet_dir: Path) -> dict[str, dict[str, str]]:
     return {c.name: dict(c.labels) for c in load_fleet(fleet_dir).clusters}
 
 
+def load_fleet_for_serve(fleet_dir: Path) -> Any:
+    """The fleet repo at ``fleet_dir`` (labels, shards). Raises FleetRepoError."""
+    from hub.fleet.model import load_fleet
+
+    return load_fleet(fleet_dir)
+
+
+def status_urls(repos: list[str], *, shards: int | None, template: str | None) -> list[str]:
+    """The status repositories: each ``--repo`` (``{shard}`` expanded over the fleet's
+    shards), else the fleet's ``shards.statusRepo``. Raises ServeUsageError."""
+    given = repos or ([template] if template else [])
+    if not given:
+        raise ServeUsageError("hub serve needs --repo (or --fleet with shards.statusRepo)")
+    urls: list[str] = []
+    for repo in given:
+        if "{shard}" in repo:
+            if not shards:
+                raise ServeUsageError(
+                    f"--repo {repo}: a template with {{shard}} needs --shards N or --fleet"
+                )
+            urls += [repo.replace("{shard}", str(i)) for i in range(shards)]
+        else:
+            urls.append(repo)
+    return urls
+
+
 def git_credentials() -> tuple[str, str] | None:
+    from agent.report.logs import mask
+
     user, password = os.environ.get(GIT_USERNAME_ENV), os.environ.get(GIT_PASSWORD_ENV)
+    mask(password)
     return (user, password) if user and password else None
 
 
@@ -91,10 +130,13 @@ class RefreshLoop:
         interval: timedelta,
         report: Callable[[str], None] | None = None,
         on_change: Callable[[], None] | None = None,
+        metrics: HubMetrics | None = None,
     ) -> None:
         self.status = status
         self.interval = interval.total_seconds()
-        self.report = report or (lambda line: print(line, file=sys.stderr, flush=True))
+        self.report = report or log.info
+        self.metrics = metrics
+        self._observed = float("-inf")
         # Called after a refresh in which clusters moved or went away (the matrix's warm-up).
         self.on_change = on_change
         self._stop = threading.Event()
@@ -108,11 +150,22 @@ class RefreshLoop:
         self._thread.join(timeout=30)
 
     def tick(self) -> None:
+        started = time.perf_counter()
         try:
             result = self.status.refresh()
         except FleetletError as exc:
+            if self.metrics is not None:
+                self.metrics.refreshed(time.perf_counter() - started, ok=False)
             self.report(f"status refresh failed: {exc}")
             return
+        if self.metrics is not None:
+            self.metrics.refreshed(time.perf_counter() - started, ok=True)
+            # One pass over every installation: after a change, and otherwise now and then
+            # (clusters go Stale by the clock alone).
+            now = time.monotonic()
+            if result.moved or result.removed or now - self._observed >= OBSERVE_EVERY:
+                self.metrics.observe_fleet(self.status)
+                self._observed = now
         if result.moved or result.removed:
             if self.on_change is not None:
                 self.on_change()
@@ -136,26 +189,47 @@ def serve(args: argparse.Namespace) -> int:
     # The web framework is the hub extra: imported only when serving.
     import uvicorn
 
-    from hub.api.app import create_app, load_private_key, load_tokens
+    from agent.report.logs import setup_logging
+    from hub.api.app import create_app, load_private_key
+    from hub.api.tokens import Tokens, load_tokens
 
+    setup_logging(
+        level=getattr(args, "log_level", None) or "info",
+        format=getattr(args, "log_format", None) or "text",
+    )
     host, port = parse_listen(args.listen)
-    tokens = load_tokens(Path(args.tokens)) if getattr(args, "tokens", None) else {}
+    tls = tls_files(getattr(args, "tls_cert", None), getattr(args, "tls_key", None))
+    tokens = load_tokens(Path(args.tokens)) if getattr(args, "tokens", None) else Tokens(())
     anonymous = bool(getattr(args, "allow_anonymous", False))
     if not tokens and not anonymous:
         raise ServeUsageError("hub serve needs --tokens FILE (or --allow-anonymous)")
     key_file = getattr(args, "hub_key", None)
     private_key = load_private_key(Path(key_file)) if key_file else None
     fleet_dir = getattr(args, "fleet", None)
-    labels = fleet_labels(Path(fleet_dir)) if fleet_dir else None
+    fleet = load_fleet_for_serve(Path(fleet_dir)) if fleet_dir else None
+    labels = {c.name: dict(c.labels) for c in fleet.clusters} if fleet is not None else None
+    urls = status_urls(
+        list(args.repo or []),
+        shards=getattr(args, "shards", None) or (fleet.settings.shards.count if fleet else None),
+        template=fleet.settings.shards.status_repo if fleet is not None else None,
+    )
     cache = getattr(args, "cache_dir", None)
     status = FleetStatus(
-        repo_url=args.repo,
+        repo_url=urls,
         credentials=git_credentials(),
-        cache_dir=Path(cache) if cache else default_cache_dir(args.repo),
+        cache_dir=Path(cache) if cache else default_cache_dir(" ".join(urls)),
         stale_after=parse_duration(getattr(args, "stale_after", None) or "5m"),
     )
+    metrics = HubMetrics()
     loop = RefreshLoop(
-        status=status, interval=parse_duration(getattr(args, "refresh", None) or "10s")
+        status=status,
+        interval=parse_duration(getattr(args, "refresh", None) or "10s"),
+        metrics=metrics,
+    )
+    rollouts = (
+        rollout_service(args, Path(fleet_dir), fleet, status, status.cache_dir)
+        if fleet is not None and fleet_dir
+        else None
     )
     app = create_app(
         status=status,
@@ -163,35 +237,162 @@ def serve(args: argparse.Namespace) -> int:
         private_key=private_key,
         allow_anonymous=anonymous,
         labels=labels,
+        metrics=metrics,
+        rollouts=rollouts,
     )
     loop.tick()
     # The matrix's cells before the first request, and again after each refresh that moved.
     app.state.queries.warm()
-    loop.on_change = app.state.queries.warm
+
+    def changed() -> None:
+        app.state.queries.warm()
+        if rollouts is not None:
+            rollouts.poke()  # new reports: a rollout may move
+
+    loop.on_change = changed
     loop.start()
+    if rollouts is not None:
+        rollouts.start()
     try:
-        config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False)
-        shown = f"[{host}]" if ":" in host else host
-        print(
-            f"fleetlet hub serving on http://{shown}:{port}/ (dashboard; "
-            f"API at http://{shown}:{port}/api/v1)",
-            file=sys.stderr,
-            flush=True,
+        # log_config=None: uvicorn's records go through our handler (format, masking).
+        config = uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            log_level="warning",
+            access_log=False,
+            log_config=None,
+            # SIGTERM: open connections get a few seconds, then the process exits.
+            timeout_graceful_shutdown=5,
+            ssl_certfile=str(tls[0]) if tls else None,
+            ssl_keyfile=str(tls[1]) if tls else None,
         )
+        shown = f"[{host}]" if ":" in host else host
+        scheme = "https" if tls else "http"
+        log.info(
+            "fleetlet hub serving on %s://%s:%s/ (dashboard; API at %s://%s:%s/api/v1; "
+            "metrics at /metrics)",
+            scheme, shown, port, scheme, shown, port,
+        )  # fmt: skip
         uvicorn.Server(config).run()
     finally:
         loop.stop()
+        if rollouts is not None:
+            rollouts.stop()
     return 0
+
+
+def rollout_service(
+    args: argparse.Namespace, fleet_dir: Path, fleet: Any, status: FleetStatus, cache: Path
+) -> Any:
+    """The rollouts of the fleet for the API, and the controller's loop when the hub can sign
+    (``--trust-config`` and ``--identity-token``); None when the cluster-branch repositories
+    are unknown (no ``--cluster-repo``, no ``shards.repo``).
+
+    Raises ServeUsageError, PublishError (an unusable trust config).
+    """
+    from hub.fleet.model import load_fleet
+    from hub.fleet.shards import fleet_shards
+    from hub.publish.git import BranchStore
+    from hub.publish.shards import ShardedStore
+    from hub.publish.sign import PublicationSigner
+    from hub.rollout.controller import Controller
+    from hub.rollout.service import RolloutService
+
+    template = getattr(args, "cluster_repo", None) or fleet.settings.shards.repo
+    if not template:
+        return None
+    shard_map = fleet_shards(fleet)
+    if shard_map.count == 1 and "{shard}" not in template:
+        urls = {0: template}
+    else:
+        urls = shard_map.urls(template)
+    credentials = git_credentials()
+    where = cache / "rollouts"
+    sharded = ShardedStore(urls=urls, cache_dir=where / "branches", credentials=credentials)
+    reader = BranchStore(url=urls[0], cache_dir=where / "reader.git", credentials=credentials)
+    trust_file, token_file = (
+        getattr(args, "trust_config", None),
+        getattr(args, "identity_token", None),
+    )
+    if bool(trust_file) != bool(token_file):
+        raise ServeUsageError(
+            "--trust-config and --identity-token go together: the rollout controller signs "
+            "what it publishes"
+        )
+    signer: Callable[[], PublicationSigner | None] | None = None
+    check = None
+    if trust_file and token_file:
+        from sigstore.models import ClientTrustConfig
+
+        from agent.verify import IdentityPolicy, TrustPolicy
+
+        try:
+            trust = ClientTrustConfig.from_json(Path(trust_file).read_text())
+        except OSError as exc:
+            raise ServeUsageError(f"--trust-config {trust_file}: {exc.strerror}") from exc
+        except Exception as exc:  # sigstore/pydantic parse errors
+            raise ServeUsageError(f"--trust-config {trust_file}: unusable: {exc}") from exc
+        settings = fleet.settings
+        if settings.identity and settings.issuer:
+            check = TrustPolicy(
+                trusted_root=trust.trusted_root,
+                identity=IdentityPolicy(issuer=settings.issuer, subject=settings.identity),
+            )
+
+        def signer() -> PublicationSigner | None:
+            # Read at each step: a projected service-account token is rotated on disk.
+            try:
+                token = Path(token_file).read_text().strip()
+            except OSError as exc:
+                raise ServeUsageError(f"--identity-token {token_file}: {exc.strerror}") from exc
+            return PublicationSigner.from_trust_config(trust_config=trust, token=token)
+
+    controller = Controller(sharded=sharded, status=status, check=check, progress=log.info)
+    return RolloutService(
+        controller=controller,
+        reader=reader,
+        fleet=lambda: load_fleet(fleet_dir),
+        signer=signer,
+        interval=parse_duration(getattr(args, "rollout_interval", None) or "30s"),
+        report=log.info,
+    )
+
+
+def tls_files(cert: str | None, key: str | None) -> tuple[Path, Path] | None:
+    """The TLS certificate and key files, both or neither. Raises ServeUsageError."""
+    if not cert and not key:
+        return None
+    if not (cert and key):
+        raise ServeUsageError("--tls-cert and --tls-key go together: give both or neither")
+    for flag, name in (("--tls-cert", cert), ("--tls-key", key)):
+        if not Path(name).is_file():
+            raise ServeUsageError(f"{flag} {name}: no such file")
+    return Path(cert), Path(key)
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``hub serve`` (for a parser that does not have them yet)."""
-    parser.add_argument("--repo", required=True, metavar="GIT_URL", help="the status repository")
+    parser.add_argument(
+        "--repo",
+        action="append",
+        metavar="GIT_URL",
+        help="a status repository (repeatable: the fleet's status shards); a template with "
+        "{shard} stands for every shard (default: shards.statusRepo of --fleet)",
+    )
+    parser.add_argument(
+        "--shards",
+        type=int,
+        metavar="N",
+        help="how many shards a --repo template stands for (default: the --fleet's count)",
+    )
     parser.add_argument(
         "--listen", default="127.0.0.1:8080", metavar="ADDR", help="HOST:PORT (127.0.0.1:8080)"
     )
     parser.add_argument(
-        "--tokens", metavar="FILE", help="YAML mapping bearer token -> role (admin or read)"
+        "--tokens",
+        metavar="FILE",
+        help="bearer tokens, stored hashed (`fleetlet hub tokens add FILE` makes one)",
     )
     parser.add_argument(
         "--hub-key",
@@ -221,6 +422,42 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         help="the fleet repo: cluster labels for the API and the dashboard's label filter "
         "(read at start)",
     )
+    parser.add_argument(
+        "--tls-cert",
+        metavar="FILE",
+        help="serve HTTPS with this certificate (PEM, the chain after it); with --tls-key",
+    )
+    parser.add_argument("--tls-key", metavar="FILE", help="the private key of --tls-cert (PEM)")
+    rollouts = parser.add_argument_group(
+        "rollouts",
+        "progressive rollouts (docs/rollouts.md): shown with --fleet, stepped when signing",
+    )
+    rollouts.add_argument(
+        "--cluster-repo",
+        metavar="GIT_URL",
+        help="the cluster-branch repository, a template with {shard} for a sharded fleet "
+        "(default: shards.repo of --fleet); where the rollout state is",
+    )
+    rollouts.add_argument(
+        "--trust-config",
+        metavar="FILE",
+        help="Sigstore client trust config: with --identity-token, this hub runs the rollout "
+        "controller and signs what it publishes",
+    )
+    rollouts.add_argument(
+        "--identity-token",
+        metavar="FILE",
+        help="a file holding the OIDC identity token to sign with (read again at each step)",
+    )
+    rollouts.add_argument(
+        "--rollout-interval",
+        default="30s",
+        metavar="DURATION",
+        help="time between two controller steps (also after new reports and actions) (30s)",
+    )
+    from agent.options import add_logging_arguments
+
+    add_logging_arguments(parser, default_level="info")
     parser.set_defaults(handler=serve)
 
 

@@ -15,6 +15,11 @@ command -v git >/dev/null || need_apt+=(git)
 [ -x /usr/lib/git-core/git-http-backend ] || need_apt+=(git)
 # The dashboard's browser tests drive Debian's chromium (Playwright never downloads one).
 [ -x /usr/bin/chromium ] || need_apt+=(chromium)
+# The image tests build the agent image on a Debian base and run it (tests/test_image.py).
+for tool in podman buildah mmdebstrap runc; do
+  command -v "$tool" >/dev/null || need_apt+=("$tool")
+done
+command -v newuidmap >/dev/null || need_apt+=(uidmap)
 if [ ${#need_apt[@]} -gt 0 ]; then
   log "apt-get install ${need_apt[*]}"
   export DEBIAN_FRONTEND=noninteractive
@@ -22,8 +27,16 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
 fi
 
-log "pip install -e .[hub,test]"
-python3 -m pip install -q --disable-pip-version-check -e '.[hub,test]'
+# The locked versions (requirements/ci.txt, made by scripts/lock.sh), the same ones the images
+# install; then the project itself, without resolving anything again.
+log "pip install --require-hashes -r requirements/ci.txt; pip install --no-deps -e ."
+python3 -m pip install -q --disable-pip-version-check --require-hashes -r requirements/ci.txt
+python3 -m pip install -q --disable-pip-version-check --no-deps -e .
+
+# The example format plugin (its own distribution, with the jsonnet bindings from PyPI):
+# the plugin tests render and deploy with it.
+log "pip install ./examples/fleetlet-jsonnet"
+python3 -m pip install -q --disable-pip-version-check ./examples/fleetlet-jsonnet
 
 log "Kubernetes control-plane binaries, helm and kustomize (a cold build from the Go module proxy takes about 15 minutes on two cores; seconds when cached)"
 python3 -m tests.realenv.binaries

@@ -161,7 +161,22 @@ class Lab:
     ) -> PublishReport:
         """Publish ``bundles`` (fleet-repo bundle documents) to every cluster of the lab,
         valid for ``expires_after``."""
-        fleet = write_fleet(
+        fleet = self.fleet_dir(bundles, expires_after=expires_after, refresh_before=refresh_before)
+        signer = PublicationSigner.from_trust_config(
+            trust_config=self.sigstore.trust_config_path, token=self.sigstore.mint_token()
+        )
+        with BranchStore(url=self.url, cache_dir=self.tmp / "hub-cache") as store:
+            return publish(prepare(fleet), store, signer=signer)
+
+    def fleet_dir(
+        self,
+        bundles: list[dict[str, Any]],
+        *,
+        expires_after: str = "7d",
+        refresh_before: str = "1d",
+    ) -> Path:
+        """A fleet repo directory targeting ``bundles`` at every cluster of the lab."""
+        return write_fleet(
             self.tmp / f"fleet-{uuid.uuid4().hex[:6]}",
             clusters=self.clusters,
             bundles=[{"targets": [{"clusterSelector": {}}], **b} for b in bundles],
@@ -172,11 +187,6 @@ class Lab:
                 "signing": {"identity": DEFAULT_IDENTITY, "issuer": self.sigstore.issuer},
             },
         )
-        signer = PublicationSigner.from_trust_config(
-            trust_config=self.sigstore.trust_config_path, token=self.sigstore.mint_token()
-        )
-        with BranchStore(url=self.url, cache_dir=self.tmp / "hub-cache") as store:
-            return publish(prepare(fleet), store, signer=signer)
 
     def agent_args(
         self,

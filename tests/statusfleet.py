@@ -90,6 +90,14 @@ def bundle_in(
         report = make_bundle([ok])
         report["conditions"].append(_condition("Paused", "True", "PausedByFleet"))
         return report
+    if state in ("AwaitingApproval", "Denied"):
+        # The group's move waits for (or was refused) an approval: it runs what it ran.
+        report = make_bundle([ok])
+        report["conditions"] = [
+            _condition("Ready", "False", state),
+            _condition("Progressing", "True" if state == "AwaitingApproval" else "False", state),
+        ]
+        return report
     raise ValueError(f"no bundle report for state {state!r}")
 
 

@@ -47,7 +47,7 @@ from agent.verify import BUNDLE_FILE, PROOF_FILE, SET_FILE, STATEMENT_FILE, Trus
 from hub.publish.flow import prepare, publish
 from hub.publish.git import BranchStore
 from hub.publish.sign import PublicationSigner
-from tests.fleetlab import Lab, conditions, live, namespace_manifest
+from tests.fleetlab import Lab, conditions, configmap, live, namespace_manifest
 from tests.fleetlab import lab as lab  # the fixture
 from tests.hostile import archives, manifests
 from tests.realenv.kube import Cluster
@@ -607,3 +607,68 @@ def test_outputs_read_only_the_bundles_own_objects_and_a_secret_is_always_sealed
         [live(kube, "v1", "ConfigMap", f"fleetlet-runs-{bundle}", namespace), outputs]
     )
     assert own not in everything and stolen not in everything
+
+
+def test_bundle_content_cannot_touch_the_agents_own_objects_unless_allowed(
+    lab: Lab, crds: Cluster, namespace: str, tmp_path: Path
+) -> None:
+    """A bundle (no ServiceAccount: it acts with the agent's rights) that would reset the
+    agent's anti-rollback state, add a BundleDeployment, replace a fleetlet CRD and widen the
+    agent's ClusterRole is refused as a whole before anything is written; only a bundle a
+    cluster admin allowed may manage them."""
+    kube = KubeClient(kubeconfig=str(crds.kubeconfig))
+    name = lab.name("takeover")
+    state = (
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: fleetlet-agent-state\n"
+        f"  namespace: {namespace}\ndata:\n  state: '{{}}'\n"
+    )
+    bd = (
+        "apiVersion: fleetlet.io/v1alpha1\nkind: BundleDeployment\nmetadata:\n"
+        f"  name: {lab.name('forged')}\nspec:\n  sources: [{{kind: http, uri: 'https://x.invalid/a.tgz', "
+        f"sha256: '{'0' * 64}'}}]\n"
+    )
+    role = (
+        "apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata:\n"
+        f"  name: fleetlet-agent-{lab.suffix}\nrules: [{{apiGroups: ['*'], resources: ['*'], "
+        "verbs: ['*']}]\n"
+    )
+    elsewhere = configmap("fine", lab.name("ok"), {"a": "1"})
+    files = {
+        "01_ns.yaml": namespace_manifest(lab.name("ok")),
+        "02_fine.yaml": elsewhere,
+        "03_state.yaml": state,
+        "04_bd.yaml": bd,
+        "05_role.yaml": role,
+    }
+    digest = lab.push("takeover", files, tag="v1")
+    lab.publish([{"name": name, "sources": [lab.source("takeover", digest)]}])
+    agent = lab.agent("edge-1", crds, namespace=namespace, workdir=tmp_path / "agent")
+    result = agent.tick()
+    assert result.outbound is not None and result.outbound.failed == (name,), result
+    ready = conditions(kube, name)["Ready"]
+    assert "nothing was written" in ready["message"], ready
+    for what in ("ConfigMap", "BundleDeployment", "ClusterRole"):
+        assert what in ready["message"] and "off limits to bundle content" in ready["message"]
+    assert "3 objects refused" in ready["message"], ready
+    # Nothing of the group: the harmless object neither, the agent's state intact.
+    assert live(kube, "v1", "ConfigMap", "fine", lab.name("ok")) is None
+    assert (
+        live(kube, "rbac.authorization.k8s.io/v1", "ClusterRole", f"fleetlet-agent-{lab.suffix}")
+        is None
+    )
+    assert agent.state.load().last_serial == 1
+
+    # A cluster admin lets this bundle manage the agent's objects (say, it upgrades the agent
+    # itself): its RBAC now goes through.
+    allowed_files = {k: v for k, v in files.items() if k != "03_state.yaml" and k != "04_bd.yaml"}
+    digest = lab.push("takeover", allowed_files, tag="v2")
+    lab.publish([{"name": name, "sources": [lab.source("takeover", digest)]}])
+    allowed = lab.agent(
+        "edge-1", crds, namespace=namespace, workdir=tmp_path / "agent",
+        extra=["--allow-agent-objects", name],
+    )  # fmt: skip
+    again = allowed.tick()
+    assert again.outbound is not None and again.outbound.moved == (name,), again
+    role_ref = ("rbac.authorization.k8s.io/v1", "ClusterRole", f"fleetlet-agent-{lab.suffix}")
+    assert live(kube, *role_ref) is not None
+    kube.delete({"apiVersion": role_ref[0], "kind": role_ref[1], "metadata": {"name": role_ref[2]}})

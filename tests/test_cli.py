@@ -18,9 +18,13 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
 @pytest.mark.parametrize(
     ("argv", "expected"),
     [
-        ((), ["hub", "agent", "render", "health", "installations", "approve", "deny", "demo"]),
+        ((), ["hub", "agent", "render", "health", "installations", "approve", "deny", "import"]),
+        ((), ["preview"]),
+        ((), ["demo"]),
+        (("import",), ["fleet"]),
         (("agent",), ["run", "sync"]),
-        (("hub",), ["render", "publish", "diff", "serve"]),
+        (("hub",), ["render", "publish", "diff", "serve", "rollout"]),
+        (("hub", "rollout"), ["list", "status", "promote", "pause", "resume", "abort", "step"]),
         (("installations",), ["list", "show", "runs", "outputs"]),
     ],
 )

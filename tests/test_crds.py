@@ -321,15 +321,23 @@ def test_bundleoutputs_sensitive_value_needs_a_secret_reference(
 
 
 def test_bundledeploymentrequest_pins_its_spec_and_one_decision(
-    custom: k8s_client.CustomObjectsApi,
+    crds: Cluster, custom: k8s_client.CustomObjectsApi
 ) -> None:
+    """The CRD's own rules (the ValidatingAdmissionPolicy of deploy/agent/approvals, tested in
+    test_approvals.py, adds who may decide): an immutable spec, one consistent, final
+    decision."""
+    from agent.kube import KubeClient
+
+    me = KubeClient(kubeconfig=str(crds.kubeconfig)).whoami()
     name = _name()
     spec = {
         "cluster": "edge-1",
+        "group": "apps",
         "serial": 4,
         "setDigest": DIGEST,
-        "bundleDeployments": ["web"],
-        "preview": {"changed": ["web"], "added": ["db"]},
+        "requestedBy": me,
+        "bundles": [{"name": "web", "specDigest": DIGEST, "contentDigest": DIGEST}],
+        "preview": {"changed": 1, "created": 1},
     }
     created = custom.create_cluster_custom_object(
         API_GROUP,
@@ -347,19 +355,15 @@ def test_bundledeploymentrequest_pins_its_spec_and_one_decision(
         assert refused.value.status == 422, refused.value.body
         assert "spec" in json.loads(refused.value.body)["message"]
         now = "2026-11-22T22:00:00Z"
+
+        def condition(kind: str) -> dict[str, str]:
+            return {"type": kind, "status": "True", "reason": kind, "lastTransitionTime": now}
+
         both = copy.deepcopy(created)
         both["status"] = {
-            "conditions": [
-                {
-                    "type": "Approved",
-                    "status": "True",
-                    "reason": "Approved",
-                    "lastTransitionTime": now,
-                },
-                {"type": "Denied", "status": "True", "reason": "Denied", "lastTransitionTime": now},
-            ],
-            "approvedBy": "alice",
-            "deniedBy": "bob",
+            "conditions": [condition("Approved"), condition("Denied")],
+            "decision": "Approved",
+            "decidedBy": me,
         }
         with pytest.raises(ApiException) as refused:
             custom.replace_cluster_custom_object_status(
@@ -368,32 +372,26 @@ def test_bundledeploymentrequest_pins_its_spec_and_one_decision(
         assert "status.conditions" in json.loads(refused.value.body)["message"]
         approved = copy.deepcopy(created)
         approved["status"] = {
-            "conditions": [
-                {
-                    "type": "Approved",
-                    "status": "True",
-                    "reason": "Approved",
-                    "lastTransitionTime": now,
-                }
-            ],
-            "approvedBy": "alice",
+            "conditions": [condition("Approved")],
+            "decision": "Approved",
+            "decidedBy": me,
         }
         current = custom.replace_cluster_custom_object_status(
             API_GROUP, API_VERSION, "bundledeploymentrequests", name, approved
         )
-        assert current["status"]["approvedBy"] == "alice"
+        assert current["status"]["decidedBy"] == me
         # A decision is final: turning the approval into a denial is refused.
         flipped = copy.deepcopy(current)
         flipped["status"] = {
-            "conditions": [
-                {"type": "Denied", "status": "True", "reason": "Denied", "lastTransitionTime": now}
-            ],
-            "deniedBy": "mallory",
+            "conditions": [condition("Denied")],
+            "decision": "Denied",
+            "decidedBy": me,
+            "reason": "no",
         }
         with pytest.raises(ApiException) as refused:
             custom.replace_cluster_custom_object_status(
                 API_GROUP, API_VERSION, "bundledeploymentrequests", name, flipped
             )
-        assert "status.conditions" in json.loads(refused.value.body)["message"]
+        assert "status.decision" in json.loads(refused.value.body)["message"]
     finally:
         _delete(custom, "bundledeploymentrequests", name)

@@ -24,15 +24,25 @@ from typing import Any
 
 import pytest
 import requests
-import yaml
 from nacl.public import PrivateKey
 from playwright.sync_api import Browser, Page, expect
 
 from agent.report.seal import OutputPlace, agent_sealing_key, seal
+from hub.api.tokens import write_clear_tokens
+from hub.fleet.model import load_fleet
+from hub.publish.flow import prepare
+from hub.publish.git import BranchStore
+from hub.publish.shards import ShardedStore
+from hub.publish.sign import PublicationSigner
+from hub.rollout.controller import Controller
+from hub.status.aggregate import FleetStatus
 from tests.realenv.browser import chromium
 from tests.realenv.gitserver import GitDaemon
 from tests.realenv.hubserver import serving_hub
+from tests.realenv.sigstore import MiniSigstore
+from tests.rolloutsim import SimulatedAgents, digest_of, inventory, web_bundle
 from tests.statusfleet import cluster_document, write_fleet_dir
+from tests.test_hub_fleet import write_fleet
 from tests.test_hub_status import StatusPusher, new_repo
 
 ADMIN = "admin-token-0123456789"
@@ -41,7 +51,7 @@ SECRET = "db-password-s3cr3t"
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = Path(os.environ.get("FLEETLET_TEST_ARTIFACTS") or ROOT / "test-artifacts") / "dashboard"
 CODES = {"Ready": "R", "Progressing": "P", "Degraded": "D", "RolledBack": "RB", "Paused": "PA"}
-CODES["Stale"] = "S"
+CODES.update(Stale="S", AwaitingApproval="AA", Denied="DN")
 
 # cluster -> (labels in the fleet repo, or None: not in it; bundle -> state; stale)
 FLEET: dict[str, tuple[dict[str, str] | None, dict[str, str], bool]] = {
@@ -76,8 +86,8 @@ FLEET: dict[str, tuple[dict[str, str] | None, dict[str, str], bool]] = {
         {"region": "us", "tier": "store"},
         {
             "platform-crds": "Ready",
-            "platform-operator": "Ready",
-            "shop-frontend": "Ready",
+            "platform-operator": "Denied",
+            "shop-frontend": "AwaitingApproval",
             "shop-backend": "Paused",
             "metrics": "Progressing",
         },
@@ -89,6 +99,65 @@ FLEET: dict[str, tuple[dict[str, str] | None, dict[str, str], bool]] = {
         True,
     ),
 }
+# The approval requests of store-us-001's group "apps": one pending (it adds a
+# ClusterRoleBinding), one denied.
+REQUESTS = [
+    {
+        "name": "apps-s4-1a2b3c",
+        "group": "apps",
+        "serial": 4,
+        "bundles": ["shop-frontend", "platform-operator"],
+        "state": "Pending",
+        "createdAt": "2026-11-22T23:00:00Z",
+        "preview": {
+            "source": "live",
+            "created": 1,
+            "changed": 1,
+            "unchanged": 12,
+            "findings": 1,
+            "security": {
+                "rbac": [
+                    {
+                        "bundle": "shop-frontend",
+                        "object": "ClusterRoleBinding shop-view",
+                        "action": "created",
+                        "details": ["cluster-wide", "roleRef: ClusterRole view"],
+                    }
+                ]
+            },
+            "objects": [
+                {
+                    "bundle": "shop-frontend",
+                    "apiVersion": "apps/v1",
+                    "kind": "Deployment",
+                    "namespace": "shop",
+                    "name": "frontend",
+                    "action": "changed",
+                    "paths": ["spec.template.spec.containers[0].image"],
+                },
+                {
+                    "bundle": "shop-frontend",
+                    "apiVersion": "rbac.authorization.k8s.io/v1",
+                    "kind": "ClusterRoleBinding",
+                    "name": "shop-view",
+                    "action": "created",
+                },
+            ],
+        },
+    },
+    {
+        "name": "apps-s3-9f8e7d",
+        "group": "apps",
+        "serial": 3,
+        "bundles": ["shop-frontend", "platform-operator"],
+        "state": "Denied",
+        "createdAt": "2026-11-22T21:00:00Z",
+        "decidedBy": "alice",
+        "decidedAt": "2026-11-22T21:30:00Z",
+        "reason": "not during the sale",
+        "preview": {"source": "live", "changed": 2, "unchanged": 11},
+    },
+]
 REFUSAL = {
     "reason": "SignatureInvalid",
     "message": "the publication's signature does not verify against the trusted root",
@@ -128,6 +197,7 @@ def _documents(key: PrivateKey) -> dict[str, Any]:
             cluster, states, stale=stale, now=now, outputs=outputs
         )
     documents["store-eu-002"]["lastRefusal"] = REFUSAL
+    documents["store-us-001"]["requests"] = REQUESTS
     return documents
 
 
@@ -147,7 +217,7 @@ def hub(git_daemon: GitDaemon, tmp_path_factory: pytest.TempPathFactory) -> Iter
     key_file = workdir / "hub.key"
     key_file.write_text(base64.b64encode(bytes(key)).decode() + "\n")
     tokens = workdir / "tokens.yaml"
-    tokens.write_text(yaml.safe_dump({ADMIN: "admin", READER: "read"}))
+    write_clear_tokens(tokens, {ADMIN: "admin", READER: "read"})
     fleet_dir = write_fleet_dir(
         workdir / "fleet", {c: labels for c, (labels, _, _) in FLEET.items() if labels}
     )
@@ -369,6 +439,35 @@ def test_installation_page_shows_runs_and_masks_sensitive_outputs(hub: Hub, tab:
     expect(page.locator("dl.facts")).to_contain_text("Degraded")
 
 
+def test_installation_page_shows_the_approval_requests_and_their_preview(
+    hub: Hub, tab: Tab
+) -> None:
+    page = open_matrix(tab, hub.url)
+    cell = page.locator('tr[data-cluster="store-us-001"] td[data-bundle="shop-frontend"] a')
+    expect(cell).to_have_attribute("aria-label", "AwaitingApproval")
+    cell.click()
+    expect(page.locator("dl.facts").first).to_contain_text("AwaitingApproval")
+    requests_shown = page.locator("#requests section.request")
+    expect(requests_shown).to_have_count(2)
+    pending = page.locator('#requests section[data-request="apps-s4-1a2b3c"]')
+    expect(pending).to_have_attribute("data-state", "Pending")
+    expect(pending).to_contain_text("fleetlet preview apps-s4-1a2b3c")
+    expect(pending).to_contain_text("1 created, 1 changed, 0 deleted, 12 unchanged")
+    finding = pending.locator('li[data-category="rbac"]')
+    expect(finding).to_contain_text("ClusterRoleBinding shop-view (created): cluster-wide")
+    pending.locator("details summary").click()
+    expect(pending.locator("table.request-objects tbody tr")).to_have_count(2)
+    expect(pending.locator("table.request-objects")).to_contain_text(
+        "spec.template.spec.containers[0].image"
+    )
+    denied = page.locator('#requests section[data-request="apps-s3-9f8e7d"]')
+    expect(denied).to_contain_text("Denied by alice")
+    expect(denied).to_contain_text("not during the sale")
+    # The denied installation says so in its own state.
+    page.goto(f"{hub.url}/ui/installations/store-us-001/platform-operator")
+    expect(page.locator("dl.facts").first).to_contain_text("Denied")
+
+
 def test_admin_token_sees_the_sensitive_value(hub: Hub, tab: Tab) -> None:
     page = tab.page
     page.goto(f"{hub.url}/ui/installations/store-eu-001/shop-frontend#token={ADMIN}")
@@ -443,7 +542,7 @@ def test_auto_refresh_updates_cells_without_a_reload(
     git_daemon: GitDaemon, tmp_path: Path, browser: Browser
 ) -> None:
     tokens = tmp_path / "tokens.yaml"
-    tokens.write_text(yaml.safe_dump({READER: "read"}))
+    write_clear_tokens(tokens, {READER: "read"})
     repo = new_repo(git_daemon, "dashboard-refresh")
     pusher = StatusPusher(repo, tmp_path / "agents")
     pusher.push({"edge-1": cluster_document("edge-1", {"web": "Progressing"})})
@@ -540,3 +639,109 @@ def test_a_fleet_repo_that_does_not_load_stops_the_hub(
     assert main([*args, "--listen", "127.0.0.1:1", "--cache-dir", str(tmp_path / "c")]) == 1
     error = capsys.readouterr().err
     assert error.startswith("error: ") and "clusters/more.yaml: name" in error
+
+
+# --- rollouts --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def rollout_hub(
+    git_daemon: GitDaemon, mini_sigstore: MiniSigstore, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Hub, str]]:
+    """A hub over 12 simulated clusters whose ``web`` rollout halted after its canary wave:
+    one canary rolled the new revision back (its agent is simulated; hub, git, signing real)."""
+    workdir = tmp_path_factory.mktemp("dashboard-rollouts")
+    name = f"rollouts-{workdir.name}"
+    git_daemon.create_bare(f"{name}.git")
+    status_path = git_daemon.create_bare(f"{name}-status.git")
+    state_repo = git_daemon.url_for(f"{name}.git")
+    status_repo = git_daemon.url_for(f"{name}-status.git")
+    settings = {
+        "name": "sim",
+        "repo": "https://fleet.example.invalid/sim.git",
+        "shards": {"repo": state_repo},
+    }
+    clusters = inventory(12, canaries=2)
+    fleet = write_fleet(
+        workdir / "fleet", clusters=clusters, bundles=[web_bundle(digest_of(1))], settings=settings
+    )
+    store = BranchStore(url=state_repo, cache_dir=workdir / "branches")
+    status = FleetStatus(repo_url=status_repo, cache_dir=workdir / "status")
+    controller = Controller(sharded=ShardedStore.of(store), status=status)
+    signer = PublicationSigner.from_trust_config(
+        trust_config=mini_sigstore.trust_config_path, token=mini_sigstore.mint_token()
+    )
+    controller.publish(prepare(fleet), signer=signer, actor="ci")
+    agents = SimulatedAgents(cluster_repo=state_repo, status_repo=status_path, workdir=workdir)
+    agents.tick()
+    strategy = {
+        "waves": [
+            {"name": "canary", "clusterSelector": {"matchLabels": {"tier": "canary"}}},
+            {"name": "rest", "pauseBefore": True},
+        ]
+    }
+    write_fleet(
+        fleet,
+        clusters=clusters,
+        bundles=[web_bundle(digest_of(2), rollout=strategy)],
+        settings=settings,
+    )
+    controller.publish(prepare(fleet), signer=signer, actor="ci")
+    canaries = sorted(c["name"] for c in clusters if c["labels"]["tier"] == "canary")
+    agents.tick(broken=canaries[:1], bad=digest_of(2))
+    controller.step(load_fleet(fleet), signer=signer)
+    rollout = controller.read().active()[0]
+    assert rollout.status == "Halted"
+    store.close()
+    tokens = workdir / "tokens.yaml"
+    write_clear_tokens(tokens, {ADMIN: "admin", READER: "read"})
+    extra = ["--tokens", str(tokens), "--fleet", str(fleet)]
+    with serving_hub(status_repo, workdir, extra, stale_after="1h") as url:
+        yield Hub(url, status_repo, workdir, tokens), rollout.id
+
+
+def test_rollouts_show_waves_clusters_per_verdict_and_why_it_halted(
+    rollout_hub: tuple[Hub, str], tab: Tab
+) -> None:
+    hub, rid = rollout_hub
+    page = tab.page
+    page.goto(f"{hub.url}/ui/rollouts#token={READER}")
+    row = page.locator("#rollouts tbody tr")
+    expect(row).to_have_count(1)
+    expect(row.locator('[data-status="Halted"]')).to_be_visible()
+    expect(row).to_contain_text("1 / 0")  # one failure, a budget of none
+    expect(page.locator("main")).to_contain_text("does not step them")
+    row.get_by_role("link", name=rid).click()
+    expect(page.locator("#rollout-title")).to_contain_text(rid)
+    assert page.url.endswith(f"/ui/rollouts/{rid}")
+    # Why it halted: the reason, the cluster, what its agent reported.
+    halt = page.locator("#halt")
+    expect(halt).to_contain_text("1 cluster failed, more than maxFailures 0 allows (0)")
+    expect(halt.locator("#halt-failures tbody tr")).to_have_count(1)
+    expect(halt.locator("#halt-failures")).to_contain_text("RolledBack")
+    # The waves with their clusters by verdict.
+    waves = page.locator("#waves tbody tr")
+    expect(waves).to_have_count(2)
+    expect(waves.nth(0)).to_contain_text("canary")
+    expect(waves.nth(0).locator('[data-verdict="passed"] strong')).to_have_text("1")
+    expect(waves.nth(0).locator('[data-verdict="failed"] strong')).to_have_text("1")
+    expect(waves.nth(1)).to_contain_text("waits for promote")
+    expect(waves.nth(1).locator('[data-verdict="held"] strong')).to_have_text("10")
+    # The clusters, filtered by verdict; the events with who and when.
+    expect(page.locator("#members tbody tr")).to_have_count(12)
+    page.get_by_label("Verdict").select_option("failed")
+    expect(page.locator("#members tbody tr")).to_have_count(1)
+    expect(page.locator("#members")).to_contain_text("was RolledBack")
+    events = page.locator("#events tbody")
+    expect(events).to_contain_text("created")
+    expect(events).to_contain_text("halted")
+    expect(events.locator("tr").first).to_contain_text("ci")
+    page.get_by_label("Verdict").select_option("")
+    expect(page.locator("#members tbody tr")).to_have_count(12)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "rollout.png"), full_page=True)
+
+
+def test_a_hub_without_rollouts_says_so(hub: Hub, tab: Tab) -> None:
+    tab.page.goto(f"{hub.url}/ui/rollouts#token={READER}")
+    expect(tab.page.locator("#no-rollouts")).to_contain_text("does not serve rollouts")

@@ -126,6 +126,67 @@ def test_exit_when_ready_brings_the_example_fleet_to_ready_and_stops(tmp_path: P
     assert left_running(workdir) == []
 
 
+@pytest.mark.slow
+def test_approval_scenario_previews_and_approves_on_the_canary(tmp_path: Path) -> None:
+    """``--scenario approval``: payments-config v2 needs an approval; the production stores'
+    ApprovalPolicy approves it, the canary waits until alice (a user of that cluster) has
+    previewed and approved it."""
+    workdir = tmp_path / "demo"
+    done = subprocess.run(
+        demo_command(workdir, "--scenario", "approval", "--exit-when-ready"),
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    request = re.search(
+        r"^\$ fleetlet preview (payments-config-s2-[0-9a-f]{6})$", done.stdout, re.M
+    )
+    assert request is not None, done.stdout
+    assert f"Request:      {request.group(1)}\nCluster:      {CANARY}" in done.stdout
+    assert "Objects (server-side dry run): 0 created, 1 changed" in done.stdout
+    assert "+  endpoint: https://pay.example.com/v2/stores" in done.stdout
+    assert f"BundleDeploymentRequest {request.group(1)} approved by alice" in done.stdout
+    title = "Scenario approval: payments-config v2 approved by ApprovalPolicy store-defaults"
+    rows = summary(done.stdout, title)
+    for cluster in CLUSTERS:
+        assert rows[(cluster, "payments-config")][1:] == ("Ready", "2"), rows
+    assert left_running(workdir) == []
+
+
+@pytest.mark.slow
+def test_rollout_scenario_goes_canary_first_and_reverts_a_broken_version(tmp_path: Path) -> None:
+    """``--scenario rollout``: payments-config v2 reaches the canary, waits for a promotion,
+    is promoted (through the hub API, with the demo's admin token) and completes; a broken
+    shop-backend v2 reaches the canary only, its rollout halts and the canary gets the previous
+    version back: every store ends Ready, shop-backend on its first serial everywhere."""
+    workdir = tmp_path / "demo"
+    done = subprocess.run(
+        demo_command(workdir, "--scenario", "rollout", "--exit-when-ready"),
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    out = done.stdout
+    payments = re.search(r"^rollout (payments-config-\S+): WaitingForPromotion", out, re.M)
+    assert payments is not None, out
+    assert re.search(rf"^{CANARY}\s+canary\s+released\s+\d+\s+passed", out, re.M)
+    assert f"rollout {payments.group(1)}: promoted by ops-oncall: wave production" in out
+    shop = re.search(r"^rollout (shop-\S+): Reverted", out, re.M)
+    assert shop is not None, out
+    assert f"  {CANARY}: shop-backend: serial 3 failed and was RolledBack" in out
+    assert re.search(rf"^{CANARY}\s+canary\s+reverted\s+4\s+reverted", out, re.M)
+    rows = summary(out, "Scenario rollout:")
+    assert {k: v[1] for k, v in rows.items()} == ready_states()
+    for cluster in CLUSTERS:
+        assert rows[(cluster, "payments-config")][2] == "2", rows
+        assert rows[(cluster, "shop-backend")][2] == "1", rows
+    assert left_running(workdir) == []
+
+
 def test_a_demo_that_times_out_exits_non_zero_and_stops_everything(tmp_path: Path) -> None:
     workdir = tmp_path / "demo"
     done = subprocess.run(

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -162,7 +163,8 @@ def test_no_cluster_admin_or_wildcards_by_default() -> None:
     assert {"Namespace", "ServiceAccount", "ClusterRole", "Role", "Deployment"} <= kinds
     for doc in docs:
         if doc["kind"] in ("ClusterRoleBinding", "RoleBinding"):
-            assert doc["roleRef"]["name"] == "fleetlet-agent", doc["metadata"]["name"]
+            assert doc["roleRef"]["name"] in ("fleetlet-agent", "fleetlet-agent-events")
+            assert doc["roleRef"]["name"] == doc["metadata"]["name"]
         for rule in doc.get("rules", []):
             for key in ("apiGroups", "resources", "verbs", "nonResourceURLs"):
                 assert "*" not in rule.get(key, []), f"wildcard in {doc['metadata']['name']}"
@@ -194,10 +196,12 @@ def test_objects_accepted_by_the_api_server(install: Install) -> None:
     assert pod["serviceAccountName"] == sa
     assert pod["securityContext"]["runAsNonRoot"] is True
     (container,) = pod["containers"]
-    assert container["image"] == "fleetlet-agent:0.1.0"
-    assert container["command"][:3] == ["fleetlet", "agent", "run"]
-    flags = {arg.split("=", 1)[0] for arg in container["command"][3:]}
-    assert {"--repo", "--cluster", "--trusted-root", "--identity", "--issuer"} <= flags
+    # Pinned by digest (the base's placeholder; an overlay or `agent install` sets the real one).
+    assert "@sha256:" in container["image"]
+    assert container["command"] == ["fleetlet", "agent", "run"]
+    env = {e["name"] for e in container["env"]}
+    assert {"FLEETLET_REPO", "FLEETLET_CLUSTER", "FLEETLET_TRUSTED_ROOT"} <= env
+    assert {"FLEETLET_IDENTITY", "FLEETLET_ISSUER"} <= env
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
@@ -208,7 +212,7 @@ def test_objects_accepted_by_the_api_server(install: Install) -> None:
     volumes = {volume["name"]: volume for volume in pod["volumes"]}
     assert "emptyDir" in volumes[mounts["/var/cache/fleetlet"]]
     # The trusted root comes from the deployment (a ConfigMap of the namespace), and is required.
-    trust = volumes[mounts["/etc/fleetlet/trust"]]["configMap"]
+    trust = volumes[mounts["/etc/fleetlet/trust"]]["secret"]
     assert not trust.get("optional", False)
 
 
@@ -256,7 +260,11 @@ ALLOWED_CLUSTER = [
     *[(verb, "bundledeployments.fleetlet.io") for verb in ("get", "list", "watch", "create")],
     *[(verb, "bundledeployments.fleetlet.io") for verb in ("update", "patch", "delete")],
     *[(verb, "bundleoutputs.fleetlet.io") for verb in ("get", "list", "create", "patch", "delete")],
-    *[(verb, "bundledeploymentrequests.fleetlet.io") for verb in ("get", "watch", "create")],
+    *[
+        (verb, "bundledeploymentrequests.fleetlet.io")
+        for verb in ("get", "watch", "create", "delete", "supersede")
+    ],
+    *[(verb, "approvalpolicies.fleetlet.io") for verb in ("get", "list", "watch")],
 ]
 
 
@@ -319,11 +327,12 @@ REFUSED = [
     ("impersonate", "users"),
     ("impersonate", "groups"),
     ("impersonate", "userextras.authentication.k8s.io"),
-    # The agent asks for approval; it may not give it.
-    ("update", "bundledeploymentrequests.fleetlet.io", "--subresource=status"),
-    ("patch", "bundledeploymentrequests.fleetlet.io", "--subresource=status"),
+    # The agent asks for approval; it may not give it (the status subresource it may write, to
+    # mark a request Superseded; the ValidatingAdmissionPolicy requires `approve` to decide).
     ("approve", "bundledeploymentrequests.fleetlet.io"),
     ("update", "bundledeploymentrequests.fleetlet.io"),
+    ("update", "approvalpolicies.fleetlet.io"),
+    ("create", "approvalpolicies.fleetlet.io"),
 ]
 REFUSED_IN_OWN_NAMESPACE = [
     # Even in its own namespace: nothing that runs code or mints identities.
@@ -496,6 +505,41 @@ def test_agent_applies_as_the_bundle_service_account(
         denied = kubectl(agent_kubeconfig, "get", "namespaces", *identity, check=False)
         assert denied.returncode != 0, identity
         assert "cannot impersonate" in denied.stderr, denied.stderr
+
+
+def test_agent_token_creates_requests_but_never_approves_them(
+    install: Install, agent_kubeconfig: Path
+) -> None:
+    """With its real token, the agent makes a BundleDeploymentRequest (as itself) and marks
+    it Superseded, and the ValidatingAdmissionPolicy of deploy/agent/approvals refuses it a
+    decision, whatever RBAC allows on the status."""
+    from agent.approve.request import Requests, read, ref
+    from agent.kube import KubeApiError, KubeClient
+    from tests.test_approvals import raw_decision, request_object
+
+    name = f"app-s7-{uuid.uuid4().hex[:6]}"
+    with KubeClient(kubeconfig=str(agent_kubeconfig)) as agent:
+        assert agent.whoami() == install.username
+        deadline = time.monotonic() + 60
+        while True:  # until the policy of this install takes effect
+            try:
+                agent.create(request_object(name, requested_by="someone-else"), field_manager="t")
+            except KubeApiError as exc:
+                assert "requestedBy" in str(exc), exc
+                break
+            agent.delete(ref(name))
+            assert time.monotonic() < deadline, "the ValidatingAdmissionPolicy never took effect"
+            time.sleep(0.5)
+        agent.create(request_object(name, requested_by=install.username), field_manager="t")
+        try:
+            with pytest.raises(KubeApiError) as refused:
+                raw_decision(agent, name, decision="Approved", by=install.username)
+            assert "needs the verb approve" in str(refused.value), refused.value
+            assert read(agent, name).state == "Pending"
+            Requests(kube=agent, owner=install.namespace).supersede(read(agent, name), serial=9)
+            assert read(agent, name).state == "Superseded"
+        finally:
+            agent.delete(ref(name))
 
 
 # --- the opt-in overlay -----------------------------------------------------------------------

@@ -27,6 +27,7 @@ from openapi_spec_validator import validate as validate_spec
 
 from agent.report.seal import OutputPlace, agent_sealing_key, seal
 from hub import installations as cli
+from hub.api.tokens import write_clear_tokens
 from tests.realenv.gitserver import GitDaemon
 from tests.realenv.hubserver import serving_hub
 from tests.test_hub_status import StatusPusher, make_bundle, make_run, make_status, new_repo
@@ -109,7 +110,7 @@ def hub(git_daemon: GitDaemon, tmp_path_factory: pytest.TempPathFactory) -> Iter
     key_file = workdir / "hub.key"
     key_file.write_text(base64.b64encode(bytes(key)).decode() + "\n")
     tokens = workdir / "tokens.yaml"
-    tokens.write_text(yaml.safe_dump({ADMIN: "admin", READER: "read"}))
+    write_clear_tokens(tokens, {ADMIN: "admin", READER: "read"})
     repo = new_repo(git_daemon, "hub-api")
     pusher = StatusPusher(repo, workdir / "agents")
     pusher.push(_documents(key))
@@ -191,6 +192,16 @@ def test_installations_filters_states_and_runs(hub: Hub) -> None:
     clusters = {c["name"]: c for c in hub.get("/api/v1/clusters").json()["items"]}
     assert not clusters["edge-a"]["stale"] and clusters["edge-old"]["stale"]
     assert clusters["edge-old"]["heartbeatAgeSeconds"] >= 3600
+
+    # Pages: what a client of a large fleet asks for.
+    page = hub.get("/api/v1/installations", offset="1", limit="2").json()
+    assert (page["total"], page["offset"], page["limit"]) == (4, 1, 2)
+    assert [i["name"] for i in page["items"]] == ["edge-a/web", "edge-b/web"]
+    ready = hub.get("/api/v1/installations", state="Ready", limit="1", offset="1").json()
+    assert ready["total"] == 2 and [i["name"] for i in ready["items"]] == ["edge-a/web"]
+    first = hub.get("/api/v1/clusters", limit="2").json()
+    assert first["total"] == 3 and [c["name"] for c in first["items"]] == ["edge-a", "edge-b"]
+    assert hub.get("/api/v1/clusters", limit="0").status_code == 400
 
 
 @pytest.mark.parametrize(
@@ -381,9 +392,14 @@ def test_anonymous_access_only_when_enabled(
 @pytest.mark.parametrize(
     ("text", "problem"),
     [
-        ("short: admin\n", "token shorter than 8"),
-        ("a-long-token-123: root\n", "role must be admin or read"),
-        ("- just a list\n", "expected a mapping"),
+        ("a-long-token-123: admin\n", "holds tokens in clear.*fleetlet hub tokens migrate"),
+        ("tokens: {a-long-token-123: read}\n", "holds tokens in clear"),
+        (
+            f"tokens:\n- {{name: ci, role: root, sha256: {'a' * 64}}}\n",
+            "role must be admin or read",
+        ),
+        ("tokens:\n- {name: ci, role: read, sha256: abc}\n", "sha256 must be 64"),
+        ("- just a list\n", "expected `tokens:`"),
     ],
 )
 def test_bad_tokens_files_are_refused(tmp_path: Path, text: str, problem: str) -> None:

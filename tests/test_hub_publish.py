@@ -145,7 +145,9 @@ def world(
     tmp = tmp_path_factory.mktemp("hub-publish")
     push_image(registry, "hub/e2e-platform", "v1", tmp, "platform")
     push_image(registry, "hub/e2e-reports", "v1", tmp, "reports-1")
-    make_git_source(git_daemon, "hub-e2e-src.git", tmp / "src")
+    # Unique per instance: other modules import this fixture, and the git daemon is shared.
+    source_repo = f"hub-e2e-src-{tmp.name}.git"
+    make_git_source(git_daemon, source_repo, tmp / "src")
     (http_files.root / "web-1.0.tgz").write_bytes(b"web chart archive bytes")
     return World(
         registry=registry,
@@ -153,12 +155,13 @@ def world(
         http=http_files,
         sigstore=mini_sigstore,
         tmp=tmp,
-        git_url=git_daemon.url_for("hub-e2e-src.git"),
+        git_url=git_daemon.url_for(source_repo),
     )
 
 
-def server_refs(repo: Path) -> dict[str, str]:
-    """Branch -> commit, read on the server's own bare repository with git."""
+def server_refs(repo: Path, *, every: bool = False) -> dict[str, str]:
+    """Branch -> commit (``every``: every ref, the publication head and staging refs too),
+    read on the server's own bare repository with git."""
     out = subprocess.run(
         ["git", "--git-dir", str(repo), "for-each-ref", "--format=%(refname) %(objectname)"],
         capture_output=True,
@@ -166,7 +169,8 @@ def server_refs(repo: Path) -> dict[str, str]:
         check=True,
         timeout=60,
     ).stdout
-    return {ref: oid for ref, oid in (line.split(" ", 1) for line in out.splitlines())}
+    refs = {ref: oid for ref, oid in (line.split(" ", 1) for line in out.splitlines())}
+    return refs if every else {r: o for r, o in refs.items() if r.startswith("refs/heads/")}
 
 
 def branch_files(repo: Path, cluster: str) -> dict[str, bytes]:
@@ -207,6 +211,8 @@ def test_publish_moves_tags_reruns_refreshes(world: World) -> None:
         "refs/heads/fleetlet/clusters/eu-edge-1",
         "refs/heads/fleetlet/clusters/us-edge-1",
     ]
+    # Beside the branches only the publication head: nothing staged is left behind.
+    assert sorted(set(server_refs(repo, every=True)) - set(refs)) == ["refs/fleetlet/publication"]
     received = {}
     for cluster in ("eu-core", "eu-edge-1", "us-edge-1"):
         files = branch_files(repo, cluster)
@@ -336,18 +342,14 @@ def test_rejected_push_is_reported_and_a_rerun_finishes(world: World) -> None:
         publish(prepare(fleet), store, signer=None)
     assert list(caught.value.rejected) == ["refs/heads/fleetlet/clusters/eu-core"]
     assert "rerun hub publish" in str(caught.value)
-    assert sorted(server_refs(repo)) == [
-        "refs/heads/fleetlet/clusters/eu-edge-1",
-        "refs/heads/fleetlet/clusters/us-edge-1",
-    ]
-    pushed_before = server_refs(repo)
+    # The branches and the head move in one atomic push: a refused branch moves nothing, so
+    # no cluster ever holds a set of a publication that did not land whole.
+    assert server_refs(repo, every=True) == {}
     (repo / "deny").unlink()
     with BranchStore(url=url) as store:
         report = publish(prepare(fleet), store, signer=None)
-    assert report.pushed == ("eu-core",)
-    after = server_refs(repo)
-    for ref, commit in pushed_before.items():
-        assert after[ref] == commit
+    assert sorted(report.pushed) == ["eu-core", "eu-edge-1", "us-edge-1"]
+    assert len(server_refs(repo)) == 3
 
 
 def test_diff_shows_bundles_and_fields(world: World) -> None:
@@ -436,6 +438,9 @@ def test_cli_diff_table(world: World) -> None:
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[0] == "us-edge-1: added"
     assert "  + web" in done.stdout.splitlines()
+    # With --cluster the content is rendered for a preview; content the agent would refuse
+    # (these test bundles hold no Kubernetes objects) is said, and the diff still shown.
+    assert "  note: group platform: not previewed: " in done.stdout, done.stdout
 
 
 def test_cli_errors_are_one_line(world: World, tmp_path: Path) -> None:
@@ -546,7 +551,7 @@ def test_a_signer_agents_would_refuse_stops_the_publish(world: World, tmp_path: 
     line = done.stderr.strip().splitlines()[-1]
     assert line.startswith("fleetlet: the new publication would be refused by agents")
     assert "IdentityMismatch" in line
-    assert server_refs(repo) == {}
+    assert server_refs(repo, every=True) == {}
 
 
 def test_cli_no_sign_is_marked_unsafe(world: World) -> None:

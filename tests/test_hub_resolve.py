@@ -70,8 +70,9 @@ def git(cwd: Path, *args: str) -> str:
         "PATH": "/usr/bin:/bin",
     }
     done = subprocess.run(
-        ["git", *args], cwd=cwd, env=env, capture_output=True, text=True, check=True, timeout=60
+        ["git", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=60
     )
+    assert done.returncode == 0, f"git {' '.join(args)}: {done.stderr}"
     return done.stdout.strip()
 
 

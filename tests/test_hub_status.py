@@ -19,6 +19,7 @@ import rfc8785
 
 from hub.errors import GitTransportError
 from hub.status import FleetStatus
+from hub.status.aggregate import installation_state
 from tests.realenv.git_fixtures import GIT_PASSWORD, GIT_USER
 from tests.realenv.gitserver import GitDaemon, GitHttpServer, free_port
 
@@ -307,6 +308,10 @@ def test_smart_http_with_basic_auth(git_http: GitHttpServer, tmp_path: Path) -> 
     status = FleetStatus(repo_url=url, credentials=creds, cache_dir=tmp_path / "hub")
     assert status.refresh().moved == ["h1"]
     assert [i["name"] for i in status.installations()] == ["h1/web"]
+    # A warm refresh asks for the moved tip only (protocol v2 over smart HTTP).
+    StatusPusher(url, tmp_path / "agents", creds).push({"h1": make_status("h1", sequence=2)})
+    assert status.refresh().moved == ["h1"]
+    assert status.cluster("h1")["sequence"] == 2  # type: ignore[index]
     wrong = FleetStatus(repo_url=url, credentials=(GIT_USER, "wrong"), cache_dir=tmp_path / "hub2")
     with pytest.raises(GitTransportError, match="cannot list status branches"):
         wrong.refresh()
@@ -344,3 +349,121 @@ def test_empty_repository_and_unreachable_server(git_daemon: GitDaemon, tmp_path
     gone = FleetStatus(repo_url=f"git://127.0.0.1:{free_port()}/x.git", cache_dir=tmp_path / "x")
     with pytest.raises(GitTransportError, match="cannot list status branches"):
         gone.refresh()
+
+
+def _answers(status: FleetStatus) -> dict[str, Any]:
+    """What a hub answers, without what depends on the moment of asking."""
+    from hub.status.queries import StatusQueries
+
+    queries = StatusQueries(status)
+    clusters = [
+        {k: v for k, v in c.items() if k != "heartbeatAgeSeconds"} for c in status.clusters()
+    ]
+    return {
+        "clusters": clusters,
+        "installations": status.installations(),
+        "matrix": {k: v for k, v in queries.matrix().items() if k != "items"},
+        "rows": [
+            {k: v for k, v in row.items() if k != "heartbeatAgeSeconds"}
+            for row in queries.matrix()["items"]
+        ],
+    }
+
+
+def test_status_over_shards_follows_a_moving_cluster(git_daemon: GitDaemon, tmp_path: Path) -> None:
+    urls = [new_repo(git_daemon, "status-shard") for _ in range(2)]
+    old_shard = StatusPusher(urls[0], tmp_path / "agents-0")
+    new_shard = StatusPusher(urls[1], tmp_path / "agents-1")
+    then = datetime.now(UTC) - timedelta(minutes=2)
+    history = [make_run("mover", "web", 2, 1), make_run("mover", "web", 1, 1)]
+    old_shard.push(
+        {
+            "mover": make_status(
+                "mover", sequence=7, heartbeat=then, bundles={"web": make_bundle(history)}
+            ),
+            "a": make_status("a"),
+        }
+    )
+    new_shard.push({"b": make_status("b")})
+    status = FleetStatus(repo_url=urls, cache_dir=tmp_path / "hub")
+    assert status.refresh().listed == 3
+    assert status.cluster("mover")["sequence"] == 7  # type: ignore[index]
+    # The agent moved and starts afresh in its new shard (sequence 1, its runs kept in the
+    # cluster): the newer document wins, the old one is no longer shown but nothing is lost.
+    moved_runs = [make_run("mover", "web", 3, 1), *history]
+    new_shard.push(
+        {"mover": make_status("mover", sequence=1, bundles={"web": make_bundle(moved_runs)})}
+    )
+    status.refresh()
+    mover = status.cluster("mover")
+    assert mover is not None and mover["sequence"] == 1 and not mover["stale"]
+    runs = status.runs("mover", "web") or []
+    assert [r["id"] for r in runs] == ["mover.web.3.1", "mover.web.2.1", "mover.web.1.1"]
+    assert [c["name"] for c in status.clusters()] == ["a", "b", "mover"]
+    # Another replica, with its own cache, reading the same shards, answers the same; so does
+    # this one restarted from its cache, before any git traffic.
+    replica = FleetStatus(repo_url=list(reversed(urls)), cache_dir=tmp_path / "replica")
+    replica.refresh()
+    restarted = FleetStatus(repo_url=urls, cache_dir=tmp_path / "hub")
+    expected = _answers(status)
+    assert _answers(replica) == expected
+    assert _answers(restarted) == expected
+
+
+def test_a_branch_moving_during_a_refresh_is_read_all_the_same(
+    git_daemon: GitDaemon, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hub.errors import GitTransportError
+    from hub.status import fetch
+
+    url = new_repo(git_daemon, "status-race")
+    pusher = StatusPusher(url, tmp_path / "agents")
+    pusher.push({"a": make_status("a"), "b": make_status("b")})
+    status = FleetStatus(repo_url=url, cache_dir=tmp_path / "hub")
+    status.refresh()
+    real = fetch.Session.fetch
+    sequence = iter(range(2, 10))
+
+    def racing(self: fetch.Session, wants: list[str], haves: list[str]) -> Any:
+        # The agent pushes again between the hub's listing and its fetch (protocol v2 makes
+        # them two requests).
+        pusher.push({"a": make_status("a", sequence=next(sequence) + 1)})
+        return real(self, wants, haves)
+
+    monkeypatch.setattr(fetch.Session, "fetch", racing)
+    pusher.push({"a": make_status("a", sequence=next(sequence))})
+    # This git serves the tip the listing named: the view is what the listing said...
+    assert status.refresh().moved == ["a"]
+    assert status.cluster("a")["sequence"] == 2  # type: ignore[index]
+
+    def refusing(self: fetch.Session, wants: list[str], haves: list[str]) -> Any:
+        pusher.push({"a": make_status("a", sequence=next(sequence) + 1)})
+        raise GitTransportError("the git server says: upload-pack: not our ref")
+
+    # ... and a server that refuses a tip that moved away is asked again, by libgit2, which
+    # lists and fetches in one exchange.
+    monkeypatch.setattr(fetch.Session, "fetch", refusing)
+    assert status.refresh().moved == ["a"]
+    a = status.cluster("a")
+    assert a is not None and a["sequence"] == 5 and a["error"] is None
+
+
+def test_a_rolled_back_run_is_history_once_a_newer_set_is_running_healthy() -> None:
+    """After a rollout reverts a failed revision, the agent accepts the newer set, whose target
+    is what it runs: Ready, though its newest run is still the rolled back one. While a set
+    still wants the failed revision, the agent says Ready False, RolledBack."""
+    rolled = make_bundle(
+        [
+            make_run("edge-a", "web", 3, 1, result="RolledBack", operation="upgrade"),
+            make_run("edge-a", "web", 1, 1),
+        ]
+    )
+    rolled["appliedRevision"] = {"serial": 1, "sources": ["sha256:" + "ab" * 32]}
+    assert installation_state(rolled, stale=False, accepted=4) == "Ready"
+    assert installation_state(rolled, stale=False, accepted=3) == "RolledBack"
+    assert installation_state(rolled, stale=False) == "RolledBack"
+    blocked = {
+        **rolled,
+        "conditions": [{**rolled["conditions"][0], "status": "False", "reason": "RolledBack"}],
+    }
+    assert installation_state(blocked, stale=False, accepted=4) == "RolledBack"

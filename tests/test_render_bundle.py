@@ -17,9 +17,9 @@ import yaml
 
 from agent.api import Source
 from agent.api.models import SecretReference, SourceAuth
+from agent.kube import KubeClient
 from agent.render.formats import render_bundle
 from agent.render.plain import BUNDLE_LABEL, GROUP_LABEL, Ownership, RenderRequest
-from agent.render.scope import DiscoveryScope
 from agent.source.cache import ContentCache
 from agent.source.compose import ContentStore, credentials_from_secret
 from agent.source.content import Credentials
@@ -151,11 +151,13 @@ def test_three_sources_compose_and_render(
     )
 
     tree = store.compose(sources, tmp_path / "bundle", credentials=secrets.get)
-    with kube_cluster.api_client() as api:
+    with KubeClient(
+        kubeconfig=str(kube_cluster.kubeconfig), discovery_cache_dir=tmp_path / "discovery"
+    ) as kube:
         request = RenderRequest(
             source="bundle web",
             namespace=f"team-{nonce}",
-            scope=DiscoveryScope(api, cache_file=str(tmp_path / "discovery.json")),
+            scope=kube.scope,
             ownership=Ownership(bundle="web", group="frontend", revision="1"),
         )
         objects = render_bundle(tree, format="plain", request=request)

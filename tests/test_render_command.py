@@ -15,9 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agent.render import formats
 from agent.render.detect import detect_format
-from agent.render.formats import FormatNotAvailableError, get_format
 from agent.render.values import parse_set
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -175,20 +173,6 @@ def test_a_plain_render_of_another_format_says_so(tmp_path: Path) -> None:
     with pytest.raises(InvalidManifestError) as refused:
         render_bundle(chart, format="plain", request=RenderRequest())
     assert "looks like a helm bundle: Chart.yaml; render it with format helm" in str(refused.value)
-
-
-@pytest.mark.parametrize("name", ["registry+v1"])
-def test_a_format_this_build_lacks_says_so(tmp_path: Path, name: str) -> None:
-    """Until the registry+v1 format lands (issue 16), or a plugin provides it."""
-    if name in formats._LOADED:  # pragma: no cover - the format has landed
-        pytest.fail(f"{name} is built in now: drop this test")
-    with pytest.raises(FormatNotAvailableError) as missing:
-        get_format(name)
-    assert f"format {name!r} is not available in this build" in str(missing.value)
-
-    shown = _fleetlet("render", str(tmp_path), "--format", name)
-    assert shown.returncode == 3  # not implemented yet
-    assert "is not available in this build" in shown.stderr
 
 
 @pytest.fixture

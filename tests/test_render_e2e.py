@@ -70,7 +70,12 @@ def _push_tree(lab: Lab, repository: str) -> str:
 
 
 def test_a_kustomize_bundle_is_published_patched_per_cluster_and_synced(
-    lab: Lab, crds: Cluster, namespace: str, tmp_path: Path, counted_kustomize: ToolCounter
+    lab: Lab,
+    crds: Cluster,
+    namespace: str,
+    app_namespace: str,
+    tmp_path: Path,
+    counted_kustomize: ToolCounter,
 ) -> None:
     kube = KubeClient(kubeconfig=str(crds.kubeconfig))
     web = lab.name("web")
@@ -81,7 +86,7 @@ def test_a_kustomize_bundle_is_published_patched_per_cluster_and_synced(
                 "name": web,
                 "sources": [lab.source("kustomized", digest)],
                 "format": "kustomize",
-                "formatOptions": {"path": "overlays/default", "targetNamespace": namespace},
+                "formatOptions": {"path": "overlays/default", "targetNamespace": app_namespace},
                 "patches": [
                     {"patch": "spec: {replicas: 2}\n", "target": {"kind": "Deployment"}},
                 ],
@@ -109,13 +114,13 @@ def test_a_kustomize_bundle_is_published_patched_per_cluster_and_synced(
 
     assert first.outbound is not None and first.outbound.moved == (web,), first
     assert conditions(kube, web)["Ready"]["status"] == "True"
-    deployment = live(kube, "apps/v1", "Deployment", "web", namespace)
+    deployment = live(kube, "apps/v1", "Deployment", "web", app_namespace)
     assert deployment is not None
     assert deployment["spec"]["template"]["spec"]["containers"][0]["image"] == "example/web:2.0"
     assert deployment["spec"]["replicas"] == 2  # the bundle's patch
     assert deployment["metadata"]["labels"]["canary"] == "yes"  # edge-1's override patch
     assert deployment["metadata"]["annotations"]["argocd.argoproj.io/sync-wave"] == "1"
-    settings = live(kube, "v1", "ConfigMap", "settings", namespace)
+    settings = live(kube, "v1", "ConfigMap", "settings", app_namespace)
     assert settings is not None and settings["data"] == {"mode": "canary"}  # edge-1's overlay
     runs = counted_kustomize.runs
     assert runs == 1  # one build carries the patches

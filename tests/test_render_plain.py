@@ -16,6 +16,7 @@ import pytest
 import yaml
 from kubernetes import client as k8s_client
 
+from agent.kube import KubeClient
 from agent.render import formats
 from agent.render.command import BundleDirError, RenderOptions, run_render
 from agent.render.formats import UnknownFormatError, render_bundle
@@ -28,7 +29,7 @@ from agent.render.plain import (
     RenderRequest,
     manifest_files,
 )
-from agent.render.scope import DiscoveryScope, builtin_scope, mapping_scope
+from agent.render.scope import builtin_scope, mapping_scope
 from tests.realenv.kube import Cluster
 
 SCOPE = mapping_scope(
@@ -218,8 +219,9 @@ def test_unknown_format_names_the_available_ones(tmp_path: Path) -> None:
 
 
 @pytest.fixture
-def plugin_on_path(tmp_path: Path) -> Iterator[None]:
-    """Install a format plugin the way pip would: a module plus dist-info with entry points."""
+def plugin_on_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Install a format plugin the way pip would: a module plus dist-info with entry points
+    (found here through sys.path, by the plugin's child process through PYTHONPATH)."""
     site = tmp_path / "site"
     (site / "fleetlet_test_plugin-1.0.dist-info").mkdir(parents=True)
     (site / "fleetlet_test_plugin-1.0.dist-info" / "METADATA").write_text(
@@ -239,6 +241,7 @@ def plugin_on_path(tmp_path: Path) -> Iterator[None]:
     """)
     )
     sys.path.insert(0, str(site))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]))
     formats._plugins.cache_clear()
     yield
     sys.path.remove(str(site))
@@ -316,8 +319,10 @@ def test_scope_from_a_real_api_servers_discovery(kube_cluster: Cluster, tmp_path
             ],
         },
     }
-    with kube_cluster.api_client() as api:
-        scope = DiscoveryScope(api, cache_file=str(tmp_path / "discovery.json"))
+    with KubeClient(
+        kubeconfig=str(kube_cluster.kubeconfig), discovery_cache_dir=tmp_path / "discovery"
+    ) as kube:
+        scope = kube.scope
         assert scope("v1", "ConfigMap") is True
         assert scope("apps/v1", "Deployment") is True
         assert scope("v1", "Namespace") is False
@@ -331,14 +336,15 @@ def test_scope_from_a_real_api_servers_discovery(kube_cluster: Cluster, tmp_path
         ]:
             assert builtin_scope(api_version, builtin) == scope(api_version, builtin)
 
-        extensions = k8s_client.ApiextensionsV1Api(api)
-        extensions.create_custom_resource_definition(body=crd)  # type: ignore[arg-type]
-        try:
-            # A kind that appears later (a CRD applied by an earlier group) is discovered.
-            for _ in range(100):
-                if scope("render.fleetlet.test/v1", kind) is not None:
-                    break
-                time.sleep(0.1)
-            assert scope("render.fleetlet.test/v1", kind) is True
-        finally:
-            extensions.delete_custom_resource_definition(crd["metadata"]["name"])
+        with kube_cluster.api_client() as api:
+            extensions = k8s_client.ApiextensionsV1Api(api)
+            extensions.create_custom_resource_definition(body=crd)  # type: ignore[arg-type]
+            try:
+                # A kind that appears later (a CRD applied by an earlier group) is discovered.
+                for _ in range(100):
+                    if scope("render.fleetlet.test/v1", kind) is not None:
+                        break
+                    time.sleep(0.1)
+                assert scope("render.fleetlet.test/v1", kind) is True
+            finally:
+                extensions.delete_custom_resource_definition(crd["metadata"]["name"])

@@ -21,8 +21,8 @@ from agent.source.oci import (
     InvalidArtifactError,
     OciFetcher,
     OciSettings,
-    RegistryUnavailableError,
 )
+from agent.source.registry import RegistryUnavailableError
 from tests.hostile import Src
 from tests.realenv.oci import (
     BUNDLE_ARTIFACT_TYPE,

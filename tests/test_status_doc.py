@@ -143,7 +143,7 @@ def test_nulls_and_missing_defaults_read_the_same() -> None:
 def test_validation_reports_every_problem_with_wire_paths() -> None:
     wire = json.loads(dump_status(make_status()))
     wire["sequence"] = -1
-    wire["schemaVersion"] = 2
+    wire["schemaVersion"] = 3  # a version this reader does not know
     wire["bundles"]["web-0"]["runs"][0]["outputs"]["ip"] = {"value": "a", "sealed": "AAAA"}
     wire["bundles"]["web-0"]["runs"][1]["result"] = "exploded"
     wire["bundles"]["Not_A_Label"] = {}
@@ -302,3 +302,21 @@ def test_a_sealed_value_opens_only_for_its_place_and_tells_who_sealed_it() -> No
     # The key is the hub's to derive: the same cluster always gets the same key.
     assert bytes(agent_sealing_key(hub, "edge-a")) == bytes(agent_key)
     assert bytes(agent_sealing_key(hub, "edge-b")) != bytes(agent_key)
+
+
+def test_schema_2_reports_formats_and_schema_1_documents_are_still_read() -> None:
+    old = json.loads(dump_status(make_status()))
+    assert old["schemaVersion"] == 1 and "formats" not in old
+    assert status_from_dict(old).formats == ()  # not reported
+
+    new = dataclasses.replace(
+        make_status(), schema_version=2, formats=("helm", "jsonnet", "plain", "registry+v1")
+    )
+    wire = json.loads(dump_status(new))
+    assert wire["formats"] == ["helm", "jsonnet", "plain", "registry+v1"]
+    assert load_status(dump_status(new), origin="s") == new
+
+    wire["formats"] = ["Not A Format"]
+    with pytest.raises(ValidationError) as refused:
+        status_from_dict(wire, origin="status.json")
+    assert {p.path for p in refused.value.problems} == {"formats[0]"}

@@ -26,6 +26,7 @@ import yaml
 
 from agent.kube import KubeClient
 from agent.report.seal import write_keypair
+from hub.api.tokens import write_clear_tokens
 from tests.fleetlab import (
     REPO_ROOT,
     Lab,
@@ -213,7 +214,7 @@ def test_runs_and_outputs_of_the_lockstep_scenario_reach_the_cli_the_cluster_and
 
     # The hub: the value for admins, <sensitive> for readers, nothing without a token.
     tokens = tmp_path / "tokens.yaml"
-    tokens.write_text(yaml.safe_dump({ADMIN: "admin", READER: "read"}))
+    write_clear_tokens(tokens, {ADMIN: "admin", READER: "read"})
     workdir = tmp_path / "hub"
     workdir.mkdir()
     with serving_hub(
@@ -262,7 +263,7 @@ def test_a_quiet_agent_goes_stale_and_status_made_during_a_git_outage_arrives_la
     workdir = tmp_path / "hub"
     workdir.mkdir()
     tokens = tmp_path / "tokens.yaml"
-    tokens.write_text(yaml.safe_dump({ADMIN: "admin"}))
+    write_clear_tokens(tokens, {ADMIN: "admin"})
     with serving_hub(lab.status_url, workdir, ["--tokens", str(tokens)], stale_after="4s") as url:
 
         def states() -> dict[str, str]:

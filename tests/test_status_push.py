@@ -144,6 +144,25 @@ def test_status_arrives_on_the_branch_as_fast_forward_commits(
     assert remote.bundles[0].runs[0].message == "upgraded"
 
 
+def test_the_agents_formats_are_written_into_every_document(
+    git_daemon: GitDaemon, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    repo = "status-formats.git"
+    git_daemon.create_bare(repo)
+    pusher = StatusPusher(
+        repo_url=git_daemon.url_for(repo),
+        cluster="edge-f",
+        credentials=None,
+        workdir=tmp_path_factory.mktemp("agent"),
+        formats=["plain", "jsonnet", "helm", "plain"],
+    )
+    pusher.update(status("edge-f"), now=T0)
+    pusher.push(now=T0)
+    remote = remote_status(git_daemon, repo, "edge-f")
+    assert remote.formats == ("helm", "jsonnet", "plain")
+    assert remote.schema_version == 2
+
+
 def test_pushes_only_on_change_or_when_the_heartbeat_is_due(
     git_daemon: GitDaemon, tmp_path_factory: pytest.TempPathFactory
 ) -> None:

@@ -49,13 +49,14 @@ from agent.api.validation import (
     thaw,
     to_dict,
 )
+from agent.api.yamlio import SAFE_LOADER
 from agent.errors import FieldProblem, ValidationError
 
 MAX_DOCUMENT_BYTES = 16 * 1024 * 1024
 MAX_YAML_NODES = 2_000_000
 MAX_YAML_DEPTH = 128
 
-_BaseLoader: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_BaseLoader = SAFE_LOADER
 _REFUSED_TAGS = {
     f"tag:yaml.org,2002:{name}" for name in ("timestamp", "binary", "set", "omap", "pairs")
 }

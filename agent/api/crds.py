@@ -7,20 +7,23 @@ what would be written (CI and a test run it, so they never drift).
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agent.api.approvals import (
+    ApprovalPolicySpec,
+    BundleDeploymentRequestSpec,
+    BundleDeploymentRequestStatus,
+)
 from agent.api.canonical import dump_yaml
+from agent.api.generated import write_or_check
 from agent.api.models import (
     API_GROUP,
     API_VERSION,
     BUILTIN_FORMATS,
-    BundleDeploymentRequestSpec,
-    BundleDeploymentRequestStatus,
     BundleDeploymentSet,
     BundleDeploymentSpec,
     BundleDeploymentStatus,
@@ -137,18 +140,60 @@ CRDS: tuple[Crd, ...] = (
         kind="BundleDeploymentRequest",
         plural="bundledeploymentrequests",
         short_names=("bdr",),
-        doc="A request to apply one exact BundleDeploymentSet (pinned by digest) to this "
-        "cluster, in the manner of cert-manager's CertificateRequest: the agent creates it "
-        "with a preview; a person allowed to `approve` sets the Approved or Denied condition "
-        "through the status subresource.",
+        doc="A request to move one lockstep group to exactly pinned revisions, with a preview "
+        "of what that does to the cluster, in the manner of cert-manager's CertificateRequest: "
+        "the agent creates it and waits; a user holding the verb `approve` on it (or the "
+        "cluster's ApprovalPolicy) decides through the status subresource. See "
+        "docs/approvals.md.",
         spec=BundleDeploymentRequestSpec,
         status=BundleDeploymentRequestStatus,
         columns=(
+            Column(name="Group", json_path=".spec.group", description="Lockstep group."),
             Column(name="Serial", json_path=".spec.serial", type="integer"),
-            Column(name="Approved", json_path=_condition("Approved", "status")),
-            Column(name="Denied", json_path=_condition("Denied", "status")),
-            Column(name="By", json_path=".status.approvedBy"),
+            Column(
+                name="Created",
+                json_path=".spec.preview.created",
+                type="integer",
+                description="Objects the move creates.",
+            ),
+            Column(name="Changed", json_path=".spec.preview.changed", type="integer"),
+            Column(name="Deleted", json_path=".spec.preview.deleted", type="integer"),
+            Column(
+                name="Findings",
+                json_path=".spec.preview.findings",
+                type="integer",
+                description="Security findings: RBAC, CRDs, webhooks, privileged pods, namespaces.",
+            ),
+            Column(
+                name="Decision",
+                json_path=".status.decision",
+                description="Approved or Denied (empty while pending).",
+            ),
+            Column(name="By", json_path=".status.decidedBy", description="Who decided."),
+            Column(
+                name="Superseded",
+                json_path=_condition("Superseded", "status"),
+                description="True when a newer publication replaced the request.",
+            ),
+            Column(name="Reason", json_path=".status.reason", priority=1),
+            Column(name="Rule", json_path=".status.rule", priority=1),
             Column(name="Digest", json_path=".spec.setDigest", priority=1),
+            AGE,
+        ),
+    ),
+    Crd(
+        kind="ApprovalPolicy",
+        plural="approvalpolicies",
+        short_names=("ap",),
+        doc="The cluster admin's approval rules for this cluster: whether every move needs "
+        "an approval, and CEL rules over a request's preview that approve it automatically "
+        "(as the approver ServiceAccount named here). See docs/approvals.md.",
+        spec=ApprovalPolicySpec,
+        status=None,
+        columns=(
+            Column(name="RequireApproval", json_path=".spec.requireApproval", type="boolean"),
+            Column(name="Rules", json_path=".spec.rules[*].name"),
+            Column(name="Approver", json_path=".spec.approver"),
             AGE,
         ),
     ),
@@ -326,34 +371,12 @@ def generated_files() -> dict[str, bytes]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``--write`` the generated files or ``--check`` them; returns the exit code."""
-    parser = argparse.ArgumentParser(
+    return write_or_check(
+        generated_files,
         prog="python -m agent.api.crds",
         description="Generate crds/*.yaml and docs/api.md from the API types.",
+        argv=argv,
     )
-    mode = parser.add_mutually_exclusive_group(required=True)
-    mode.add_argument("--write", action="store_true", help="write the files")
-    mode.add_argument("--check", action="store_true", help="exit 1 if a file is out of date")
-    parser.add_argument("--root", type=Path, default=REPO_ROOT, help="repository root")
-    args = parser.parse_args(argv)
-    stale = []
-    for relative, content in generated_files().items():
-        path = args.root / relative
-        current = path.read_bytes() if path.exists() else None
-        if current == content:
-            continue
-        if args.write:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(content)
-            print(f"wrote {relative}")
-        else:
-            stale.append(relative)
-    if stale:
-        print(
-            "out of date (run python -m agent.api.crds --write): " + ", ".join(stale),
-            file=sys.stderr,
-        )
-        return 1
-    return 0
 
 
 if __name__ == "__main__":

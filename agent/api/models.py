@@ -18,8 +18,10 @@ from typing import Any, ClassVar, Literal
 
 import yaml
 
+from agent.api.depgraph import find_cycle
 from agent.api.reasons import Phase, RunResult
 from agent.api.validation import ApiObject, PinProblem, Rule, api_field, show
+from agent.api.yamlio import SAFE_LOADER
 from agent.errors import FieldProblem
 
 API_GROUP = "fleetlet.io"
@@ -28,10 +30,6 @@ GROUP_VERSION = f"{API_GROUP}/{API_VERSION}"
 
 BUILTIN_FORMATS = ("plain", "kustomize", "helm", "registry+v1")
 
-try:
-    _Loader: type[Any] = yaml.CSafeLoader
-except AttributeError:  # PyYAML built without libyaml
-    _Loader = yaml.SafeLoader
 
 # --- patterns (Go RE2 syntax, checked the same way in Python and by the API server) ----------
 
@@ -474,7 +472,7 @@ class Patch(ApiObject):
         """The text is YAML: a list of JSON 6902 operations (with ``target``), or strategic
         merge documents (each naming apiVersion, kind and metadata.name without ``target``)."""
         try:
-            documents = [d for d in yaml.load_all(self.patch, Loader=_Loader) if d is not None]
+            documents = [d for d in yaml.load_all(self.patch, Loader=SAFE_LOADER) if d is not None]
         except (yaml.YAMLError, RecursionError) as exc:
             return [_patch_problem("patch", "a YAML or JSON patch", _first_line(exc))]
         if not documents:
@@ -831,8 +829,8 @@ class Condition(ApiObject):
     """A condition in the manner of ``metav1.Condition``."""
 
     type: str = api_field(
-        "Type: `Ready`, `Progressing`, `Degraded` or `Paused` (BundleDeployment), `Approved` "
-        "or `Denied` (BundleDeploymentRequest).",
+        "Type: `Ready`, `Progressing`, `Degraded` or `Paused` (BundleDeployment); `Approved`, "
+        "`Denied` or `Superseded` (BundleDeploymentRequest).",
         pattern=CONDITION_TYPE,
         max_length=316,
         expected="a condition type such as Ready",
@@ -943,7 +941,7 @@ class BundleDeploymentStatus(ApiObject):
     )
 
 
-# --- outputs and approval requests ----------------------------------------------------------
+# --- outputs -------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -997,148 +995,6 @@ class BundleOutputsSpec(ApiObject):
     updated_at: datetime = api_field("When the values were read.")
     outputs: tuple[OutputValue, ...] = api_field(
         "The outputs, by name.", default=(), max_items=64, list_type="map", list_keys=("name",)
-    )
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class RequestPreview(ApiObject):
-    """What approving the request changes on the cluster, by bundle name."""
-
-    added: tuple[str, ...] = api_field(
-        "Bundles the set adds.",
-        default=(),
-        pattern=DNS_LABEL,
-        expected=DNS_LABEL_TEXT,
-        max_length=63,
-        max_items=MAX_NAMES,
-        list_type="set",
-    )
-    removed: tuple[str, ...] = api_field(
-        "Bundles the set removes.",
-        default=(),
-        pattern=DNS_LABEL,
-        expected=DNS_LABEL_TEXT,
-        max_length=63,
-        max_items=MAX_NAMES,
-        list_type="set",
-    )
-    changed: tuple[str, ...] = api_field(
-        "Bundles whose spec the set changes.",
-        default=(),
-        pattern=DNS_LABEL,
-        expected=DNS_LABEL_TEXT,
-        max_length=63,
-        max_items=MAX_NAMES,
-        list_type="set",
-    )
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class BundleDeploymentRequestSpec(ApiObject):
-    """A request to apply one exact set (by digest), created by the agent. Immutable."""
-
-    RULES: ClassVar[tuple[Rule, ...]] = (
-        Rule(
-            cel="self == oldSelf",
-            expected="an unchanged spec (a request pins what is approved; create a new one)",
-            check=None,
-            transition=True,
-        ),
-    )
-
-    cluster: str = api_field(
-        "The cluster (the agent's own).",
-        pattern=DNS_LABEL,
-        expected=DNS_LABEL_TEXT,
-        max_length=63,
-    )
-    serial: int = api_field("Serial of the set.", minimum=1, maximum=2**53 - 1)
-    set_digest: str = api_field(
-        "Digest of the set's canonical bytes: what is approved is exactly this set.",
-        pattern=DIGEST,
-        expected=DIGEST_TEXT,
-        max_length=71,
-    )
-    bundle_deployments: tuple[str, ...] = api_field(
-        "Bundles with `approval: manual` that this set changes.",
-        default=(),
-        pattern=DNS_LABEL,
-        expected=DNS_LABEL_TEXT,
-        max_length=63,
-        max_items=MAX_NAMES,
-        list_type="set",
-    )
-    preview: RequestPreview = api_field(
-        "What the set changes on the cluster.", default=RequestPreview()
-    )
-
-
-_DECIDED = "c.type in ['Approved', 'Denied'] && c.status == 'True'"
-
-
-def _has_true(kind: str) -> str:
-    return (
-        f"(has(self.conditions) && self.conditions.exists(c, c.type == '{kind}' "
-        f"&& c.status == 'True'))"
-    )
-
-
-def _true(status: BundleDeploymentRequestStatus, kind: str) -> bool:
-    return any(c.type == kind and c.status == "True" for c in status.conditions)
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class BundleDeploymentRequestStatus(ApiObject):
-    """The decision on a request. A decision is final.
-
-    Who may decide is enforced by the API server (a ValidatingAdmissionPolicy requires the
-    custom verb ``approve`` on the request and that ``approvedBy``/``deniedBy`` name the user
-    making the change).
-    """
-
-    RULES: ClassVar[tuple[Rule, ...]] = (
-        Rule(
-            cel=f"!({_has_true('Approved')} && {_has_true('Denied')})",
-            expected="not both Approved and Denied",
-            check=lambda s: not (_true(s, "Approved") and _true(s, "Denied")),
-            field="conditions",
-        ),
-        Rule(
-            cel=f"has(self.approvedBy) == {_has_true('Approved')}",
-            expected="approvedBy set exactly when Approved is True",
-            check=lambda s: (s.approved_by is not None) == _true(s, "Approved"),
-            field="approvedBy",
-        ),
-        Rule(
-            cel=f"has(self.deniedBy) == {_has_true('Denied')}",
-            expected="deniedBy set exactly when Denied is True",
-            check=lambda s: (s.denied_by is not None) == _true(s, "Denied"),
-            field="deniedBy",
-        ),
-        Rule(
-            cel="!has(oldSelf.conditions) || oldSelf.conditions.all(o, "
-            "!(o.type in ['Approved', 'Denied'] && o.status == 'True') || "
-            "(has(self.conditions) && self.conditions.exists(c, c.type == o.type "
-            "&& c.status == 'True')))",
-            expected="a decision (Approved or Denied True) to stay as it is",
-            check=None,
-            field="conditions",
-            transition=True,
-        ),
-    )
-
-    conditions: tuple[Condition, ...] = api_field(
-        "`Approved` or `Denied` (True once decided).",
-        default=(),
-        max_items=8,
-        list_type="map",
-        list_keys=("type",),
-    )
-    approved_by: str | None = api_field(
-        "The user who approved.", default=None, max_length=253, min_length=1
-    )
-    denied_by: str | None = api_field(
-        "The user who denied.", default=None, max_length=253, min_length=1
     )
 
 
@@ -1273,7 +1129,7 @@ class BundleDeploymentSet(ApiObject):
                         found=show(group),
                     )
                 )
-        cycle = _find_cycle(deps)
+        cycle = find_cycle(deps)
         if cycle:
             where = declared[(cycle[-2], cycle[-1])]
             problems.append(
@@ -1298,38 +1154,12 @@ class BundleDeploymentSet(ApiObject):
         return problems
 
 
-def _find_cycle(deps: Mapping[str, set[str]]) -> list[str] | None:
-    """A dependency cycle as ``[a, b, ..., a]``, or ``None`` (iterative DFS, sorted: stable)."""
-    state: dict[str, int] = {}  # 1 = on the current path, 2 = done
-    for start in sorted(deps):
-        if state.get(start):
-            continue
-        path = [start]
-        stack = [iter(sorted(deps.get(start, ())))]
-        state[start] = 1
-        while stack:
-            nxt = next(stack[-1], None)
-            if nxt is None:
-                state[path.pop()] = 2
-                stack.pop()
-                continue
-            if state.get(nxt) == 1:
-                return [*path[path.index(nxt) :], nxt]
-            if not state.get(nxt):
-                state[nxt] = 1
-                path.append(nxt)
-                stack.append(iter(sorted(deps.get(nxt, ()))))
-    return None
-
-
 __all__ = [
     "API_GROUP",
     "API_VERSION",
     "BUILTIN_FORMATS",
     "GROUP_VERSION",
     "BundleDeploymentEntry",
-    "BundleDeploymentRequestSpec",
-    "BundleDeploymentRequestStatus",
     "BundleDeploymentSet",
     "BundleDeploymentSpec",
     "BundleDeploymentStatus",
@@ -1347,7 +1177,6 @@ __all__ = [
     "Patch",
     "PatchTarget",
     "PinProblem",
-    "RequestPreview",
     "ResourceCounts",
     "Revision",
     "RunSummary",

@@ -20,12 +20,15 @@ class Reason(StrEnum):
     HEALTHY = "Healthy"
     PROGRESSING = "Progressing"
     WAITING_FOR_DEPENDENCY = "WaitingForDependency"
-    APPROVAL_REQUIRED = "ApprovalRequired"
+    AWAITING_APPROVAL = "AwaitingApproval"
+    DENIED = "Denied"
+    APPROVAL_FAILED = "ApprovalFailed"
     PAUSED = "Paused"
     FETCH_FAILED = "FetchFailed"
     RENDER_FAILED = "RenderFailed"
     APPLY_FAILED = "ApplyFailed"
     HEALTH_CHECK_FAILED = "HealthCheckFailed"
+    HOOK_FAILED = "HookFailed"
     ROLLED_BACK = "RolledBack"
     ROLLBACK_FAILED = "RollbackFailed"
     INTERRUPTED = "Interrupted"
@@ -40,7 +43,14 @@ REASON_HELP: dict[Reason, str] = {
     Reason.PROGRESSING: "The group is moving to a new revision: applying, health-checking or "
     "pruning (Ready=Unknown while it moves).",
     Reason.WAITING_FOR_DEPENDENCY: "A group listed in `dependsOn` is not healthy yet.",
-    Reason.APPROVAL_REQUIRED: "The move waits for an approved BundleDeploymentRequest.",
+    Reason.AWAITING_APPROVAL: "The group's move needs an approval (a bundle says "
+    "`approval: manual`, or the cluster's ApprovalPolicy requires it): the agent made a "
+    "BundleDeploymentRequest with a preview and waits for a decision; the group keeps running "
+    "its current revision (see docs/approvals.md).",
+    Reason.DENIED: "The BundleDeploymentRequest for this move was denied (the message says by "
+    "whom and why): the group stays wholly on its current revision until a new publication.",
+    Reason.APPROVAL_FAILED: "The approval step itself failed (the preview's dry run or the "
+    "request could not be written); retried with backoff.",
     Reason.PAUSED: "The set or a cluster admin paused the bundle: nothing is applied, drift is "
     "only reported.",
     Reason.FETCH_FAILED: "The bundle's content could not be fetched yet (retried with backoff).",
@@ -49,6 +59,8 @@ REASON_HELP: dict[Reason, str] = {
     Reason.APPLY_FAILED: "The API server refused an object of the group (the message names "
     "each one). When the dry run refused it, nothing was written.",
     Reason.HEALTH_CHECK_FAILED: "The group did not become healthy within its timeout.",
+    Reason.HOOK_FAILED: "A hook of the group (Helm's pre/post install or upgrade, Argo CD's "
+    "PreSync/Sync/PostSync) failed or did not complete in time.",
     Reason.ROLLED_BACK: "The move failed and the whole group went back to its previous healthy "
     "revision.",
     Reason.ROLLBACK_FAILED: "Returning the group to its previous revision failed; retried with "
@@ -84,6 +96,8 @@ class Phase(StrEnum):
     PENDING = "Pending"
     WAITING = "Waiting"
     PAUSED = "Paused"
+    AWAITING_APPROVAL = "AwaitingApproval"
+    DENIED = "Denied"
     APPLYING = "Applying"
     HEALTH_CHECKING = "HealthChecking"
     ROLLING_BACK = "RollingBack"

@@ -1,6 +1,8 @@
 """The status document an agent pushes to ``fleetlet/status/<cluster>`` (``status.json``).
 
-The document (``ClusterStatus``, ``schemaVersion`` 1) is JSON in canonical RFC 8785 bytes. On
+The document (``ClusterStatus``) is JSON in canonical RFC 8785 bytes. ``schemaVersion`` 2
+added ``formats`` (what the agent can render); documents of version 1 are still read, and a
+reader treats their missing ``formats`` as "not reported". On
 the wire ``bundles`` and each run's ``outputs`` are JSON objects keyed by name; in Python they
 are tuples of typed objects carrying their ``name`` (unique, as the wire keys are), because the
 declaration machinery of :mod:`agent.api.validation` types lists of objects, not maps. So:
@@ -29,12 +31,14 @@ from datetime import datetime
 from json.encoder import encode_basestring  # type: ignore[attr-defined]
 from typing import Any, ClassVar, Literal
 
+from agent.api.approvals import RequestPreview
 from agent.api.canonical import canonical_bytes
 from agent.api.models import (
     COMMIT,
     COMMIT_TEXT,
     DNS_LABEL,
     DNS_LABEL_TEXT,
+    FORMAT_NAME,
     GROUP_VERSION,
     OUTPUT_NAME,
     PIN,
@@ -59,7 +63,10 @@ from agent.api.validation import (
 )
 from agent.errors import FieldProblem, ValidationError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""The version agents write. 2: ``formats`` added."""
+OLDEST_SCHEMA_VERSION = 1
+"""The oldest version still read."""
 STATUS_FILE = "status.json"
 STATUS_BRANCH_PREFIX = "fleetlet/status/"
 MAX_STATUS_BYTES = 256 * 1024
@@ -245,6 +252,46 @@ class BundleStatusReport(ApiObject):
         return next((r for r in self.runs if r.result == SUCCEEDED), None)
 
 
+RequestState = Literal["Pending", "Approved", "Denied", "Superseded"]
+MAX_REQUESTS = 64
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RequestReport(ApiObject):
+    """An approval request of the cluster (a BundleDeploymentRequest), as the hub sees it: who
+    decided what, when and why, and its preview (without diffs, bounded)."""
+
+    name: str = api_field("Name of the BundleDeploymentRequest.", max_length=253, min_length=1)
+    group: str = api_field(
+        "The lockstep group it would move.",
+        pattern=DNS_LABEL,
+        expected=DNS_LABEL_TEXT,
+        max_length=63,
+    )
+    serial: int = api_field("Serial it would move the group to.", minimum=1, maximum=2**53 - 1)
+    bundles: tuple[str, ...] = api_field(
+        "The bundles of the group.",
+        default=(),
+        pattern=DNS_LABEL,
+        expected=DNS_LABEL_TEXT,
+        max_length=63,
+        max_items=256,
+    )
+    state: RequestState = api_field("`Pending`, `Approved`, `Denied` or `Superseded`.")
+    created_at: datetime | None = api_field("When the agent made it.", default=None)
+    decided_by: str | None = api_field("Who decided.", default=None, max_length=253)
+    decided_at: datetime | None = api_field("When.", default=None)
+    reason: str | None = api_field("Why (a denial's reason).", default=None, max_length=1024)
+    policy: str | None = api_field(
+        "The ApprovalPolicy that approved it automatically.", default=None, max_length=253
+    )
+    rule: str | None = api_field("Its rule that matched.", default=None, max_length=63)
+    preview: RequestPreview = api_field(
+        "What it does to the cluster (diffs left out, objects and findings bounded).",
+        default=RequestPreview(),
+    )
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ClusterStatus(ApiObject):
     """The status document of one cluster, written by its agent. Newer ``sequence`` wins."""
@@ -252,7 +299,9 @@ class ClusterStatus(ApiObject):
     API_KIND: ClassVar[tuple[str, str] | None] = (GROUP_VERSION, "ClusterStatus")
 
     schema_version: int = api_field(
-        "Version of this document's schema.", minimum=SCHEMA_VERSION, maximum=SCHEMA_VERSION
+        "Version of this document's schema (1 or 2; 2 added `formats`).",
+        minimum=OLDEST_SCHEMA_VERSION,
+        maximum=SCHEMA_VERSION,
     )
     cluster: str = api_field(
         "The cluster.", pattern=DNS_LABEL, expected=DNS_LABEL_TEXT, max_length=63
@@ -280,6 +329,21 @@ class ClusterStatus(ApiObject):
     )
     truncated: bool = api_field(
         "History or messages were cut to bound the document's size.", default=False
+    )
+    formats: tuple[str, ...] = api_field(
+        "The formats this agent can render: built in and installed plugins (schema 2; "
+        "absent: not reported). `hub publish` refuses bundles of other formats for this "
+        "cluster.",
+        default=(),
+        pattern=FORMAT_NAME,
+        expected="a format name",
+        max_length=63,
+        max_items=256,
+    )
+    requests: tuple[RequestReport, ...] = api_field(
+        "Approval requests: every pending one and the newest decided ones of each group.",
+        default=(),
+        max_items=MAX_REQUESTS,
     )
 
     def bundle(self, name: str) -> BundleStatusReport | None:
@@ -342,6 +406,10 @@ def _wire(obj: ApiObject) -> str:
             members.append(f'"{name}":[' + ",".join(_wire(run) for run in value) + "]")
         elif isinstance(value, ApiObject):
             members.append(f'"{name}":' + canonical_bytes(value).decode("utf-8"))
+        elif isinstance(value, tuple) and value and isinstance(value[0], ApiObject):
+            members.append(
+                f'"{name}":[' + ",".join(canonical_bytes(v).decode("utf-8") for v in value) + "]"
+            )
         else:
             members.append(f'"{name}":' + _scalar(value))
     text = "{" + ",".join(members) + "}"

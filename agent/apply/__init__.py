@@ -10,8 +10,10 @@ from agent.apply.group import (
     FIELD_MANAGER,
     ApplyResult,
     CrdNotEstablishedError,
+    DryRunResult,
     ObjectResult,
     apply_group,
+    dry_run_group,
 )
 from agent.apply.inventory import (
     Entry,
@@ -42,6 +44,7 @@ __all__ = [
     "ApplySettings",
     "BundleInput",
     "CrdNotEstablishedError",
+    "DryRunResult",
     "Entry",
     "HealthyRevision",
     "IndexEntry",
@@ -58,6 +61,7 @@ __all__ = [
     "RevisionStoreError",
     "Skipped",
     "apply_group",
+    "dry_run_group",
     "plan_group",
     "plan_prune",
     "prune",

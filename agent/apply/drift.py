@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from agent.apply.group import DEFAULT_WORKERS, _dry_run, _list_live, _Work
+from agent.apply.guard import Guard
 from agent.apply.plan import BundleInput, PlannedObject, identity, plan_group
 from agent.kube import KubeClient, ObjectRef
 
@@ -22,13 +23,14 @@ def drifted_objects(
     *,
     agent_namespace: str,
     workers: int = DEFAULT_WORKERS,
+    guard: Guard | None = None,
 ) -> list[ObjectRef]:
     """The objects of ``bundles`` that are missing or differ from what an apply would make
     them, in plan order. Nothing is written.
 
     Raises PlanError, ApplyError (an object the dry run refuses), ApiUnavailableError.
     """
-    plan = plan_group(bundles, kube)
+    plan = plan_group(bundles, kube, guard=guard)
     accounts = {b.name: b.settings.service_account_name for b in bundles}
     settings = {b.name: b.settings for b in bundles}
 

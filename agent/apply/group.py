@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from agent.api.status import RunCounts
+from agent.apply.guard import Guard
 from agent.apply.inventory import Entry, Inventory
 from agent.apply.plan import (
     STAGE_CRDS,
@@ -38,6 +39,7 @@ from agent.apply.plan import (
     identity,
     plan_group,
 )
+from agent.backoff import attempts, delay
 from agent.errors import TemporaryError
 from agent.kube import (
     CONTENT_FIELD_MANAGER,
@@ -122,6 +124,10 @@ class _Work:
     unchanged: Object | None = None
     listed: Object | None = None
     """The live object as a LIST before the dry run saw it (None: not listed or absent)."""
+    answer: Object | None = None
+    """The dry run's answer: the object as the apply would leave it."""
+    live: Object | None = None
+    """The live object the answer was compared with (None: absent, or not readable)."""
 
 
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -183,9 +189,7 @@ def _dry_run(work: _Work) -> None:
     # A controller writing to the object between the dry run and the read (a new Deployment's
     # status, several times in its first second) makes them incomparable: try again a few
     # times, backing off so the controller settles, then count it as changed.
-    for attempt in range(_COMPARE_ATTEMPTS):
-        if attempt:
-            time.sleep(_COMPARE_BACKOFF * 2 ** (attempt - 1))
+    for _attempt in attempts(_COMPARE_ATTEMPTS, initial=_COMPARE_BACKOFF, jitter=0.0):
         try:
             answer = work.client.apply(
                 planned.manifest, field_manager=FIELD_MANAGER, force=work.force, dry_run=True
@@ -193,6 +197,7 @@ def _dry_run(work: _Work) -> None:
         except KubeApiError as exc:
             raise _as_apply_error(exc, planned, dry_run=True) from exc
         version = str(_meta(answer).get("resourceVersion") or "")
+        work.answer = answer
         work.existed = bool(version)
         work.version_before = version
         if not version:
@@ -207,6 +212,7 @@ def _dry_run(work: _Work) -> None:
                 return  # the bundle's ServiceAccount may write but not read: the apply decides
         if live is None or str(_meta(live).get("resourceVersion")) != version:
             continue
+        work.live = live
         if _comparable(live) == _comparable(answer):
             work.unchanged = live
         return
@@ -282,7 +288,7 @@ def _wait_established(crds: Sequence[_Work], timeout: float) -> None:
     """
     deadline = time.monotonic() + timeout
     pending = list(crds)
-    delay = 0.05
+    polls = 0
     while pending:
         still: list[_Work] = []
         for work in pending:
@@ -300,8 +306,26 @@ def _wait_established(crds: Sequence[_Work], timeout: float) -> None:
             raise CrdNotEstablishedError(
                 f"CustomResourceDefinition(s) {names} not Established after {timeout:.0f}s"
             )
-        time.sleep(delay)
-        delay = min(delay * 2, 1.0)
+        polls += 1
+        time.sleep(delay(polls, initial=0.05, maximum=1.0))
+
+
+def _works(
+    kube: KubeClient, bundles: Sequence[BundleInput], plan: Plan, agent_namespace: str
+) -> list[_Work]:
+    """One work item per planned object: each bundle acts as its own identity (impersonating
+    its ServiceAccount when it names one) and forces only what it may take over."""
+    settings = {b.name: b.settings for b in bundles}
+
+    def client_of(bundle: str) -> KubeClient:
+        account = settings[bundle].service_account_name
+        return kube.impersonating(account, agent_namespace) if account else kube
+
+    def force(planned: PlannedObject) -> bool:
+        mine = settings[planned.bundle]
+        return mine.take_ownership or identity(planned.ref) in mine.reclaim
+
+    return [_Work(planned=p, force=force(p), client=client_of(p.bundle)) for p in plan.objects]
 
 
 def apply_group(
@@ -313,30 +337,25 @@ def apply_group(
     establish_timeout: float = DEFAULT_ESTABLISH_TIMEOUT,
     on_progress: Progress | None = None,
     plan: Plan | None = None,
+    between_waves: Callable[[ApplyResult], None] | None = None,
+    guard: Guard | None = None,
 ) -> ApplyResult:
     """Dry-run, then apply, every object of a group (see the module docstring).
 
     ``kube`` is the agent's client; a bundle with ``serviceAccountName`` is dry-run and applied
     through ``kube.impersonating(name, agent_namespace)``. ``on_progress`` is called with a
-    short message before each step. ``plan`` may be given when already computed.
+    short message before each step. ``plan`` may be given when already computed. Objects
+    after the Namespaces are applied wave by wave (:attr:`PlannedObject.wave`); between two
+    waves ``between_waves`` is called with what was applied so far (a health wait: it raises
+    to stop the apply).
 
     Raises PlanError (an object's API is not served and it is not optional), ApplyError (the
     first object refused, by the dry run or by the apply: bundle, object and server message;
     a conflict names the other field managers), CrdNotEstablishedError, ApiUnavailableError.
     """
     say = on_progress or (lambda _message: None)
-    plan = plan if plan is not None else plan_group(bundles, kube)
-    settings = {b.name: b.settings for b in bundles}
-
-    def client_of(bundle: str) -> KubeClient:
-        account = settings[bundle].service_account_name
-        return kube.impersonating(account, agent_namespace) if account else kube
-
-    def force(planned: PlannedObject) -> bool:
-        mine = settings[planned.bundle]
-        return mine.take_ownership or identity(planned.ref) in mine.reclaim
-
-    works = [_Work(planned=p, force=force(p), client=client_of(p.bundle)) for p in plan.objects]
+    plan = plan if plan is not None else plan_group(bundles, kube, guard=guard)
+    works = _works(kube, bundles, plan, agent_namespace)
     later: list[_Work] = []
 
     def first_dry_run(work: _Work) -> bool:
@@ -355,11 +374,9 @@ def apply_group(
         done = _run_all(pool, first_dry_run, works)
         later = [w for w, ok in zip(works, done, strict=True) if not ok]
         results: list[ObjectResult] = []
-        for stage, name in enumerate(STAGE_NAMES):
+        waves = sorted({w.planned.wave for w in works if w.planned.stage > STAGE_NAMESPACES})
+        for stage, name in enumerate(STAGE_NAMES[: STAGE_NAMESPACES + 1]):
             stage_works = [w for w in works if w.planned.stage == stage]
-            if later and stage == STAGE_NAMESPACES + 1:
-                say(f"dry run of {len(later)} objects that needed the group's CRDs/Namespaces")
-                _run_all(pool, _dry_run, later)
             if not stage_works:
                 continue
             say(f"applying {len(stage_works)} {name} ({stage + 1}/{len(STAGE_NAMES)})")
@@ -369,4 +386,92 @@ def apply_group(
                 _wait_established(stage_works, establish_timeout)
                 for client in {id(w.client): w.client for w in works}.values():
                     client.forget_discovery()
+        if later:
+            say(f"dry run of {len(later)} objects that needed the group's CRDs/Namespaces")
+            _run_all(pool, _dry_run, later)
+        for index, wave in enumerate(waves):
+            if index:
+                # The previous waves are applied: they must be healthy before this one starts.
+                say(f"waiting for wave {waves[index - 1]} to be healthy")
+                if between_waves is not None:
+                    between_waves(ApplyResult(objects=tuple(results), skipped=plan.skipped))
+            for stage in range(STAGE_NAMESPACES + 1, len(STAGE_NAMES)):
+                stage_works = [
+                    w for w in works if w.planned.stage == stage and w.planned.wave == wave
+                ]
+                if not stage_works:
+                    continue
+                shown = f" of wave {wave}" if len(waves) > 1 else ""
+                say(
+                    f"applying {len(stage_works)} {STAGE_NAMES[stage]}{shown} "
+                    f"({stage + 1}/{len(STAGE_NAMES)})"
+                )
+                results.extend(_run_all(pool, _apply, stage_works))
     return ApplyResult(objects=tuple(results), skipped=plan.skipped)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DryRunResult:
+    """One object's server-side dry run, nothing written: the live object and the dry run's
+    answer (the object as the apply would leave it), or why there is none."""
+
+    bundle: str
+    ref: ObjectRef
+    manifest: Object
+    existed: bool
+    """The object exists (it may exist although ``live`` is None: not readable by the
+    bundle's identity)."""
+    unchanged: bool = False
+    """The apply would change nothing (compared as :func:`apply_group` compares)."""
+    live: Object | None = None
+    answer: Object | None = None
+    refused: ApplyError | None = None
+    """The dry run refused it: the move would fail on it."""
+    deferred: bool = False
+    """Not dry-run: its CRD or Namespace comes with the group (it would be created)."""
+
+
+def dry_run_group(
+    kube: KubeClient,
+    bundles: Sequence[BundleInput],
+    *,
+    agent_namespace: str,
+    workers: int = DEFAULT_WORKERS,
+    guard: Guard | None = None,
+) -> tuple[list[DryRunResult], tuple[Skipped, ...]]:
+    """The server-side dry run :func:`apply_group` starts with, of every object of a group,
+    with what it found per object (refusals included, not raised); nothing is written. For
+    the preview of an approval request. Returns the results in plan order and the skipped
+    optional objects. ``guard``: as for :func:`apply_group` (objects bundle content may never
+    touch are refused by the plan).
+
+    Raises PlanError, ApplyError (objects that cannot be planned), ApiUnavailableError.
+    """
+    plan = plan_group(bundles, kube, guard=guard)
+    works = _works(kube, bundles, plan, agent_namespace)
+
+    def one(work: _Work) -> DryRunResult:
+        planned = work.planned
+        where: dict[str, Any] = {
+            "bundle": planned.bundle,
+            "ref": planned.ref,
+            "manifest": planned.manifest,
+        }
+        try:
+            _dry_run(work)
+        except ApplyError as exc:
+            if planned.deferred and isinstance(exc.__cause__, NotFoundError | ApiNotServedError):
+                return DryRunResult(**where, existed=False, deferred=True)
+            return DryRunResult(**where, existed=False, refused=exc)
+        return DryRunResult(
+            **where,
+            existed=bool(work.existed),
+            unchanged=work.unchanged is not None,
+            live=work.live,
+            answer=work.answer,
+        )
+
+    with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="dry-run") as pool:
+        _list_live(pool, works)
+        results = list(pool.map(one, works))
+    return results, plan.skipped

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from agent.api.models import BundleDeploymentSpec, ManifestSelector
+from agent.apply.guard import Guard
+from agent.apply.hooks import wave_of
 from agent.errors import PermanentError
 from agent.kube import ApiNotServedError, InvalidError, ObjectRef
 
@@ -142,6 +144,9 @@ class PlannedObject:
     manifest: Manifest
     stage: int
     deferred: bool = False
+    wave: int = 0
+    """Its wave (:func:`agent.apply.hooks.wave_of`): objects after the Namespaces are applied
+    wave by wave, lowest first; CRDs and Namespaces go first whatever their wave."""
 
     @property
     def target(self) -> str:
@@ -232,11 +237,15 @@ def matches(selector: ManifestSelector, ref: ObjectRef) -> bool:
     )
 
 
-def plan_group(bundles: Sequence[BundleInput], discovery: Discovery) -> Plan:
-    """The apply plan of a group.
+def plan_group(
+    bundles: Sequence[BundleInput], discovery: Discovery, *, guard: Guard | None = None
+) -> Plan:
+    """The apply plan of a group; ``guard``: what bundle content may never touch (the
+    agent's own objects).
 
     Raises PlanError (non-optional objects whose API is not served, naming each),
-    ApplyError (objects without apiVersion/kind/name), ApiUnavailableError.
+    ApplyError (objects without apiVersion/kind/name; objects the guard refuses, reason
+    ProtectedObject), ApiUnavailableError.
     """
     everything = [obj for bundle in bundles for obj in bundle.objects]
     from_crds = _crd_kinds(everything)
@@ -256,6 +265,19 @@ def plan_group(bundles: Sequence[BundleInput], discovery: Discovery) -> Plan:
             except InvalidError as exc:  # no apiVersion/kind/name
                 refused.append(
                     ApplyError(str(exc), bundle=bundle.name, target="object", dry_run=True)
+                )
+                continue
+            refusal = guard.refusal(bundle.name, ref) if guard is not None else None
+            if refusal is not None:
+                where = PlannedObject(bundle=bundle.name, ref=ref, manifest=obj, stage=0)
+                refused.append(
+                    ApplyError(
+                        refusal,
+                        bundle=bundle.name,
+                        target=where.target,
+                        reason="ProtectedObject",
+                        dry_run=True,
+                    )
                 )
                 continue
             key = (ref.api_version, ref.kind)
@@ -287,7 +309,12 @@ def plan_group(bundles: Sequence[BundleInput], discovery: Discovery) -> Plan:
             )
             stages[stage].append(
                 PlannedObject(
-                    bundle=bundle.name, ref=ref, manifest=obj, stage=stage, deferred=deferred
+                    bundle=bundle.name,
+                    ref=ref,
+                    manifest=obj,
+                    stage=stage,
+                    deferred=deferred,
+                    wave=wave_of(obj) if stage > STAGE_NAMESPACES else 0,
                 )
             )
     if refused:

@@ -68,6 +68,8 @@ class HealthyRevision:
     digest: str = ""
     spec: BundleDeploymentSpec | None = None
     revision: AppliedRevision | None = None
+    delete_hooks: tuple[dict[str, Any], ...] = ()
+    """The revision's pre-delete and post-delete hooks (run when the bundle is removed)."""
 
     @classmethod
     def of(
@@ -89,6 +91,7 @@ class HealthyRevision:
         with contextlib.suppress(FleetletError):
             if isinstance(info.get("revision"), Mapping):
                 revision = from_dict(AppliedRevision, info["revision"])
+        hooks = info.get("deleteHooks")
         return cls(
             bundle=bundle,
             number=number,
@@ -98,6 +101,9 @@ class HealthyRevision:
             digest=str(info.get("digest") or ""),
             spec=spec,
             revision=revision,
+            delete_hooks=tuple(dict(h) for h in hooks if isinstance(h, Mapping))
+            if isinstance(hooks, list)
+            else (),
         )
 
 
@@ -291,10 +297,14 @@ class RevisionStore:
         digest: str,
         spec: BundleDeploymentSpec | None,
         revision: AppliedRevision | None,
+        delete_hooks: Sequence[Mapping[str, Any]] = (),
     ) -> HealthyRevision:
         """:meth:`save` a healthy revision with what a rollback needs to know of it: its spec
-        digest, its spec and the serial and pins it came with. Raises what save raises."""
+        digest, its spec and the serial and pins it came with (and the hooks to run when the
+        bundle is removed). Raises what save raises."""
         info: dict[str, Any] = {"digest": digest}
+        if delete_hooks:
+            info["deleteHooks"] = [dict(h) for h in delete_hooks]
         if spec is not None:
             info["spec"] = to_dict(spec)
         if revision is not None:

@@ -5,7 +5,9 @@ returns one :class:`Decision`:
 
 - bundles **paused** by the set (``spec.paused``) or by a cluster admin (the
   ``fleetlet.io/paused`` annotation) are held out: nothing is applied, drift is only reported;
-- bundles that need an **approval** (``approval: manual``) are held until it is given;
+- a group with a bundle that needs an **approval** (``approval: manual``) moves only under an
+  approved request for the whole group (``Decision.approval`` names those bundles; the "request
+  approval" step of the move, :mod:`agent.approve.gate`, asks and waits);
 - the group **waits** while a group it depends on (``dependsOn``) is not healthy;
 - a group whose every bundle is at its target is **steady**: drift is corrected, health assessed;
 - a target that already **failed** is not tried again until the target changes or a
@@ -50,7 +52,7 @@ class Verdict(StrEnum):
     WAITING = "waiting"
     """A dependency is not healthy yet."""
     HELD = "held"
-    """Every bundle is paused or waits for an approval."""
+    """Every bundle is paused."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,10 +61,12 @@ class Decision:
 
     verdict: Verdict
     active: tuple[BundleDeploymentEntry, ...] = ()
-    """The bundles that take part (not paused, not waiting for an approval)."""
+    """The bundles that take part (not paused)."""
     paused: tuple[tuple[BundleDeploymentEntry, str], ...] = ()
     """Paused bundles and why."""
     approval: tuple[BundleDeploymentEntry, ...] = ()
+    """Active bundles that ask for an approval (``approval: manual``): the group's move needs
+    one."""
     waiting_for: tuple[str, ...] = ()
     """Groups this one depends on that are not healthy."""
     targets: Mapping[str, str] = field(default_factory=dict)
@@ -132,9 +136,8 @@ def decide(
     """
     paused = tuple((e, why) for e in members if (why := paused_reason(e, annotations)))
     held = {e.name for e, _ in paused}
-    approval = tuple(e for e in members if e.name not in held and e.spec.approval == "manual")
-    held |= {e.name for e in approval}
     active = tuple(e for e in members if e.name not in held)
+    approval = tuple(e for e in active if e.spec.approval == "manual")
 
     def decision(verdict: Verdict, **more: Any) -> Decision:
         return Decision(verdict=verdict, paused=paused, approval=approval, active=active, **more)

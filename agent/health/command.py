@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from agent.api.yamlio import SAFE_LOADER
 from agent.errors import PermanentError
 from agent.health import ObjectHealth, assess, assess_live
 from agent.health.kstatus import Status
@@ -39,9 +40,8 @@ def _documents(filename: str) -> Iterator[Mapping[str, Any]]:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise HealthInputError(f"{filename}: cannot read: {exc}") from exc
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     try:
-        documents = list(yaml.load_all(text, Loader=loader))
+        documents = list(yaml.load_all(text, Loader=SAFE_LOADER))
     except yaml.YAMLError as exc:
         raise HealthInputError(f"{filename}: not YAML: {exc}") from exc
     for index, document in enumerate(documents, start=1):
@@ -77,14 +77,6 @@ def _objects(filename: str) -> list[Mapping[str, Any]]:
             )
         objects.append(obj)
     return objects
-
-
-def _default_kubeconfig() -> str | None:
-    configured = os.environ.get("KUBECONFIG", "").split(os.pathsep)[0]
-    if configured:
-        return configured
-    home = Path.home() / ".kube" / "config"
-    return str(home) if home.exists() else None
 
 
 def _with_namespaces(objects: list[Mapping[str, Any]], kube: Any) -> list[Mapping[str, Any]]:
@@ -130,7 +122,7 @@ def run_health(
     else:
         from agent.kube import ApiUnavailableError, KubeClient, KubeconfigError
 
-        config = kubeconfig or _default_kubeconfig()
+        config = kubeconfig  # already found as kubectl finds it (agent.options.kubeconfig_of)
         if config is None and not os.environ.get("KUBERNETES_SERVICE_HOST"):
             raise KubeconfigError(
                 "no cluster to read the objects from: no --kubeconfig, no $KUBECONFIG, no "

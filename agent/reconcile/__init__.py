@@ -29,6 +29,7 @@ from agent.api.reasons import Reason
 from agent.apply import Inventory, Key
 from agent.apply.intent import GroupRecords
 from agent.apply.store import RevisionStore
+from agent.approve.gate import Approvals
 from agent.errors import TemporaryError
 from agent.kube import ApiUnavailableError, KubeClient
 from agent.reconcile.context import (
@@ -43,6 +44,9 @@ from agent.reconcile.context import (
 )
 from agent.reconcile.group import reconcile_group
 from agent.reconcile.removal import remove_absent
+from agent.render.manifests import is_hook
+from agent.report.logs import log_context
+from agent.report.metrics import Metrics
 from agent.report.outputs import OutputsStage
 from agent.report.runs import RunLog
 from agent.report.view import BundleView, BundleViews, now
@@ -87,7 +91,13 @@ class PassResult:
 
     @property
     def held(self) -> tuple[str, ...]:
+        """Groups paused, or whose move was denied."""
         return self._groups(GroupState.HELD)
+
+    @property
+    def awaiting_approval(self) -> tuple[str, ...]:
+        """Groups whose move waits for a decision on its BundleDeploymentRequest."""
+        return self._groups(GroupState.AWAITING_APPROVAL)
 
     @property
     def drift_corrected(self) -> int:
@@ -115,7 +125,11 @@ class Reconciler:
         views: BundleViews,
         outputs: OutputsStage | None = None,
         clock: Callable[[], datetime] = now,
+        metrics: Metrics | None = None,
+        approvals: Approvals | None = None,
     ) -> None:
+        """``approvals``: default, this agent's requests and the cluster's ApprovalPolicies
+        through ``kube``."""
         self.kube = kube
         self.settings = settings
         self.store = store
@@ -124,7 +138,9 @@ class Reconciler:
         self.views = views
         self.outputs = outputs
         self.clock = clock
+        self.metrics = metrics
         self.identities = Identities(kube=kube, agent_namespace=settings.agent_namespace)
+        self.approvals = approvals or Approvals(kube=kube, agent_namespace=settings.agent_namespace)
 
     def reconcile(
         self,
@@ -174,6 +190,8 @@ class Reconciler:
                 views=self.views,
                 outputs=self.outputs,
                 clock=self.clock,
+                metrics=self.metrics,
+                approvals=self.approvals,
             )
 
         outcomes = self._run_groups(deployment_set, context)
@@ -255,7 +273,8 @@ class Reconciler:
         """One group's pipeline; a failure stays with the group. Raises ApiUnavailableError
         only when the API server itself does not answer."""
         try:
-            return reconcile_group(ctx, healthy)
+            with log_context(group=ctx.group, serial=ctx.serial):
+                return reconcile_group(ctx, healthy)
         except ApiUnavailableError as exc:
             if not self.kube.reachable():
                 raise
@@ -295,7 +314,9 @@ class Reconciler:
         the stored revisions. Pruning hands such objects over instead of deleting them."""
         claims: dict[Key, str] = {}
         for name, objects in rendered.items():
-            for key in Inventory.from_objects(objects).entries:
+            # Hooks are created, never owned: they claim nothing.
+            owned = [o for o in objects if not is_hook(o)]
+            for key in Inventory.from_objects(owned).entries:
                 claims.setdefault(key, name)
         for name in sorted(e.name for e in deployment_set.bundle_deployments):
             stored = self.store.latest(name)

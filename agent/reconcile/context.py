@@ -13,17 +13,22 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.api import BundleDeploymentEntry, BundleDeploymentSet, BundleDeploymentSpec, Revision
-from agent.apply import Key
+from agent.apply import ApplyError, Key
+from agent.apply.guard import Guard
 from agent.apply.intent import GroupRecords
 from agent.apply.store import RevisionStore
 from agent.errors import PermanentError, TemporaryError
 from agent.kube import KubeClient
+from agent.report.metrics import Metrics
 from agent.report.outputs import OutputsStage
 from agent.report.runs import RunLog
 from agent.report.view import BundleView, BundleViews
+
+if TYPE_CHECKING:
+    from agent.approve.gate import Approvals
 
 Manifest = dict[str, Any]
 RenderFn = Callable[
@@ -54,8 +59,12 @@ class ReconcileSettings:
     minutes."""
     establish_timeout: float = 60.0
     """Seconds a group's CRDs may take to become Established."""
+    guard: Guard | None = None
+    """The agent's own objects, off limits to bundle content (None: nothing guarded; the
+    CLI always sets it)."""
     failpoint: Callable[[str], None] | None = None
-    """Called with the name of each step of a move (``intent``, ``apply:<progress>``,
+    """Called with the name of each step of a move (``approved``, ``intent``,
+    ``apply:<progress>``,
     ``applied``, ``health``, ``healthy``, ``pruned``, ``stored``, ``finished``, ``rollback``,
     ``rollback:applied``, ``rollback:pruned``): fault injection for crash tests
     (``FLEETLET_FAILPOINT``); None in production."""
@@ -107,6 +116,19 @@ class MoveFailed(PermanentError):
         """A failure recorded earlier (in an intent), said exactly as it was said then."""
         return cls(reason, described, described=described)
 
+    @classmethod
+    def of_apply(cls, exc: ApplyError, *, reason: str, written: bool) -> MoveFailed:
+        """The move's failure for an apply error: its first object named, the API server's
+        reason of every refused object as the causes."""
+        return cls(
+            reason,
+            str(exc),
+            bundle=exc.bundle,
+            target=exc.target,
+            written=written,
+            causes=(f.reason for f in exc.failures),
+        )
+
     @property
     def culprit(self) -> tuple[str, str] | None:
         """(bundle, object) that made the group fail, when the failure names one."""
@@ -132,6 +154,8 @@ class GroupState(StrEnum):
     ROLLED_BACK = "rolledBack"
     FAILED = "failed"
     WAITING = "waiting"
+    AWAITING_APPROVAL = "awaitingApproval"
+    """Its move waits for a decision on its BundleDeploymentRequest (looked at each poll)."""
     HELD = "held"
 
 
@@ -177,6 +201,10 @@ class GroupContext:
     views: BundleViews
     outputs: OutputsStage | None
     clock: Callable[[], datetime]
+    metrics: Metrics | None = None
+    approvals: Approvals | None = None
+    """Approval requests and the cluster's ApprovalPolicies (None: moves are never held for
+    an approval)."""
     owners: dict[Any, str] = field(default_factory=dict)
     """Which bundle of the group each object (and checked object) belongs to (per-bundle
     health counts); filled by the step that applies."""
@@ -187,6 +215,10 @@ class GroupContext:
 
     def view(self, name: str) -> BundleView:
         return self.views.view(name, self.group)
+
+    def event(self, name: str, reason: str, message: str, *, warning: bool = False) -> None:
+        """A Kubernetes Event about bundle ``name`` (see :mod:`agent.report.events`)."""
+        self.views.bundles.record(name, reason, message, warning=warning)
 
     def failpoint(self, name: str) -> None:
         if self.settings.failpoint is not None:

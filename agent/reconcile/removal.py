@@ -9,13 +9,15 @@ crash interrupted.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
-from agent.api import BundleDeploymentSet
+from agent.api import BundleDeploymentSet, BundleDeploymentSpec
 from agent.apply import Entry, Inventory, Key, plan_prune, prune
+from agent.apply.hooks import POST_DELETE, PRE_DELETE, Hook, HookFailedError, run_hooks, split
 from agent.apply.intent import GroupRecord, GroupRecords
 from agent.apply.store import RevisionStore
+from agent.kube import KubeApiError
 from agent.reconcile.context import Identities
 from agent.report.outputs import OutputsStage
 from agent.report.runs import RunLog
@@ -57,6 +59,9 @@ def remove_absent(
         kept = store.latest(name)
         spec = kept.spec if kept is not None else None
         policy = spec.deletion_policy if spec else "Delete"
+        hooks = split(name, kept.delete_hooks, install=False) if kept else None
+        if hooks is not None:
+            _run_delete_hooks(hooks.of(PRE_DELETE), identities, spec)
         if policy == "Delete" and len(owned):
             plan = plan_prune(
                 {name: owned},
@@ -70,6 +75,8 @@ def remove_absent(
                 name,
                 sum(1 for o in outcomes if o.done == "deleted"),
             )
+        if hooks is not None:
+            _run_delete_hooks(hooks.of(POST_DELETE), identities, spec)
         store.delete(name)
         runs.delete(name)
         if outputs is not None:
@@ -79,6 +86,22 @@ def remove_absent(
     for group, record in recorded.items():
         _tidy(records, group, record, wanted, keep=group in groups)
     return sorted(gone)
+
+
+def _run_delete_hooks(
+    hooks: Sequence[Hook], identities: Identities, spec: BundleDeploymentSpec | None
+) -> None:
+    """A removed bundle's pre-delete (or post-delete) hooks, waited for; a failed one is
+    logged and the removal goes on (the bundle is going away either way, as in Helm)."""
+    if not hooks:
+        return
+    timeout = float(spec.health_checks.timeout_seconds) if spec else 300.0
+    try:
+        run_hooks(hooks, client_for=lambda _bundle: identities(spec), timeout=timeout)
+    except (HookFailedError, KubeApiError) as exc:
+        log.warning(
+            "bundle %s: a delete hook failed (removing it anyway): %s", hooks[0].bundle, exc
+        )
 
 
 def _stale(records: GroupRecords, groups: set[str]) -> bool:

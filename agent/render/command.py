@@ -24,6 +24,7 @@ from typing import Any
 import yaml
 
 from agent.api import FormatOptions, from_dict
+from agent.api.yamlio import SAFE_DUMPER
 from agent.errors import PermanentError, ValidationError
 from agent.render.detect import detect_format
 from agent.render.facts import ClusterFacts
@@ -33,10 +34,7 @@ from agent.render.scope import builtin_scope
 from agent.render.tools import ToolSettings
 from agent.render.values import load_values_file, merge, parse_set
 
-try:
-    _Dumper: type[Any] = yaml.CSafeDumper
-except AttributeError:  # PyYAML built without libyaml
-    _Dumper = yaml.SafeDumper
+_Dumper: type[Any] = SAFE_DUMPER
 
 # Which formats take which options (the API's rule: plugins take every option).
 _ONLY = {

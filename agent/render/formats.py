@@ -1,5 +1,5 @@
-"""The format registry: ``plain``, ``helm`` and ``kustomize`` built in, plugins through the
-``fleetlet.formats`` entry points.
+"""The format registry: ``plain``, ``helm``, ``kustomize`` and ``registry+v1`` built in,
+plugins through the ``fleetlet.formats`` entry points.
 
 A format is an object with a ``name`` and ``render(tree, request) -> list[dict]`` returning
 Kubernetes objects (see :class:`Format`). A plugin package declares, in its
@@ -8,20 +8,21 @@ Kubernetes objects (see :class:`Format`). A plugin package declares, in its
     [project.entry-points."fleetlet.formats"]
     myformat = "my_package.module:MyFormat"
 
-The entry point may name a format object or a class/factory called without arguments.
-:func:`render_objects` validates every object a format returns and applies the bundle's
-``patches`` (unless the format says it applied them itself: ``applies_patches = True``, as the
-kustomize format does in its one build); :func:`render_bundle` then finishes them (target namespace, ownership labels) the
-same way for all formats, so no plugin can skip that. A built-in format of the API
-(:data:`agent.api.BUILTIN_FORMATS`) that this build does not carry fails with
-:class:`FormatNotAvailableError`; installing a plugin of that name makes it available without
-any change here or in ``fleetlet render``.
+The plugin API is :mod:`agent.render.plugin_api` (documented in ``docs/plugins.md``); a
+plugin is never imported by the agent: :class:`~agent.render.plugins.PluginFormat` runs it in
+a bounded child process. :func:`render_objects` validates every object a format returns and
+applies the bundle's ``patches`` (unless the format says it applied them itself:
+``applies_patches``, as the kustomize format does in its one build); :func:`render_bundle`
+then finishes them (target namespace, ownership labels) the same way for all formats, so no
+plugin can skip that. A built-in format of the API (:data:`agent.api.BUILTIN_FORMATS`) that
+this build does not carry fails with :class:`FormatNotAvailableError`; installing a plugin of
+that name makes it available without any change here or in ``fleetlet render``.
 """
 
 from __future__ import annotations
 
 import functools
-from importlib.metadata import entry_points
+from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -32,8 +33,10 @@ from agent.render.kustomize import KustomizeFormat
 from agent.render.manifests import InvalidManifestError, Manifest, validate_object
 from agent.render.patches import apply_patches
 from agent.render.plain import PlainFormat, RenderRequest, finish
-
-ENTRY_POINT_GROUP = "fleetlet.formats"
+from agent.render.plugin_api import ENTRY_POINT_GROUP
+from agent.render.plugins import PluginFormat
+from agent.render.registry_v1 import RegistryV1Format
+from agent.render.tools import ToolSettings
 
 
 @runtime_checkable
@@ -46,7 +49,7 @@ class Format(Protocol):
 
 
 class UnknownFormatError(PermanentError):
-    """No built-in format or installed plugin has this name (or the plugin fails to load)."""
+    """No built-in format or installed plugin has this name."""
 
     reason = "UnknownFormat"
 
@@ -56,7 +59,7 @@ class FormatNotAvailableError(UnknownFormatError, NotImplementedYetError):
 
 
 class FormatFailedError(InvalidManifestError):
-    """A format (typically a plugin) failed with an error of its own."""
+    """A built-in format failed with an error that is not one of fleetlet's."""
 
     reason = "RenderFailed"
 
@@ -66,11 +69,12 @@ _LOADED: dict[str, Format] = {
     "plain": PlainFormat(),
     "helm": HelmFormat(),
     "kustomize": KustomizeFormat(),
+    "registry+v1": RegistryV1Format(),
 }
 
 
 @functools.cache
-def _plugins() -> dict[str, object]:
+def _plugins() -> dict[str, EntryPoint]:
     return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
 
 
@@ -80,9 +84,10 @@ def available_formats() -> list[str]:
 
 
 def get_format(name: str) -> Format:
-    """The format called ``name``.
+    """The format called ``name``: a built-in one, or an installed plugin (run in a bounded
+    child process, :mod:`agent.render.plugins`; it is not imported here).
 
-    Raises UnknownFormatError if none is installed or the plugin does not load.
+    Raises UnknownFormatError if none is installed under that name.
     """
     if name in _LOADED:
         return _LOADED[name]
@@ -96,17 +101,17 @@ def get_format(name: str) -> Format:
         raise UnknownFormatError(
             f"unknown format {name!r} (available: {', '.join(available_formats())})"
         )
-    try:
-        loaded = entry.load()  # type: ignore[attr-defined]
-        # A class also "has" name and render: instantiate classes and factories.
-        is_instance = isinstance(loaded, Format) and not isinstance(loaded, type)
-        candidate = loaded if is_instance else loaded()
-    except Exception as exc:  # a broken plugin must not take the agent down
-        raise UnknownFormatError(f"format plugin {name!r} failed to load: {exc}") from exc
-    if not isinstance(candidate, Format):
-        raise UnknownFormatError(f"format plugin {name!r} has no render(tree, request)")
-    _LOADED[name] = candidate
-    return candidate
+    plugin = PluginFormat(name=name, entry=entry)
+    _LOADED[name] = plugin
+    return plugin
+
+
+def applies_patches(renderer: Format, tools: ToolSettings) -> bool:
+    """Whether ``renderer`` applies a bundle's patches itself (kustomize, a plugin that says
+    so). Raises what asking a plugin raises (PluginLoadError, PluginError)."""
+    if isinstance(renderer, PluginFormat):
+        return renderer.applies_patches_for(tools)
+    return bool(getattr(renderer, "applies_patches", False))
 
 
 def render_bundle(tree: Path, *, format: str, request: RenderRequest) -> list[Manifest]:
@@ -125,6 +130,8 @@ def render_objects(tree: Path, *, format: str, request: RenderRequest) -> list[M
     with an error of its own, PatchFailedError) and the format's own FleetletErrors.
     """
     renderer = get_format(format)
+    # A plugin says whether it applies patches before it renders (fails early if it is broken).
+    patched_by_format = applies_patches(renderer, request.tools) if request.patches else False
     try:
         raw = renderer.render(tree, request)
     except FleetletError:
@@ -145,7 +152,7 @@ def render_objects(tree: Path, *, format: str, request: RenderRequest) -> list[M
         validate_object(obj, source=request.source, file=f"{format} output", index=i)
         for i, obj in enumerate(raw)
     ]
-    if not request.patches or getattr(renderer, "applies_patches", False):
+    if not request.patches or patched_by_format:
         return objects
     patched = apply_patches(
         objects, request.patches, source=request.source, kustomize=request.tools.find("kustomize")

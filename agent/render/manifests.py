@@ -23,12 +23,10 @@ from typing import Any
 
 import yaml
 
+from agent.api.yamlio import SAFE_LOADER
 from agent.source.content import ContentRefusedError
 
-try:
-    _Loader: type[Any] = yaml.CSafeLoader
-except AttributeError:  # PyYAML built without libyaml
-    _Loader = yaml.SafeLoader
+_Loader: type[Any] = SAFE_LOADER
 
 
 class _DuplicateKeyError(yaml.YAMLError):

@@ -2,7 +2,7 @@
 
 A :data:`ScopeLookup` is any callable ``(api_version, kind) -> bool | None``: True for a
 namespaced kind, False for a cluster-scoped one, None when the kind is unknown. Production uses
-:class:`DiscoveryScope` (the API server's discovery); ``fleetlet render`` without a cluster uses
+:meth:`agent.kube.KubeClient.scope` (the API server's discovery); ``fleetlet render`` without a cluster uses
 :func:`builtin_scope`, derived from the operations of the installed ``kubernetes`` client (which
 is generated from the API server's OpenAPI), never from a list kept by hand. Either way, the
 CustomResourceDefinitions inside the bundle itself are consulted first (:func:`with_bundle_crds`):
@@ -38,27 +38,6 @@ def mapping_scope(namespaced: Mapping[str, bool]) -> ScopeLookup:
         return None
 
     return lookup
-
-
-class DiscoveryScope:
-    """Scope from the API server's discovery (kubernetes' dynamic client, cached on disk).
-
-    An unknown kind triggers one re-discovery by the dynamic client before answering None.
-    """
-
-    def __init__(self, api_client: Any, *, cache_file: str) -> None:
-        from kubernetes.dynamic import DynamicClient
-
-        self._client = DynamicClient(api_client, cache_file=cache_file)  # type: ignore[no-untyped-call]
-
-    def __call__(self, api_version: str, kind: str) -> bool | None:
-        from kubernetes.dynamic.exceptions import ResourceNotFoundError, ResourceNotUniqueError
-
-        try:
-            resource = self._client.resources.get(api_version=api_version, kind=kind)
-        except (ResourceNotFoundError, ResourceNotUniqueError):
-            return None
-        return bool(resource.namespaced)
 
 
 def _normal(kind: str) -> str:

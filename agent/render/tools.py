@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from agent.errors import PermanentError
+from agent.errors import ConfigurationError, PermanentError
 
 PINNED_TOOLS: Final[Mapping[str, str]] = {"helm": "v4.3.1", "kustomize": "v5.8.2"}
 """The release of each tool fleetlet is tested with (and builds into the cache)."""
@@ -97,11 +97,18 @@ def find_tool(name: str, *, override: str | None = None, cache_root: Path | None
     )
 
 
+DEFAULT_PLUGIN_TIMEOUT = 60.0
+"""Seconds one render by a format plugin may take (its child process is then killed)."""
+DEFAULT_PLUGIN_MAX_MEMORY = 1 << 30
+"""Bytes of memory a format plugin's child process may write to (``RLIMIT_DATA``)."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class ToolSettings:
-    """Where the external tools are, as configured at the edge (CLI flags or environment).
+    """Where the external tools are, and the bounds of the format plugins' child processes,
+    as configured at the edge (CLI flags or environment).
 
-    ``None`` fields mean "look on PATH, then in the cache".
+    ``None`` tool fields mean "look on PATH, then in the cache".
     """
 
     helm: str | None = None
@@ -110,22 +117,52 @@ class ToolSettings:
     """``FLEETLET_KUSTOMIZE``: the kustomize binary to use."""
     cache_root: Path | None = None
     """The cache holding the pinned releases (default: :func:`default_cache_root`)."""
+    plugin_timeout: float = DEFAULT_PLUGIN_TIMEOUT
+    """``FLEETLET_PLUGIN_TIMEOUT``: seconds a format plugin may render for."""
+    plugin_max_memory: int = DEFAULT_PLUGIN_MAX_MEMORY
+    """``FLEETLET_PLUGIN_MAX_MEMORY`` (in MiB there): bytes a format plugin may write to."""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ToolSettings:
-        """Read ``FLEETLET_HELM``, ``FLEETLET_KUSTOMIZE`` and ``FLEETLET_CACHE``."""
+        """Read ``FLEETLET_HELM``, ``FLEETLET_KUSTOMIZE``, ``FLEETLET_CACHE``,
+        ``FLEETLET_PLUGIN_TIMEOUT`` (seconds) and ``FLEETLET_PLUGIN_MAX_MEMORY`` (MiB).
+
+        Raises ToolSettingsError for a bound that is not a positive number.
+        """
         env = os.environ if environ is None else environ
         cache = env.get("FLEETLET_CACHE")
         return cls(
             helm=env.get("FLEETLET_HELM") or None,
             kustomize=env.get("FLEETLET_KUSTOMIZE") or None,
             cache_root=Path(cache).expanduser() if cache else None,
+            plugin_timeout=_positive(env, "FLEETLET_PLUGIN_TIMEOUT", DEFAULT_PLUGIN_TIMEOUT),
+            plugin_max_memory=int(
+                _positive(env, "FLEETLET_PLUGIN_MAX_MEMORY", DEFAULT_PLUGIN_MAX_MEMORY / (1 << 20))
+                * (1 << 20)
+            ),
         )
 
     def find(self, name: str) -> Path:
         """The binary of ``name`` under these settings. Raises ToolNotFoundError."""
         override = {"helm": self.helm, "kustomize": self.kustomize}.get(name)
         return find_tool(name, override=override, cache_root=self.cache_root)
+
+
+class ToolSettingsError(ConfigurationError):
+    """A tool setting from the environment is malformed."""
+
+
+def _positive(env: Mapping[str, str], name: str, default: float) -> float:
+    text = env.get(name)
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise ToolSettingsError(f"{name}={text}: expected a positive number")
+    return value
 
 
 def _pin(name: str) -> str:
@@ -138,10 +175,13 @@ def _pin(name: str) -> str:
 
 
 __all__ = [
+    "DEFAULT_PLUGIN_MAX_MEMORY",
+    "DEFAULT_PLUGIN_TIMEOUT",
     "OVERRIDE_VARIABLES",
     "PINNED_TOOLS",
     "ToolNotFoundError",
     "ToolSettings",
+    "ToolSettingsError",
     "cached_tool_path",
     "default_cache_root",
     "find_tool",

@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 
 from agent.api import API_GROUP, API_VERSION, BundleDeploymentSet, format_time, to_dict
 from agent.kube import STATE_FIELD_MANAGER, KubeClient
+from agent.report.events import EventRecorder
 
 MANAGED_LABEL = "fleetlet.io/managed-by"
 SERIAL_ANNOTATION = "fleetlet.io/serial"
@@ -39,11 +40,19 @@ class BundleDeployments:
     """
 
     def __init__(
-        self, *, kube: KubeClient, owner: str, clock: Callable[[], datetime] | None = None
+        self,
+        *,
+        kube: KubeClient,
+        owner: str,
+        clock: Callable[[], datetime] | None = None,
+        events: EventRecorder | None = None,
     ) -> None:
+        """``events``: where Events about the BundleDeployments are recorded (None: none)."""
         self._kube = kube
         self.owner = owner
         self._clock = clock or (lambda: datetime.now(UTC))
+        self._events = events
+        self._uids: dict[str, str] = {}
 
     def _ref(self, name: str) -> dict[str, Any]:
         return {"apiVersion": GROUP_VERSION, "kind": KIND, "metadata": {"name": name}}
@@ -72,7 +81,24 @@ class BundleDeployments:
             )
 
     def _managed(self) -> list[dict[str, Any]]:
-        return self._kube.list(GROUP_VERSION, KIND, label_selector=f"{MANAGED_LABEL}={self.owner}")
+        found = self._kube.list(GROUP_VERSION, KIND, label_selector=f"{MANAGED_LABEL}={self.owner}")
+        # Events name their object by UID too (kubectl describe looks them up by it).
+        self._uids = {o["metadata"]["name"]: str(o["metadata"].get("uid") or "") for o in found}
+        return found
+
+    def record(self, name: str, reason: str, message: str, *, warning: bool = False) -> None:
+        """Record a Kubernetes Event about BundleDeployment ``name`` (rate-limited and
+        aggregated by the recorder; never raises)."""
+        if self._events is None:
+            return
+        obj: dict[str, Any] = {**self._ref(name)}
+        uid = self._uids.get(name)
+        if uid:
+            obj["metadata"] = {"name": name, "uid": uid}
+        if warning:
+            self._events.warning(obj, reason, message)
+        else:
+            self._events.normal(obj, reason, message)
 
     def names(self) -> list[str]:
         """The BundleDeployments this agent manages. Raises the KubeClient's errors."""
@@ -142,6 +168,7 @@ class BundleDeployments:
         names = self.names()
         text = f"publication at commit {commit[:12]} refused: {message}"
         for name in names:
+            self.record(name, reason, text, warning=True)
             status = self.status_of(name)
             kept = {
                 k: v for k, v in status.items() if k not in ("conditions", "observedGeneration")

@@ -71,6 +71,7 @@ from agent.kube import (
 )
 from agent.render.plain import BUNDLE_LABEL
 from agent.report.bundles import MANAGED_LABEL
+from agent.report.logs import mask
 from agent.report.seal import OutputPlace, sensitive_output
 
 KIND = "BundleOutputs"
@@ -283,8 +284,10 @@ def read_outputs(
                 )
             )
             continue
-        secret = _is_secret(ref.api_version, ref.kind)
-        values.append(ReadOutput(output.name, text, output.sensitive or secret))
+        sensitive = output.sensitive or _is_secret(ref.api_version, ref.kind)
+        if sensitive:
+            mask(text)  # read into this process: never in a log line from now on
+        values.append(ReadOutput(output.name, text, sensitive))
     if failures:
         raise OutputError(failures)
     return values

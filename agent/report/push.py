@@ -28,15 +28,16 @@ import random
 import shutil
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pygit2
 
 from agent.api.status import (
+    SCHEMA_VERSION,
     STATUS_FILE,
     ClusterStatus,
     bound_status,
@@ -44,12 +45,15 @@ from agent.api.status import (
     load_status,
     status_branch,
 )
-from agent.backoff import pause
+from agent.backoff import attempts, pause
 from agent.errors import PermanentError, ValidationError
 from agent.source.credentials import GitAuthError, GitCallbacks, GitCredentials
 from agent.source.lsrefs import GitUnavailableError
 
 _log = logging.getLogger(__name__)
+
+if TYPE_CHECKING:
+    from agent.report.metrics import Metrics
 
 __all__ = [
     "GitAuthError",
@@ -114,6 +118,9 @@ class StatusPusher:
     whether a push is due (a pending document, or the heartbeat); ``push(now)`` pushes;
     ``tick(now)`` does both. Thread-safe. The document's ``heartbeat`` and ``sequence`` are
     set here (what the caller puts there is ignored); it is bounded with ``bound_status``.
+    ``metrics``, when given, counts pushes that succeeded and failed.
+    ``formats`` (the formats this agent can render) are written into every document that
+    names none: they are the agent's, not any one reconcile's.
     """
 
     def __init__(
@@ -131,11 +138,15 @@ class StatusPusher:
         retry_backoff: float | None = None,
         max_backoff: float = 300.0,
         rng: Callable[[], float] = random.random,
+        metrics: Metrics | None = None,
+        formats: Sequence[str] = (),
     ) -> None:
         """``retry_backoff``: the wait after a failed push before :meth:`tick` tries again
         (default: the heartbeat interval, at most 10 s), doubling up to ``max_backoff``; half
         of each wait is drawn at random."""
         self.repo_url = repo_url
+        self._metrics = metrics
+        self.formats = tuple(sorted(set(formats)))
         self.cluster = cluster
         self.branch = status_branch(cluster)
         self.ref = "refs/heads/" + self.branch
@@ -242,7 +253,12 @@ class StatusPusher:
         now = time.time() if now is None else now
         with self._lock:
             # ``truncated`` is ours to say (after bounding), not the caller's.
-            candidate = bound_status(dataclasses.replace(status, truncated=False), **self._bound)
+            status = dataclasses.replace(status, truncated=False)
+            if self.formats and not status.formats:
+                status = dataclasses.replace(
+                    status, formats=self.formats, schema_version=SCHEMA_VERSION
+                )
+            candidate = bound_status(status, **self._bound)
             if self._latest is not None and _content_key(candidate) == _content_key(self._latest):
                 return False
             sequence = self._latest.sequence + 1 if self._latest is not None else 1
@@ -297,6 +313,8 @@ class StatusPusher:
                 result = self._push(doc, now)
             except Exception as exc:
                 self.last_error = exc
+                if self._metrics is not None:
+                    self._metrics.status_pushed(ok=False)
                 self.failures += 1
                 # From when the failure was known: a push that hung for its timeout must not
                 # leave a backoff that is already over.
@@ -309,6 +327,8 @@ class StatusPusher:
                 )
                 self.retry_at = now + wait
                 raise
+            if self._metrics is not None:
+                self._metrics.status_pushed(ok=True)
             self.last_error = None
             self.failures = 0
             self.retry_at = None
@@ -328,7 +348,9 @@ class StatusPusher:
 
     def _push(self, doc: ClusterStatus, now: float) -> PushResult:
         last = ""
-        for attempt in range(PUSH_ATTEMPTS):
+        # Another writer moved the branch between our fetch and our push: fetch again, after a
+        # short backoff with jitter (two writers do not collide again in step).
+        for attempt in attempts(PUSH_ATTEMPTS, initial=0.05, maximum=1.0):
             if attempt:
                 self.retries += 1
             tip = self._fetch()

@@ -98,6 +98,12 @@ class BundleView:
         self.phase = phase
         self._triple("False", "True", "False", reason, message)
 
+    def mark_stopped(self, reason: str, message: str, *, phase: Phase) -> None:
+        """Not Ready, not moving, not Degraded: held where it is by a decision (a denied
+        approval); the running revision is unaffected."""
+        self.phase = phase
+        self._triple("False", "False", "False", reason, message)
+
     def mark_paused(self, message: str) -> None:
         """Paused: nothing is applied; Ready keeps what it said of the running revision."""
         self.phase = Phase.PAUSED

@@ -31,6 +31,10 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from agent.report.metrics import Metrics
 
 from agent.source.content import LOCAL_STORAGE_ERRNOS, LocalStorageError
 
@@ -117,11 +121,15 @@ def _remove(path: Path) -> None:
 
 
 class ContentCache:
-    """The cache under ``root`` holding at most about ``max_bytes`` of unpacked content."""
+    """The cache under ``root`` holding at most about ``max_bytes`` of unpacked content.
 
-    def __init__(self, *, root: Path, max_bytes: int) -> None:
+    ``metrics``, when given, counts each :meth:`lookup` as a hit or a miss.
+    """
+
+    def __init__(self, *, root: Path, max_bytes: int, metrics: Metrics | None = None) -> None:
         self.root = Path(root)
         self.max_bytes = max_bytes
+        self._metrics = metrics
         self._entries_dir = self.root / "entries"
         self._staging_dir = self.root / "staging"
         self._lock = threading.Lock()
@@ -169,6 +177,12 @@ class ContentCache:
     def lookup(self, key: str) -> Path | None:
         """The tree cached under ``key`` (and mark it used), or None: also when the tree is no
         longer what was stored (it is then dropped, and logged)."""
+        found = self._use(key)
+        if self._metrics is not None:
+            self._metrics.cache_lookup(hit=found is not None)
+        return found
+
+    def _use(self, key: str) -> Path | None:
         with self._lock:
             entry = self._index.get(key)
             if entry is None:
@@ -203,7 +217,7 @@ class ContentCache:
         and nothing is cached. Evicts least recently used entries until the cache fits
         ``max_bytes``.
         """
-        existing = self.lookup(key)
+        existing = self._use(key)  # not a lookup of its own: the caller's lookup counted
         if existing is not None:
             return existing
         staging = self._staging_dir / uuid.uuid4().hex

@@ -13,15 +13,11 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
-import re
 from dataclasses import dataclass
 from typing import Protocol
 
+from agent.api.pins import is_commit, is_digest, is_sha256_hex
 from agent.errors import PermanentError, TemporaryError
-
-_SHA256 = re.compile(r"^sha256:[0-9a-f]{64}$")
-_HEX64 = re.compile(r"^[0-9a-f]{64}$")
-_COMMIT = re.compile(r"^[0-9a-f]{40}$")
 
 
 class SourceLike(Protocol):
@@ -162,7 +158,7 @@ def describe(source: SourceLike) -> str:
 
 def check_sha256_digest(value: str | None, *, source: str) -> str:
     """Return ``value`` if it is ``sha256:<64 hex>``; raises InvalidSourceError otherwise."""
-    if value is None or not _SHA256.match(value):
+    if value is None or not is_digest(value):
         raise InvalidSourceError(
             f"expected a digest sha256:<64 hex>, got {value!r}", source=source, rule="PinMalformed"
         )
@@ -175,7 +171,7 @@ def check_hex_sha256(value: str | None, *, source: str) -> str:
     Raises InvalidSourceError when it is not one.
     """
     bare = value.removeprefix("sha256:") if value else ""
-    if not _HEX64.match(bare):
+    if not is_sha256_hex(bare):
         raise InvalidSourceError(
             f"expected a sha256 of 64 hex digits, got {value!r}", source=source, rule="PinMalformed"
         )
@@ -184,7 +180,7 @@ def check_hex_sha256(value: str | None, *, source: str) -> str:
 
 def check_commit(value: str | None, *, source: str) -> str:
     """Return ``value`` if it is a full 40-hex commit id; raises InvalidSourceError otherwise."""
-    if value is None or not _COMMIT.match(value):
+    if value is None or not is_commit(value):
         raise InvalidSourceError(
             f"expected a full 40-hex commit id, got {value!r}", source=source, rule="PinMalformed"
         )

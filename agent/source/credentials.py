@@ -23,6 +23,7 @@ from pathlib import Path
 import pygit2
 
 from agent.errors import PermanentError
+from agent.report.logs import mask
 
 DEFAULT_TOKEN_USER = "x-access-token"
 DEFAULT_SSH_USER = "git"
@@ -66,6 +67,9 @@ class GitCredentials:
     ssh_user: str | None = None
 
     def __post_init__(self) -> None:
+        # Whatever happens next, these values never reach a log line.
+        for secret in (self.password, self.token, self.ssh_passphrase):
+            mask(secret)
         if self.password is not None and self.token is not None:
             raise CredentialsConfigError("git credentials: give a password or a token, not both")
         if self.username is not None and self.password is None and self.token is None:

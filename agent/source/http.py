@@ -12,14 +12,13 @@ import hashlib
 import re
 import shutil
 import tempfile
-import time
 import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import requests
 
-from agent.backoff import pause
+from agent.backoff import attempts
 from agent.source.archive import ArchiveLimits, extract_archive, is_archive
 from agent.source.content import (
     AuthenticationError,
@@ -46,7 +45,7 @@ class HttpSettings:
 
     ``timeout`` bounds each read (a server that accepts and then says nothing), and
     ``connect_timeout`` the connection; ``attempts`` requests are made at most, ``backoff``
-    seconds apart and doubling, with jitter (:func:`agent.backoff.pause`)."""
+    seconds apart and doubling, with jitter (:func:`agent.backoff.attempts`)."""
 
     timeout: float = 10.0
     connect_timeout: float = 5.0
@@ -126,9 +125,7 @@ class HttpFetcher:
         if credentials is not None and credentials.username is not None:
             auth = (credentials.username, credentials.password or "")
         failure = ""
-        for attempt in range(self.settings.attempts):
-            if attempt:
-                time.sleep(pause(attempt, initial=self.settings.backoff))
+        for _attempt in attempts(self.settings.attempts, initial=self.settings.backoff):
             self.attempts_made += 1
             try:
                 with requests.get(

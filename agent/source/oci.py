@@ -1,10 +1,7 @@
 """OCI artifact sources: pull by manifest digest with oras-py, bounded, checking every byte.
 
-oras-py's ``Registry.do_request`` retries every failure five times with growing sleeps (about
-131 s against a dead registry). :class:`_BoundedRegistry` replaces it with the undecorated
-function (``__wrapped__``) inside our own loop: a few attempts with short backoff, per-request
-timeouts, no retry at all on refused credentials. Credentials are passed in explicitly (from
-the Secret named by the source); ``~/.docker/config.json`` is never read.
+Requests go through the project's one registry client (:mod:`agent.source.registry`: bounded
+retries and timeouts, explicit credentials from the Secret named by the source).
 
 The manifest's raw bytes must hash to the pinned digest; an OCI index is followed to the
 bundle artifact's manifest (checked against its descriptor); each selected layer (chosen by
@@ -13,7 +10,11 @@ the size capped before the download starts. Layers are then unpacked with the sa
 into one tree with one budget: the unpack limits hold for the image, not for each layer, and
 links are judged across layers. A Helm chart in a registry (Helm's own media types) is an
 artifact like any other: its chart layer unpacks to ``<chart>/``, which the ``helm`` format
-renders.
+renders. A container image's layers (OCI or Docker media types) are content too, unpacked in
+order: an OLM bundle image (``manifests/``, ``metadata/`` at its root) is what the
+``registry+v1`` format renders. Layers are unpacked as archives, not as image filesystems:
+whiteout files (``.wh.*``) are not interpreted, so an image whose later layers delete files
+of earlier ones is not what a bundle image is (bundle images are one ``COPY`` each).
 """
 
 from __future__ import annotations
@@ -24,20 +25,15 @@ import hashlib
 import json
 import re
 import tempfile
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import oras.auth.base
-import oras.provider
 import requests
 
-from agent.backoff import pause
 from agent.source.archive import ArchiveLimits, TreeBudget, extract_archive
 from agent.source.content import (
-    AuthenticationError,
     ContentRefusedError,
     Credentials,
     DigestMismatchError,
@@ -46,6 +42,10 @@ from agent.source.content import (
     check_sha256_digest,
     sha256_digest,
 )
+from agent.source.registry import (
+    RegistryClient,
+    RegistrySettings,
+)
 
 BUNDLE_LAYER_MEDIA_TYPE = "application/vnd.fleetlet.bundle.layer.v1.tar+gzip"
 BUNDLE_ARTIFACT_TYPE = "application/vnd.fleetlet.bundle.v1"
@@ -53,6 +53,13 @@ BUNDLE_ARTIFACT_TYPE = "application/vnd.fleetlet.bundle.v1"
 # (`<chart>/Chart.yaml`...); the provenance layer, if any, is not content.
 HELM_CHART_LAYER_MEDIA_TYPE = "application/vnd.cncf.helm.chart.content.v1.tar+gzip"
 HELM_CONFIG_MEDIA_TYPE = "application/vnd.cncf.helm.config.v1+json"
+# A container image's filesystem layers (an OLM bundle image is one: manifests/ and metadata/
+# at its root), unpacked in order into one tree.
+IMAGE_LAYER_MEDIA_TYPES = (
+    "application/vnd.oci.image.layer.v1.tar+gzip",
+    "application/vnd.oci.image.layer.v1.tar",
+    "application/vnd.docker.image.rootfs.diff.tar.gzip",
+)
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
 DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
@@ -60,22 +67,6 @@ DOCKER_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"
 _MANIFEST_TYPES = (OCI_MANIFEST, DOCKER_MANIFEST)
 _INDEX_TYPES = (OCI_INDEX, DOCKER_LIST)
 _ACCEPT = ", ".join((*_MANIFEST_TYPES, *_INDEX_TYPES))
-
-_UNBOUNDED_DO_REQUEST = oras.provider.Registry.do_request.__wrapped__  # type: ignore[attr-defined]
-_CHALLENGE_PARAM = re.compile(r'(\w+)="([^"]*)"')
-
-
-class RegistryUnavailableError(FetchError):
-    """The registry was unreachable, timed out or answered 5xx on every attempt.
-
-    ``attempts`` is how many HTTP attempts were made for the failing request.
-    """
-
-    reason = "RegistryUnavailable"
-
-    def __init__(self, message: str, *, source: str, attempts: int) -> None:
-        super().__init__(message, source=source)
-        self.attempts = attempts
 
 
 class ContentNotFoundError(FetchError):
@@ -104,7 +95,11 @@ class OciSettings:
     backoff: float = 0.5
     max_manifest_bytes: int = 4 * 1024 * 1024
     max_layer_bytes: int = 64 * 1024 * 1024
-    layer_media_types: tuple[str, ...] = (BUNDLE_LAYER_MEDIA_TYPE, HELM_CHART_LAYER_MEDIA_TYPE)
+    layer_media_types: tuple[str, ...] = (
+        BUNDLE_LAYER_MEDIA_TYPE,
+        HELM_CHART_LAYER_MEDIA_TYPE,
+        *IMAGE_LAYER_MEDIA_TYPES,
+    )
     artifact_types: tuple[str, ...] = (BUNDLE_ARTIFACT_TYPE, HELM_CONFIG_MEDIA_TYPE)
     archive_limits: ArchiveLimits = field(default_factory=ArchiveLimits)
     user_agent: str = "fleetlet-agent"
@@ -138,163 +133,6 @@ def credentials_from_docker_config(
         if entry.get("identitytoken"):
             return Credentials(token=entry["identitytoken"])
     return None
-
-
-class _ChallengeAuth(oras.auth.base.AuthBackend):  # type: ignore[misc]
-    """Answers a registry's challenge with the explicit credentials: Basic, or a Bearer token.
-
-    A 401 after our answer is final (no retry loop against wrong credentials).
-    """
-
-    def __init__(self, credentials: Credentials | None, *, source: str) -> None:
-        super().__init__()
-        self.credentials = credentials
-        self.source = source
-        self.header: dict[str, str] = {}
-
-    def get_auth_header(self) -> dict[str, str]:
-        return dict(self.header)
-
-    def load_configs(self, container: Any, configs: list[str] | None = None) -> None:
-        return None  # never the user's docker config
-
-    def _basic(self) -> str | None:
-        creds = self.credentials
-        if creds is None or creds.username is None:
-            return None
-        raw = f"{creds.username}:{creds.password or ''}".encode()
-        return base64.b64encode(raw).decode()
-
-    def authenticate_request(
-        self, original: requests.Response, headers: dict[str, str], refresh: bool = False
-    ) -> tuple[dict[str, str], bool]:
-        url = original.url
-        if self.header and not refresh:
-            raise AuthenticationError(
-                f"registry refused the credentials for {url} (HTTP {original.status_code})",
-                source=self.source,
-            )
-        challenge = original.headers.get("Www-Authenticate", "")
-        scheme = challenge.split(" ", 1)[0].lower()
-        basic = self._basic()
-        if scheme == "basic":
-            if basic is None:
-                raise AuthenticationError(
-                    f"registry requires credentials for {url} and the source has none",
-                    source=self.source,
-                )
-            self.header = {"Authorization": f"Basic {basic}"}
-        elif scheme == "bearer":
-            self.header = {"Authorization": f"Bearer {self._token(challenge, basic, url)}"}
-        else:
-            raise AuthenticationError(
-                f"registry answered HTTP {original.status_code} for {url} without a usable "
-                f"challenge ({challenge!r})",
-                source=self.source,
-            )
-        return {**headers, **self.header}, True
-
-    def _token(self, challenge: str, basic: str | None, url: str) -> str:
-        params = dict(_CHALLENGE_PARAM.findall(challenge))
-        realm = params.pop("realm", "")
-        if not realm.startswith(("http://", "https://")):
-            raise AuthenticationError(f"bad token realm {realm!r} for {url}", source=self.source)
-        headers = {"Authorization": f"Basic {basic}"} if basic else {}
-        if self.credentials is not None and self.credentials.token and not basic:
-            headers = {"Authorization": f"Bearer {self.credentials.token}"}
-        try:
-            answer = self.session.get(realm, params=params, headers=headers)
-        except requests.RequestException as exc:
-            raise FetchError(f"token service {realm} failed: {exc}", source=self.source) from exc
-        if answer.status_code != 200:
-            raise AuthenticationError(
-                f"token service {realm} refused the credentials (HTTP {answer.status_code})",
-                source=self.source,
-            )
-        try:
-            body = answer.json()
-            return str(body.get("token") or body["access_token"])
-        except (ValueError, KeyError, AttributeError) as exc:
-            raise AuthenticationError(
-                f"token service {realm} gave no token", source=self.source
-            ) from exc
-
-
-class _TimeoutSession(requests.Session):
-    """A session whose requests time out: requests has no default timeout."""
-
-    def __init__(self, timeout: tuple[float, float], user_agent: str) -> None:
-        super().__init__()
-        self._timeout = timeout
-        self.headers["User-Agent"] = user_agent
-
-    def request(self, *args: Any, **kwargs: Any) -> requests.Response:  # type: ignore[override]
-        kwargs.setdefault("timeout", self._timeout)
-        return super().request(*args, **kwargs)
-
-
-class _BoundedRegistry(oras.provider.Registry):  # type: ignore[misc]
-    """oras-py's registry client with bounded retries, timeouts and explicit credentials."""
-
-    def __init__(
-        self, *, host: str, settings: OciSettings, credentials: Credentials | None, source: str
-    ) -> None:
-        super().__init__(hostname=host, insecure=settings.plain_http)
-        self.settings = settings
-        self.source = source
-        self.session = _TimeoutSession(
-            (settings.connect_timeout, settings.timeout), settings.user_agent
-        )
-        self.auth = _ChallengeAuth(credentials, source=source)
-        self.auth.session = self.session
-        self.auth.prefix = self.prefix
-        self.attempts_made = 0
-
-    def do_request(
-        self,
-        url: str,
-        method: str = "GET",
-        data: dict[str, Any] | bytes | None = None,
-        headers: dict[str, str] | None = None,
-        json: dict[str, Any] | None = None,
-        stream: bool = False,
-    ) -> requests.Response:
-        """One request, retried a bounded number of times while the registry is unreachable.
-
-        Raises AuthenticationError on refused credentials, RegistryUnavailableError when every
-        attempt failed.
-        """
-        failure = ""
-        for attempt in range(self.settings.attempts):
-            if attempt:
-                time.sleep(pause(attempt, initial=self.settings.backoff))
-            self.attempts_made += 1
-            merged = {**(headers or {}), **self.auth.get_auth_header()}
-            try:
-                response: requests.Response = _UNBOUNDED_DO_REQUEST(
-                    self, url, method, data, merged, json, stream
-                )
-            except (requests.ConnectionError, requests.Timeout) as exc:
-                failure = f"{type(exc).__name__}: {exc}"
-                continue
-            except ValueError as exc:  # oras: "Cannot respond to request for authentication."
-                raise AuthenticationError(f"{method} {url}: {exc}", source=self.source) from exc
-            if response.status_code >= 500:
-                failure = f"HTTP {response.status_code} {response.reason}"
-                response.close()
-                continue
-            if response.status_code in (401, 403):
-                raise AuthenticationError(
-                    f"{method} {url}: registry refused access (HTTP {response.status_code})",
-                    source=self.source,
-                )
-            return response
-        raise RegistryUnavailableError(
-            f"{method} {url}: registry unreachable after {self.settings.attempts} attempts: "
-            f"{failure}",
-            source=self.source,
-            attempts=self.settings.attempts,
-        )
 
 
 @dataclass(frozen=True)
@@ -363,8 +201,18 @@ class OciFetcher:
         settings = self.settings
         if ref.plain_http is not None and ref.plain_http != settings.plain_http:
             settings = replace(settings, plain_http=ref.plain_http)
-        client = _BoundedRegistry(
-            host=ref.host, settings=settings, credentials=credentials, source=label
+        client = RegistryClient(
+            host=ref.host,
+            settings=RegistrySettings(
+                plain_http=settings.plain_http,
+                timeout=settings.timeout,
+                connect_timeout=settings.connect_timeout,
+                attempts=settings.attempts,
+                backoff=settings.backoff,
+                user_agent=settings.user_agent,
+            ),
+            credentials=credentials,
+            source=label,
         )
         try:
             manifest = self._manifest(client, ref, digest, None, label, depth=0)
@@ -389,7 +237,7 @@ class OciFetcher:
             client.session.close()
 
     def _get(
-        self, client: _BoundedRegistry, url: str, *, accept: str | None, label: str, what: str
+        self, client: RegistryClient, url: str, *, accept: str | None, label: str, what: str
     ) -> requests.Response:
         headers = {"Accept": accept} if accept else {}
         response = client.do_request(url, "GET", headers=headers, stream=True)
@@ -405,7 +253,7 @@ class OciFetcher:
 
     def _manifest(
         self,
-        client: _BoundedRegistry,
+        client: RegistryClient,
         ref: OciReference,
         digest: str,
         size: int | None,
@@ -515,7 +363,7 @@ class OciFetcher:
 
     def _download(
         self,
-        client: _BoundedRegistry,
+        client: RegistryClient,
         ref: OciReference,
         layer: dict[str, Any],
         out: Path,

@@ -45,8 +45,15 @@ def publication_leaf(*, cluster: str, serial: int, set_digest: str) -> bytes:
     """
     leaf: dict[str, str | int] = {"cluster": cluster, "serial": serial, "setDigest": set_digest}
     # For ASCII strings and safe integers json.dumps gives the RFC 8785 bytes, ~10x faster
-    # (10,000 leaves per publish); anything else goes through the general encoder.
-    if cluster.isascii() and set_digest.isascii() and 0 <= serial <= _MAX_SAFE_INTEGER:
+    # (10,000 leaves per publish), except for DEL, which it escapes and RFC 8785 does not;
+    # anything else goes through the general encoder.
+    if (
+        cluster.isascii()
+        and set_digest.isascii()
+        and "\x7f" not in cluster
+        and "\x7f" not in set_digest
+        and 0 <= serial <= _MAX_SAFE_INTEGER
+    ):
         return json.dumps(leaf, sort_keys=True, separators=(",", ":")).encode()
     return rfc8785.dumps(leaf)
 

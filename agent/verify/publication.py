@@ -27,6 +27,7 @@ from agent.api import (
     set_digest,
     set_from_canonical,
 )
+from agent.api.pins import is_digest, is_sha256_hex
 from agent.errors import (
     ExpiredError,
     FieldProblem,
@@ -58,8 +59,6 @@ _MAX_SAFE_INTEGER = 2**53 - 1
 # A statement or proof is a few hundred bytes; anything near this is hostile.
 _MAX_JSON_BYTES = 64 * 1024
 
-_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
-_HEX_HASH = re.compile(r"[0-9a-f]{64}")
 _TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ")
 
 
@@ -149,7 +148,7 @@ class PublicationStatement:
                 )
             )
         root = doc.get("merkleRoot")
-        if not (isinstance(root, str) and _DIGEST.fullmatch(root)):
+        if not (isinstance(root, str) and is_digest(root)):
             problems.append(
                 FieldProblem(path="merkleRoot", expected="sha256:<64 hex>", found=_brief(root))
             )
@@ -243,7 +242,7 @@ class ClusterProof:
             )
         else:
             for i, item in enumerate(raw_hashes):
-                if isinstance(item, str) and _HEX_HASH.fullmatch(item):
+                if isinstance(item, str) and is_sha256_hex(item):
                     hashes.append(bytes.fromhex(item))
                 else:
                     problems.append(

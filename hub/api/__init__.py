@@ -1,11 +1,13 @@
-"""The hub's HTTP/JSON API over the aggregated fleet status (needs the ``hub`` extra)."""
+"""The hub's HTTP/JSON API over the aggregated fleet status.
 
-from hub.api.app import (
-    API_PREFIX,
-    HubConfigError,
-    create_app,
-    load_tokens,
-    openapi_document,
-)
+- :mod:`hub.api.app`: the Starlette application (needs the ``hub`` extra);
+- :mod:`hub.api.tokens`: bearer tokens, stored hashed;
+- :mod:`hub.api.metrics`: the hub's Prometheus metrics.
 
-__all__ = ["API_PREFIX", "HubConfigError", "create_app", "load_tokens", "openapi_document"]
+Nothing from :mod:`hub.api.app` is re-exported here, so ``hub publish`` and the metrics work
+without the web framework installed.
+"""
+
+from hub.api.tokens import HubConfigError, load_tokens
+
+__all__ = ["HubConfigError", "load_tokens"]

@@ -16,12 +16,10 @@ with the token the user gives it. See ``docs/dashboard.md``.
 
 from __future__ import annotations
 
-import hmac
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
-import yaml
 from nacl.public import PrivateKey
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -31,7 +29,12 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from agent.errors import PermanentError
+if TYPE_CHECKING:
+    from hub.rollout.service import RolloutService
+
+from agent.errors import FleetletError, TemporaryError
+from hub.api.metrics import HubMetrics
+from hub.api.tokens import HubConfigError, Tokens, load_tokens
 from hub.status.aggregate import STATES, FleetStatus
 from hub.status.queries import (
     DEFAULT_PAGE,
@@ -45,7 +48,7 @@ from hub.status.queries import (
 )
 
 API_PREFIX = "/api/v1"
-ROLES = ("admin", "read")
+_T = TypeVar("_T")
 DASHBOARD_DIR = Path(__file__).resolve().parent / "dashboard"
 # Everything the page loads comes from the hub itself: no CDN, no inline script or style.
 _SECURITY_HEADERS = [
@@ -57,35 +60,6 @@ _SECURITY_HEADERS = [
     (b"x-content-type-options", b"nosniff"),
     (b"referrer-policy", b"no-referrer"),
 ]
-
-
-class HubConfigError(PermanentError):
-    """A hub setting (tokens file, key file) is missing or malformed."""
-
-
-def load_tokens(path: Path) -> dict[str, str]:
-    """Read ``token: role`` pairs (role ``admin`` or ``read``) from a YAML file.
-
-    Raises HubConfigError naming the file and the bad entry (never the token itself).
-    """
-    try:
-        data = yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        raise HubConfigError(f"tokens file {path}: {exc}") from exc
-    if isinstance(data, dict) and isinstance(data.get("tokens"), dict):
-        data = data["tokens"]
-    if not isinstance(data, dict) or not data:
-        raise HubConfigError(f"tokens file {path}: expected a mapping token -> role")
-    tokens: dict[str, str] = {}
-    for i, (token, role) in enumerate(data.items()):
-        if not isinstance(token, str) or len(token) < 8:
-            raise HubConfigError(f"tokens file {path}: entry {i + 1}: token shorter than 8")
-        if role not in ROLES:
-            raise HubConfigError(
-                f"tokens file {path}: entry {i + 1}: role must be admin or read, got {role!r}"
-            )
-        tokens[token] = str(role)
-    return tokens
 
 
 def _error(status: int, message: str, headers: Mapping[str, str] | None = None) -> JSONResponse:
@@ -101,6 +75,13 @@ def _int_param(request: Request, name: str, default: int) -> int:
         return int(text)
     except ValueError:
         raise QueryError(400, f"{name} must be a whole number, got {text!r}") from None
+
+
+def _opt_int_param(request: Request, name: str) -> int | None:
+    """An optional whole-number query parameter. Raises QueryError (400)."""
+    if not request.query_params.get(name):
+        return None
+    return _int_param(request, name, 0)
 
 
 class _DashboardFiles(StaticFiles):
@@ -135,17 +116,22 @@ class SecurityHeaders:
 def create_app(
     *,
     status: FleetStatus,
-    tokens: Mapping[str, str],
+    tokens: Tokens | Mapping[str, str],
     private_key: PrivateKey | None = None,
     allow_anonymous: bool = False,
     labels: Labels | None = None,
+    metrics: HubMetrics | None = None,
+    rollouts: RolloutService | None = None,
 ) -> Starlette:
     """The API and the dashboard over ``status``.
 
     Anonymous requests get the ``read`` role only if allowed. ``labels`` (cluster -> labels,
-    from the fleet repo) feed the label filter. ``app.state.queries`` is the
-    :class:`StatusQueries` behind the API (``warm()`` it after a refresh). Raises
-    HubConfigError if the dashboard's files are missing from the installation.
+    from the fleet repo) feed the label filter; ``metrics`` are served at ``/metrics`` (a
+    token needed, as for the API). ``app.state.queries`` is the
+    :class:`StatusQueries` behind the API (``warm()`` it after a refresh). ``rollouts``
+    serves ``/api/v1/rollouts`` (reads for every token; actions for admin tokens, recorded with
+    the token's name). Raises HubConfigError if the dashboard's files are missing from the
+    installation.
     """
     queries = StatusQueries(
         status,
@@ -156,20 +142,20 @@ def create_app(
         shell = (DASHBOARD_DIR / "index.html").read_text()
     except OSError as exc:
         raise HubConfigError(f"the dashboard is missing from this installation: {exc}") from exc
-    token_items = [(t.encode(), r) for t, r in tokens.items()]
+    known = tokens if isinstance(tokens, Tokens) else Tokens.from_clear(tokens)
 
-    def role_of(request: Request) -> str | None:
+    def caller(request: Request) -> tuple[str, str] | None:
+        """(the token's name, its role); None: unauthenticated."""
         header = request.headers.get("authorization", "")
         scheme, _, token = header.partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
-            return "read" if allow_anonymous and not header else None
-        given = token.strip().encode()
-        role = None
-        # Compare against every token, constant time, so timing tells nothing.
-        for known, known_role in token_items:
-            if hmac.compare_digest(given, known):
-                role = known_role
-        return role
+            return ("anonymous", "read") if allow_anonymous and not header else None
+        entry = known.check(token.strip())
+        return (entry.name, entry.role) if entry is not None else None
+
+    def role_of(request: Request) -> str | None:
+        found = caller(request)
+        return found[1] if found is not None else None
 
     Handler = Callable[[Request, bool], dict[str, Any]]
 
@@ -197,8 +183,18 @@ def create_app(
 
     p = API_PREFIX
     routes: list[BaseRoute] = [
-        Route(f"{p}/openapi.json", guarded(lambda r, a: openapi_document())),
-        Route(f"{p}/clusters", guarded(lambda r, a: queries.clusters())),
+        Route(
+            f"{p}/openapi.json",
+            guarded(lambda r, a: openapi_document(rollouts=rollouts is not None)),
+        ),
+        Route(
+            f"{p}/clusters",
+            guarded(
+                lambda r, a: queries.clusters(
+                    offset=_int_param(r, "offset", 0), limit=_opt_int_param(r, "limit")
+                )
+            ),
+        ),
         Route(
             f"{p}/clusters/{{cluster}}",
             guarded(lambda r, a: queries.cluster(r.path_params["cluster"])),
@@ -210,6 +206,8 @@ def create_app(
                     cluster=r.query_params.get("cluster"),
                     bundle=r.query_params.get("bundle"),
                     state=r.query_params.get("state"),
+                    offset=_int_param(r, "offset", 0),
+                    limit=_opt_int_param(r, "limit"),
                 )
             ),
         ),
@@ -225,6 +223,7 @@ def create_app(
             f"{p}/installations/{{cluster}}/{{bundle}}/runs/{{run}}/outputs",
             guarded(lambda r, a: queries.outputs(*params(r), r.path_params["run"], admin=a)),
         ),
+        *(_rollout_routes(rollouts, guarded, caller) if rollouts is not None else []),
         Route(
             f"{p}/matrix",
             guarded(
@@ -244,6 +243,25 @@ def create_app(
         # Every page of the dashboard is the same shell; its script routes by the path.
         return HTMLResponse(shell, headers={"Cache-Control": "no-cache"})
 
+    async def metrics_endpoint(request: Request) -> Response:
+        # Counts only, but behind a token like the API (Prometheus sends one: see the
+        # ServiceMonitor in deploy/hub/).
+        if role_of(request) is None:
+            return _error(
+                401,
+                "missing or unknown bearer token",
+                {"WWW-Authenticate": 'Bearer realm="fleetlet-hub"'},
+            )
+        assert metrics is not None
+        return Response(metrics.exposition(), headers={"Content-Type": metrics.content_type})
+
+    async def healthz(request: Request) -> Response:
+        # Public, and says nothing: the server listens only after its first status refresh.
+        return Response("ok\n", media_type="text/plain")
+
+    routes.append(Route("/healthz", healthz))
+    if metrics is not None:
+        routes.append(Route("/metrics", metrics_endpoint))
     routes += [
         Route("/", dashboard),
         Mount("/ui/static", _DashboardFiles(directory=DASHBOARD_DIR / "static"), name="static"),
@@ -261,6 +279,98 @@ def create_app(
     app.add_middleware(SecurityHeaders)
     app.state.queries = queries
     return app
+
+
+# --- rollouts ------------------------------------------------------------------------------
+
+
+def _rollout_routes(
+    rollouts: RolloutService,
+    guarded: Callable[[Callable[[Request, bool], dict[str, Any]]], Callable[[Request], Any]],
+    caller: Callable[[Request], tuple[str, str] | None],
+) -> list[BaseRoute]:
+    """``GET /rollouts``, ``GET /rollouts/{rollout}``, ``POST /rollouts/{rollout}/{action}``."""
+    from hub.rollout.advance import ACTIONS, RolloutActionError
+    from hub.rollout.evaluate import VERDICTS
+
+    p = API_PREFIX
+
+    def listing(request: Request, admin: bool) -> dict[str, Any]:
+        return _answer(rollouts.list)
+
+    def one(request: Request, admin: bool) -> dict[str, Any]:
+        verdict = request.query_params.get("verdict") or None
+        if verdict is not None and verdict not in VERDICTS:
+            raise QueryError(400, f"verdict must be one of {', '.join(VERDICTS)}, got {verdict!r}")
+        found = _answer(
+            lambda: rollouts.detail(
+                request.path_params["rollout"],
+                wave=request.query_params.get("wave") or None,
+                verdict=verdict,
+                offset=_int_param(request, "offset", 0),
+                limit=_int_param(request, "limit", 100),
+            )
+        )
+        if found is None:
+            raise QueryError(404, f"no rollout {request.path_params['rollout']!r}")
+        return found
+
+    async def action(request: Request) -> Response:
+        who = caller(request)
+        if who is None:
+            return _error(
+                401,
+                "missing or unknown bearer token",
+                {"WWW-Authenticate": 'Bearer realm="fleetlet-hub"'},
+            )
+        name, role = who
+        verb = request.path_params["action"]
+        if verb not in ACTIONS:
+            return _error(404, f"no such action {verb!r}: one of {', '.join(ACTIONS)}")
+        if role != "admin":
+            return _error(403, f"{verb} needs an admin token; {name!r} has the {role} role")
+        try:
+            body = await request.json() if await request.body() else {}
+        except ValueError:
+            return _error(400, 'the body must be JSON: {"reason": "..."}')
+        reason = body.get("reason", "") if isinstance(body, dict) else None
+        if not isinstance(reason, str) or len(reason) > 1000:
+            return _error(400, "reason must be a string of at most 1000 characters")
+        rid = request.path_params["rollout"]
+
+        def work() -> dict[str, Any]:
+            from hub.rollout.report import summary
+
+            if rid not in _answer(rollouts.state).rollouts:
+                raise QueryError(404, f"no rollout {rid!r}")
+            try:
+                done = rollouts.act(rid, verb, actor=name, reason=reason)
+            except RolloutActionError as exc:
+                raise QueryError(409, str(exc)) from exc
+            except TemporaryError as exc:
+                raise QueryError(503, str(exc)) from exc
+            return {"rollout": summary(done, None), "event": done.events[-1].to_dict()}
+
+        try:
+            return JSONResponse(await run_in_threadpool(work))
+        except QueryError as exc:
+            return _error(exc.status, exc.message)
+
+    return [
+        Route(f"{p}/rollouts", guarded(listing)),
+        Route(f"{p}/rollouts/{{rollout}}", guarded(one)),
+        Route(f"{p}/rollouts/{{rollout}}/{{action}}", action, methods=["POST"]),
+    ]
+
+
+def _answer(work: Callable[[], _T]) -> _T:
+    """``work()``, with the git server's trouble as a 503."""
+    try:
+        return work()
+    except TemporaryError as exc:
+        raise QueryError(503, f"rollout state: {exc}") from exc
+    except FleetletError as exc:
+        raise QueryError(500, f"rollout state: {exc}") from exc
 
 
 # --- the OpenAPI document ------------------------------------------------------------------
@@ -309,11 +419,20 @@ def _query_param(name: str, description: str, schema: dict[str, Any]) -> dict[st
 
 
 _CLUSTER = _path_param("cluster", "cluster name")
+_PAGE_PARAMS = [
+    _query_param("offset", "items to skip (with limit: a page)", {"type": "integer", "minimum": 0}),
+    _query_param(
+        "limit",
+        f"items per page, at most {MAX_PAGE}; without it every item (at 100,000 clusters ask "
+        "for pages: the answer then has `total`, `offset` and `limit`)",
+        {"type": "integer", "minimum": 1, "maximum": MAX_PAGE},
+    ),
+]
 _BUNDLE = _path_param("bundle", "bundle name")
 
 
-def openapi_document() -> dict[str, Any]:
-    """The OpenAPI 3.1 document of this API."""
+def openapi_document(*, rollouts: bool = False) -> dict[str, Any]:
+    """The OpenAPI 3.1 document of this API (``rollouts``: with the rollout endpoints)."""
     installation_props: dict[str, Any] = {
         "cluster": {"type": "string"},
         "bundle": {"type": "string"},
@@ -379,6 +498,13 @@ def openapi_document() -> dict[str, Any]:
                 "lastHealthyRevision": _nullable("object"),
                 "health": _nullable("object"),
                 "runs": {"type": "array", "items": _ref("Run")},
+                "requests": {
+                    "type": "array",
+                    "items": {"type": "object"},
+                    "description": "approval requests of the installation's group (pending "
+                    "and the newest decided ones): name, serial, state, decidedBy, decidedAt, "
+                    "reason, policy, rule, preview (docs/approvals.md)",
+                },
             },
         },
         "Output": {
@@ -466,7 +592,12 @@ def openapi_document() -> dict[str, Any]:
         return {
             "type": "object",
             "required": ["items"],
-            "properties": {"items": {"type": "array", "items": _ref(item)}},
+            "properties": {
+                "items": {"type": "array", "items": _ref(item)},
+                "total": {"type": "integer", "description": "with limit: every matching item"},
+                "offset": {"type": "integer"},
+                "limit": {"type": "integer"},
+            },
         }
 
     def op(
@@ -510,10 +641,13 @@ def openapi_document() -> dict[str, Any]:
             _query_param("cluster", "only this cluster", {"type": "string"}),
             _query_param("bundle", "only this bundle", {"type": "string"}),
             _query_param("state", "only this state", {"type": "string", "enum": list(STATES)}),
+            *_PAGE_PARAMS,
         ],
         found=False,
     )
-    installations_op["get"]["responses"]["400"] = _json(_ref("Error"), "unknown state")
+    installations_op["get"]["responses"]["400"] = _json(_ref("Error"), "unknown state or bad page")
+    clusters_op = op("List clusters", listing("Cluster"), _PAGE_PARAMS, found=False)
+    clusters_op["get"]["responses"]["400"] = _json(_ref("Error"), "bad page")
     matrix_op = op(
         "Fleet matrix",
         _ref("Matrix"),
@@ -551,6 +685,26 @@ def openapi_document() -> dict[str, Any]:
     matrix_op["get"]["responses"]["400"] = _json(
         _ref("Error"), "unknown state, bad label selector or page"
     )
+    paths: dict[str, Any] = {
+        f"{p}/openapi.json": op("OpenAPI document", {"type": "object"}, [], found=False),
+        f"{p}/clusters": clusters_op,
+        f"{p}/clusters/{{cluster}}": op("Show cluster", _ref("Cluster"), [_CLUSTER]),
+        f"{p}/installations": installations_op,
+        f"{p}/installations/{{cluster}}/{{bundle}}": op(
+            "Show installation", _ref("Installation"), [_CLUSTER, _BUNDLE]
+        ),
+        f"{p}/installations/{{cluster}}/{{bundle}}/runs": op(
+            "List runs", runs_schema, [_CLUSTER, _BUNDLE]
+        ),
+        f"{p}/installations/{{cluster}}/{{bundle}}/runs/{{run}}/outputs": op(
+            "List outputs",
+            outputs_schema,
+            [_CLUSTER, _BUNDLE, _path_param("run", "a run id, or `latest` (newest succeeded)")],
+        ),
+        f"{p}/matrix": matrix_op,
+    }
+    if rollouts:
+        _rollout_api(schemas, paths, op)
     return {
         "openapi": "3.1.0",
         "info": {
@@ -563,24 +717,143 @@ def openapi_document() -> dict[str, Any]:
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
             "schemas": schemas,
         },
-        "paths": {
-            f"{p}/openapi.json": op("OpenAPI document", {"type": "object"}, [], found=False),
-            f"{p}/clusters": op("List clusters", listing("Cluster"), [], found=False),
-            f"{p}/clusters/{{cluster}}": op("Show cluster", _ref("Cluster"), [_CLUSTER]),
-            f"{p}/installations": installations_op,
-            f"{p}/installations/{{cluster}}/{{bundle}}": op(
-                "Show installation", _ref("Installation"), [_CLUSTER, _BUNDLE]
-            ),
-            f"{p}/installations/{{cluster}}/{{bundle}}/runs": op(
-                "List runs", runs_schema, [_CLUSTER, _BUNDLE]
-            ),
-            f"{p}/installations/{{cluster}}/{{bundle}}/runs/{{run}}/outputs": op(
-                "List outputs",
-                outputs_schema,
-                [_CLUSTER, _BUNDLE, _path_param("run", "a run id, or `latest` (newest succeeded)")],
-            ),
-            f"{p}/matrix": matrix_op,
+        "paths": paths,
+    }
+
+
+def _rollout_api(schemas: dict[str, Any], paths: dict[str, Any], op: Callable[..., Any]) -> None:
+    """The rollout endpoints and their schemas (docs/rollouts.md)."""
+    from hub.rollout.advance import ACTIONS
+    from hub.rollout.evaluate import VERDICTS
+    from hub.rollout.state import STATUSES
+
+    counts = {"type": "object", "additionalProperties": {"type": "integer"}}
+    schemas["RolloutWave"] = {
+        "type": "object",
+        "required": ["name", "pauseBefore", "clusters", "counts"],
+        "properties": {
+            "name": {"type": "string"},
+            "pauseBefore": {"type": "boolean"},
+            "startedAt": _nullable("string"),
+            "settledAt": _nullable("string"),
+            "promotedBy": _nullable("string"),
+            "promotedAt": _nullable("string"),
+            "clusters": {"type": "integer"},
+            "counts": {**counts, "description": "clusters by verdict"},
         },
+    }
+    summary_props: dict[str, Any] = {
+        "id": {"type": "string"},
+        "group": {"type": "string"},
+        "status": {"type": "string", "enum": list(STATUSES)},
+        "createdAt": {"type": "string"},
+        "createdBy": {"type": "string"},
+        "updatedAt": {"type": "string"},
+        "source": {"type": "object"},
+        "strategy": {"type": "object"},
+        "clusters": {"type": "integer"},
+        "counts": {**counts, "description": "clusters by verdict"},
+        "currentWave": _nullable("string"),
+        "waves": {"type": "array", "items": _ref("RolloutWave")},
+        "failures": {"type": "object"},
+        "halt": {
+            **_nullable("object"),
+            "description": "why it halted: at, reason, failures (cluster -> reason)",
+        },
+        "lastEvent": _nullable("object"),
+    }
+    schemas["RolloutSummary"] = {
+        "type": "object",
+        "required": ["id", "group", "status", "waves", "counts"],
+        "properties": summary_props,
+    }
+    schemas["Rollout"] = {
+        "type": "object",
+        "required": ["id", "group", "status", "waves", "events", "members"],
+        "properties": {
+            **summary_props,
+            "events": {"type": "array", "items": {"type": "object"}},
+            "members": {
+                "type": "object",
+                "description": "a page of the member clusters: cluster, wave, phase, serial, "
+                "verdict, reason",
+            },
+            "controller": {"type": "object"},
+        },
+    }
+    p = API_PREFIX
+    rollout = _path_param("rollout", "rollout id")
+    paths[f"{p}/rollouts"] = op(
+        "List rollouts",
+        {
+            "type": "object",
+            "required": ["items"],
+            "properties": {
+                "items": {"type": "array", "items": _ref("RolloutSummary")},
+                "controller": {"type": "object"},
+            },
+        },
+        [],
+        found=False,
+    )
+    one = op(
+        "Show rollout",
+        _ref("Rollout"),
+        [
+            rollout,
+            _query_param("wave", "only the clusters of this wave", {"type": "string"}),
+            _query_param(
+                "verdict",
+                "only the clusters with this verdict",
+                {"type": "string", "enum": list(VERDICTS)},
+            ),
+            _query_param("offset", "clusters to skip", {"type": "integer", "minimum": 0}),
+            _query_param("limit", "clusters per page (100)", {"type": "integer", "minimum": 1}),
+        ],
+    )
+    paths[f"{p}/rollouts/{{rollout}}"] = one
+    paths[f"{p}/rollouts/{{rollout}}/{{action}}"] = {
+        "post": {
+            "summary": "Act on a rollout",
+            "operationId": "act_on_rollout",
+            "description": "promote (start the next wave), pause, resume (after a pause or a "
+            "halt), abort (send the clusters that got the new revision back). Admin tokens "
+            "only; recorded in git with the token's name.",
+            "parameters": [
+                rollout,
+                {
+                    "name": "action",
+                    "in": "path",
+                    "required": True,
+                    "schema": {"type": "string", "enum": list(ACTIONS)},
+                },
+            ],
+            "requestBody": {
+                "required": False,
+                "content": {
+                    "application/json": {
+                        "schema": {"type": "object", "properties": {"reason": {"type": "string"}}}
+                    }
+                },
+            },
+            "responses": {
+                "200": _json(
+                    {
+                        "type": "object",
+                        "required": ["rollout", "event"],
+                        "properties": {
+                            "rollout": _ref("RolloutSummary"),
+                            "event": {"type": "object"},
+                        },
+                    },
+                    "recorded; the controller carries it out",
+                ),
+                **_ERRORS,
+                "403": _json(_ref("Error"), "the token is not an admin token"),
+                "404": _json(_ref("Error"), "unknown rollout or action"),
+                "409": _json(_ref("Error"), "the action does not apply to the rollout as it is"),
+            },
+        }
     }
 
 

@@ -17,21 +17,24 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
-from nodesemver import Range
 
+from agent.api.pins import is_commit, is_digest, is_sha256_hex
+from agent.api.yamlio import SAFE_LOADER
 from agent.errors import FieldProblem
 from hub.errors import FleetRepoError
+from hub.fleet.durations import parse_duration
+from hub.fleet.jump import shard_of_name
 from hub.fleet.selectors import LabelSelector, label_key_ok, label_value_ok, parse_selector
+from hub.rollout.model import NONE, Strategy, parse_strategy
+
+if TYPE_CHECKING:
+    from hub.fleet.cache import ParsedFiles
 
 # Cluster and bundle names end up in branch names and Kubernetes object names.
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
-_DURATION = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
-_HEX64 = re.compile(r"^[0-9a-f]{64}$")
-_OCI_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
-_GIT_SHA = re.compile(r"^[0-9a-f]{40}$")
 _IMAGE_URI = re.compile(r"^[A-Za-z0-9.-]+(:[0-9]+)?(/[a-z0-9]+([._-][a-z0-9]+)*)+$")
 
 SOURCE_KINDS = ("image", "git", "http", "helm")
@@ -49,13 +52,31 @@ _CHART = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$")
 _SOURCE_PASSTHROUGH = ("directory", "destination", "auth")
 # Keys of a bundle file the hub consumes itself; every other key is passed to the
 # BundleDeployment spec unchanged (the agent's API validates it).
-_BUNDLE_OWN_KEYS = ("name", "sources", "targets", "overrides")
+_BUNDLE_OWN_KEYS = ("name", "sources", "targets", "overrides", "rollout")
 # What an override changes (it needs one at least), and every key it may have.
 _OVERRIDE_FIELDS = ("sources", "values", "paused", "approval", "namespace", "path", "patches")
 _OVERRIDE_KEYS = ("clusters", "clusterSelector", *_OVERRIDE_FIELDS)
 
 DEFAULT_EXPIRES_AFTER = timedelta(days=7)
 DEFAULT_REFRESH_BEFORE = timedelta(days=2)
+DEFAULT_SHARD_LABEL = "fleetlet.io/shard"
+MAX_SHARDS = 4096
+SHARD_PLACEHOLDER = "{shard}"
+
+
+@dataclass(frozen=True, slots=True)
+class Sharding:
+    """``fleet.yaml: shards``: how cluster and status branches spread over repositories.
+
+    ``count`` repositories; a cluster goes to the shard its ``label`` names, else to a stable
+    hash of its name (:mod:`hub.fleet.shards`). ``repo`` and ``status_repo`` are URL templates
+    with ``{shard}`` (optional: the CLI's ``--repo`` can give them).
+    """
+
+    count: int = 1
+    label: str = DEFAULT_SHARD_LABEL
+    repo: str | None = None
+    status_repo: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +90,9 @@ class Settings:
     identity: str | None
     issuer: str | None
     insecure_registries: tuple[str, ...]
+    shards: Sharding = field(default_factory=Sharding)
+    rollout: Strategy | None = None
+    """The rollout strategy of every group whose bundles name none (docs/rollouts.md)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +100,8 @@ class Cluster:
     name: str
     labels: Mapping[str, str]
     file: str
+    hashed_shard: tuple[int, int] | None = field(default=None, compare=False, repr=False)
+    """(shards, the hashed shard of the name among them), when the parsed-file cache knew it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,6 +211,13 @@ class Bundle:
     spec: Mapping[str, Any]
     targets: tuple[Target, ...]
     overrides: tuple[Override, ...]
+    rollout: Strategy | str | None = None
+    """Its group's rollout strategy; ``"none"``: published at once; None: not said here."""
+
+    @property
+    def group(self) -> str:
+        group = self.spec.get("group")
+        return group if isinstance(group, str) and group else self.name
 
     @property
     def all_sources(self) -> tuple[SourceRef, ...]:
@@ -206,24 +239,17 @@ class Fleet:
     clusters: tuple[Cluster, ...]
     bundles: tuple[Bundle, ...]
     files: tuple[str, ...] = field(default=())
+    by_name: Mapping[str, Cluster] = field(default_factory=dict, compare=False, repr=False)
+    rollouts: Mapping[str, Strategy] = field(default_factory=dict)
+    """Group -> its rollout strategy (groups published at once are not in it)."""
 
     def cluster(self, name: str) -> Cluster | None:
+        if self.by_name:
+            return self.by_name.get(name)
         for c in self.clusters:
             if c.name == name:
                 return c
         return None
-
-
-def parse_duration(text: object) -> timedelta | None:
-    """``"7d"``, ``"36h"``, ``"1h30m"``, ``"90s"`` -> timedelta; None if malformed or zero."""
-    if not isinstance(text, str) or not text:
-        return None
-    m = _DURATION.match(text)
-    if not m:
-        return None
-    d, h, mi, s = (int(g) if g else 0 for g in m.groups())
-    delta = timedelta(days=d, hours=h, minutes=mi, seconds=s)
-    return delta if delta > timedelta(0) else None
 
 
 class _Problems:
@@ -257,18 +283,18 @@ def _found(text: str) -> str:
 _MAX_FILE_BYTES = 16 * 1024 * 1024
 
 
-def _load_yaml(path: Path, rel: str, problems: _Problems) -> Any:
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        problems.add(rel, "", "a readable file", _found(str(exc.strerror or exc)))
-        return None
+def _load_yaml(path: Path, rel: str, problems: _Problems, *, data: bytes | None = None) -> Any:
+    if data is None:
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            problems.add(rel, "", "a readable file", _found(str(exc.strerror or exc)))
+            return None
     if len(data) > _MAX_FILE_BYTES:
         problems.add(rel, "", f"at most {_MAX_FILE_BYTES} bytes", _found(f"{len(data)} bytes"))
         return None
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     try:
-        return yaml.load(data, Loader=loader)  # a safe loader (C if available)
+        return yaml.load(data, Loader=SAFE_LOADER)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark is not None else ""
@@ -277,11 +303,15 @@ def _load_yaml(path: Path, rel: str, problems: _Problems) -> Any:
         return None
 
 
-def load_fleet(root: str | Path) -> Fleet:
+def load_fleet(root: str | Path, *, cache_dir: Path | None = None) -> Fleet:
     """Load and validate the fleet repo in ``root``.
 
-    Raises FleetRepoError listing every problem found (file, field, expected, found).
+    ``cache_dir`` keeps the parsed cluster files by content hash (:mod:`hub.fleet.cache`):
+    an unchanged inventory is not parsed again. Raises FleetRepoError listing every problem
+    found (file, field, expected, found).
     """
+    from hub.fleet.cache import ParsedFiles
+
     root = Path(root)
     problems = _Problems()
     if not root.is_dir():
@@ -293,10 +323,12 @@ def load_fleet(root: str | Path) -> Fleet:
     settings = _load_settings(root, problems)
     files: list[str] = ["fleet.yaml"]
     clusters: dict[str, Cluster] = {}
+    parsed = ParsedFiles(cache_dir) if cache_dir is not None else None
     for path in _yaml_files(root / "clusters"):
         rel = path.relative_to(root).as_posix()
         files.append(rel)
-        for c in _load_cluster_file(path, rel, problems):
+        count = settings.shards.count if settings is not None else 1
+        for c in _cluster_file(path, rel, problems, parsed, count):
             if c.name in clusters:
                 problems.add(
                     rel,
@@ -326,8 +358,11 @@ def load_fleet(root: str | Path) -> Fleet:
             bundles[b.name] = b
     if not (root / "bundles").is_dir():
         problems.add("bundles/", "", "a directory of bundle files", _found("missing"))
+    strategies = _group_strategies(bundles, settings, problems) if settings is not None else {}
     if problems.items:
         raise FleetRepoError(problems.items, origin=str(root))
+    if parsed is not None:
+        parsed.prune()
     assert settings is not None
     return Fleet(
         root=root,
@@ -335,7 +370,39 @@ def load_fleet(root: str | Path) -> Fleet:
         clusters=tuple(clusters[n] for n in sorted(clusters)),
         bundles=tuple(bundles[n] for n in sorted(bundles)),
         files=tuple(sorted(files)),
+        by_name=clusters,
+        rollouts=strategies,
     )
+
+
+def _group_strategies(
+    bundles: Mapping[str, Bundle], settings: Settings, problems: _Problems
+) -> dict[str, Strategy]:
+    """Group -> rollout strategy: the one its bundles name (they must agree), else fleet.yaml's
+    default, unless a bundle says ``rollout: none``."""
+    said: dict[str, Bundle] = {}
+    groups: set[str] = set()
+    for name in sorted(bundles):
+        b = bundles[name]
+        groups.add(b.group)
+        if b.rollout is None:
+            continue
+        first = said.get(b.group)
+        if first is None:
+            said[b.group] = b
+        elif first.rollout != b.rollout:
+            problems.add(
+                b.file,
+                "rollout",
+                f"the rollout of {first.file} (group {b.group!r} moves as one)",
+                _found("another one"),
+            )
+    out: dict[str, Strategy] = {}
+    for group in sorted(groups):
+        chosen = said[group].rollout if group in said else settings.rollout
+        if isinstance(chosen, Strategy):
+            out[group] = chosen
+    return out
 
 
 def _yaml_files(directory: Path) -> list[Path]:
@@ -356,7 +423,17 @@ def _load_settings(root: Path, problems: _Problems) -> Settings | None:
     if not isinstance(raw, dict):
         problems.add(rel, "", "a mapping", raw)
         return None
-    known = {"apiVersion", "kind", "name", "repo", "publication", "signing", "insecureRegistries"}
+    known = {
+        "apiVersion",
+        "kind",
+        "name",
+        "repo",
+        "publication",
+        "signing",
+        "insecureRegistries",
+        "shards",
+        "rollout",
+    }
     for key in sorted(set(raw) - known, key=str):
         problems.add(rel, str(key), "one of " + ", ".join(sorted(known)), _found("unknown field"))
     if raw.get("apiVersion", "fleetlet.io/v1alpha1") != "fleetlet.io/v1alpha1":
@@ -427,11 +504,90 @@ def _load_settings(root: Path, problems: _Problems) -> Settings | None:
         identity=identity if isinstance(identity, str) else None,
         issuer=issuer if isinstance(issuer, str) else None,
         insecure_registries=tuple(sorted(insecure)),
+        shards=_load_sharding(raw.get("shards"), rel, problems),
+        rollout=_default_rollout(raw.get("rollout"), rel, problems),
     )
 
 
-def _load_cluster_file(path: Path, rel: str, problems: _Problems) -> list[Cluster]:
-    raw = _load_yaml(path, rel, problems)
+def _default_rollout(raw: Any, rel: str, problems: _Problems) -> Strategy | None:
+    if raw is None:
+        return None
+    found: list[FieldProblem] = []
+    strategy = parse_strategy(raw, "rollout", found)
+    problems.extend(rel, found)
+    if strategy == NONE:
+        problems.add(rel, "rollout", "a rollout strategy (waves, ...)", raw)
+        return None
+    return strategy if isinstance(strategy, Strategy) else None
+
+
+def _load_sharding(raw: Any, rel: str, problems: _Problems) -> Sharding:
+    if raw is None:
+        return Sharding()
+    if not isinstance(raw, dict):
+        problems.add(rel, "shards", "a mapping (count, label, repo, statusRepo)", raw)
+        return Sharding()
+    for key in sorted(set(raw) - {"count", "label", "repo", "statusRepo"}, key=str):
+        problems.add(rel, f"shards.{key}", "count, label, repo or statusRepo", _found("unknown"))
+    count = raw.get("count", 1)
+    if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= MAX_SHARDS:
+        problems.add(rel, "shards.count", f"a whole number from 1 to {MAX_SHARDS}", count)
+        count = 1
+    label = raw.get("label", DEFAULT_SHARD_LABEL)
+    if not label_key_ok(label):
+        problems.add(rel, "shards.label", "a label key", label)
+        label = DEFAULT_SHARD_LABEL
+    templates: dict[str, str | None] = {}
+    for key in ("repo", "statusRepo"):
+        value = raw.get(key)
+        if value is not None and (
+            not isinstance(value, str) or (count > 1 and SHARD_PLACEHOLDER not in value)
+        ):
+            problems.add(rel, f"shards.{key}", "a repository URL template with {shard}", value)
+            value = None
+        templates[key] = value
+    return Sharding(
+        count=count, label=label, repo=templates["repo"], status_repo=templates["statusRepo"]
+    )
+
+
+def _cluster_file(
+    path: Path, rel: str, problems: _Problems, parsed: ParsedFiles | None, shards: int
+) -> list[Cluster]:
+    """The clusters of one file, from the parsed-file cache when its bytes were seen before."""
+    if parsed is None:
+        return _load_cluster_file(path, rel, problems)
+    from hub.fleet.cache import content_key
+
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        problems.add(rel, "", "a readable file", _found(str(exc.strerror or exc)))
+        return []
+    key = content_key(data)
+    rows = parsed.clusters(key)
+    if rows is not None:
+        # Clusters with the same labels share one mapping (the cache stores each label set
+        # once): memory at a million clusters, and one sort per label set when planning.
+        hints = parsed.shards(key, shards)
+        if hints is None or len(hints) != len(rows):
+            hints = [shard_of_name(name, shards) for name, _ in rows]
+            parsed.store_shards(key, shards, hints)
+        return [
+            Cluster(name=name, labels=labels, file=rel, hashed_shard=(shards, hint))
+            for (name, labels), hint in zip(rows, hints, strict=True)
+        ]
+    start = len(problems.items)
+    found = _load_cluster_file(path, rel, problems, data=data)
+    if len(problems.items) == start:
+        parsed.store(key, ((c.name, dict(c.labels)) for c in found))
+    return found
+
+
+def _load_cluster_file(
+    path: Path, rel: str, problems: _Problems, *, data: bytes | None = None
+) -> list[Cluster]:
+    raw = _load_yaml(path, rel, problems, data=data)
     if raw is None:
         return []
     if isinstance(raw, dict) and "clusters" in raw and "name" not in raw:
@@ -515,6 +671,11 @@ def _load_bundle_file(
         if ov is not None:
             overrides.append(ov)
     spec = {k: v for k, v in raw.items() if k not in _BUNDLE_OWN_KEYS}
+    rollout: Strategy | str | None = None
+    if "rollout" in raw:
+        found: list[FieldProblem] = []
+        rollout = parse_strategy(raw["rollout"], "rollout", found)
+        problems.extend(rel, found)
     if len(problems.items) > start:
         return None
     return Bundle(
@@ -524,6 +685,7 @@ def _load_bundle_file(
         spec=spec,
         targets=tuple(targets),
         overrides=tuple(overrides),
+        rollout=rollout,
     )
 
 
@@ -615,11 +777,11 @@ def _ref_ok(ref_field: str, ref: object) -> bool:
     if not isinstance(ref, str):
         return False
     if ref_field == "digest":
-        return bool(_OCI_DIGEST.match(ref))
+        return is_digest(ref)
     if ref_field == "commit":
-        return bool(_GIT_SHA.match(ref))
+        return is_commit(ref)
     if ref_field == "sha256":
-        return bool(_HEX64.match(ref))
+        return is_sha256_hex(ref)
     if ref_field in ("tag", "branch"):
         return bool(_GIT_REF.match(ref)) and not ref.endswith(".lock")
     if ref_field == "version":
@@ -634,6 +796,10 @@ def version_range(text: str) -> str | None:
         return None
     # Helm (Masterminds semver) joins comparisons with commas; node-semver with spaces.
     normal = " ".join(text.replace(",", " ").split())
+    # Imported here: the hub's extra, which the agent's image (whose CLI loads this module
+    # for its subcommands' parsers) does not carry.
+    from nodesemver import Range
+
     try:
         Range(normal, True)
     except (ValueError, TypeError):

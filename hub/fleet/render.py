@@ -33,6 +33,7 @@ from agent.api import (
     SetSource,
     from_dict,
 )
+from agent.api.depgraph import find_cycle
 from agent.errors import FieldProblem, ValidationError
 from hub.errors import FleetRepoError
 from hub.fleet.model import Bundle, ChartPin, Cluster, Fleet, Override, Pin, SourceRef
@@ -89,44 +90,18 @@ def check_graph(fleet: Fleet) -> None:
                 )
             else:
                 edges[g].add(dep)
-    cycle = _find_cycle(edges)
+    cycle = find_cycle(edges)
     if cycle:
         first = groups[cycle[0]][0]
         problems.append(
             FieldProblem(
                 path=f"{first.file}: dependsOn",
                 expected="no dependency cycle between groups",
-                found=" -> ".join([*cycle, cycle[0]]),
+                found=" -> ".join(cycle),
             )
         )
     if problems:
         raise FleetRepoError(problems, origin=str(fleet.root))
-
-
-def _find_cycle(edges: Mapping[str, set[str]]) -> list[str]:
-    state: dict[str, int] = {}
-    stack: list[str] = []
-
-    def visit(node: str) -> list[str]:
-        state[node] = 1
-        stack.append(node)
-        for nxt in sorted(edges.get(node, ())):
-            if state.get(nxt) == 1:
-                return stack[stack.index(nxt) :]
-            if nxt not in state:
-                found = visit(nxt)
-                if found:
-                    return found
-        stack.pop()
-        state[node] = 2
-        return []
-
-    for node in sorted(edges):
-        if node not in state:
-            found = visit(node)
-            if found:
-                return found
-    return []
 
 
 def order_groups(members: Mapping[str, list[str]]) -> list[str]:
@@ -322,9 +297,15 @@ def plan_clusters(
     by_name = any("name" in r for r in refs.values())
     problems: list[FieldProblem] = []
     plans: dict[str, ClusterPlan] = {}
+    # Clusters loaded from the parsed-file cache share one labels mapping per label set.
+    label_keys: dict[int, tuple[tuple[str, str], ...]] = {}
+    complete: dict[tuple[Any, ...], bool] = {}
     for cluster in clusters:
+        labels_key = label_keys.get(id(cluster.labels))
+        if labels_key is None:
+            labels_key = label_keys[id(cluster.labels)] = tuple(sorted(cluster.labels.items()))
         shape_key = (
-            tuple(sorted(cluster.labels.items())),
+            labels_key,
             tuple(cluster.name in names for names in name_lists),
             cluster.name if by_name else None,
         )
@@ -332,6 +313,7 @@ def plan_clusters(
         if shape is None:
             shape = _shape(fleet, cluster, pins, entries, group_deps, problems, refs)
             shapes[shape_key] = shape
+            complete[shape_key] = all(e is not None for e in shape[0])
         chosen, groups, missing = shape
         if missing:
             problems.append(
@@ -341,7 +323,7 @@ def plan_clusters(
                     found="groups " + ", ".join(groups),
                 )
             )
-        elif all(e is not None for e in chosen):
+        elif complete[shape_key]:
             plans[cluster.name] = ClusterPlan(cluster=cluster, entries=chosen, groups=groups)
     if problems:
         # The same spec problem in several override combinations is reported once.

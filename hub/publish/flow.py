@@ -1,62 +1,95 @@
 """The hub's runs: ``render``, ``diff`` and ``publish`` a fleet directory.
 
-:func:`prepare` loads, resolves and plans (nothing touches git). :func:`publish` compares the
-plans with the cluster branches (one fetch), picks the clusters whose content changed or whose
-publication is about to expire, signs ONE publication for all of them, commits each branch
-without a work tree and pushes every changed branch in ONE push. Anything failing before the
-push leaves the git server untouched.
+A publish is a pipeline of stages, each a function below, so that a caller (a progressive
+rollout) can drive it for a subset of clusters (:func:`prepare` with ``only``):
 
-Change detection compares the ``bundleDeployments`` and ``groups`` blocks of each branch's
-canonical ``set.yaml`` with the same blocks of the new set (built from a per-entry cache, so
-10,000 clusters sharing 20 bundles cost 20 serialisations, not 200,000). Serial, times and
-source are not content: a new fleet commit that changes nothing for a cluster republishes
-nothing there.
+    load -> resolve -> plan          :func:`prepare` (nothing touches git)
+    list -> recover -> diff          which clusters change, on which shards (compare.py)
+    render -> sign                   the changed clusters' leaves, ONE signature (compose.py)
+    write -> stage -> commit -> apply  packs, the two-phase commit across shards (ledger.py)
+
+Cost follows the change: the fleet's files are parsed again only when their bytes changed
+(:mod:`hub.fleet.cache`), unchanged branches are known from the facts the last run kept
+(:mod:`hub.publish.git`), only changed clusters are rendered, and only shards holding a
+changed branch are written to, in parallel. Anything failing before the commit leaves every
+branch untouched.
 """
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import hashlib
-import re
+import multiprocessing
+import os
+import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-
 from agent.api import (
     BundleDeploymentEntry,
-    BundleDeploymentSet,
-    dump_set,
-    dump_yaml,
     load_set,
-    parse_time,
-    set_digest,
     to_dict,
 )
-from agent.errors import FieldProblem, ValidationError, VerificationError
+from agent.errors import FieldProblem, TemporaryError, ValidationError, VerificationError
 from agent.verify import TrustPolicy, verify_publication
-from agent.verify.merkle import MerkleTree, publication_leaf
-from agent.verify.publication import (
-    BUNDLE_FILE,
-    PROOF_FILE,
-    SET_FILE,
-    STATEMENT_FILE,
-    ClusterProof,
-    PublicationStatement,
-)
-from hub.errors import FleetRepoError, PublishError
+from agent.verify.publication import BUNDLE_FILE, PROOF_FILE, SET_FILE, STATEMENT_FILE
+from hub.errors import FleetRepoError, GitTransportError, PublishError, PushRejectedError
 from hub.fleet.model import Fleet, load_fleet
-from hub.fleet.render import ClusterPlan, Header, build_set, plan_clusters
+from hub.fleet.render import ClusterPlan, plan_clusters
+from hub.fleet.shards import ShardMap, fleet_shards
 from hub.fleet.source import FleetSource, fleet_source
-from hub.publish.git import BranchStore
-from hub.publish.sign import PublicationSigner, sign_publication
+from hub.publish import ledger
+from hub.publish.compare import (
+    STATUSES,
+    ClusterChange,
+    ContentCache,
+    Decisions,
+    Status,
+    decide,
+)
+from hub.publish.compose import SetComposer
+from hub.publish.git import BRANCH_PREFIX, BranchFacts, BranchStore, CommitBatch
+from hub.publish.sendpack import ZERO, AtomicUnsupportedError, RefUpdate
+from hub.publish.shards import PARALLEL, ShardedStore
+from hub.publish.sign import Leaf, PublicationSigner, SignedTree, sign_leaves
 from hub.resolve import Resolver, ResolveSettings
 
 Progress = Callable[[str], None]
-Status = Literal["added", "changed", "refreshed", "unchanged", "orphaned"]
+ATTEMPTS = 3
+
+
+class ConcurrentPublishError(TemporaryError):
+    """Another hub committed a publication while this one was being made, every attempt."""
+
+
+class AttachmentMovedError(TemporaryError):
+    """The ref attached to a publication (the rollouts' state) moved since it was read:
+    nothing was published; read it again and redo."""
+
+
+@dataclass(frozen=True, slots=True)
+class Attachment:
+    """A ref of shard 0 that moves in the same atomic push as the publication's commit point
+    (the rollouts' state follows the publications that carry it out).
+
+    ``old``: its value when read (ZERO: none), checked by the server; ``write(batch,
+    publication, changes)`` writes the commit it moves to (into the publication's pack) and
+    returns its id, given the publication's id and every cluster's change; ``trailer(cluster)``
+    is a line for that cluster's commit message (or None); ``note`` goes into the
+    publication's record (``refs/fleetlet/publication``).
+    """
+
+    ref: str
+    old: str
+    write: Callable[[CommitBatch, str, Sequence[ClusterChange]], str]
+    trailer: Callable[[str], str | None] | None = None
+    note: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +101,11 @@ class Prepared:
     plans: Mapping[str, ClusterPlan]
     references: int
     timings: Mapping[str, float]
+    shards: ShardMap | None = None
+
+    @property
+    def shard_map(self) -> ShardMap:
+        return self.shards if self.shards is not None else fleet_shards(self.fleet)
 
 
 def prepare(
@@ -77,17 +115,46 @@ def prepare(
     resolve_settings: ResolveSettings | None = None,
     registry_credentials: Mapping[str, tuple[str, str]] | None = None,
     progress: Progress | None = None,
+    cache_dir: Path | None = None,
 ) -> Prepared:
     """Load ``fleet_dir``, pin every source its (selected) clusters use and plan every set.
 
-    ``registry_credentials`` maps a registry host to (user, password) for tag resolution.
+    ``registry_credentials`` maps a registry host to (user, password) for tag resolution;
+    ``cache_dir`` keeps parsed fleet files between runs.
 
-    Raises FleetRepoError (invalid fleet, unknown ``only`` cluster), ResolveError or
-    SourceUnavailableError (a reference could not be pinned).
+    Raises FleetRepoError (invalid fleet, unknown ``only`` cluster, bad shard label),
+    ResolveError or SourceUnavailableError (a reference could not be pinned).
     """
+    with _paused_gc():
+        return _prepare(
+            fleet_dir, only, resolve_settings, registry_credentials, progress, cache_dir
+        )
+
+
+@contextlib.contextmanager
+def _paused_gc() -> Iterator[None]:
+    """The cyclic garbage collector paused: 100,000 clusters make millions of objects, none in
+    a cycle, and each collection they trigger would walk all of them again (seconds)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _prepare(
+    fleet_dir: str | Path,
+    only: Iterable[str] | None,
+    resolve_settings: ResolveSettings | None,
+    registry_credentials: Mapping[str, tuple[str, str]] | None,
+    progress: Progress | None,
+    cache_dir: Path | None,
+) -> Prepared:
     timings: dict[str, float] = {}
     started = time.perf_counter()
-    fleet = load_fleet(fleet_dir)
+    fleet = load_fleet(fleet_dir, cache_dir=cache_dir)
     names = sorted(set(only)) if only is not None else None
     if names is not None:
         unknown = [n for n in names if fleet.cluster(n) is None]
@@ -100,6 +167,7 @@ def prepare(
                 origin=str(fleet.root),
             )
     source = fleet_source(fleet.root, fleet.files, repo_url=fleet.settings.repo)
+    shards = fleet_shards(fleet)
     timings["load"] = time.perf_counter() - started
     started = time.perf_counter()
     bundles = list(fleet.bundles)
@@ -122,7 +190,14 @@ def prepare(
     started = time.perf_counter()
     plans = plan_clusters(fleet, pins, only=names)
     timings["plan"] = time.perf_counter() - started
-    return Prepared(fleet=fleet, source=source, plans=plans, references=len(pins), timings=timings)
+    return Prepared(
+        fleet=fleet,
+        source=source,
+        plans=plans,
+        references=len(pins),
+        timings=timings,
+        shards=shards,
+    )
 
 
 # --- render ---------------------------------------------------------------------------------
@@ -135,8 +210,7 @@ def render(prepared: Prepared, out: Path, *, issued_at: datetime | None = None) 
     bytes. Raises PublishError if ``out`` cannot be written.
     """
     issued = issued_at or prepared.source.time
-    header = Header(
-        serial=1,
+    composer = SetComposer(
         issued_at=issued,
         expires_at=issued + prepared.fleet.settings.expires_after,
         source_repo=prepared.source.repo,
@@ -147,177 +221,14 @@ def render(prepared: Prepared, out: Path, *, issued_at: datetime | None = None) 
         out.mkdir(parents=True, exist_ok=True)
         for name in sorted(prepared.plans):
             path = out / f"{name}.yaml"
-            path.write_bytes(dump_set(build_set(prepared.plans[name], header)))
+            path.write_bytes(composer.set_bytes(prepared.plans[name], 1))
             written.append(path)
     except OSError as exc:
         raise PublishError(f"cannot write rendered sets to {out}: {exc}") from exc
     return written
 
 
-# --- comparing with the branches -----------------------------------------------------------
-
-
-_CONTENT_KEYS = ("bundleDeployments", "groups")
-
-
-def _blocks(data: bytes) -> dict[str, str]:
-    """Top-level blocks of a canonical set.yaml: key -> its lines (key line included)."""
-    blocks: dict[str, list[str]] = {}
-    current: list[str] | None = None
-    for line in data.decode("utf-8", "replace").splitlines(keepends=True):
-        if line[:1] not in (" ", "-", "") and ":" in line:
-            key = line.split(":", 1)[0]
-            current = blocks.setdefault(key, [])
-        if current is not None:
-            current.append(line)
-    return {k: "".join(v) for k, v in blocks.items()}
-
-
-@dataclass(slots=True)
-class _ContentCache:
-    """Canonical YAML of entries, computed once per shared entry object."""
-
-    fragments: dict[int, str] = field(default_factory=dict)
-    keep: list[BundleDeploymentEntry] = field(default_factory=list)
-    digests: dict[tuple[int, tuple[str, ...]], str] = field(default_factory=dict)
-    keep_tuples: list[tuple[BundleDeploymentEntry, ...]] = field(default_factory=list)
-
-    def content(self, plan: ClusterPlan) -> dict[str, str]:
-        out: dict[str, str] = {}
-        if plan.entries:
-            parts = ["bundleDeployments:\n"]
-            for entry in plan.entries:
-                frag = self.fragments.get(id(entry))
-                if frag is None:
-                    frag = dump_yaml([to_dict(entry)]).decode("utf-8")
-                    self.fragments[id(entry)] = frag
-                    self.keep.append(entry)  # ids stay valid while the entry lives
-                parts.append(frag)
-            out["bundleDeployments"] = "".join(parts)
-        if plan.groups:
-            out["groups"] = "groups:\n" + dump_yaml(list(plan.groups)).decode("utf-8")
-        return out
-
-    def digest(self, plan: ClusterPlan) -> str:
-        """sha256 of the content blocks: what the commit trailer records.
-
-        Clusters of the same shape share their entries tuple: one digest per shape.
-        """
-        key = (id(plan.entries), plan.groups)
-        found = self.digests.get(key)
-        if found is None:
-            content = self.content(plan)
-            text = "".join(content[k] for k in _CONTENT_KEYS if k in content)
-            found = "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
-            self.digests[key] = found
-            self.keep_tuples.append(plan.entries)
-        return found
-
-
-_TRAILER = re.compile(r"^([A-Z][A-Za-z-]*): (\S+)$", re.MULTILINE)
-
-
-def _trailers(message: str) -> dict[str, str]:
-    return dict(_TRAILER.findall(message))
-
-
-@dataclass(frozen=True, slots=True)
-class _Current:
-    serial: int
-    expires_at: datetime
-    content: dict[str, str] | None  # None: not canonical, compare as changed
-
-
-def _current(cluster: str, data: bytes) -> _Current:
-    """Serial, expiry and content blocks of a branch's set.yaml.
-
-    Raises PublishError when the branch does not hold a readable set.
-    """
-    blocks = _blocks(data)
-    head = "".join(blocks.get(k, "") for k in ("serial", "expiresAt"))
-    try:
-        raw = yaml.load(head, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) or {}
-    except yaml.YAMLError:
-        raw = {}
-    serial = raw.get("serial") if isinstance(raw, dict) else None
-    expires = raw.get("expiresAt") if isinstance(raw, dict) else None
-    expires_at = parse_time(expires) if isinstance(expires, str) else None
-    if not isinstance(serial, int) or expires_at is None:
-        # Not in the canonical form we write: read it the slow, validating way.
-        try:
-            old = load_set(data, origin=f"fleetlet/clusters/{cluster}:{SET_FILE}")
-        except ValidationError as exc:
-            raise PublishError(
-                f"branch fleetlet/clusters/{cluster} holds an unreadable {SET_FILE} ({exc}); "
-                "fix or delete the branch"
-            ) from exc
-        return _Current(serial=old.serial, expires_at=old.expires_at, content=None)
-    return _Current(
-        serial=serial,
-        expires_at=expires_at,
-        content={k: blocks[k] for k in _CONTENT_KEYS if k in blocks},
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class ClusterChange:
-    cluster: str
-    status: Status
-    serial_before: int | None
-    serial_after: int | None
-
-
-def _decide(
-    prepared: Prepared,
-    store: BranchStore,
-    *,
-    now: datetime,
-    refresh_before: timedelta,
-    cache: _ContentCache,
-    signed: bool,
-) -> list[ClusterChange]:
-    changes: list[ClusterChange] = []
-    for name in sorted(prepared.plans):
-        if name not in store.tips:
-            changes.append(ClusterChange(name, "added", None, 1))
-            continue
-        # Fast path: the trailers of our own last commit say what the branch holds, so an
-        # unchanged cluster costs one small commit read, not a set.yaml parse.
-        trailers = _trailers(store.message(name) or "")
-        digest = cache.digest(prepared.plans[name])
-        if (
-            trailers.get("Content-Digest") == digest
-            and trailers.get("Serial", "").isdigit()
-            and (expiry := parse_time(trailers.get("Expires-At", ""))) is not None
-            and expiry - now > refresh_before
-            and not (signed and trailers.get("Signed") != "true")
-        ):
-            serial = int(trailers["Serial"])
-            changes.append(ClusterChange(name, "unchanged", serial, serial))
-            continue
-        data = store.read_file(name, SET_FILE)
-        if data is None:
-            raise PublishError(
-                f"branch fleetlet/clusters/{name} has no {SET_FILE}; fix or delete the branch"
-            )
-        current = _current(name, data)
-        if current.content is not None and current.content == cache.content(prepared.plans[name]):
-            # An unsigned branch (an earlier --no-sign) is re-signed when signing is on.
-            unsigned = signed and store.read_file(name, BUNDLE_FILE) is None
-            if unsigned or current.expires_at - now <= refresh_before:
-                status: Status = "refreshed"
-            else:
-                changes.append(ClusterChange(name, "unchanged", current.serial, current.serial))
-                continue
-        else:
-            status = "changed"
-        changes.append(ClusterChange(name, status, current.serial, current.serial + 1))
-    for name in sorted(set(store.tips) - {c.name for c in prepared.fleet.clusters}):
-        changes.append(ClusterChange(name, "orphaned", None, None))
-    return changes
-
-
-# --- publish -------------------------------------------------------------------------------
+# --- publish --------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -329,19 +240,26 @@ class PublishReport:
     expires_at: datetime | None
     statement_sha256: str | None
     timings: Mapping[str, float]
+    shards_pushed: tuple[int, ...] = ()
+    removed: tuple[tuple[str, int], ...] = ()  # (cluster, shard): branches of finished moves
+    attempts: int = 1
+    publication: str | None = None
+    peak_rss_mb: float | None = None
 
     def count(self, *statuses: Status) -> int:
         return sum(1 for c in self.changes if c.status in statuses)
 
     def to_dict(self, *, bundles: int, references: int) -> dict[str, Any]:
         return {
-            "clusters": {
-                s: self.count(s) for s in ("added", "changed", "refreshed", "unchanged", "orphaned")
-            },
+            "clusters": {s: self.count(s) for s in STATUSES},
             "bundles": bundles,
             "references": references,
             "pushed": list(self.pushed),
+            "shardsPushed": list(self.shards_pushed),
+            "removed": [{"cluster": c, "shard": s} for c, s in self.removed],
             "signed": self.signed,
+            "publication": self.publication,
+            "attempts": self.attempts,
             "issuedAt": _fmt(self.issued_at),
             "expiresAt": _fmt(self.expires_at),
             "statementSha256": self.statement_sha256,
@@ -351,6 +269,7 @@ class PublishReport:
                     "status": c.status,
                     "serialBefore": c.serial_before,
                     "serialAfter": c.serial_after,
+                    "shards": list(c.shards),
                 }
                 for c in self.changes
                 if c.status != "unchanged"
@@ -363,173 +282,664 @@ def _fmt(moment: datetime | None) -> str | None:
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ") if moment else None
 
 
+def _sharded(prepared: Prepared, store: BranchStore | ShardedStore) -> ShardedStore:
+    sharded = ShardedStore.of(store) if isinstance(store, BranchStore) else store
+    count = prepared.shard_map.count
+    if sharded.count != count or set(sharded.stores) != set(range(count)):
+        raise PublishError(
+            f"the fleet has {count} shard(s) (fleet.yaml: shards.count) but "
+            f"{sharded.count} repositories were given; give --repo a URL template with "
+            "{shard}"
+        )
+    return sharded
+
+
+class _Clock:
+    """Seconds per stage, the stages in the order they ran."""
+
+    def __init__(self, start: Mapping[str, float]) -> None:
+        self.timings = dict(start)
+        self._lock = threading.Lock()
+
+    def stage(self, name: str) -> _Stage:
+        return _Stage(self, name)
+
+    def add(self, name: str, seconds: float) -> None:
+        with self._lock:
+            self.timings[name] = self.timings.get(name, 0.0) + seconds
+
+
+class _Stage:
+    def __init__(self, clock: _Clock, name: str) -> None:
+        self.clock, self.name = clock, name
+
+    def __enter__(self) -> None:
+        self.started = time.perf_counter()
+
+    def __exit__(self, *exc: object) -> None:
+        self.clock.add(self.name, time.perf_counter() - self.started)
+
+
 def publish(
     prepared: Prepared,
-    store: BranchStore,
+    store: BranchStore | ShardedStore,
     *,
     signer: PublicationSigner | None,
     now: datetime | None = None,
     progress: Progress | None = None,
     check: TrustPolicy | None = None,
+    attempts: int = ATTEMPTS,
+    writers: int | None = None,
+    attach: Attachment | None = None,
 ) -> PublishReport:
-    """Publish every changed or expiring cluster of ``prepared`` to ``store`` in one push.
+    """Publish every changed or expiring cluster of ``prepared`` as ONE publication.
 
-    ``signer`` None publishes WITHOUT a Sigstore bundle (agents refuse it; experiments only).
-    ``check`` (the trust policy agents use) verifies one branch of the new publication with
+    ``store`` is one repository (a fleet of one shard) or the fleet's shards. ``signer`` None
+    publishes WITHOUT a Sigstore bundle (agents refuse it; experiments only). ``check`` (the
+    trust policy agents use) verifies one branch of the new publication with
     ``verify_publication`` before anything is pushed, so a signer that agents would refuse
-    (wrong identity or issuer, foreign root) stops the run with PublishError.
-    Raises GitTransportError (fetch or push failed, nothing pushed), PushRejectedError (some
-    branches refused: rerun), PublishError, or the signing errors of ``sign_publication``;
-    nothing is pushed when anything fails before the push.
+    (wrong identity or issuer, foreign root) stops the run with PublishError. When another hub
+    commits a publication first, this one starts over on top of it, up to ``attempts`` times.
+    ``writers``: processes writing the packs (default: 2 for large publications, see
+    :func:`_stage`). ``attach``: a ref moved together with the commit point (see
+    :class:`Attachment`); it needs a server with atomic pushes.
+
+    Raises AttachmentMovedError, GitTransportError (a server could not be reached; if the publication was already
+    committed, the next publish finishes it), PushRejectedError (some branches refused:
+    rerun), ConcurrentPublishError, PublishError, FleetRepoError, or the signing errors of
+    ``sign_leaves``; nothing reaches a cluster branch when anything fails before the commit.
     """
-    timings = dict(prepared.timings)
+    sharded = _sharded(prepared, store)
+    say = progress or (lambda _msg: None)
+    clock = _Clock(prepared.timings)
+    for attempt in range(1, attempts + 1):
+        try:
+            with _paused_gc():
+                report = _publish_once(
+                    prepared, sharded, signer, now, say, check, clock, writers, attach
+                )
+        except _LostRace as race:
+            if attempt == attempts:
+                raise ConcurrentPublishError(
+                    f"another hub committed publication {race.winner} while this one was being "
+                    f"made, {attempts} times in a row; rerun hub publish"
+                ) from None
+            say(f"another hub committed publication {race.winner} first; publishing again on top")
+            continue
+        return _replace_attempts(report, attempt)
+    raise AssertionError("unreachable")
+
+
+def _replace_attempts(report: PublishReport, attempts: int) -> PublishReport:
+    from dataclasses import replace
+
+    return replace(report, attempts=attempts, peak_rss_mb=_peak_rss_mb())
+
+
+class _LostRace(Exception):
+    def __init__(self, winner: str) -> None:
+        super().__init__(winner)
+        self.winner = winner
+
+
+def _publish_once(
+    prepared: Prepared,
+    sharded: ShardedStore,
+    signer: PublicationSigner | None,
+    now: datetime | None,
+    say: Progress,
+    check: TrustPolicy | None,
+    clock: _Clock,
+    writers: int | None = None,
+    attach: Attachment | None = None,
+) -> PublishReport:
     now = (now or datetime.now(UTC)).replace(microsecond=0)
     settings = prepared.fleet.settings
-    say = progress or (lambda _msg: None)
+    stores = sharded.stores
 
-    started = time.perf_counter()
-    say(f"fetching cluster branches from {store.url}")
-    store.fetch()
-    timings["fetch"] = time.perf_counter() - started
-
-    started = time.perf_counter()
-    cache = _ContentCache()
-    changes = _decide(
-        prepared,
-        store,
-        now=now,
-        refresh_before=settings.refresh_before,
-        cache=cache,
-        signed=signer is not None,
-    )
-    timings["compare"] = time.perf_counter() - started
-    todo = [c for c in changes if c.status in ("added", "changed", "refreshed")]
-    if not todo:
+    with clock.stage("list"):
+        say(
+            f"listing the branches of {sharded.count} repositor{'y' if sharded.count == 1 else 'ies'}"
+        )
+        sharded.each(lambda _s, st: st.fetch())
+    with clock.stage("recover"):
+        head = _recover(sharded, now, say)
+    with clock.stage("diff"):
+        cache = ContentCache()
+        decisions = decide(
+            prepared.plans,
+            set(prepared.fleet.by_name) or {c.name for c in prepared.fleet.clusters},
+            stores,
+            prepared.shard_map,
+            now=now,
+            refresh_before=settings.refresh_before,
+            move_window=settings.expires_after,
+            cache=cache,
+            signed=signer is not None,
+        )
+    todo = decisions.todo
+    if not todo and not decisions.deletions:
+        sharded.each(lambda _s, st: st.save_facts())  # what a cold cache learnt
         return PublishReport(
-            changes=tuple(changes),
+            changes=tuple(decisions.changes),
             pushed=(),
             signed=signer is not None,
             issued_at=None,
             expires_at=None,
             statement_sha256=None,
-            timings=timings,
+            timings=clock.timings,
         )
-
-    started = time.perf_counter()
     expires = now + settings.expires_after
-    sets: list[BundleDeploymentSet] = []
-    for c in todo:
-        assert c.serial_after is not None
-        header = Header(
-            serial=c.serial_after,
-            issued_at=now,
-            expires_at=expires,
-            source_repo=prepared.source.repo,
-            source_commit=prepared.source.commit,
-        )
-        sets.append(build_set(prepared.plans[c.cluster], header))
-    timings["render"] = time.perf_counter() - started
-
-    started = time.perf_counter()
-    say(f"signing one publication for {len(sets)} clusters")
-    if signer is not None:
-        publication = sign_publication(
-            sets=sets,
-            signer=signer,
-            issued_at=now,
-            expires_at=expires,
-            source_repo=prepared.source.repo,
-            source_commit=prepared.source.commit,
-        )
-        files = {name: part.files for name, part in publication.clusters.items()}
-        statement_bytes = publication.statement_bytes
-    else:
-        files, statement_bytes = _unsigned(sets, now, expires, prepared.source)
-    if check is not None and signer is not None:
-        first = todo[0]
-        try:
-            verify_publication(
-                files=files[first.cluster],
-                cluster=first.cluster,
-                last_serial=first.serial_before,
-                trust=check,
-                now=now,
-            )
-        except VerificationError as exc:
-            raise PublishError(
-                f"the new publication would be refused by agents ({exc.reason}): {exc}; "
-                "nothing was pushed"
-            ) from exc
-    timings["sign"] = time.perf_counter() - started
-
-    started = time.perf_counter()
-    say(f"committing {len(todo)} cluster branches")
-    for c in todo:
-        # Trailers let the next run skip unchanged clusters cheaply (see _decide); the set
-        # itself stays the only thing agents trust.
-        message = (
-            f"fleetlet: {c.status} {c.cluster}, serial {c.serial_after}\n\n"
-            f"Source: {prepared.source.repo}@{prepared.source.commit}\n"
-            f"Serial: {c.serial_after}\n"
-            f"Expires-At: {_fmt(expires)}\n"
-            f"Content-Digest: {cache.digest(prepared.plans[c.cluster])}\n"
-            f"Signed: {'true' if signer is not None else 'false'}\n"
-        )
-        store.commit(c.cluster, files[c.cluster], message=message, when=now)
-    timings["commit"] = time.perf_counter() - started
-
-    started = time.perf_counter()
-    say(f"pushing {len(todo)} branches in one push")
-    result = store.push([c.cluster for c in todo])
-    timings["push"] = time.perf_counter() - started
-    return PublishReport(
-        changes=tuple(changes),
-        pushed=result.pushed,
-        signed=signer is not None,
+    composer = SetComposer(
         issued_at=now,
         expires_at=expires,
-        statement_sha256=hashlib.sha256(statement_bytes).hexdigest(),
-        timings=timings,
+        source_repo=prepared.source.repo,
+        source_commit=prepared.source.commit,
     )
-
-
-def _unsigned(
-    sets: list[BundleDeploymentSet], issued: datetime, expires: datetime, source: FleetSource
-) -> tuple[dict[str, Mapping[str, bytes]], bytes]:
-    """The branch files of a publication WITHOUT its Sigstore bundle (``--no-sign``)."""
-    ordered = sorted(sets, key=lambda s: s.cluster)
-    digests = [set_digest(s) for s in ordered]
-    tree = MerkleTree(
-        [
-            publication_leaf(cluster=s.cluster, serial=s.serial, set_digest=d)
-            for s, d in zip(ordered, digests, strict=True)
-        ]
+    signed: SignedTree | None = None
+    if todo:
+        with clock.stage("render"):
+            leaves = [
+                Leaf(
+                    cluster=c.cluster,
+                    serial=_serial(c),
+                    set_digest=composer.digest(prepared.plans[c.cluster], _serial(c)),
+                )
+                for c in todo
+            ]
+        with clock.stage("sign"):
+            say(f"signing one publication for {len(todo)} clusters")
+            signed = sign_leaves(
+                leaves=leaves,
+                signer=signer,
+                issued_at=now,
+                expires_at=expires,
+                source_repo=prepared.source.repo,
+                source_commit=prepared.source.commit,
+            )
+            if check is not None and signer is not None:
+                _self_check(prepared, composer, signed, todo[0], check, now)
+    publication = ledger.new_publication_id(now)
+    writer = _Writer(
+        prepared=prepared,
+        composer=composer,
+        signed=signed,
+        cache=cache,
+        now=now,
+        signer=signer is not None,
+        publication=publication,
+        trailer=attach.trailer if attach is not None else None,
     )
-    statement = PublicationStatement(
-        merkle_root=tree.root,
-        tree_size=tree.size,
-        issued_at=issued,
-        expires_at=expires,
-        source_repo=source.repo,
-        source_commit=source.commit,
-        serial_min=min(s.serial for s in ordered),
-        serial_max=max(s.serial for s in ordered),
-    )
-    statement_bytes = statement.to_bytes()
-    out: dict[str, Mapping[str, bytes]] = {}
-    for index, s in enumerate(ordered):
-        proof = ClusterProof(
-            cluster=s.cluster,
-            leaf_index=index,
-            tree_size=tree.size,
-            hashes=tuple(tree.inclusion_proof(index)),
-        )
-        out[s.cluster] = {
-            SET_FILE: dump_set(s),
-            STATEMENT_FILE: statement_bytes,
-            PROOF_FILE: proof.to_bytes(),
+    plan = writer.plan(todo, decisions, stores)
+    say(f"writing {len(todo)} cluster commits to {len(plan)} shard(s)")
+    # Shard 0 holds the head: its branches move in the same atomic push as the head (the
+    # commit point); the other shards are staged before it and applied after it.
+    staged: dict[int, str] = {}
+    try:
+        with clock.stage("write+stage"):
+            staged = _stage(writer, sharded, plan, clock, writers)
+        with clock.stage("commit"):
+            joined = (attach, decisions.changes) if attach is not None else None
+            try:
+                _commit(writer, stores[0], head, signed, staged, plan.get(0, []), clock, joined)
+            except AtomicUnsupportedError:
+                if attach is not None:
+                    raise PublishError(
+                        f"{stores[0].url}: rollouts need a git server with atomic pushes "
+                        "(git:// or http(s)://, git 2.4 or later)"
+                    ) from None
+                # Without atomic pushes shard 0 is staged and applied like the others.
+                if 0 in plan:
+                    staged[0] = writer.stage(stores[0], plan[0], clock)
+                _commit(writer, stores[0], head, signed, staged, [], clock)
+    except BaseException as failure:
+        # What this attempt staged is garbage if it did not commit; after a failure whose
+        # outcome is unknown (the connection broke during the commit push) it is left for
+        # the next publish, which finishes the publication if the head names it, and
+        # deletes the staging refs an hour later otherwise.
+        if isinstance(
+            failure, _LostRace | PushRejectedError | AttachmentMovedError
+        ) or _head_unmoved(stores[0], head):
+            _unstage(sharded, publication, staged)
+        raise
+    say(f"publication {publication} committed; moving the branches of {len(staged)} shard(s)")
+    refused: dict[int, dict[str, str]] = {s: {} for s in plan}
+    with clock.stage("apply"):
+        refused.update(sharded.each(lambda s, st: writer.apply(st, plan[s], staged[s]), staged))
+    sharded.each(lambda _s, st: st.save_facts())
+    problems = {ref: reason for s in refused for ref, reason in refused[s].items()}
+    pushed = sorted(
+        {
+            u.cluster
+            for s in plan
+            for u in plan[s]
+            if u.change is not None and u.ref not in refused[s]
         }
-    return out, statement_bytes
+    )
+    if problems:
+        raise PushRejectedError(problems, pushed=[f"{BRANCH_PREFIX}{c}" for c in pushed])
+    return PublishReport(
+        changes=tuple(decisions.changes),
+        pushed=tuple(pushed),
+        signed=signer is not None,
+        issued_at=now if todo else None,
+        expires_at=expires if todo else None,
+        statement_sha256=hashlib.sha256(signed.statement_bytes).hexdigest() if signed else None,
+        timings=clock.timings,
+        shards_pushed=tuple(sorted(plan)),
+        removed=tuple((d.cluster, d.shard) for d in decisions.deletions),
+        publication=publication,
+    )
+
+
+def _serial(change: ClusterChange) -> int:
+    assert change.serial_after is not None
+    return change.serial_after
+
+
+def _self_check(
+    prepared: Prepared,
+    composer: SetComposer,
+    signed: SignedTree,
+    first: ClusterChange,
+    check: TrustPolicy,
+    now: datetime,
+) -> None:
+    assert signed.bundle_json is not None
+    files = {
+        SET_FILE: composer.set_bytes(prepared.plans[first.cluster], _serial(first)),
+        STATEMENT_FILE: signed.statement_bytes,
+        BUNDLE_FILE: signed.bundle_json,
+        PROOF_FILE: signed.proof(first.cluster).to_bytes(),
+    }
+    try:
+        verify_publication(
+            files=files,
+            cluster=first.cluster,
+            last_serial=first.serial_before,
+            trust=check,
+            now=now,
+        )
+    except VerificationError as exc:
+        raise PublishError(
+            f"the new publication would be refused by agents ({exc.reason}): {exc}; "
+            "nothing was pushed"
+        ) from exc
+
+
+@dataclass(slots=True)
+class _Update:
+    """One ref update of a shard: a cluster branch moved to its new commit (``new`` set when
+    written) or deleted (``new`` ZERO)."""
+
+    cluster: str
+    ref: str
+    old: str
+    new: str = ""
+    change: ClusterChange | None = None
+
+
+@dataclass(slots=True)
+class _Writer:
+    """Writes, stages and applies one publication's commits, shard by shard."""
+
+    prepared: Prepared
+    composer: SetComposer
+    signed: SignedTree | None
+    cache: ContentCache
+    now: datetime
+    signer: bool
+    publication: str
+    trailer: Callable[[str], str | None] | None = None
+
+    _expires: str = ""
+
+    def __post_init__(self) -> None:
+        self._expires = _fmt(self.now + self.prepared.fleet.settings.expires_after) or ""
+
+    def plan(
+        self, todo: list[ClusterChange], decisions: Decisions, stores: Mapping[int, BranchStore]
+    ) -> dict[int, list[_Update]]:
+        """Shard -> its updates: each changed cluster on each of its shards, each deletion."""
+        out: dict[int, list[_Update]] = {}
+        for c in todo:
+            for s in c.shards:
+                old = stores[s].tips.get(c.cluster, ZERO)
+                out.setdefault(s, []).append(
+                    _Update(c.cluster, BRANCH_PREFIX + c.cluster, old, "", c)
+                )
+        for d in decisions.deletions:
+            ref = BRANCH_PREFIX + d.cluster
+            out.setdefault(d.shard, []).append(_Update(d.cluster, ref, d.tip, ZERO))
+        return out
+
+    def write(self, store: BranchStore, updates: list[_Update]) -> CommitBatch:
+        """The commits of ``updates`` (their ``new`` set), in a batch for one pack."""
+        batch = CommitBatch(store)
+        shared: dict[str, str] = {}
+        if self.signed is not None:
+            shared[STATEMENT_FILE] = batch.blob(self.signed.statement_bytes)
+            if self.signed.bundle_json is not None:
+                shared[BUNDLE_FILE] = batch.blob(self.signed.bundle_json)
+        bases: dict[tuple[int, tuple[str, ...]], tuple[str, int, int, int]] = {}
+        for u in updates:
+            u.new = self._commit(batch, u.change, shared, bases) if u.change else ZERO
+        return batch
+
+    def stage(self, store: BranchStore, updates: list[_Update], clock: _Clock) -> str:
+        """:meth:`write_staged` and :meth:`push_staged` in one go."""
+        staging, pack = self.write_staged(store, updates, clock)
+        return self.push_staged(store, staging, pack, clock)
+
+    def write_staged(
+        self, store: BranchStore, updates: list[_Update], clock: _Clock
+    ) -> tuple[str, Path | None]:
+        """Write this shard's commits and its staging commit as one pack: (staging commit,
+        pack). Raises PublishError."""
+        started = time.perf_counter()
+        batch = self.write(store, updates)
+        real = [RefUpdate(ref=u.ref, old=u.old, new=u.new) for u in updates]
+        staging = batch.commit(
+            {ledger.UPDATES_FILE: batch.blob(ledger.updates_bytes(real))},
+            parents=sorted({u.new for u in updates if u.new != ZERO}),
+            message=f"fleetlet: staging publication {self.publication}\n",
+            when=self.now,
+        )
+        pack = batch.write()
+        clock.add("write", time.perf_counter() - started)
+        return staging, pack
+
+    def push_staged(
+        self, store: BranchStore, staging: str, pack: Path | None, clock: _Clock
+    ) -> str:
+        """Push a shard's pack with its staging ref. Raises GitTransportError, PublishError."""
+        started = time.perf_counter()
+        ref = ledger.staging_ref(self.publication)
+        outcome = store.push([RefUpdate(ref=ref, old=ZERO, new=staging)], pack=pack)
+        clock.add("push", time.perf_counter() - started)
+        if outcome.refused:
+            raise PublishError(f"{store.url} refused {ref}: {outcome.refused[ref]}")
+        return staging
+
+    def _commit(
+        self,
+        batch: CommitBatch,
+        change: ClusterChange,
+        shared: Mapping[str, str],
+        bases: dict[tuple[int, tuple[str, ...]], tuple[str, int, int, int]],
+    ) -> str:
+        plan = self.prepared.plans[change.cluster]
+        serial = _serial(change)
+        data = self.composer.set_bytes(plan, serial)
+        parts = self.composer.parts(plan, serial)
+        shape = self.composer.shape(plan)
+        base = bases.get(shape) if parts is not None else None
+        if base is None or parts is None:
+            # The first set of its shape in this pack is stored whole, the others as deltas.
+            set_id = batch.blob(data)
+            if parts is not None:
+                bases[shape] = (set_id, len(data), len(parts[0]), len(parts[2]))
+        else:
+            base_id, base_size, head, tail = base
+            set_id = batch.blob_delta(
+                data,
+                base=base_id,
+                base_size=base_size,
+                ops=[(0, head), parts[1], (base_size - tail, tail)],
+            )
+        files = {**shared, SET_FILE: set_id}
+        if self.signed is not None:
+            files[PROOF_FILE] = batch.blob(self.signed.proof_bytes(change.cluster))
+        expires = self._expires
+        # Trailers let the next run skip unchanged clusters cheaply (see compare.py); the set
+        # itself stays the only thing agents trust.
+        message = (
+            f"fleetlet: {change.status} {change.cluster}, serial {serial}\n\n"
+            f"Source: {self.prepared.source.repo}@{self.prepared.source.commit}\n"
+            f"Serial: {serial}\n"
+            f"Expires-At: {expires}\n"
+            f"Content-Digest: {self.cache.digest(plan)}\n"
+            f"Signed: {'true' if self.signer else 'false'}\n"
+            + (f"Moving-Since: {change.moving_since}\n" if change.moving_since else "")
+            + f"Publication: {self.publication}\n"
+        )
+        extra = self.trailer(change.cluster) if self.trailer is not None else None
+        if extra:
+            message += extra.rstrip("\n") + "\n"
+        parents = [change.parent] if change.parent else []
+        return batch.commit(files, parents=parents, message=message, when=self.now)
+
+    def apply(self, store: BranchStore, updates: list[_Update], staging: str) -> dict[str, str]:
+        """Move this shard's branches and delete its staging ref (one push); the refused
+        updates (ref -> reason). Raises GitTransportError."""
+        real = [RefUpdate(ref=u.ref, old=u.old, new=u.new) for u in updates]
+        ref = ledger.staging_ref(self.publication)
+        outcome = store.push([*real, RefUpdate(ref=ref, old=staging, new=ZERO)], pack=None)
+        self.settle(store, updates, outcome.refused)
+        return {r: m for r, m in outcome.refused.items() if r != ref}
+
+    def settle(
+        self, store: BranchStore, updates: list[_Update], refused: Mapping[str, str]
+    ) -> None:
+        """Remember what the moved branches now hold (the next run's diff reads it)."""
+        expires = _fmt(self.now + self.prepared.fleet.settings.expires_after) or ""
+        for u in updates:
+            if u.ref in refused:
+                continue
+            if u.change is None:
+                store.remember(u.cluster, None)
+                continue
+            store.remember(
+                u.cluster,
+                BranchFacts(
+                    tip=u.new,
+                    digest=self.cache.digest(self.prepared.plans[u.cluster]),
+                    serial=_serial(u.change),
+                    expires_at=expires,
+                    signed=self.signer,
+                    moving_since=u.change.moving_since,
+                ),
+            )
+
+
+# --- the two-phase commit (see hub.publish.ledger) ----------------------------------------
+
+
+# Commits to write above which the packs are written by worker processes: writing is Python
+# work (about 130 µs per cluster), the pushes are the git server's.
+PROCESS_WRITE_MIN = 20_000
+_FORKED: tuple[_Writer, Mapping[int, BranchStore], Mapping[int, list[_Update]]] | None = None
+
+
+def _write_in_child(shard: int) -> tuple[int, str, str | None, list[str], float]:
+    """A forked worker's share of :func:`_stage`: one shard's pack, written into its cache
+    repository; (shard, staging commit, pack path, the new commits in order, seconds)."""
+    assert _FORKED is not None
+    writer, stores, plan = _FORKED
+    started = time.perf_counter()
+    staging, pack = writer.write_staged(stores[shard], plan[shard], _Clock({}))
+    news = [u.new for u in plan[shard]]
+    return shard, staging, str(pack) if pack else None, news, time.perf_counter() - started
+
+
+def _stage(
+    writer: _Writer,
+    sharded: ShardedStore,
+    plan: Mapping[int, list[_Update]],
+    clock: _Clock,
+    writers: int | None = None,
+) -> dict[int, str]:
+    """Stage every shard but 0: packs written one shard after the other, each pushed in the
+    background while the next is written (the git server's work). Large publications are
+    written by ``writers`` forked worker processes (default: 2 from :data:`PROCESS_WRITE_MIN`
+    commits on, where the system can fork), which share this process's plans copy-on-write."""
+    global _FORKED
+    later = [s for s in sorted(plan) if s != 0]
+    if len(later) <= 1:
+        return {s: writer.stage(sharded.stores[s], plan[s], clock) for s in later}
+    if writers is None:
+        count = sum(len(plan[s]) for s in later)
+        writers = min(2, os.cpu_count() or 1) if count >= PROCESS_WRITE_MIN else 1
+    if "fork" not in multiprocessing.get_all_start_methods():
+        writers = 1
+    futures = {}
+    with ThreadPoolExecutor(max_workers=PARALLEL) as pool:
+        try:
+            if writers > 1:
+                _FORKED = (writer, sharded.stores, plan)
+                context = multiprocessing.get_context("fork")
+                with ProcessPoolExecutor(max_workers=writers, mp_context=context) as procs:
+                    for shard, staging, pack, news, seconds in procs.map(_write_in_child, later):
+                        for update, new in zip(plan[shard], news, strict=True):
+                            update.new = new
+                        clock.add("write", seconds)
+                        store = sharded.stores[shard]
+                        path = Path(pack) if pack else None
+                        futures[shard] = pool.submit(
+                            writer.push_staged, store, staging, path, clock
+                        )
+            else:
+                for s in later:
+                    store = sharded.stores[s]
+                    staging, pack_path = writer.write_staged(store, plan[s], clock)
+                    futures[s] = pool.submit(writer.push_staged, store, staging, pack_path, clock)
+        finally:
+            _FORKED = None
+            done = {s: f.exception() for s, f in futures.items()}
+        staged = {s: f.result() for s, f in futures.items() if done[s] is None}
+    errors = [e for e in done.values() if e is not None]
+    if errors:
+        _unstage(sharded, writer.publication, staged)
+        raise errors[0]
+    return staged
+
+
+def _read_head(store: BranchStore) -> tuple[str, ledger.HeadRecord | None]:
+    """(oid of the head ref or ZERO, its record). Raises GitTransportError, PublishError."""
+    oid = store.fetch_ref(ledger.HEAD_REF)
+    if oid is None:
+        return ZERO, None
+    data = store.read_blob(oid, ledger.RECORD_FILE)
+    if data is None:
+        raise PublishError(f"{ledger.HEAD_REF} in {store.url} has no {ledger.RECORD_FILE}")
+    return oid, ledger.HeadRecord.from_bytes(data)
+
+
+def _recover(sharded: ShardedStore, now: datetime, say: Progress) -> str:
+    """Finish the committed publication a hub left half-applied; delete stale staging refs.
+    Returns the head's oid (ZERO when none) that this publication must replace."""
+    head, record = _read_head(sharded.stores[0])
+
+    def recover(shard: int, store: BranchStore) -> None:
+        changed = False
+        for ref, oid in sorted(store.refs.items()):
+            if not ref.startswith(ledger.STAGING_PREFIX):
+                continue
+            publication = ref[len(ledger.STAGING_PREFIX) :]
+            if record is not None and publication == record.publication:
+                say(f"finishing publication {publication} in {store.url}")
+                store.fetch_ref(ref)
+                data = store.read_blob(oid, ledger.UPDATES_FILE) or b""
+                todo = ledger.pending(ledger.parse_updates(data), store.refs)
+                store.push([*todo, RefUpdate(ref=ref, old=oid, new=ZERO)], pack=None)
+                changed = True
+            else:
+                began = ledger.publication_time(publication)
+                if began is None or now - began > ledger.STALE_STAGING:
+                    store.push([RefUpdate(ref=ref, old=oid, new=ZERO)], pack=None)
+        if changed:
+            store.fetch()
+
+    sharded.each(recover)
+    return head
+
+
+def _commit(
+    writer: _Writer,
+    store: BranchStore,
+    head: str,
+    signed: SignedTree | None,
+    staged: Mapping[int, str],
+    updates: list[_Update],
+    clock: _Clock,
+    joined: tuple[Attachment, Sequence[ClusterChange]] | None = None,
+) -> None:
+    """Move the head from ``head`` to this publication's record, with ``updates`` (shard 0's
+    branches) and the attached ref (``joined``: the attachment and the publication's changes)
+    in the same atomic push: the commit point.
+
+    Raises _LostRace when another hub moved the head first, AttachmentMovedError when the
+    attached ref moved, PushRejectedError when the server refused a branch (then nothing
+    moved), AtomicUnsupportedError.
+    """
+    record = ledger.HeadRecord(
+        publication=writer.publication,
+        issued_at=_fmt(writer.now) or "",
+        statement_sha256=hashlib.sha256(signed.statement_bytes).hexdigest() if signed else None,
+        staging=dict(staged),
+        note=joined[0].note if joined is not None else None,
+    )
+    started = time.perf_counter()
+    batch = writer.write(store, updates)
+    commit = batch.commit(
+        {ledger.RECORD_FILE: batch.blob(record.to_bytes())},
+        parents=[],
+        message=f"fleetlet: publication {writer.publication}\n",
+        when=writer.now,
+    )
+    extra: list[RefUpdate] = []
+    if joined is not None:
+        attach, changes = joined
+        new = attach.write(batch, writer.publication, changes)
+        extra.append(RefUpdate(ref=attach.ref, old=attach.old, new=new))
+    pack = batch.write()
+    clock.add("write", time.perf_counter() - started)
+    started = time.perf_counter()
+    real = [RefUpdate(ref=u.ref, old=u.old, new=u.new) for u in updates]
+    outcome = store.push(
+        [*real, *extra, RefUpdate(ref=ledger.HEAD_REF, old=head, new=commit)],
+        pack=pack,
+        atomic=bool(real or extra),
+    )
+    clock.add("push", time.perf_counter() - started)
+    if outcome.refused:
+        refs = store.list_refs()
+        for moved in extra:
+            if refs.get(moved.ref, ZERO) != moved.old:
+                raise AttachmentMovedError(
+                    f"{moved.ref} of {store.url} moved since it was read; nothing was published"
+                )
+        current = refs.get(ledger.HEAD_REF, ZERO)
+        if current != head:
+            raise _LostRace(current[:12])
+        reasons = {r: m for r, m in outcome.refused.items() if "atomic" not in m}
+        raise PushRejectedError(reasons or dict(outcome.refused), pushed=[])
+    writer.settle(store, updates, {})
+
+
+def _head_unmoved(store: BranchStore, head: str) -> bool:
+    """Whether the head is still where this publish found it (False when unknown)."""
+    try:
+        return store.list_refs().get(ledger.HEAD_REF, ZERO) == head
+    except GitTransportError:  # unknown: keep what was staged
+        return False
+
+
+def _unstage(sharded: ShardedStore, publication: str, staged: Mapping[int, str]) -> None:
+    ref = ledger.staging_ref(publication)
+    for shard, oid in staged.items():
+        # Best effort: a later publish deletes stale staging refs.
+        with contextlib.suppress(Exception):
+            sharded.stores[shard].push([RefUpdate(ref=ref, old=oid, new=ZERO)], pack=None)
+
+
+def _peak_rss_mb() -> float | None:
+    try:
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    except (ImportError, OSError):
+        return None
 
 
 # --- diff ----------------------------------------------------------------------------------
@@ -598,7 +1008,7 @@ def _entry_fields(before: BundleDeploymentEntry, after: BundleDeploymentEntry) -
 
 
 def diff(
-    prepared: Prepared, store: BranchStore, *, now: datetime | None = None
+    prepared: Prepared, store: BranchStore | ShardedStore, *, now: datetime | None = None
 ) -> list[ClusterDiff]:
     """What ``publish`` would do to each planned cluster, bundle by bundle (no push).
 
@@ -606,18 +1016,22 @@ def diff(
     an unreadable set.
     """
     now = now or datetime.now(UTC)
-    store.fetch()
-    cache = _ContentCache()
+    sharded = _sharded(prepared, store)
+    sharded.each(lambda _s, st: st.fetch())
+    cache = ContentCache()
     decisions = {
         c.cluster: c
-        for c in _decide(
-            prepared,
-            store,
+        for c in decide(
+            prepared.plans,
+            {c.name for c in prepared.fleet.clusters},
+            sharded.stores,
+            prepared.shard_map,
             now=now,
             refresh_before=prepared.fleet.settings.refresh_before,
+            move_window=prepared.fleet.settings.expires_after,
             cache=cache,
             signed=False,
-        )
+        ).changes
     }
     out: list[ClusterDiff] = []
     for name in sorted(decisions):
@@ -625,7 +1039,10 @@ def diff(
         plan = prepared.plans.get(name)
         old_entries: dict[str, BundleDeploymentEntry] = {}
         old_groups: tuple[str, ...] = ()
-        data = store.read_file(name, SET_FILE)
+        holder = next(
+            (sharded.stores[s] for s in decision.shards if name in sharded.stores[s].tips), None
+        )
+        data = holder.read_file(name, SET_FILE) if holder is not None else None
         if data is not None and decision.status == "changed":
             try:
                 old = load_set(data, origin=f"fleetlet/clusters/{name}:{SET_FILE}")
@@ -663,6 +1080,8 @@ def diff(
 
 
 __all__ = [
+    "Attachment",
+    "AttachmentMovedError",
     "BundleDiff",
     "ClusterChange",
     "ClusterDiff",

@@ -1,20 +1,28 @@
-"""The cluster branches in git: read them with one fetch, write commits without a work tree,
-push every changed branch in one push.
+"""One repository of cluster branches (a shard): list them, know what each holds, write
+commits without a work tree, push ref updates with the hub's own pack.
 
 Branches are ``fleetlet/clusters/<cluster>`` on the remote. A local bare repository (a cache
-directory, reused between runs so fetches are incremental) holds the remote tips as of the
-last fetch (``refs/fleetlet/remote/<cluster>``) and the objects of the commits we push.
-Commits are built from blobs and trees directly (no index, no checkout), written as ONE pack
-(:mod:`hub.publish.pack`) and pushed by id, so no loose object and no local branch is written. The push is not forced: each new commit has the fetched tip as
-parent, so a concurrent writer's update is refused instead of overwritten. pygit2's ``push()``
-returns normally when the server refuses an update; refusals arrive in
-``push_update_reference``, which we record.
+directory, reused between runs) holds the objects this hub wrote and those it fetched. Beside
+it, ``fleetlet-facts.json`` remembers what each branch tip holds (content digest, serial,
+expiry, signed), as the trailers of the hub's commits say: a branch whose tip has not moved
+since costs a dictionary lookup, not a fetch nor a commit read. Only tips this hub does not
+know (another hub published, a cold cache) are fetched, and then only their commits' trailers
+are read.
+
+Commits are built from blobs and trees directly (:mod:`hub.publish.pack`, one pack per push)
+and pushed with :mod:`hub.publish.sendpack`: each ref update carries the old value the diff was
+made against, and the server refuses an update whose ref moved meanwhile. Servers spoken to
+only through libgit2 (ssh, local paths) get the same updates forced after a fresh listing
+showed every old value unchanged.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import re
 import tempfile
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -22,26 +30,67 @@ from typing import Any
 
 import pygit2
 
-from hub.errors import GitTransportError, PublishError, PushRejectedError
-from hub.publish.pack import PackWriter
+from hub.errors import GitTransportError, PublishError
+from hub.publish.pack import DeltaOp, PackWriter
+from hub.publish.sendpack import (
+    ZERO,
+    AtomicUnsupportedError,
+    PushOutcome,
+    ReceivePack,
+    RefUpdate,
+    supported,
+)
 
 BRANCH_PREFIX = "refs/heads/fleetlet/clusters/"
+STATUS_PREFIX = "refs/heads/fleetlet/status/"
 _TRACK_PREFIX = "refs/fleetlet/remote/"
-_AUTHOR_NAME = "fleetlet hub"
-_AUTHOR_EMAIL = "hub@fleetlet.invalid"
+_FACTS_FILE = "fleetlet-facts.json"
+_FACTS_FORMAT = 1
+_EXPLICIT_REFSPECS = 64
+AUTHOR = "fleetlet hub <hub@fleetlet.invalid>"
+
+_TRAILER = re.compile(r"^([A-Z][A-Za-z-]*): (\S+)$", re.MULTILINE)
+
+
+def trailers(message: str) -> dict[str, str]:
+    return dict(_TRAILER.findall(message))
+
+
+@dataclass(frozen=True, slots=True)
+class BranchFacts:
+    """What a cluster branch's tip holds, from the hub's commit trailers.
+
+    ``digest`` is the content digest (bundles and groups, see :mod:`hub.publish.flow`), empty
+    when the tip was not written by a hub (then the set itself must be read). ``moving_since``
+    is set on the branches of a cluster moving between shards (see docs/scaling.md).
+    """
+
+    tip: str
+    digest: str
+    serial: int
+    expires_at: str
+    signed: bool
+    moving_since: str = ""
+
+    @classmethod
+    def of(cls, tip: str, message: str) -> BranchFacts:
+        found = trailers(message)
+        serial = found.get("Serial", "")
+        return cls(
+            tip=tip,
+            digest=found.get("Content-Digest", ""),
+            serial=int(serial) if serial.isdigit() else -1,
+            expires_at=found.get("Expires-At", ""),
+            signed=found.get("Signed") == "true",
+            moving_since=found.get("Moving-Since", ""),
+        )
 
 
 class _Callbacks(pygit2.RemoteCallbacks):  # type: ignore[misc]
-    def __init__(
-        self,
-        credentials: tuple[str, str] | None,
-        progress: Callable[[str], None] | None,
-    ) -> None:
+    def __init__(self, credentials: tuple[str, str] | None) -> None:
         super().__init__()
         self._creds = credentials
-        self._progress = progress
         self.updates: dict[str, str | None] = {}
-        self._last = 0
 
     def credentials(self, url: str, username_from_url: str | None, allowed_types: Any) -> Any:
         if self._creds is None:
@@ -52,22 +101,13 @@ class _Callbacks(pygit2.RemoteCallbacks):  # type: ignore[misc]
     def push_update_reference(self, refname: str, message: str | None) -> None:
         self.updates[refname] = message
 
-    def push_transfer_progress(self, objects_pushed: int, total_objects: int, bytes: int) -> None:
-        if self._progress is not None and total_objects and objects_pushed - self._last >= 5000:
-            self._last = objects_pushed
-            self._progress(f"pushing objects {objects_pushed}/{total_objects}")
-
-
-@dataclass(frozen=True, slots=True)
-class PushResult:
-    pushed: tuple[str, ...]  # cluster names whose branch was updated
-
 
 class BranchStore:
-    """The remote's cluster branches, through a local bare cache repository.
+    """One repository's cluster branches, through a local bare cache repository.
 
-    ``credentials`` (user, password) serve smart-HTTP basic auth; ``cache_dir`` None uses a
-    temporary directory removed by :meth:`close`.
+    ``credentials`` (user, password) serve smart-HTTP basic auth; ``cache_dir`` (the bare
+    repository itself) None uses a temporary directory removed by :meth:`close`.
+    Raises PublishError if the cache repository cannot be opened or created.
     """
 
     def __init__(
@@ -94,9 +134,10 @@ class BranchStore:
                 self.repo = pygit2.init_repository(str(self.cache_dir), bare=True)
         except (pygit2.GitError, OSError) as exc:
             raise PublishError(f"hub cache repository {self.cache_dir}: {exc}") from exc
-        self.tips: dict[str, pygit2.Oid] = {}
-        self._pack = PackWriter()
-        self._pending: dict[str, str] = {}
+        self.refs: dict[str, str] = {}  # every advertised ref -> oid, as of the last listing
+        self.tips: dict[str, str] = {}  # cluster -> tip of its branch
+        self._facts: dict[str, BranchFacts] = self._load_facts()
+        self._dirty = False  # facts learnt since the last save
 
     def close(self) -> None:
         if self._tmp is not None:
@@ -109,146 +150,275 @@ class BranchStore:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    # --- reading ---------------------------------------------------------------------------
+
     def _remote(self) -> pygit2.Remote:
         return self.repo.remotes.create_anonymous(self.url)
 
-    def fetch(self) -> dict[str, pygit2.Oid]:
-        """List the cluster branches and fetch the tips missing locally; return cluster -> tip.
+    def list(self) -> dict[str, str]:
+        """List every ref of the remote (one connection); return cluster -> branch tip.
 
-        One ref listing, then at most one fetch: with a reused cache directory, commits this
-        hub pushed itself are already local and cost nothing. Raises GitTransportError if the
-        server cannot be reached.
+        Raises GitTransportError if the server cannot be reached.
         """
-        remote = self._remote()
-        callbacks = _Callbacks(self.credentials, None)
         try:
-            heads = remote.list_heads(callbacks=callbacks)
+            heads = self._remote().list_heads(callbacks=_Callbacks(self.credentials))
         except (pygit2.GitError, OSError) as exc:
             raise GitTransportError(
                 f"cannot list branches of {self.url}: {_first_line(exc)}"
             ) from exc
-        tips: dict[str, pygit2.Oid] = {}
+        refs: dict[str, str] = {}
+        tips: dict[str, str] = {}
+        cut = len(BRANCH_PREFIX)
         for head in heads:
             name = str(head.name)
             oid = getattr(head, "oid", None)
-            if name.startswith(BRANCH_PREFIX) and oid is not None:
-                tips[name[len(BRANCH_PREFIX) :]] = oid
-        missing = sorted(c for c, oid in tips.items() if oid not in self.repo)
-        if missing:
-            if len(missing) * 2 > len(tips):
-                specs = [f"+{BRANCH_PREFIX}*:{_TRACK_PREFIX}*"]
-            else:
-                specs = [f"+{BRANCH_PREFIX}{c}:{_TRACK_PREFIX}{c}" for c in missing]
-            try:
-                remote.fetch(specs, callbacks=_Callbacks(self.credentials, None))
-            except (pygit2.GitError, OSError) as exc:
-                raise GitTransportError(
-                    f"git fetch from {self.url} failed: {_first_line(exc)}"
-                ) from exc
-            still = [c for c in missing if tips[c] not in self.repo]
-            if still:
-                raise GitTransportError(
-                    f"git fetch from {self.url} did not bring the tips of {', '.join(still)} "
-                    "(branches moved meanwhile?); rerun"
-                )
-        self.tips = tips
+            if oid is None:
+                continue
+            refs[name] = str(oid)
+            if name.startswith(BRANCH_PREFIX):
+                tips[name[cut:]] = refs[name]
+        self.refs, self.tips = refs, tips
         return dict(tips)
 
-    def message(self, cluster: str) -> str | None:
-        """The commit message at the tip of ``cluster``'s branch (None if no branch)."""
-        tip = self.tips.get(cluster)
-        if tip is None:
-            return None
-        return str(self.repo[tip].peel(pygit2.Commit).message)
+    def fetch(self) -> dict[str, str]:
+        """:meth:`list`, then fetch the tips whose facts are unknown; return cluster -> tip.
 
-    def read(self, cluster: str) -> dict[str, bytes] | None:
-        """The files at the fetched tip of ``cluster``'s branch (None if no branch)."""
+        Raises GitTransportError.
+        """
+        tips = self.list()
+        self.ensure([c for c, tip in tips.items() if self._known(c, tip) is None])
+        return tips
+
+    def ensure(self, clusters: Sequence[str]) -> None:
+        """Fetch the listed tips of ``clusters`` that are not in the cache repository.
+
+        Raises GitTransportError (also when the branches moved since the listing).
+        """
+        missing = sorted(c for c in clusters if pygit2.Oid(hex=self.tips[c]) not in self.repo)
+        if not missing:
+            return
+        if len(missing) <= _EXPLICIT_REFSPECS:
+            specs = [f"+{BRANCH_PREFIX}{c}:{_TRACK_PREFIX}{c}" for c in missing]
+        else:
+            specs = [f"+{BRANCH_PREFIX}*:{_TRACK_PREFIX}*"]
+        try:
+            self._remote().fetch(specs, callbacks=_Callbacks(self.credentials))
+        except (pygit2.GitError, OSError) as exc:
+            raise GitTransportError(
+                f"git fetch from {self.url} failed: {_first_line(exc)}"
+            ) from exc
+        still = [c for c in missing if pygit2.Oid(hex=self.tips[c]) not in self.repo]
+        if still:
+            raise GitTransportError(
+                f"git fetch from {self.url} did not bring the tips of {', '.join(still[:5])} "
+                "(branches moved meanwhile?); rerun"
+            )
+
+    def fetch_ref(self, ref: str, oid: str | None = None) -> str | None:
+        """Fetch one ref (any namespace) into the cache repository; its oid or None.
+
+        ``oid``: the ref's value the caller listed (default: the last :meth:`list`'s).
+        Raises GitTransportError.
+        """
+        oid = oid or self.refs.get(ref)
+        if oid is None or oid == ZERO:
+            return None
+        if pygit2.Oid(hex=oid) not in self.repo:
+            try:
+                self._remote().fetch(
+                    [f"+{ref}:refs/fleetlet/fetched/{ref.rsplit('/', 1)[-1]}"],
+                    callbacks=_Callbacks(self.credentials),
+                )
+            except (pygit2.GitError, OSError) as exc:
+                raise GitTransportError(
+                    f"git fetch of {ref} from {self.url} failed: {_first_line(exc)}"
+                ) from exc
+        return oid
+
+    def _known(self, cluster: str, tip: str) -> BranchFacts | None:
+        facts = self._facts.get(cluster)
+        return facts if facts is not None and facts.tip == tip else None
+
+    def facts(self, cluster: str) -> BranchFacts | None:
+        """What the listed tip of ``cluster``'s branch holds (None: no branch).
+
+        The tip must have been fetched (:meth:`fetch`) unless its facts are remembered.
+        """
         tip = self.tips.get(cluster)
         if tip is None:
             return None
-        tree = self.repo[tip].peel(pygit2.Tree)
-        out: dict[str, bytes] = {}
-        for entry in tree:
-            if entry.type_str == "blob" and entry.name is not None:
-                out[entry.name] = self.repo[entry.id].peel(pygit2.Blob).data
-        return out
+        known = self._known(cluster, tip)
+        if known is None:
+            message = self.repo[pygit2.Oid(hex=tip)].peel(pygit2.Commit).message
+            known = BranchFacts.of(tip, str(message))
+            self._facts[cluster] = known
+            self._dirty = True
+        return known
 
     def read_file(self, cluster: str, name: str) -> bytes | None:
+        """A file at the listed tip of ``cluster``'s branch (fetched on demand)."""
         tip = self.tips.get(cluster)
         if tip is None:
             return None
-        tree = self.repo[tip].peel(pygit2.Tree)
+        self.ensure([cluster])
+        tree = self.repo[pygit2.Oid(hex=tip)].peel(pygit2.Tree)
         if name not in tree:
             return None
         data: bytes = self.repo[tree[name].id].peel(pygit2.Blob).data
         return data
 
-    def commit(
-        self, cluster: str, files: Mapping[str, bytes], *, message: str, when: datetime
-    ) -> str:
-        """Commit ``files`` (the whole tree) on top of the fetched tip of ``cluster``.
+    def read_blob(self, oid: str, name: str) -> bytes | None:
+        """File ``name`` of the tree of commit ``oid`` (in the cache repository)."""
+        tree = self.repo[pygit2.Oid(hex=oid)].peel(pygit2.Tree)
+        if name not in tree:
+            return None
+        data: bytes = self.repo[tree[name].id].peel(pygit2.Blob).data
+        return data
 
-        The objects are collected for one pack written by :meth:`push`; returns the commit id.
-        """
-        blobs = {name: self._pack.blob(data) for name, data in files.items()}
-        tree = self._pack.tree(blobs)
-        parent = self.tips.get(cluster)
-        oid = self._pack.commit(
+    # --- the facts cache ----------------------------------------------------------------
+
+    def _load_facts(self) -> dict[str, BranchFacts]:
+        try:
+            data = json.loads((self.cache_dir / _FACTS_FILE).read_bytes())
+            if data.get("format") != _FACTS_FORMAT or data.get("url") != self.url:
+                return {}
+            return {name: BranchFacts(*row) for name, row in data["branches"].items()}
+        except (OSError, ValueError, KeyError, TypeError):
+            return {}  # a cold cache: trailers are read again
+
+    def remember(self, cluster: str, facts: BranchFacts | None) -> None:
+        """Record what ``cluster``'s branch now holds (None: the branch is gone)."""
+        self._dirty = True
+        if facts is None:
+            self._facts.pop(cluster, None)
+            self.tips.pop(cluster, None)
+        else:
+            self._facts[cluster] = facts
+            self.tips[cluster] = facts.tip
+
+    def save_facts(self) -> None:
+        """Write the facts of the current branches (atomically; a failure costs a cold read)."""
+        if not self._dirty:
+            return
+        rows = {
+            name: [f.tip, f.digest, f.serial, f.expires_at, f.signed, f.moving_since]
+            for name, f in self._facts.items()
+            if self.tips.get(name) == f.tip
+        }
+        path = self.cache_dir / _FACTS_FILE
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        try:
+            tmp.write_text(
+                json.dumps(
+                    {"format": _FACTS_FORMAT, "url": self.url, "branches": rows},
+                    separators=(",", ":"),
+                )
+            )
+            os.replace(tmp, path)
+        except OSError:
+            tmp.unlink(missing_ok=True)
+            return
+        self._dirty = False
+
+    # --- writing ----------------------------------------------------------------------------
+
+    def push(
+        self, updates: Sequence[RefUpdate], *, pack: Path | None, atomic: bool = False
+    ) -> PushOutcome:
+        """Send ``updates`` (with ``pack`` written into this cache repository by
+        :class:`CommitBatch`); ``atomic``: every ref moves or none. Raises GitTransportError
+        when the transfer fails, AtomicUnsupportedError when ``atomic`` cannot be had."""
+        if not updates:
+            return PushOutcome(refused={})
+        if supported(self.url):
+            receiver = ReceivePack(self.url, credentials=self.credentials)
+            return receiver.push(updates, pack=pack, atomic=atomic)
+        if atomic:
+            raise AtomicUnsupportedError(f"{self.url}: atomic pushes need git:// or http(s)://")
+        return self._push_libgit2(updates)
+
+    def _push_libgit2(self, updates: Sequence[RefUpdate]) -> PushOutcome:
+        # libgit2 takes old values from the advertisement: check them first, then force.
+        current = self.list_refs()
+        refused = {
+            u.ref: f"is at {current.get(u.ref, ZERO)}, expected {u.old}"
+            for u in updates
+            if current.get(u.ref, ZERO) != u.old
+        }
+        specs = [
+            f"+{u.new}:{u.ref}" if u.new != ZERO else f":{u.ref}"
+            for u in updates
+            if u.ref not in refused
+        ]
+        callbacks = _Callbacks(self.credentials)
+        if specs:
+            try:
+                self._remote().push(specs, callbacks=callbacks)
+            except (pygit2.GitError, OSError) as exc:
+                raise GitTransportError(
+                    f"git push to {self.url} failed: {_first_line(exc)}"
+                ) from exc
+        for u in updates:
+            if u.ref in refused:
+                continue
+            if u.ref not in callbacks.updates:
+                refused[u.ref] = "the server reported no status"
+            elif callbacks.updates[u.ref] is not None:
+                refused[u.ref] = str(callbacks.updates[u.ref])
+        return PushOutcome(refused=refused)
+
+    def list_refs(self) -> dict[str, str]:
+        """Every ref of the remote now (one listing), without touching :attr:`tips`."""
+        try:
+            heads = self._remote().list_heads(callbacks=_Callbacks(self.credentials))
+        except (pygit2.GitError, OSError) as exc:
+            raise GitTransportError(f"cannot list {self.url}: {_first_line(exc)}") from exc
+        return {str(h.name): str(h.oid) for h in heads if getattr(h, "oid", None) is not None}
+
+
+class CommitBatch:
+    """Commits for one push, collected in one pack (see :mod:`hub.publish.pack`)."""
+
+    def __init__(self, store: BranchStore) -> None:
+        self.store = store
+        self.pack = PackWriter()
+
+    def __len__(self) -> int:
+        return len(self.pack)
+
+    def blob(self, data: bytes) -> str:
+        return self.pack.blob(data)
+
+    def blob_delta(self, data: bytes, *, base: str, base_size: int, ops: list[DeltaOp]) -> str:
+        return self.pack.blob_delta(data, base=base, base_size=base_size, ops=ops)
+
+    def commit(
+        self,
+        files: Mapping[str, str],
+        *,
+        parents: Iterable[str],
+        message: str,
+        when: datetime,
+    ) -> str:
+        """A commit of a tree of ``files`` (name -> blob id); returns its id."""
+        tree = self.pack.tree(dict(files))
+        return self.pack.commit(
             tree=tree,
-            parents=[str(parent)] if parent is not None else [],
-            author=f"{_AUTHOR_NAME} <{_AUTHOR_EMAIL}>",
+            parents=list(parents),
+            author=AUTHOR,
             timestamp=int(when.astimezone(UTC).timestamp()),
             message=message,
         )
-        # No local ref: the push names the commit itself (10,000 ref files cost seconds).
-        self._pending[cluster] = oid
-        return oid
 
-    def push(self, clusters: Iterable[str]) -> PushResult:
-        """Push the commits made for ``clusters`` (by :meth:`commit`) in one push.
+    def write(self) -> Path | None:
+        """Write the pack into the cache repository; its path (None when empty).
 
-        Raises GitTransportError if the transfer failed (nothing updated), PushRejectedError
-        if the server refused some updates (the others were updated).
+        Raises PublishError if it cannot be written.
         """
-        names = sorted(set(clusters))
-        if not names:
-            return PushResult(pushed=())
-        missing = [c for c in names if c not in self._pending]
-        if missing:
-            raise PublishError(f"no commit to push for {', '.join(missing)}")
         try:
-            self._pack.write(self.cache_dir)
+            return self.pack.write(self.store.cache_dir)
         except OSError as exc:
-            raise PublishError(f"hub cache repository {self.cache_dir}: {exc}") from exc
-        specs = [f"{self._pending[c]}:{BRANCH_PREFIX}{c}" for c in names]
-        callbacks = _Callbacks(self.credentials, self.progress)
-        try:
-            # threads=0: the packbuilder uses every core (its delta search dominates).
-            self._remote().push(specs, callbacks=callbacks, threads=0)
-        except (pygit2.GitError, OSError) as exc:
-            if callbacks.updates:
-                return self._settle(names, callbacks.updates, failure=_first_line(exc))
-            raise GitTransportError(f"git push to {self.url} failed: {_first_line(exc)}") from exc
-        return self._settle(names, callbacks.updates, failure="")
-
-    def _settle(
-        self, names: list[str], updates: Mapping[str, str | None], *, failure: str
-    ) -> PushResult:
-        pushed: list[str] = []
-        rejected: dict[str, str] = {}
-        for c in names:
-            ref = f"{BRANCH_PREFIX}{c}"
-            if ref not in updates:
-                rejected[ref] = failure or "the server reported no status"
-            elif updates[ref] is not None:
-                rejected[ref] = str(updates[ref])
-            else:
-                pushed.append(c)
-                # The next run's fetch moves the tracking ref; only memory is updated here.
-                self.tips[c] = pygit2.Oid(hex=self._pending.pop(c))
-        if rejected:
-            raise PushRejectedError(rejected, pushed=[f"{BRANCH_PREFIX}{c}" for c in pushed])
-        return PushResult(pushed=tuple(pushed))
+            raise PublishError(f"hub cache repository {self.store.cache_dir}: {exc}") from exc
 
 
 def _first_line(exc: BaseException) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
@@ -24,8 +24,10 @@ from agent.api import BundleDeploymentSet, dump_set, set_digest
 from agent.errors import FieldProblem, TemporaryError, ValidationError
 from agent.verify.merkle import MerkleTree, publication_leaf
 from agent.verify.publication import (
+    API_VERSION,
     BUNDLE_FILE,
     PROOF_FILE,
+    PROOF_KIND,
     SET_FILE,
     STATEMENT_FILE,
     ClusterProof,
@@ -87,6 +89,127 @@ class Publication:
     statement_bytes: bytes
     bundle_json: bytes
     clusters: Mapping[str, ClusterPublication]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Leaf:
+    """One cluster's leaf of the publication's Merkle tree."""
+
+    cluster: str
+    serial: int
+    set_digest: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class SignedTree:
+    """The tree over a publication's leaves, its statement and the statement's Sigstore
+    bundle (None when signing is off: ``hub publish --no-sign``)."""
+
+    statement: PublicationStatement
+    statement_bytes: bytes
+    bundle_json: bytes | None
+    tree: MerkleTree
+    index: Mapping[str, int]
+
+    checked: dict[str, bool] = field(default_factory=dict, compare=False, repr=False)
+
+    def proof(self, cluster: str) -> ClusterProof:
+        """The inclusion proof of ``cluster``'s leaf (KeyError if it is not in the tree)."""
+        at = self.index[cluster]
+        return ClusterProof(
+            cluster=cluster,
+            leaf_index=at,
+            tree_size=self.tree.size,
+            hashes=tuple(self.tree.inclusion_proof(at)),
+        )
+
+    def proof_bytes(self, cluster: str) -> bytes:
+        """``proof(cluster).to_bytes()``, written directly (100,000 of them per full publish).
+
+        The first one is checked against :meth:`ClusterProof.to_bytes`; if they ever differ,
+        every proof is encoded by it.
+        """
+        if not self.checked.get("fast", True) or not cluster.isascii():
+            return self.proof(cluster).to_bytes()
+        at = self.index[cluster]
+        hashes = ",".join(f'"{h.hex()}"' for h in self.tree.inclusion_proof(at))
+        fast = (
+            f'{{"apiVersion":"{API_VERSION}","cluster":"{cluster}","hashes":[{hashes}],'
+            f'"kind":"{PROOF_KIND}","leafIndex":{at},"treeSize":{self.tree.size}}}'
+        ).encode()
+        if "fast" not in self.checked:
+            self.checked["fast"] = fast == self.proof(cluster).to_bytes()
+            if not self.checked["fast"]:
+                return self.proof(cluster).to_bytes()
+        return fast
+
+
+def sign_leaves(
+    *,
+    leaves: Sequence[Leaf],
+    signer: PublicationSigner | None,
+    issued_at: datetime,
+    expires_at: datetime,
+    source_repo: str,
+    source_commit: str,
+) -> SignedTree:
+    """Build the Merkle tree over ``leaves`` (ordered by cluster) and sign its statement once.
+
+    The sets behind the leaves must come from ``source_repo``/``source_commit`` and expire at
+    ``expires_at`` at the latest (the caller builds them so). ``signer`` None: no signature.
+    Raises ValidationError (no leaves, a cluster twice, naive or inverted times),
+    TemporaryError and PublishError as :func:`sign_publication`.
+    """
+    issued_at, expires_at = issued_at.replace(microsecond=0), expires_at.replace(microsecond=0)
+    ordered = sorted(leaves, key=lambda leaf: leaf.cluster)
+    problems: list[FieldProblem] = []
+    if not ordered:
+        problems.append(FieldProblem(path="leaves", expected="at least one leaf", found="none"))
+    for name, moment in (("issued_at", issued_at), ("expires_at", expires_at)):
+        if moment.tzinfo is None:
+            problems.append(FieldProblem(path=name, expected="an aware time", found="naive"))
+    if not problems and expires_at <= issued_at:
+        problems.append(
+            FieldProblem(
+                path="expires_at", expected=f"later than {issued_at}", found=str(expires_at)
+            )
+        )
+    for i in range(1, len(ordered)):
+        if ordered[i - 1].cluster == ordered[i].cluster:
+            problems.append(
+                FieldProblem(
+                    path=f"leaves[{ordered[i].cluster}]",
+                    expected="one leaf per cluster",
+                    found="a second leaf",
+                )
+            )
+    if problems:
+        raise ValidationError(problems, origin="publication")
+    tree = MerkleTree(
+        [
+            publication_leaf(cluster=leaf.cluster, serial=leaf.serial, set_digest=leaf.set_digest)
+            for leaf in ordered
+        ]
+    )
+    statement = PublicationStatement(
+        merkle_root=tree.root,
+        tree_size=tree.size,
+        issued_at=issued_at,
+        expires_at=expires_at,
+        source_repo=source_repo,
+        source_commit=source_commit,
+        serial_min=min(leaf.serial for leaf in ordered),
+        serial_max=max(leaf.serial for leaf in ordered),
+    )
+    statement_bytes = statement.to_bytes()
+    bundle_json = _sign_once(signer, statement_bytes) if signer is not None else None
+    return SignedTree(
+        statement=statement,
+        statement_bytes=statement_bytes,
+        bundle_json=bundle_json,
+        tree=tree,
+        index={leaf.cluster: i for i, leaf in enumerate(ordered)},
+    )
 
 
 def sign_publication(

@@ -1,7 +1,7 @@
 """Pin every source of a fleet to an immutable digest, once per reference per run.
 
 - OCI tag -> the manifest (or index) digest: one HEAD on ``/v2/<repo>/manifests/<tag>`` through
-  oras-py's registry client, with oras' own ~131 s retry loop replaced by a bounded one;
+  the registry client the agent uses too (:mod:`agent.source.registry`: bounded retries);
 - git branch or tag -> commit SHA: one ref listing (``Remote.list_heads``) per repository, no
   clone; annotated tags are peeled to their commit;
 - http URL -> sha256 of the content, downloaded once with a size cap;
@@ -25,7 +25,6 @@ import hashlib
 import http.client
 import re
 import tempfile
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -34,10 +33,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-import oras.provider
 import pygit2
 import requests
 
+from agent.api.pins import is_digest
+from agent.backoff import attempts
+from agent.source.content import AuthenticationError, Credentials
+from agent.source.registry import (
+    RegistryClient,
+    RegistryProtocolError,
+    RegistrySettings,
+    RegistryUnavailableError,
+)
 from hub.errors import ResolveError, SourceUnavailableError
 from hub.fleet.model import Bundle, ChartDependency, ChartPin, Pin, SourceRef
 from hub.resolve.charts import (
@@ -59,9 +66,6 @@ _OCI_ACCEPT = ", ".join(
         "application/vnd.docker.distribution.manifest.list.v2+json",
     )
 )
-_OCI_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
-_GIT_SHA = re.compile(r"^[0-9a-f]{40}$")
-_UNBOUNDED_DO_REQUEST = oras.provider.Registry.do_request.__wrapped__  # type: ignore[attr-defined]
 _LOOPBACK = ("127.0.0.1", "localhost", "[::1]")
 # Dependencies of dependencies...: deeper than this is a loop or a mistake.
 _MAX_CHART_DEPTH = 5
@@ -90,65 +94,19 @@ class ResolveSettings:
     user_agent: str = "fleetlet-hub"
 
 
-class _TimeoutSession(requests.Session):
-    """requests has no default timeout; every request of this session gets one."""
-
-    def __init__(self, timeout: float, user_agent: str) -> None:
-        super().__init__()
-        self._timeout = timeout
-        self.headers["User-Agent"] = user_agent
-
-    def request(self, *args: Any, **kwargs: Any) -> requests.Response:  # type: ignore[override]
-        kwargs.setdefault("timeout", self._timeout)
-        return super().request(*args, **kwargs)
-
-
-class _Registry(oras.provider.Registry):  # type: ignore[misc]
-    """oras-py's client with timeouts and a bounded retry instead of its two-minute loop."""
-
-    def __init__(self, *, host: str, insecure: bool, settings: ResolveSettings) -> None:
-        creds = (settings.registry_credentials or {}).get(host)
-        super().__init__(
-            hostname=host, insecure=insecure, auth_backend="basic" if creds else "token"
-        )
-        self.settings = settings
-        self.session = _TimeoutSession(settings.timeout, settings.user_agent)
-        self.auth.session = self.session
-        if creds:
-            self.auth.set_basic_auth(*creds)
-
-    def do_request(
-        self,
-        url: str,
-        method: str = "GET",
-        data: dict[str, Any] | bytes | None = None,
-        headers: dict[str, str] | None = None,
-        json: dict[str, Any] | None = None,
-        stream: bool = False,
-    ) -> requests.Response:
-        """Raises _Unavailable when every attempt failed to get a non-5xx answer."""
-        failure = ""
-        for attempt in range(self.settings.attempts):
-            if attempt:
-                time.sleep(self.settings.backoff * 2 ** (attempt - 1))
-            try:
-                response: requests.Response = _UNBOUNDED_DO_REQUEST(
-                    self, url, method, data, dict(headers or {}), json, stream
-                )
-            except (requests.ConnectionError, requests.Timeout) as exc:
-                failure = type(exc).__name__
-                continue
-            except ValueError as exc:  # oras: "Cannot respond to request for authentication."
-                raise _NotFound(f"registry refused access: {exc}") from exc
-            except requests.RequestException as exc:  # malformed URL, bad redirects...
-                raise _NotFound(f"{type(exc).__name__}: {exc}") from exc
-            if response.status_code >= 500:
-                failure = f"HTTP {response.status_code}"
-                continue
-            return response
-        raise _Unavailable(
-            f"registry unreachable after {self.settings.attempts} attempts ({failure})"
-        )
+def _ask(
+    client: RegistryClient, url: str, method: str, headers: dict[str, str] | None = None
+) -> requests.Response:
+    """One request through the shared registry client, its errors as the resolver's: refused
+    access or a request that cannot be made is _NotFound, an unreachable registry
+    _Unavailable."""
+    try:
+        response: requests.Response = client.do_request(url, method, headers=headers)
+    except (AuthenticationError, RegistryProtocolError) as exc:
+        raise _NotFound(f"registry refused access: {exc}") from exc
+    except RegistryUnavailableError as exc:
+        raise _Unavailable(str(exc)) from exc
+    return response
 
 
 def split_oci_uri(uri: str, insecure_hosts: Iterable[str] = ()) -> tuple[str, str, bool]:
@@ -190,7 +148,7 @@ class Resolver:
         self._charts: dict[tuple[str, str, str], ChartPin] = {}
         self._tags: dict[str, list[str]] = {}
         self._git_charts: dict[tuple[str, str, str], Pin] = {}
-        self._registries: dict[tuple[str, bool], _Registry] = {}
+        self._registries: dict[tuple[str, bool], RegistryClient] = {}
         self._scratch: tempfile.TemporaryDirectory[str] | None = None
         self._scratch_repo: pygit2.Repository | None = None
         self.requests = {"image": 0, "git": 0, "http": 0, "helm": 0}
@@ -266,14 +224,26 @@ class Resolver:
 
     # --- OCI ------------------------------------------------------------------------------
 
-    def _registry(self, uri: str) -> tuple[_Registry, str, str, bool]:
+    def _registry(self, uri: str) -> tuple[RegistryClient, str, str, bool]:
         try:
             host, repo, plain = split_oci_uri(uri, self.settings.insecure_registries)
         except ValueError as exc:
             raise _NotFound(str(exc)) from exc
         client = self._registries.get((host, plain))
         if client is None:
-            client = _Registry(host=host, insecure=plain, settings=self.settings)
+            user, password = (self.settings.registry_credentials or {}).get(host, (None, None))
+            client = RegistryClient(
+                host=host,
+                settings=RegistrySettings(
+                    plain_http=plain,
+                    timeout=self.settings.timeout,
+                    attempts=self.settings.attempts,
+                    backoff=self.settings.backoff,
+                    user_agent=self.settings.user_agent,
+                ),
+                credentials=Credentials(username=user, password=password) if user else None,
+                source=f"registry {host}",
+            )
             self._registries[(host, plain)] = client
         return client, host, repo, plain
 
@@ -281,7 +251,7 @@ class Resolver:
         client, host, repo, plain = self._registry(uri)
         url = f"{'http' if plain else 'https'}://{host}/v2/{repo}/manifests/{tag}"
         self.requests["image"] += 1
-        response = client.do_request(url, "HEAD", headers={"Accept": _OCI_ACCEPT})
+        response = _ask(client, url, "HEAD", headers={"Accept": _OCI_ACCEPT})
         if response.status_code == 404:
             raise _NotFound(f"tag not found in {host}/{repo}")
         if response.status_code in (401, 403):
@@ -289,7 +259,7 @@ class Resolver:
         if response.status_code != 200:
             raise _NotFound(f"HEAD {url}: HTTP {response.status_code}")
         digest = response.headers.get("Docker-Content-Digest", "")
-        if not _OCI_DIGEST.match(digest):
+        if not is_digest(digest):
             raise _NotFound(f"registry gave no sha256 Docker-Content-Digest (got {digest!r})")
         return digest
 
@@ -314,7 +284,7 @@ class Resolver:
         tags: list[str] = []
         while url is not None:
             self.requests["image"] += 1
-            response = client.do_request(url, "GET")
+            response = _ask(client, url, "GET")
             if response.status_code == 404:
                 raise _NotFound(f"no repository {host}/{repo}")
             if response.status_code != 200:
@@ -530,9 +500,7 @@ class Resolver:
         remote = self._scratch_repo.remotes.create_anonymous(uri)
         self.requests["git"] += 1
         failure = ""
-        for attempt in range(self.settings.attempts):
-            if attempt:
-                time.sleep(self.settings.backoff * 2 ** (attempt - 1))
+        for _attempt in attempts(self.settings.attempts, initial=self.settings.backoff):
             try:
                 listing = remote.list_heads()
             except (pygit2.GitError, OSError) as exc:
@@ -559,9 +527,7 @@ class Resolver:
         """GET ``url`` (bounded, retried) into ``sink`` if given; returns the sha256 hex."""
         failure = ""
         limit = self.settings.max_download_bytes
-        for attempt in range(self.settings.attempts):
-            if attempt:
-                time.sleep(self.settings.backoff * 2 ** (attempt - 1))
+        for _attempt in attempts(self.settings.attempts, initial=self.settings.backoff):
             self.requests["http"] += 1
             request = urllib.request.Request(url, headers={"User-Agent": self.settings.user_agent})
             try:

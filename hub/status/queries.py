@@ -182,6 +182,7 @@ class _Row:
     stale: bool
     cells: dict[str, str]  # bundle -> state
     counts: Counter[str]  # state -> cells
+    tally: tuple[int, ...]  # counts in the order of STATES, to add up rows fast
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,13 +195,17 @@ class _Fleet:
     counts: Counter[str]
     stale: int
     errors: int
+    by_state: dict[str, list[_Row]]  # the rows with a cell in each state, in order
 
     @classmethod
     def of(cls, rows: dict[str, _Row]) -> _Fleet:
         ordered = [rows[name] for name in sorted(rows)]
         counts: Counter[str] = Counter()
+        by_state: dict[str, list[_Row]] = {s: [] for s in STATES}
         for row in ordered:
             counts.update(row.counts)
+            for state in row.counts:
+                by_state[state].append(row)
         return cls(
             rows=rows,
             ordered=ordered,
@@ -208,6 +213,7 @@ class _Fleet:
             counts=counts,
             stale=sum(1 for row in ordered if row.stale),
             errors=sum(1 for row in ordered if row.summary["error"]),
+            by_state=by_state,
         )
 
 
@@ -231,12 +237,25 @@ class StatusQueries:
         self._label_values = _label_values(self.labels)
         self._rows = _Fleet.of({})
         self._fleet_lock = threading.Lock()
+        self._version = -1
+        self._next_flip = datetime.min.replace(tzinfo=UTC)
 
     def _labelled(self, summary: dict[str, Any]) -> dict[str, Any]:
         return {**summary, "labels": self.labels.get(summary["name"], {})}
 
-    def clusters(self) -> dict[str, Any]:
-        return {"items": [self._labelled(c) for c in self.status.clusters()]}
+    def clusters(self, *, offset: int = 0, limit: int | None = None) -> dict[str, Any]:
+        """Every cluster, or a page of them (``total`` then says how many there are)."""
+        if limit is None and not offset:
+            return {"items": [self._labelled(c) for c in self.status.clusters()]}
+        _check_page(offset, limit)
+        names = self.status.names()
+        items = [self.status.cluster(n) for n in names[offset : offset + (limit or MAX_PAGE)]]
+        return {
+            "items": [self._labelled(c) for c in items if c is not None],
+            "total": len(names),
+            "offset": offset,
+            "limit": limit,
+        }
 
     def cluster(self, name: str) -> dict[str, Any]:
         found = self.status.cluster(name)
@@ -245,12 +264,28 @@ class StatusQueries:
         return self._labelled(found)
 
     def installations(
-        self, *, cluster: str | None = None, bundle: str | None = None, state: str | None = None
+        self,
+        *,
+        cluster: str | None = None,
+        bundle: str | None = None,
+        state: str | None = None,
+        offset: int = 0,
+        limit: int | None = None,
     ) -> dict[str, Any]:
+        """Installations, filtered; all of them, or a page (``total`` then counts them all:
+        at 100,000 clusters ask for pages, each costs the documents of its clusters only)."""
         if state is not None and state not in STATES:
             raise QueryError(400, f"state must be one of {', '.join(STATES)}, got {state!r}")
-        items = self.status.installations(cluster=cluster, bundle=bundle, state=state)
-        return {"items": items}
+        if limit is None and not offset:
+            items = self.status.installations(cluster=cluster, bundle=bundle, state=state)
+            return {"items": items}
+        _check_page(offset, limit)
+        page = limit or MAX_PAGE
+        items = self.status.installations(
+            cluster=cluster, bundle=bundle, state=state, offset=offset, limit=page
+        )
+        total = self.status.count_installations(cluster=cluster, bundle=bundle, state=state)
+        return {"items": items, "total": total, "offset": offset, "limit": page}
 
     def _missing(self, cluster: str, bundle: str) -> QueryError:
         if self.status.cluster(cluster) is None:
@@ -304,11 +339,16 @@ class StatusQueries:
 
     def _fleet(self) -> _Fleet:
         """Every cluster's row, recomputed only where the status tip moved or staleness
-        flipped since the last call."""
+        flipped since the last call. Between two refreshes that moved something, and until
+        the next cluster goes stale, the rows are reused as they are: a request at 100,000
+        clusters then costs its page, not a pass over the fleet."""
+        now = datetime.now(UTC)
+        version = self.status.version
+        if version == self._version and now < self._next_flip:
+            return self._rows
         # Tips first: a document read after them is at least as new, and a tip that moved
         # meanwhile only makes the next call compute that cluster again.
         tips = self.status.tips()
-        now = datetime.now(UTC)
         stale_after = self.status.stale_after
         with self._fleet_lock:
             known = self._rows.rows
@@ -327,13 +367,25 @@ class StatusQueries:
                     rows[name] = fresh
             if changed:
                 self._rows = _Fleet.of(rows)
+            # The next moment a row's staleness flips: when the freshest-ending row goes stale.
+            self._next_flip = min(
+                (
+                    r.heartbeat + stale_after
+                    for r in self._rows.ordered
+                    if not r.stale and r.heartbeat
+                ),
+                default=datetime.max.replace(tzinfo=UTC),
+            )
+            self._version = version
             return self._rows
 
     def _row(self, name: str, tip: str) -> _Row | None:
         summary = self.status.cluster(name)
         if summary is None:
             return None
-        cells = {i["bundle"]: i["state"] for i in self.status.installations(cluster=name)}
+        cells = self.status.cells(name)
+        if cells is None:
+            return None
         beat = summary["heartbeat"]
         return _Row(
             tip=tip,
@@ -341,7 +393,8 @@ class StatusQueries:
             heartbeat=datetime.fromisoformat(beat.replace("Z", "+00:00")) if beat else None,
             stale=bool(summary["stale"]),
             cells=cells,
-            counts=Counter(cells.values()),
+            counts=(counts := Counter(cells.values())),
+            tally=tuple(counts[s] for s in STATES),
         )
 
     def matrix(
@@ -375,23 +428,39 @@ class StatusQueries:
             matching, counts = fleet.ordered, fleet.counts
         else:
             matching, counts = [], Counter()
-            for row in fleet.ordered:
+            matched: dict[int, bool] = {}  # label sets are shared: one evaluation each
+            candidates = fleet.ordered
+            if state is not None and state != "Stale" and bundle is None:
+                candidates = fleet.by_state.get(state, [])
+            no_labels: dict[str, str] = {}
+            for row in candidates:
                 cluster = row.summary["name"]
                 if needle is not None and needle not in cluster.lower():
                     continue
-                if selector is not None and not selector.matches(self.labels.get(cluster, {})):
-                    continue
+                if selector is not None:
+                    labels = self.labels.get(cluster, no_labels)
+                    hit = matched.get(id(labels))
+                    if hit is None:
+                        hit = matched[id(labels)] = selector.matches(labels)
+                    if not hit:
+                        continue
                 if bundle is not None:
                     if bundle not in row.cells:
                         continue
                     shown = Counter([row.cells[bundle]])
-                else:
-                    shown = row.counts
+                    if state is not None and not shown[state]:
+                        continue
+                    matching.append(row)
+                    counts.update(shown)
+                    continue
                 quiet = state == "Stale" and row.stale and not row.cells
-                if state is not None and not shown[state] and not quiet:
+                if state is not None and not row.counts[state] and not quiet:
                     continue
                 matching.append(row)
-                counts.update(shown)
+            if bundle is None:
+                # Column sums in C: one Counter update per row would cost more than the filter.
+                sums = [sum(column) for column in zip(*(r.tally for r in matching), strict=False)]
+                counts = Counter(dict(zip(STATES, sums, strict=False)))
         items = []
         for row in matching[offset : offset + limit]:
             # A fresh summary for the rows shown: the heartbeat's age is now, not cached.
@@ -427,6 +496,12 @@ class StatusQueries:
             run=str(run.get("id")),
         )
         return shown
+
+
+def _check_page(offset: int, limit: int | None) -> None:
+    """Raises QueryError (400) for a page out of bounds."""
+    if offset < 0 or (limit is not None and not 1 <= limit <= MAX_PAGE):
+        raise QueryError(400, f"offset must be >= 0 and limit between 1 and {MAX_PAGE}")
 
 
 def _label_values(labels: Labels) -> dict[str, list[str]]:

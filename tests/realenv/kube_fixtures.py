@@ -69,8 +69,21 @@ def kube_fleet(
 @pytest.fixture
 def namespace(kube_cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
     """A fresh namespace on ``kube_cluster`` named after the test; deleted afterwards."""
+    yield from _fresh_namespace(kube_cluster, request, "")
+
+
+@pytest.fixture
+def app_namespace(kube_cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
+    """Another fresh namespace, for bundle content: the agent's own namespace (``namespace``
+    in most tests) is off limits to it."""
+    yield from _fresh_namespace(kube_cluster, request, "-app")
+
+
+def _fresh_namespace(
+    kube_cluster: Cluster, request: pytest.FixtureRequest, suffix: str
+) -> Iterator[str]:
     stem = re.sub(r"[^a-z0-9-]+", "-", request.node.name.lower()).strip("-")[:40].strip("-")
-    name = f"{stem or 't'}-{uuid.uuid4().hex[:6]}"
+    name = f"{stem or 't'}-{uuid.uuid4().hex[:6]}{suffix}"
     with kube_cluster.api_client() as api:
         core = k8s_client.CoreV1Api(api)
         core.create_namespace({"metadata": {"name": name, "labels": {"fleetlet.io/test": "1"}}})

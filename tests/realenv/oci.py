@@ -387,3 +387,44 @@ def push_layers(
     if tag is not None:
         client.push_manifest(repository, tag, raw)
     return digest
+
+
+IMAGE_CONFIG_MEDIA_TYPE = "application/vnd.oci.image.config.v1+json"
+IMAGE_LAYER_MEDIA_TYPE = "application/vnd.oci.image.layer.v1.tar+gzip"
+
+
+def push_image(
+    client: OciClient,
+    repository: str,
+    directory: Path,
+    *,
+    tag: str | None = None,
+    labels: Mapping[str, str] | None = None,
+) -> str:
+    """Push ``directory`` as a one-layer container image (what ``FROM scratch`` + ``COPY``
+    builds, e.g. an OLM bundle image: an OCI image config with ``labels``, one image layer);
+    returns its manifest digest."""
+    packed = pack_directory(directory)
+    layer = client.push_blob(repository, packed, IMAGE_LAYER_MEDIA_TYPE)
+    config = json.dumps(
+        {
+            "architecture": "amd64",
+            "os": "linux",
+            "config": {"Labels": dict(labels or {})},
+            "rootfs": {"type": "layers", "diff_ids": [sha256_digest(gzip.decompress(packed))]},
+        },
+        sort_keys=True,
+        separators=(",", ":"),
+    ).encode()
+    client.push_blob(repository, config, IMAGE_CONFIG_MEDIA_TYPE)
+    manifest = {
+        "schemaVersion": 2,
+        "mediaType": MANIFEST_MEDIA_TYPE,
+        "config": descriptor(IMAGE_CONFIG_MEDIA_TYPE, config),
+        "layers": [layer],
+    }
+    raw = json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()
+    digest = client.push_manifest(repository, sha256_digest(raw), raw)
+    if tag is not None:
+        client.push_manifest(repository, tag, raw)
+    return digest

@@ -6,6 +6,7 @@ import { clusterView } from "./cluster.js";
 import { h, link } from "./dom.js";
 import { installationView } from "./installation.js";
 import { matrixView } from "./matrix.js";
+import { rolloutView, rolloutsView } from "./rollouts.js";
 
 const REFRESH_SECONDS = 5;
 
@@ -31,6 +32,8 @@ function route(url) {
   if ((match = path.match(/^\/ui\/installations\/([^/]+)\/([^/]+)$/))) {
     return installationView(decode(match[1]), decode(match[2]));
   }
+  if (path === "/ui/rollouts") return rolloutsView();
+  if ((match = path.match(/^\/ui\/rollouts\/([^/]+)$/))) return rolloutView(decode(match[1]));
   return {
     title: "Not found",
     root: h("section", {}, h("h1", {}, "No such page"), h("p", {}, link("/", "Back to the fleet matrix"))),

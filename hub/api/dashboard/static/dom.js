@@ -1,10 +1,12 @@
 // Building DOM from data without innerHTML: every value lands in a text node or an attribute.
 
-export const STATES = ["Ready", "Progressing", "Degraded", "RolledBack", "Paused", "Stale"];
+export const STATES = ["Ready", "Progressing", "AwaitingApproval", "Denied", "Degraded", "RolledBack", "Paused", "Stale"];
 // The letters in the matrix cells: state is never told by colour alone.
 export const STATE_CODES = {
   Ready: "R",
   Progressing: "P",
+  AwaitingApproval: "AA",
+  Denied: "DN",
   Degraded: "D",
   RolledBack: "RB",
   Paused: "PA",
@@ -56,6 +58,8 @@ export const pages = {
   cluster: (cluster) => `/ui/clusters/${encodeURIComponent(cluster)}`,
   installation: (cluster, bundle) =>
     `/ui/installations/${encodeURIComponent(cluster)}/${encodeURIComponent(bundle)}`,
+  rollouts: () => "/ui/rollouts",
+  rollout: (id) => `/ui/rollouts/${encodeURIComponent(id)}`,
 };
 
 const NUMBER = new Intl.NumberFormat("en-US");

@@ -72,6 +72,7 @@ function render(d) {
       ["Drift corrections", String(d.driftCount || 0)],
       ["Last succeeded run", h("span", { class: "mono" }, text(d.lastSuccessfulRun))],
     ]),
+    ...approvals(d.requests || []),
     h("h2", {}, "Conditions"),
     (d.conditions || []).length
       ? table(
@@ -93,6 +94,52 @@ function render(d) {
         h("tbody", {}, runs.map(runRow)))
       : h("p", { class: "muted" }, "No runs reported."),
   ];
+}
+
+// Approval requests of the installation's group: the pending one first, with its preview
+// (objects and security findings) so a reviewer sees what approving it would do.
+function approvals(requests) {
+  if (!requests.length) return [];
+  return [
+    h("h2", {}, "Approvals"),
+    h("div", { id: "requests", class: "requests" }, requests.map(requestView)),
+  ];
+}
+
+const STATE_OF_REQUEST = { Pending: "AwaitingApproval", Approved: "Ready", Denied: "Denied", Superseded: "Paused" };
+
+function requestView(r) {
+  const p = r.preview || {};
+  const security = p.security || {};
+  const counts = `${p.created || 0} created, ${p.changed || 0} changed, ${p.deleted || 0} deleted, ${p.unchanged || 0} unchanged`
+    + (p.refused ? `, ${p.refused} refused by the dry run` : "");
+  const decided = r.decidedBy
+    ? [`${r.state} by `, h("span", { class: "mono" }, r.decidedBy), " ", when(r.decidedAt),
+      r.policy ? ` (ApprovalPolicy ${r.policy}, rule ${r.rule})` : "", r.reason ? ` – ${r.reason}` : ""]
+    : r.state === "Pending" ? `waiting: fleetlet preview ${r.name}, then fleetlet approve or deny` : r.state;
+  const findings = ["rbac", "crds", "webhooks", "privileged", "namespaces"].flatMap((category) =>
+    (security[category] || []).map((f) => h("li", { "data-category": category },
+      h("strong", {}, category), ` ${f.bundle}: ${f.object} (${f.action}): ${(f.details || []).join("; ")}`)));
+  const objects = p.objects || [];
+  return h(
+    "section", { class: "request", "data-request": r.name, "data-state": r.state, "aria-label": `Request ${r.name}` },
+    h("h3", {}, h("span", { class: "mono" }, r.name), " ",
+      h("span", { class: `badge state s-${STATE_OF_REQUEST[r.state] || "Paused"}` }, r.state)),
+    facts([
+      ["Serial", String(r.serial)],
+      ["Decision", decided],
+      ["Objects", counts],
+      ["Security findings", String(p.findings || 0)],
+    ]),
+    findings.length ? h("ul", { class: "findings" }, findings) : null,
+    objects.length
+      ? h("details", {}, h("summary", {}, `${objects.length} object${objects.length === 1 ? "" : "s"}${p.omitted ? ` (and ${p.omitted} more)` : ""}`),
+        table(`Objects request ${r.name} changes`, ["Action", "Bundle", "Object", "Fields"],
+          objects.map((o) => [text(o.action), text(o.bundle),
+            h("span", { class: "mono" }, `${o.kind} ${o.namespace ? `${o.namespace}/` : ""}${o.name}`),
+            text((o.paths || []).join(", "))]), { class: "request-objects" }))
+      : null,
+  );
 }
 
 function runRow(run) {

@@ -1,0 +1,315 @@
+"""The diff stage: which clusters need a new set, with which serial, on which shards.
+
+Change detection compares the ``bundleDeployments`` and ``groups`` blocks of a branch's
+canonical ``set.yaml`` with those of the new set, through their digest: the hub's commits
+record it as a trailer (``Content-Digest``), so an unchanged cluster costs a lookup in the
+branch facts (:class:`~hub.publish.git.BranchFacts`). A branch written by someone else is read
+and compared block by block. Serial, times and source are not content: a new fleet commit that
+changes nothing for a cluster republishes nothing there.
+
+Moves between shards: a cluster whose branch is in another shard than the one the fleet now
+gives it is *moving*. Its next set gets a serial above every serial any shard holds for it,
+and the very same commit goes to its new shard and to every shard still holding its branch,
+so its agent, pointed at either repository, sees the same commit and never an older serial.
+Once the move is older than the publication validity (``expiresAfter``), the old branches are
+deleted (see docs/scaling.md, "Moving a cluster to another shard").
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Literal
+
+import yaml
+
+from agent.api import BundleDeploymentEntry, dump_yaml, load_set, parse_time, to_dict
+from agent.api.yamlio import SAFE_LOADER
+from agent.errors import ValidationError
+from agent.verify.publication import BUNDLE_FILE, SET_FILE
+from hub.errors import PublishError
+from hub.fleet.render import ClusterPlan
+from hub.fleet.shards import ShardMap
+from hub.publish.git import BranchFacts, BranchStore
+
+Status = Literal["added", "changed", "moved", "refreshed", "unchanged", "orphaned"]
+STATUSES: tuple[Status, ...] = ("added", "changed", "moved", "refreshed", "unchanged", "orphaned")
+CONTENT_KEYS = ("bundleDeployments", "groups")
+
+
+def blocks(data: bytes) -> dict[str, str]:
+    """Top-level blocks of a canonical set.yaml: key -> its lines (key line included)."""
+    found: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in data.decode("utf-8", "replace").splitlines(keepends=True):
+        if line[:1] not in (" ", "-", "") and ":" in line:
+            key = line.split(":", 1)[0]
+            current = found.setdefault(key, [])
+        if current is not None:
+            current.append(line)
+    return {k: "".join(v) for k, v in found.items()}
+
+
+@dataclass(slots=True)
+class ContentCache:
+    """Canonical YAML of entries, computed once per shared entry object."""
+
+    fragments: dict[int, str] = field(default_factory=dict)
+    keep: list[BundleDeploymentEntry] = field(default_factory=list)
+    digests: dict[tuple[int, tuple[str, ...]], str] = field(default_factory=dict)
+    keep_tuples: list[tuple[BundleDeploymentEntry, ...]] = field(default_factory=list)
+
+    def content(self, plan: ClusterPlan) -> dict[str, str]:
+        out: dict[str, str] = {}
+        if plan.entries:
+            parts = ["bundleDeployments:\n"]
+            for entry in plan.entries:
+                frag = self.fragments.get(id(entry))
+                if frag is None:
+                    frag = dump_yaml([to_dict(entry)]).decode("utf-8")
+                    self.fragments[id(entry)] = frag
+                    self.keep.append(entry)  # ids stay valid while the entry lives
+                parts.append(frag)
+            out["bundleDeployments"] = "".join(parts)
+        if plan.groups:
+            out["groups"] = "groups:\n" + dump_yaml(list(plan.groups)).decode("utf-8")
+        return out
+
+    def digest(self, plan: ClusterPlan) -> str:
+        """sha256 of the content blocks: what the commit trailer records (one per shape)."""
+        key = (id(plan.entries), plan.groups)
+        found = self.digests.get(key)
+        if found is None:
+            content = self.content(plan)
+            text = "".join(content[k] for k in CONTENT_KEYS if k in content)
+            found = "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
+            self.digests[key] = found
+            self.keep_tuples.append(plan.entries)
+        return found
+
+
+@dataclass(frozen=True, slots=True)
+class _Current:
+    serial: int
+    expires_at: datetime
+    content: dict[str, str] | None  # None: not canonical, compare as changed
+
+
+def read_current(cluster: str, data: bytes) -> _Current:
+    """Serial, expiry and content blocks of a branch's set.yaml.
+
+    Raises PublishError when the branch does not hold a readable set.
+    """
+    found = blocks(data)
+    head = "".join(found.get(k, "") for k in ("serial", "expiresAt"))
+    try:
+        raw = yaml.load(head, Loader=SAFE_LOADER) or {}
+    except yaml.YAMLError:
+        raw = {}
+    serial = raw.get("serial") if isinstance(raw, dict) else None
+    expires = raw.get("expiresAt") if isinstance(raw, dict) else None
+    expires_at = parse_time(expires) if isinstance(expires, str) else None
+    if not isinstance(serial, int) or expires_at is None:
+        # Not in the canonical form we write: read it the slow, validating way.
+        try:
+            old = load_set(data, origin=f"fleetlet/clusters/{cluster}:{SET_FILE}")
+        except ValidationError as exc:
+            raise PublishError(
+                f"branch fleetlet/clusters/{cluster} holds an unreadable {SET_FILE} ({exc}); "
+                "fix or delete the branch"
+            ) from exc
+        return _Current(serial=old.serial, expires_at=old.expires_at, content=None)
+    return _Current(
+        serial=serial,
+        expires_at=expires_at,
+        content={k: found[k] for k in CONTENT_KEYS if k in found},
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterChange:
+    """What the publication does to one cluster.
+
+    ``shards`` are the shards whose branch gets the new commit (its own first, then those
+    still holding its branch while it moves); ``parent`` the commit it follows (None: a new
+    history, when a target shard does not hold the current tip); ``moving_since`` when its
+    move began (empty when not moving).
+    """
+
+    cluster: str
+    status: Status
+    serial_before: int | None
+    serial_after: int | None
+    shards: tuple[int, ...] = ()
+    parent: str | None = None
+    moving_since: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Deletion:
+    """A cluster's branch left behind in ``shard`` by a finished move, at ``tip``."""
+
+    cluster: str
+    shard: int
+    tip: str
+
+
+@dataclass(slots=True)
+class Decisions:
+    changes: list[ClusterChange]
+    deletions: list[Deletion]
+
+    @property
+    def todo(self) -> list[ClusterChange]:
+        return [c for c in self.changes if c.status in ("added", "changed", "moved", "refreshed")]
+
+
+def _fmt(moment: datetime) -> str:
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def decide(
+    plans: Mapping[str, ClusterPlan],
+    fleet_clusters: set[str],
+    stores: Mapping[int, BranchStore],
+    shard_map: ShardMap,
+    *,
+    now: datetime,
+    refresh_before: timedelta,
+    move_window: timedelta,
+    cache: ContentCache,
+    signed: bool,
+) -> Decisions:
+    """Compare every planned cluster with the branches the stores listed.
+
+    Raises PublishError when a branch holds an unreadable set.
+    """
+    # Where each branch is: one shard for nearly every cluster, several while it moves.
+    where: dict[str, int | list[int]] = {}
+    for shard in sorted(stores):
+        for name in stores[shard].tips:
+            found = where.get(name)
+            if found is None:
+                where[name] = shard
+            else:
+                where[name] = [*(found if isinstance(found, list) else [found]), shard]
+    # Times in the trailers' fixed format compare as strings: no parsing per cluster.
+    refresh_at = _fmt(now + refresh_before)
+    changes: list[ClusterChange] = []
+    deletions: list[Deletion] = []
+    for name in sorted(plans):
+        plan = plans[name]
+        home = shard_map.shard_of(name)
+        found = where.get(name)
+        if found is None:
+            changes.append(ClusterChange(name, "added", None, 1, (home,)))
+            continue
+        if found == home:
+            facts = stores[home].facts(name)
+            assert facts is not None
+            if (
+                facts.digest
+                and facts.serial >= 0
+                and facts.expires_at
+                and not facts.moving_since
+                and facts.digest == cache.digest(plan)
+                and facts.expires_at > refresh_at
+                and not (signed and not facts.signed)
+            ):
+                changes.append(
+                    ClusterChange(name, "unchanged", facts.serial, facts.serial, (home,), facts.tip)
+                )
+                continue
+        shards = found if isinstance(found, list) else [found]
+        held = {s: f for s in shards if (f := stores[s].facts(name)) is not None}
+        change, gone = _decide_one(
+            name, plan, home, held, stores, now, refresh_at, move_window, cache, signed
+        )
+        changes.append(change)
+        deletions += gone
+    for name in sorted(set(where) - fleet_clusters):
+        found = where[name]
+        holding = tuple(found) if isinstance(found, list) else (found,)
+        changes.append(ClusterChange(name, "orphaned", None, None, holding))
+    return Decisions(changes=changes, deletions=deletions)
+
+
+def _decide_one(
+    name: str,
+    plan: ClusterPlan,
+    home: int,
+    held: Mapping[int, BranchFacts],
+    stores: Mapping[int, BranchStore],
+    now: datetime,
+    refresh_at: str,
+    move_window: timedelta,
+    cache: ContentCache,
+    signed: bool,
+) -> tuple[ClusterChange, list[Deletion]]:
+    """The general case: a branch not written by a hub, expiring, changed or moving."""
+    # The branch the cluster's content is judged by: its own shard's, else the newest.
+    source = home if home in held else max(held, key=lambda s: (held[s].serial, -s))
+    facts = held[source]
+    others = sorted(s for s in held if s != home)
+    serial = max(f.serial for f in held.values())
+    expiry = facts.expires_at
+    if facts.digest and serial >= 0 and expiry:
+        same = facts.digest == cache.digest(plan)
+        unsigned = signed and not facts.signed
+    else:
+        # Not the hub's own commit (no trailers): read the set itself.
+        data = stores[source].read_file(name, SET_FILE)
+        if data is None:
+            raise PublishError(
+                f"branch fleetlet/clusters/{name} has no {SET_FILE} in {stores[source].url}; "
+                "fix or delete the branch"
+            )
+        current = read_current(name, data)
+        serial = max(serial, current.serial)
+        expiry = _fmt(current.expires_at)
+        same = current.content is not None and current.content == cache.content(plan)
+        unsigned = signed and stores[source].read_file(name, BUNDLE_FILE) is None
+    since = min((f.moving_since for f in held.values() if f.moving_since), default="")
+    finished = bool(others) and bool(since) and _elapsed(since, now) >= move_window
+    if others and not since:
+        since = _fmt(now)  # the move begins with this publication
+    tips = {f.tip for f in held.values()}
+    status: Status
+    if not same:
+        status = "changed"
+    elif others and (home not in held or len(tips) > 1) and not finished:
+        status = "moved"
+    elif unsigned or expiry <= refresh_at:
+        status = "refreshed"
+    elif not others and facts.moving_since:
+        status = "refreshed"  # the move is over: its trailer goes with a new commit
+    else:
+        status = "unchanged"
+    gone: list[Deletion] = []
+    if finished:
+        gone = [Deletion(name, s, held[s].tip) for s in others]
+        others = []
+    targets = (home, *others)
+    if status == "unchanged":
+        return ClusterChange(name, status, serial, serial, targets, facts.tip), gone
+    # The same commit goes to every target shard: it follows the current tip only where every
+    # target holds that tip; otherwise (a shard the cluster moves to) it starts a new history,
+    # whose objects are all in the publication's pack.
+    same_tip = all(s in held and held[s].tip == facts.tip for s in targets)
+    change = ClusterChange(
+        name,
+        status,
+        serial,
+        serial + 1,
+        targets,
+        facts.tip if same_tip else None,
+        since if others else "",
+    )
+    return change, gone
+
+
+def _elapsed(since: str, now: datetime) -> timedelta:
+    began = parse_time(since)
+    return now - began if began is not None else timedelta(0)

@@ -1,0 +1,315 @@
+"""Pushing ref updates with a pack the hub wrote itself: the git ``receive-pack`` protocol.
+
+libgit2's push builds its own pack from the local object database: it reads back every object
+the hub just wrote, searches deltas between them and compresses them again (most of a publish
+of 100,000 clusters), and it takes each ref's old value from the server's advertisement at push
+time. This client sends the pack :mod:`hub.publish.pack` already wrote (small: sets of one
+shape are deltas of each other) and, for each ref, the old value the hub's diff was made
+against, which the server checks before it moves the ref: a ref that moved meanwhile is
+refused, never overwritten (a compare-and-swap per ref).
+
+Protocol: git's ``Documentation/gitprotocol-pack.txt`` (receive-pack, protocol v0 with the
+``report-status`` capability) over ``git://`` (one connection) and smart HTTP(S) (the
+advertisement, then one POST), basic credentials sent up front, no redirect followed.
+"""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import socket
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from hub.errors import GitTransportError
+
+ZERO = "0" * 40
+SCHEMES = ("git", "http", "https")
+_MAX_PKT = 65520
+_EMPTY_PACK = b"PACK\x00\x00\x00\x02\x00\x00\x00\x00" + bytes.fromhex(
+    "029d08823bd8a8eab510ad6ac75c823cfd3ed31e"
+)
+
+
+class AtomicUnsupportedError(GitTransportError):
+    """The server does not offer atomic pushes (all refs move or none)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RefUpdate:
+    """Move ``ref`` from ``old`` to ``new`` (40 hex; :data:`ZERO` creates or deletes)."""
+
+    ref: str
+    old: str
+    new: str
+
+
+@dataclass(frozen=True, slots=True)
+class PushOutcome:
+    """The server's answer: ``refused`` maps each ref it did not move to its reason."""
+
+    refused: Mapping[str, str]
+
+
+def supported(url: str) -> bool:
+    """Whether this client speaks to ``url`` (git://, http://, https:// without user info)."""
+    parts = urlsplit(url)
+    return parts.scheme in SCHEMES and parts.username is None and parts.password is None
+
+
+class _Pkt:
+    """pkt-line reading over a buffered byte stream."""
+
+    def __init__(self, stream: object) -> None:
+        self._read = stream.read  # type: ignore[attr-defined]
+
+    def _exactly(self, size: int) -> bytes:
+        data = self._read(size)
+        if data is None or len(data) != size:
+            raise GitTransportError("the git server closed the connection mid-answer")
+        return bytes(data)
+
+    def line(self) -> bytes | None:
+        """The next pkt-line's payload; None for a flush."""
+        length = int(self._exactly(4), 16)
+        if length == 0:
+            return None
+        if length < 4 or length > _MAX_PKT:
+            raise GitTransportError(f"the git server sent a bad pkt-line length {length}")
+        payload = self._exactly(length - 4)
+        if payload.startswith(b"ERR "):
+            raise GitTransportError(
+                "the git server says: " + payload[4:].decode(errors="replace").strip()
+            )
+        return payload
+
+    def section(self) -> list[bytes]:
+        lines = []
+        while (line := self.line()) is not None:
+            lines.append(line)
+        return lines
+
+
+def _pkt(data: bytes) -> bytes:
+    return b"%04x" % (len(data) + 4) + data
+
+
+def parse_advertisement(lines: Sequence[bytes]) -> tuple[dict[str, str], set[str]]:
+    """(ref -> oid, capabilities) of a receive-pack advertisement (``# service`` lines
+    skipped). Raises GitTransportError for a malformed one."""
+    refs: dict[str, str] = {}
+    caps: set[str] = set()
+    for line in lines:
+        if line.startswith(b"# service="):
+            continue
+        body, _, extra = line.rstrip(b"\n").partition(b"\0")
+        if extra:
+            caps.update(extra.decode(errors="replace").split())
+        oid, _, name = body.partition(b" ")
+        if len(oid) != 40 or not name:
+            raise GitTransportError(f"the git server advertised {line[:80]!r}")
+        if name == b"capabilities^{}":
+            continue
+        refs[name.decode()] = oid.decode()
+    return refs, caps
+
+
+def _commands(updates: Sequence[RefUpdate], caps: set[str], atomic: bool) -> bytes:
+    if "report-status" not in caps:
+        raise GitTransportError("the git server does not report push results (report-status)")
+    wanted = ["report-status", "agent=fleetlet"]
+    if atomic:
+        wanted.append("atomic")
+    if any(u.new == ZERO for u in updates) and "delete-refs" not in caps:
+        raise GitTransportError("the git server does not allow deleting refs (delete-refs)")
+    if atomic and "atomic" not in caps:
+        raise AtomicUnsupportedError("the git server does not offer atomic pushes")
+    chunks = []
+    for i, u in enumerate(updates):
+        line = f"{u.old} {u.new} {u.ref}".encode()
+        if i == 0:
+            line += b"\0" + " ".join(wanted).encode()
+        chunks.append(_pkt(line + b"\n"))
+    chunks.append(b"0000")
+    return b"".join(chunks)
+
+
+def _report(reader: _Pkt, updates: Sequence[RefUpdate]) -> PushOutcome:
+    lines = reader.section()
+    if not lines or not lines[0].startswith(b"unpack "):
+        raise GitTransportError("the git server sent no push report")
+    unpack = lines[0][len(b"unpack ") :].decode(errors="replace").strip()
+    if unpack != "ok":
+        raise GitTransportError(f"the git server could not store the pack: {unpack}")
+    refused: dict[str, str] = {}
+    answered: set[str] = set()
+    for line in lines[1:]:
+        text = line.decode(errors="replace").rstrip("\n")
+        status, _, rest = text.partition(" ")
+        ref, _, reason = rest.partition(" ")
+        answered.add(ref)
+        if status == "ng":
+            refused[ref] = reason or "refused"
+    for u in updates:
+        if u.ref not in answered:
+            refused[u.ref] = "the server reported no status"
+    return PushOutcome(refused=refused)
+
+
+class ReceivePack:
+    """One repository's ``receive-pack`` at ``url`` (git:// or http(s)://).
+
+    ``credentials`` (user, password) are sent as HTTP basic auth. Timeouts in seconds.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        credentials: tuple[str, str] | None = None,
+        connect_timeout: float = 10.0,
+        io_timeout: float = 900.0,
+    ) -> None:
+        if not supported(url):
+            raise GitTransportError(f"{url}: publishing speaks git:// and http(s):// only")
+        self.url = url
+        self.credentials = credentials
+        self.connect_timeout = connect_timeout
+        self.io_timeout = io_timeout
+
+    def advertised(self) -> dict[str, str]:
+        """Every ref of the repository and its oid (one listing). Raises GitTransportError."""
+        return self._call(None, None, atomic=False)[0]
+
+    def push(
+        self,
+        updates: Sequence[RefUpdate],
+        *,
+        pack: Path | None = None,
+        atomic: bool = False,
+    ) -> PushOutcome:
+        """Send ``updates`` with ``pack`` (a pack file holding every object they need that the
+        server lacks; an empty pack when None). Raises GitTransportError when the transfer
+        fails (then no ref moved, or the report was lost)."""
+        if not updates:
+            return PushOutcome(refused={})
+        outcome = self._call(updates, pack, atomic=atomic)[1]
+        assert outcome is not None
+        return outcome
+
+    def _call(
+        self, updates: Sequence[RefUpdate] | None, pack: Path | None, *, atomic: bool
+    ) -> tuple[dict[str, str], PushOutcome | None]:
+        parts = urlsplit(self.url)
+        try:
+            if parts.scheme == "git":
+                return self._git(
+                    parts.hostname or "", parts.port or 9418, parts.path, updates, pack, atomic
+                )
+            return self._http(updates, pack, atomic)
+        except (OSError, http.client.HTTPException, ValueError) as exc:
+            raise GitTransportError(f"git push to {self.url} failed: {exc}") from exc
+
+    def _git(
+        self,
+        host: str,
+        port: int,
+        path: str,
+        updates: Sequence[RefUpdate] | None,
+        pack: Path | None,
+        atomic: bool,
+    ) -> tuple[dict[str, str], PushOutcome | None]:
+        with socket.create_connection((host, port), timeout=self.connect_timeout) as sock:
+            sock.settimeout(self.io_timeout)
+            sock.sendall(_pkt(f"git-receive-pack {path}\0host={host}\0".encode()))
+            stream = sock.makefile("rb", buffering=1 << 16)
+            reader = _Pkt(stream)
+            refs, caps = parse_advertisement(reader.section())
+            if updates is None:
+                sock.sendall(b"0000")
+                return refs, None
+            sock.sendall(_commands(updates, caps, atomic))
+            if any(u.new != ZERO for u in updates):
+                _send_pack(sock.sendall, pack)
+            return refs, _report(reader, updates)
+
+    def _headers(self) -> dict[str, str]:
+        headers = {"User-Agent": "git/fleetlet"}
+        if self.credentials is not None:
+            token = base64.b64encode(":".join(self.credentials).encode()).decode()
+            headers["Authorization"] = f"Basic {token}"
+        return headers
+
+    def _connection(self) -> http.client.HTTPConnection:
+        parts = urlsplit(self.url)
+        cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+        conn = cls(parts.hostname or "", parts.port, timeout=self.connect_timeout)
+        conn.connect()
+        assert conn.sock is not None
+        conn.sock.settimeout(self.io_timeout)
+        return conn
+
+    def _http(
+        self, updates: Sequence[RefUpdate] | None, pack: Path | None, atomic: bool
+    ) -> tuple[dict[str, str], PushOutcome | None]:
+        path = urlsplit(self.url).path.rstrip("/")
+        conn = self._connection()
+        try:
+            conn.request(
+                "GET", f"{path}/info/refs?service=git-receive-pack", headers=self._headers()
+            )
+            response = conn.getresponse()
+            _check_http(response, self.url)
+            reader = _Pkt(response)
+            lines = reader.section()
+            if lines and lines[0].startswith(b"# service="):
+                lines = lines[1:] + reader.section()
+            refs, caps = parse_advertisement(lines)
+            response.read()
+        finally:
+            conn.close()
+        if updates is None:
+            return refs, None
+        commands = _commands(updates, caps, atomic)
+        body_pack = pack.stat().st_size if pack is not None else len(_EMPTY_PACK)
+        sends_pack = any(u.new != ZERO for u in updates)
+        length = len(commands) + (body_pack if sends_pack else 0)
+        conn = self._connection()
+        try:
+            conn.putrequest("POST", f"{path}/git-receive-pack", skip_accept_encoding=True)
+            headers = {
+                **self._headers(),
+                "Content-Type": "application/x-git-receive-pack-request",
+                "Accept": "application/x-git-receive-pack-result",
+                "Content-Length": str(length),
+            }
+            for key, value in headers.items():
+                conn.putheader(key, value)
+            conn.endheaders()
+            conn.send(commands)
+            if sends_pack:
+                _send_pack(conn.send, pack)
+            response = conn.getresponse()
+            _check_http(response, self.url)
+            return refs, _report(_Pkt(response), updates)
+        finally:
+            conn.close()
+
+
+def _check_http(response: http.client.HTTPResponse, url: str) -> None:
+    if response.status in (401, 403):
+        raise GitTransportError(f"{url}: HTTP {response.status}: credentials refused or missing")
+    if response.status != 200:
+        raise GitTransportError(f"{url}: HTTP {response.status} {response.reason}")
+
+
+def _send_pack(send: object, pack: Path | None) -> None:
+    write = send  # a socket's sendall or a connection's send
+    if pack is None:
+        write(_EMPTY_PACK)  # type: ignore[operator]
+        return
+    with open(pack, "rb") as source:
+        while chunk := source.read(1 << 20):
+            write(chunk)  # type: ignore[operator]

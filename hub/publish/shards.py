@@ -1,0 +1,76 @@
+"""The fleet's cluster-branch repositories, one :class:`~hub.publish.git.BranchStore` per shard,
+worked on in parallel (listings, fetches and pushes wait on the network and the git server,
+not on this process)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TypeVar
+
+from hub.publish.git import BranchStore
+
+T = TypeVar("T")
+# Shards worked on at once: enough to keep the git server busy while this process works.
+PARALLEL = 8
+
+
+class ShardedStore:
+    """Shard number -> BranchStore. ``cache_dir/shard-<n>.git`` holds each shard's cache
+    (a temporary directory when None). Raises PublishError if a cache cannot be created."""
+
+    def __init__(
+        self,
+        *,
+        urls: Mapping[int, str],
+        cache_dir: Path | None = None,
+        credentials: tuple[str, str] | None = None,
+        progress: Callable[[str], None] | None = None,
+    ) -> None:
+        self.stores: dict[int, BranchStore] = {}
+        for shard, url in sorted(urls.items()):
+            where = Path(cache_dir) / f"shard-{shard}.git" if cache_dir is not None else None
+            self.stores[shard] = BranchStore(
+                url=url, cache_dir=where, credentials=credentials, progress=progress
+            )
+        self._owned = True
+
+    @classmethod
+    def of(cls, store: BranchStore) -> ShardedStore:
+        """One repository as a fleet of one shard (the caller keeps owning ``store``)."""
+        sharded = cls.__new__(cls)
+        sharded.stores = {0: store}
+        sharded._owned = False
+        return sharded
+
+    @property
+    def count(self) -> int:
+        return len(self.stores)
+
+    def close(self) -> None:
+        if self._owned:
+            for store in self.stores.values():
+                store.close()
+
+    def __enter__(self) -> ShardedStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def each(
+        self, work: Callable[[int, BranchStore], T], shards: Iterable[int] | None = None
+    ) -> dict[int, T]:
+        """``work(shard, store)`` for each shard (all by default), in parallel; the results by
+        shard. The first exception raised is raised here, after every call has ended."""
+        chosen = sorted(self.stores if shards is None else set(shards))
+        if len(chosen) <= 1:
+            return {s: work(s, self.stores[s]) for s in chosen}
+        with ThreadPoolExecutor(max_workers=min(PARALLEL, len(chosen))) as pool:
+            futures = {s: pool.submit(work, s, self.stores[s]) for s in chosen}
+            errors = [f.exception() for f in futures.values()]
+            for error in errors:
+                if error is not None:
+                    raise error
+            return {s: f.result() for s, f in futures.items()}

@@ -1,0 +1,379 @@
+"""Listing status branches and fetching the moved ones with git protocol v2, in one connection.
+
+A warm hub refreshing a shard of 6,250 status branches, of which 60 moved, pays with libgit2
+(protocol v0 only) a full ref advertisement, a match of every refspec against every ref, a walk
+of its local refs for "have" lines and a tracking ref per branch: most of the refresh. Protocol
+v2 asks ``ls-refs`` for the status branches only, then ``fetch`` for exactly the moved tips,
+telling the server the previous tip of each (the new commit's parent, so only the new objects
+travel). The pack that comes back is small (a commit, a tree and a document per moved branch):
+it is read here and written into the local cache repository as a pack of the hub's own
+(:mod:`hub.publish.pack`).
+
+git:// and http(s):// only (``supported``); other URLs, and servers that do not speak v2, use
+libgit2 (:class:`NotProtocolV2`). Protocol: git's ``Documentation/gitprotocol-v2.txt`` and
+``gitformat-pack.txt``. Bounded: at most :data:`MAX_PACK_BYTES` of pack, no thin packs.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import http.client
+import socket
+import zlib
+from collections.abc import Callable, Iterable
+from urllib.parse import urlsplit
+
+from hub.errors import GitTransportError
+
+MAX_PACK_BYTES = 512 * 1024 * 1024
+_MAX_PKT = 65520
+_TYPES = {1: "commit", 2: "tree", 3: "blob", 4: "tag"}
+_OFS_DELTA, _REF_DELTA = 6, 7
+
+
+class NotProtocolV2(Exception):
+    """The URL's scheme or the server does not speak protocol v2 here."""
+
+
+def supported(url: str) -> bool:
+    parts = urlsplit(url)
+    return parts.scheme in ("git", "http", "https") and parts.username is None
+
+
+def _pkt(data: bytes) -> bytes:
+    return b"%04x" % (len(data) + 4) + data
+
+
+class _Reader:
+    def __init__(self, read: Callable[[int], bytes]) -> None:
+        self._read = read
+
+    def exactly(self, size: int) -> bytes:
+        chunks = []
+        left = size
+        while left:
+            chunk = self._read(left)
+            if not chunk:
+                raise GitTransportError("the git server closed the connection mid-answer")
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+
+    def line(self) -> bytes | None:
+        """The next pkt-line's payload; None for a flush, b"" for a delimiter."""
+        length = int(self.exactly(4), 16)
+        if length == 0:
+            return None
+        if length in (1, 2):
+            return b""
+        if length < 4 or length > _MAX_PKT:
+            raise GitTransportError(f"the git server sent a bad pkt-line length {length}")
+        payload = self.exactly(length - 4)
+        if payload.startswith(b"ERR "):
+            raise GitTransportError(
+                "the git server says: " + payload[4:].decode(errors="replace").strip()
+            )
+        return payload
+
+    def section(self) -> list[bytes]:
+        lines = []
+        while (line := self.line()) is not None:
+            lines.append(line)
+        return lines
+
+
+def _ls_refs(prefix: str) -> bytes:
+    return (
+        _pkt(b"command=ls-refs\n")
+        + b"0001"
+        + _pkt(b"ref-prefix " + prefix.encode() + b"\n")
+        + b"0000"
+    )
+
+
+def _fetch(wants: Iterable[str], haves: Iterable[str]) -> bytes:
+    lines = [_pkt(b"command=fetch\n"), b"0001", _pkt(b"no-progress\n")]
+    lines += [_pkt(f"want {w}\n".encode()) for w in wants]
+    lines += [_pkt(f"have {h}\n".encode()) for h in haves]
+    lines += [_pkt(b"done\n"), b"0000"]
+    return b"".join(lines)
+
+
+def _refs(lines: list[bytes], prefix: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    cut = len(prefix)
+    for line in lines:
+        oid, _, rest = line.rstrip(b"\n").partition(b" ")
+        name = rest.split(b" ", 1)[0].decode(errors="replace")
+        if name.startswith(prefix) and len(oid) == 40:
+            out[name[cut:]] = oid.decode()
+    return out
+
+
+def _packfile(reader: _Reader) -> bytes:
+    """The pack of a v2 ``fetch`` response (side-band multiplexed)."""
+    data: list[bytes] = []
+    size = 0
+    in_pack = False
+    while (line := reader.line()) is not None:
+        if not in_pack:
+            if line == b"packfile\n":
+                in_pack = True
+            continue  # acknowledgments, shallow-info: not asked for
+        if not line:
+            continue
+        band, payload = line[0], line[1:]
+        if band == 1:
+            size += len(payload)
+            if size > MAX_PACK_BYTES:
+                raise GitTransportError(f"the git server sent more than {MAX_PACK_BYTES} bytes")
+            data.append(payload)
+        elif band == 3:
+            raise GitTransportError(
+                "the git server says: " + payload.decode(errors="replace").strip()
+            )
+    return b"".join(data)
+
+
+class Session:
+    """One listing and one fetch of a repository's refs under ``prefix`` (see module)."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        credentials: tuple[str, str] | None = None,
+        timeout: float = 120.0,
+    ) -> None:
+        if not supported(url):
+            raise NotProtocolV2(url)
+        self.url = url
+        self.credentials = credentials
+        self.timeout = timeout
+        self._sock: socket.socket | None = None
+        self._reader: _Reader | None = None
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+    def refs(self, prefix: str) -> dict[str, str]:
+        """Ref name (without ``prefix``) -> oid. Raises GitTransportError, NotProtocolV2."""
+        try:
+            return _refs(self._command(_ls_refs(prefix)).section(), prefix)
+        except (OSError, ValueError, http.client.HTTPException) as exc:
+            raise GitTransportError(f"cannot list the branches of {self.url}: {exc}") from exc
+
+    def fetch(self, wants: list[str], haves: list[str]) -> list[tuple[str, bytes]]:
+        """The objects (kind, data) of the pack the server sends for ``wants`` when it knows
+        we have ``haves``. Raises GitTransportError."""
+        if not wants:
+            return []
+        try:
+            return read_pack(_packfile(self._command(_fetch(wants, haves))))
+        except (OSError, ValueError, zlib.error, http.client.HTTPException) as exc:
+            raise GitTransportError(f"fetching from {self.url} failed: {exc}") from exc
+
+    def _command(self, request: bytes) -> _Reader:
+        """Send one v2 command; the reader of its answer."""
+        parts = urlsplit(self.url)
+        if parts.scheme == "git":
+            reader = self._git(parts.hostname or "", parts.port or 9418, parts.path)
+            assert self._sock is not None
+            self._sock.sendall(request)
+            return reader
+        return self._http(request)
+
+    def _git(self, host: str, port: int, path: str) -> _Reader:
+        if self._reader is not None:
+            return self._reader
+        sock = socket.create_connection((host, port), timeout=self.timeout)
+        self._sock = sock
+        sock.sendall(_pkt(f"git-upload-pack {path}\0host={host}\0\0version=2\0".encode()))
+        stream = sock.makefile("rb", buffering=1 << 16)
+        reader = _Reader(stream.read)
+        capabilities = reader.section()
+        if not capabilities or capabilities[0] != b"version 2\n":
+            raise NotProtocolV2(self.url)
+        self._reader = reader
+        return reader
+
+    def _http(self, request: bytes) -> _Reader:
+        parts = urlsplit(self.url)
+        path = parts.path.rstrip("/")
+        if self._reader is None:
+            # The capability advertisement first: a server answering in v0 is not asked more.
+            capabilities = _Reader(
+                self._request("GET", f"{path}/info/refs?service=git-upload-pack")
+            )
+            lines = [line for line in capabilities.section() if not line.startswith(b"# service")]
+            if not lines:
+                lines = capabilities.section()
+            if not lines or lines[0] != b"version 2\n":
+                raise NotProtocolV2(self.url)
+            self._reader = capabilities
+        return _Reader(self._request("POST", f"{path}/git-upload-pack", request))
+
+    def _request(self, method: str, path: str, body: bytes | None = None) -> Callable[[int], bytes]:
+        parts = urlsplit(self.url)
+        cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+        conn = cls(parts.hostname or "", parts.port, timeout=self.timeout)
+        headers = {"Git-Protocol": "version=2", "User-Agent": "git/fleetlet"}
+        if body is not None:
+            headers["Content-Type"] = "application/x-git-upload-pack-request"
+        if self.credentials is not None:
+            token = base64.b64encode(":".join(self.credentials).encode()).decode()
+            headers["Authorization"] = f"Basic {token}"
+        conn.request(method, path, body, headers)
+        response = conn.getresponse()
+        if response.status in (401, 403):
+            raise GitTransportError(f"{self.url}: HTTP {response.status}: credentials refused")
+        if response.status != 200:
+            raise NotProtocolV2(f"{self.url}: HTTP {response.status}")
+        return response.read
+
+
+def read_pack(pack: bytes) -> list[tuple[str, bytes]]:
+    """Every object of a (non-thin) pack as (kind, data), deltas resolved.
+
+    Raises ValueError for a malformed pack (bad header or checksum, a delta whose base is not
+    in the pack) and zlib.error for a damaged entry.
+    """
+    if len(pack) < 32 or pack[:4] != b"PACK":
+        raise ValueError("not a pack")
+    if hashlib.sha1(pack[:-20], usedforsecurity=False).digest() != pack[-20:]:
+        raise ValueError("the pack's checksum does not match")
+    count = int.from_bytes(pack[8:12], "big")
+    view = memoryview(pack)
+    at = 12
+    by_offset: dict[int, tuple[int, bytes]] = {}
+    by_id: dict[bytes, tuple[int, bytes]] = {}
+    pending: list[tuple[int, int, bytes]] = []  # (offset, base offset, delta) or by id
+    pending_ref: list[tuple[int, bytes, bytes]] = []
+    for _ in range(count):
+        start = at
+        byte = pack[at]
+        at += 1
+        kind, size, shift = (byte >> 4) & 7, byte & 0x0F, 4
+        while byte & 0x80:
+            byte = pack[at]
+            at += 1
+            size |= (byte & 0x7F) << shift
+            shift += 7
+        base_offset = -1
+        base_id = b""
+        if kind == _OFS_DELTA:
+            byte = pack[at]
+            at += 1
+            distance = byte & 0x7F
+            while byte & 0x80:
+                byte = pack[at]
+                at += 1
+                distance = ((distance + 1) << 7) | (byte & 0x7F)
+            base_offset = start - distance
+        elif kind == _REF_DELTA:
+            base_id = pack[at : at + 20]
+            at += 20
+        inflater = zlib.decompressobj()
+        end = min(len(pack) - 20, at + size + 1024)  # a stream rarely outgrows its data
+        data = inflater.decompress(view[at:end])
+        while not inflater.eof:
+            if end >= len(pack) - 20:
+                raise ValueError("an entry of the pack is truncated")
+            more = min(len(pack) - 20, end + max(size, 1 << 16))
+            data += inflater.decompress(view[end:more])
+            end = more
+        at = end - len(inflater.unused_data)
+        if len(data) != size:
+            raise ValueError("an entry of the pack has the wrong size")
+        if kind in _TYPES:
+            _keep(by_offset, by_id, start, kind, data)
+        elif kind == _OFS_DELTA:
+            pending.append((start, base_offset, data))
+        elif kind == _REF_DELTA:
+            pending_ref.append((start, base_id, data))
+        else:
+            raise ValueError(f"unknown pack entry type {kind}")
+    # Deltas may come before their bases: resolve until nothing more resolves.
+    while pending or pending_ref:
+        progress = False
+        for item in list(pending):
+            offset, base_offset, delta = item
+            if base_offset in by_offset:
+                kind, base = by_offset[base_offset]
+                _keep(by_offset, by_id, offset, kind, apply_delta(base, delta))
+                pending.remove(item)
+                progress = True
+        for ref_item in list(pending_ref):
+            offset, base_id, delta = ref_item
+            if base_id in by_id:
+                kind, base = by_id[base_id]
+                _keep(by_offset, by_id, offset, kind, apply_delta(base, delta))
+                pending_ref.remove(ref_item)
+                progress = True
+        if not progress:
+            raise ValueError("a delta of the pack has no base in it")
+    return [(_TYPES[kind], data) for kind, data in by_offset.values()]
+
+
+def _keep(
+    by_offset: dict[int, tuple[int, bytes]],
+    by_id: dict[bytes, tuple[int, bytes]],
+    offset: int,
+    kind: int,
+    data: bytes,
+) -> None:
+    by_offset[offset] = (kind, data)
+    header = f"{_TYPES[kind]} {len(data)}\0".encode()
+    by_id[hashlib.sha1(header + data, usedforsecurity=False).digest()] = (kind, data)
+
+
+def apply_delta(base: bytes, delta: bytes) -> bytes:
+    """git's delta format (see :func:`hub.publish.pack._delta`). Raises ValueError."""
+    at = 0
+
+    def varint() -> int:
+        nonlocal at
+        value, shift = 0, 0
+        while True:
+            byte = delta[at]
+            at += 1
+            value |= (byte & 0x7F) << shift
+            shift += 7
+            if not byte & 0x80:
+                return value
+
+    if varint() != len(base):
+        raise ValueError("a delta's base has the wrong size")
+    size = varint()
+    out = bytearray()
+    while at < len(delta):
+        command = delta[at]
+        at += 1
+        if command & 0x80:
+            offset = length = 0
+            for i in range(4):
+                if command & (1 << i):
+                    offset |= delta[at] << (8 * i)
+                    at += 1
+            for i in range(3):
+                if command & (0x10 << i):
+                    length |= delta[at] << (8 * i)
+                    at += 1
+            length = length or 0x10000
+            if offset + length > len(base):
+                raise ValueError("a delta copies past its base")
+            out += base[offset : offset + length]
+        elif command:
+            out += delta[at : at + command]
+            at += command
+        else:
+            raise ValueError("a delta has a reserved instruction")
+    if len(out) != size:
+        raise ValueError("a delta gives the wrong size")
+    return bytes(out)
