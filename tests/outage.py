@@ -181,7 +181,11 @@ class OutageWorld:
             def back(resume: Callable[[], None]) -> Callable[[], None]:
                 # The controllers would reconnect by themselves, up to a minute later: they
                 # are not what these tests are about.
-                return lambda: (resume(), cluster.restart_controllers())  # type: ignore[func-returns-value]
+                def bring_back() -> None:
+                    resume()
+                    cluster.restart_controllers()
+
+                return bring_back
 
             if mode == "refused":
                 return Fault(component, mode, cluster.stop_apiserver, back(cluster.start_apiserver))

@@ -355,6 +355,11 @@ def test_the_api_server_away_in_the_middle_of_a_rollback(world: OutageWorld) -> 
         ready = world.conditions(bundle)["Ready"]
         assert ready["reason"] == "RolledBack", ready
         assert ready["message"].count("HealthCheckFailed") == 1, ready["message"]
+    # The next good publication moves on (and leaves the world as the next test expects it).
+    target = world.next_version()
+    world.publish(target)
+    settle(world, agent)
+    world.assert_wholly_on(target)
 
 
 def test_the_hub_away_longer_than_a_publication_lives(world: OutageWorld) -> None:
