@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from hub.api.tokens import write_clear_tokens
 from tests.fleetlab import REPO_ROOT
 from tests.realenv.gitserver import GitDaemon, GitHttpServer
 from tests.realenv.hubserver import serving_hub
@@ -188,7 +189,7 @@ def test_installations_without_a_hub_or_with_a_wrong_token(
 
     repo = new_repo(git_daemon, "prereq-hub")
     tokens = tmp_path / "tokens.yaml"
-    tokens.write_text(yaml.safe_dump({"tokens": {"reader-token-123456": "read"}}))
+    write_clear_tokens(tokens, {"reader-token-123456": "read"})
     with serving_hub(repo, tmp_path, ["--tokens", str(tokens)]) as url:
         missing = fleetlet(tmp_path, "installations", "list", "--hub", url)
         assert missing.returncode == 1
@@ -224,7 +225,7 @@ def test_installations_without_a_hub_or_with_a_wrong_token(
         ),
         (
             ("hub", "publish", str(REPO_ROOT / "fleet-examples"), "--repo", "git://127.0.0.1:1/x"),
-            "give --identity-token FILE or set SIGSTORE_ID_TOKEN",
+            "give --identity-token FILE, set SIGSTORE_ID_TOKEN",
         ),
         (("hub", "serve", "--repo", "git://127.0.0.1:1/x.git"), "needs --tokens FILE"),
     ],
