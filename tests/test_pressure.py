@@ -105,7 +105,8 @@ def layer_of_size(size: int, base: dict[str, bytes], seed: int) -> bytes:
 
 
 class Bundles:
-    """Publishes the one bundle ``big`` (a ConfigMap and padding) and says what runs."""
+    """Publishes the one bundle ``big`` (a ConfigMap and padding, in ``namespace``: not the
+    agent's own, which bundle content may not touch) and says what runs."""
 
     def __init__(self, lab: Lab, kube: KubeClient, namespace: str, http: StaticHttpServer):
         self.lab, self.kube, self.ns, self.http = lab, kube, namespace, http
@@ -162,10 +163,15 @@ def tick(agent: Agent) -> Exception | None:
 
 
 def test_bundles_just_under_and_just_over_each_limit(
-    lab: Lab, crds: Cluster, namespace: str, tmp_path: Path, http: StaticHttpServer
+    lab: Lab,
+    crds: Cluster,
+    namespace: str,
+    app_namespace: str,
+    tmp_path: Path,
+    http: StaticHttpServer,
 ) -> None:
     kube = KubeClient(kubeconfig=str(crds.kubeconfig))
-    bundles = Bundles(lab, kube, namespace, http)
+    bundles = Bundles(lab, kube, app_namespace, http)
     workdir = tmp_path / "agent"
     agent = lab.agent(
         "edge-1", crds, namespace=namespace, workdir=workdir, status=False, extra=FLAGS
@@ -231,10 +237,15 @@ def _pads(total: int, most: int) -> dict[str, bytes]:
 
 
 def test_a_full_disk_is_a_clear_temporary_failure_and_the_agent_recovers(
-    lab: Lab, crds: Cluster, namespace: str, tmp_path: Path, http: StaticHttpServer
+    lab: Lab,
+    crds: Cluster,
+    namespace: str,
+    app_namespace: str,
+    tmp_path: Path,
+    http: StaticHttpServer,
 ) -> None:
     kube = KubeClient(kubeconfig=str(crds.kubeconfig))
-    bundles = Bundles(lab, kube, namespace, http)
+    bundles = Bundles(lab, kube, app_namespace, http)
     with tmpfs(tmp_path / "cache", "8m") as cache:
         agent = lab.agent("edge-1", crds, namespace=namespace, workdir=cache, status=False)
         first = bundles.publish_layer()
@@ -271,10 +282,15 @@ def test_a_full_disk_is_a_clear_temporary_failure_and_the_agent_recovers(
 
 
 def test_a_read_only_cache_directory(
-    lab: Lab, crds: Cluster, namespace: str, tmp_path: Path, http: StaticHttpServer
+    lab: Lab,
+    crds: Cluster,
+    namespace: str,
+    app_namespace: str,
+    tmp_path: Path,
+    http: StaticHttpServer,
 ) -> None:
     kube = KubeClient(kubeconfig=str(crds.kubeconfig))
-    bundles = Bundles(lab, kube, namespace, http)
+    bundles = Bundles(lab, kube, app_namespace, http)
     with tmpfs(tmp_path / "cache", "16m") as cache:
         # Read-only from the start: the agent says so and which flag to change.
         remount(cache, "ro")
@@ -295,7 +311,7 @@ def test_a_read_only_cache_directory(
         assert "Read-only file system" in str(error), str(error)
         kube.apply(
             {"apiVersion": "v1", "kind": "ConfigMap",
-             "metadata": {"name": "big", "namespace": namespace}, "data": {"value": "edited"}},
+             "metadata": {"name": "big", "namespace": app_namespace}, "data": {"value": "edited"}},
             field_manager="someone-else", force=True,
         )  # fmt: skip
         assert isinstance(tick(agent), TemporaryError)
