@@ -15,12 +15,13 @@ ran collapse into one; a ``misfire_grace_time`` drops runs that are too late). T
 has its own executor: it still goes out while a group is moving.
 
 After a :class:`~agent.errors.TemporaryError` (or an unexpected exception) the poll and drift
-jobs back off (:class:`~agent.backoff.Backoff`, the one policy of :mod:`agent.backoff`:
-exponential from ``initial_backoff`` up to ``max_backoff``, or the ``delay`` the error suggests,
-plus up to ``jitter`` seconds at random): their runs return at once until the backoff is over.
-A :class:`~agent.errors.PermanentError` is reported and does not slow the loop down: the
-inbound pipeline remembers the refused commit and the next polls are idle until the branch
-moves.
+jobs each back off on their own (:class:`~agent.backoff.Backoff`: exponential from
+``initial_backoff`` up to ``max_backoff``, or the ``delay`` the error suggests, plus up to
+``jitter`` seconds at random): their runs return at once until the backoff is over. On their
+own, because a git server away must not stop drift being corrected, and a drift pass that
+succeeds must not cut the poll's backoff short. A :class:`~agent.errors.PermanentError` is
+reported and does not slow the loop down: the inbound pipeline remembers the refused commit
+and the next polls are idle until the branch moves.
 """
 
 from __future__ import annotations
@@ -87,16 +88,14 @@ class AgentScheduler:
         self.jitter = jitter
         self.drift_interval = drift_interval or interval * 10
         self.heartbeat_interval = heartbeat_interval
-        self.backoff = Backoff(
-            initial=initial_backoff if initial_backoff is not None else min(interval, max_backoff),
-            maximum=max_backoff,
-        )
+        initial = initial_backoff if initial_backoff is not None else min(interval, max_backoff)
         self._jobs: dict[str, Callable[[], Any]] = {"poll": poll, "drift": drift}
+        self._backoffs = {job: Backoff(initial=initial, maximum=max_backoff) for job in self._jobs}
+        self._resume_at = dict.fromkeys(self._jobs, 0.0)
         self._heartbeat = heartbeat
         self._on_outcome = on_outcome
         self._rng = rng
         self._clock = clock
-        self._resume_at = 0.0
         self._lock = threading.Lock()
         self._scheduler: BackgroundScheduler | None = None
         self._stopped = threading.Event()
@@ -110,32 +109,33 @@ class AgentScheduler:
         """Run job ``poll`` or ``drift`` now, in this thread, unless a backoff is running
         (then None). Never raises for the job's errors (they are logged and in the outcome),
         except KeyboardInterrupt/SystemExit."""
+        backoff = self._backoffs[job]
         with self._lock:
-            if self._clock() < self._resume_at:
+            if self._clock() < self._resume_at[job]:
                 return None
             self.runs += 1
             try:
                 self._jobs[job]()
             except PermanentError as exc:
                 # The server answered: no reason to slow down. The branch must move first.
-                self.backoff.reset()
+                backoff.reset()
                 log.error("%s refused (permanent, waiting for the branch to move): %s", job, exc)
                 outcome = JobOutcome(job, exc, permanent=True)
             except TemporaryError as exc:
                 # Jitter even on a suggested delay: agents that lost the same server must not
                 # all come back to it at the same instant.
-                wait = self.backoff.failure(exc.delay) + self._jitter(True)
+                wait = backoff.failure(exc.delay) + self._jitter(True)
                 log.warning("%s failed (retry in %.1f s): %s", job, wait, exc)
                 outcome = JobOutcome(job, exc, wait)
             except Exception as exc:
                 # A bug or an unconverted library error: back off rather than spin on it.
-                wait = self.backoff.failure() + self._jitter(True)
+                wait = backoff.failure() + self._jitter(True)
                 log.exception("%s failed unexpectedly (retry in %.1f s)", job, wait)
                 outcome = JobOutcome(job, exc, wait)
             else:
-                self.backoff.reset()
+                backoff.reset()
                 outcome = JobOutcome(job, None)
-            self._resume_at = self._clock() + outcome.delay
+            self._resume_at[job] = self._clock() + outcome.delay
             self.last = outcome
         if self._on_outcome is not None:
             try:
@@ -143,6 +143,11 @@ class AgentScheduler:
             except Exception:
                 log.exception("reporting the %s outcome failed", job)
         return outcome
+
+    @property
+    def backoff(self) -> Backoff:
+        """The poll job's backoff (its failures in a row)."""
+        return self._backoffs["poll"]
 
     def _jitter(self, wanted: bool) -> float:
         return self.jitter * self._rng() if wanted else 0.0

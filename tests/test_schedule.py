@@ -111,17 +111,40 @@ def test_jobs_back_off_on_temporary_errors_and_reset_on_success() -> None:
     assert delays(jobs, clock, 3) == [5.0, 60.0, 0.0]
 
 
-def test_runs_during_a_backoff_do_nothing_and_drift_shares_it() -> None:
+def test_runs_during_a_backoff_do_nothing_and_each_job_backs_off_on_its_own() -> None:
     clock = Clock()
-    script = Script(TemporaryError("api server down"), None)
+    script = Script(TemporaryError("git server down"), None, None)
     jobs = scheduler(script, clock, interval=2.0, max_backoff=60.0)
     first = jobs.run("poll")
     assert first is not None and first.delay == 2.0
-    assert jobs.run("poll") is None and jobs.run("drift") is None  # within the backoff
+    assert jobs.run("poll") is None  # within the poll's backoff
     assert script.calls == 1
-    clock.now += 2.0
+    # The drift pass does not wait on the poll's backoff: the cluster keeps being corrected.
     assert jobs.run("drift") == JobOutcome("drift", None)
     assert script.calls == 2
+    clock.now += 2.0
+    assert jobs.run("poll") == JobOutcome("poll", None)
+    assert script.calls == 3
+
+
+def test_a_drift_pass_that_succeeds_does_not_cut_the_polls_backoff_short() -> None:
+    # Found in CI: with the git server away, the drift pass (which needs only the API server)
+    # succeeded between polls and reset the shared backoff, so the polls never slowed down.
+    down = GitUnavailableError("git server down")
+    clock = Clock()
+    polls = Script(down, down, down)
+    jobs = AgentScheduler(
+        poll=polls, drift=lambda: None, heartbeat=None, clock=clock, interval=1.0, max_backoff=60.0
+    )
+    waits = []
+    for _ in range(3):
+        outcome = jobs.run("poll")
+        assert outcome is not None
+        waits.append(outcome.delay)
+        assert jobs.run("drift") == JobOutcome("drift", None)
+        clock.now += outcome.delay
+    assert waits == [1.0, 2.0, 4.0]
+    assert jobs.backoff.failures == 3
 
 
 def test_a_permanent_error_is_reported_and_does_not_back_off() -> None:

@@ -15,11 +15,11 @@ import http.client
 import socket
 import urllib.error
 import urllib.request
-from collections.abc import Callable
 from urllib.parse import urlsplit
 
 from agent.errors import TemporaryError
 from agent.source.credentials import DEFAULT_TOKEN_USER, GitAuthError, GitCredentials
+from agent.source.pktline import PktReader, pkt
 
 
 class GitUnavailableError(TemporaryError):
@@ -35,7 +35,6 @@ class NotProtocolV2(Exception):
     """The scheme or the server does not speak protocol v2 (use the libgit2 listing)."""
 
 
-_MAX_PKT = 65520
 _MAX_LISTING_BYTES = 1 << 20
 
 
@@ -92,48 +91,11 @@ def ls_ref_v2(
     return None
 
 
-def _pkt(data: bytes) -> bytes:
-    return b"%04x" % (len(data) + 4) + data
-
-
 _LS_REFS = b"command=ls-refs\n"
 
 
 def _ls_refs_command(ref: str) -> bytes:
-    return _pkt(_LS_REFS) + b"0001" + _pkt(b"ref-prefix " + ref.encode() + b"\n") + b"0000"
-
-
-class _PktReader:
-    """Reads pkt-lines from a byte source; ``section()`` returns the lines up to a flush."""
-
-    def __init__(self, read: Callable[[int], bytes]) -> None:
-        self._read = read
-        self._total = 0
-
-    def _exactly(self, size: int) -> bytes:
-        chunks = b""
-        while len(chunks) < size:
-            chunk = self._read(size - len(chunks))
-            if not chunk:
-                raise ValueError("the server closed the connection mid-answer")
-            chunks += chunk
-        self._total += size
-        if self._total > _MAX_LISTING_BYTES:
-            raise ValueError("the server's ref listing is too large")
-        return bytes(chunks)
-
-    def section(self) -> list[bytes]:
-        lines: list[bytes] = []
-        while True:
-            length = int(self._exactly(4), 16)
-            if length in (0, 1):  # flush, delimiter
-                return lines
-            if length < 4 or length > _MAX_PKT:
-                raise ValueError(f"bad pkt-line length {length}")
-            line = self._exactly(length - 4)
-            if line.startswith(b"ERR "):
-                raise ValueError(f"the server says: {line[4:].decode(errors='replace').strip()}")
-            lines.append(line)
+    return pkt(_LS_REFS) + b"0001" + pkt(b"ref-prefix " + ref.encode() + b"\n") + b"0000"
 
 
 def _ls_refs_git(
@@ -143,8 +105,8 @@ def _ls_refs_git(
     with socket.create_connection((host, port), timeout=connect_timeout) as sock:
         sock.settimeout(io_timeout)
         request = f"git-upload-pack {path}\0host={host}\0\0version=2\0".encode()
-        sock.sendall(_pkt(request))
-        reader = _PktReader(sock.recv)
+        sock.sendall(pkt(request))
+        reader = PktReader(sock.recv, limit=_MAX_LISTING_BYTES)
         capabilities = reader.section()
         if not capabilities or capabilities[0] != b"version 2\n":
             return None
@@ -192,7 +154,7 @@ def _ls_refs_http(
         if len(body) > _MAX_LISTING_BYTES:
             raise ValueError("the server's ref listing is too large")
         source = _BytesSource(body)
-        reader = _PktReader(source.read)
+        reader = PktReader(source.read, limit=_MAX_LISTING_BYTES)
         lines: list[bytes] = []
         while source.left:
             lines.extend(reader.section())

@@ -23,11 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from agent.source.pktline import PktReader, pkt
 from hub.errors import GitTransportError
 
 ZERO = "0" * 40
 SCHEMES = ("git", "http", "https")
-_MAX_PKT = 65520
 _EMPTY_PACK = b"PACK\x00\x00\x00\x02\x00\x00\x00\x00" + bytes.fromhex(
     "029d08823bd8a8eab510ad6ac75c823cfd3ed31e"
 )
@@ -57,43 +57,6 @@ def supported(url: str) -> bool:
     """Whether this client speaks to ``url`` (git://, http://, https:// without user info)."""
     parts = urlsplit(url)
     return parts.scheme in SCHEMES and parts.username is None and parts.password is None
-
-
-class _Pkt:
-    """pkt-line reading over a buffered byte stream."""
-
-    def __init__(self, stream: object) -> None:
-        self._read = stream.read  # type: ignore[attr-defined]
-
-    def _exactly(self, size: int) -> bytes:
-        data = self._read(size)
-        if data is None or len(data) != size:
-            raise GitTransportError("the git server closed the connection mid-answer")
-        return bytes(data)
-
-    def line(self) -> bytes | None:
-        """The next pkt-line's payload; None for a flush."""
-        length = int(self._exactly(4), 16)
-        if length == 0:
-            return None
-        if length < 4 or length > _MAX_PKT:
-            raise GitTransportError(f"the git server sent a bad pkt-line length {length}")
-        payload = self._exactly(length - 4)
-        if payload.startswith(b"ERR "):
-            raise GitTransportError(
-                "the git server says: " + payload[4:].decode(errors="replace").strip()
-            )
-        return payload
-
-    def section(self) -> list[bytes]:
-        lines = []
-        while (line := self.line()) is not None:
-            lines.append(line)
-        return lines
-
-
-def _pkt(data: bytes) -> bytes:
-    return b"%04x" % (len(data) + 4) + data
 
 
 def parse_advertisement(lines: Sequence[bytes]) -> tuple[dict[str, str], set[str]]:
@@ -131,12 +94,12 @@ def _commands(updates: Sequence[RefUpdate], caps: set[str], atomic: bool) -> byt
         line = f"{u.old} {u.new} {u.ref}".encode()
         if i == 0:
             line += b"\0" + " ".join(wanted).encode()
-        chunks.append(_pkt(line + b"\n"))
+        chunks.append(pkt(line + b"\n"))
     chunks.append(b"0000")
     return b"".join(chunks)
 
 
-def _report(reader: _Pkt, updates: Sequence[RefUpdate]) -> PushOutcome:
+def _report(reader: PktReader, updates: Sequence[RefUpdate]) -> PushOutcome:
     lines = reader.section()
     if not lines or not lines[0].startswith(b"unpack "):
         raise GitTransportError("the git server sent no push report")
@@ -223,9 +186,9 @@ class ReceivePack:
     ) -> tuple[dict[str, str], PushOutcome | None]:
         with socket.create_connection((host, port), timeout=self.connect_timeout) as sock:
             sock.settimeout(self.io_timeout)
-            sock.sendall(_pkt(f"git-receive-pack {path}\0host={host}\0".encode()))
+            sock.sendall(pkt(f"git-receive-pack {path}\0host={host}\0".encode()))
             stream = sock.makefile("rb", buffering=1 << 16)
-            reader = _Pkt(stream)
+            reader = PktReader(stream.read)
             refs, caps = parse_advertisement(reader.section())
             if updates is None:
                 sock.sendall(b"0000")
@@ -262,7 +225,7 @@ class ReceivePack:
             )
             response = conn.getresponse()
             _check_http(response, self.url)
-            reader = _Pkt(response)
+            reader = PktReader(response.read)
             lines = reader.section()
             if lines and lines[0].startswith(b"# service="):
                 lines = lines[1:] + reader.section()
@@ -293,7 +256,7 @@ class ReceivePack:
                 _send_pack(conn.send, pack)
             response = conn.getresponse()
             _check_http(response, self.url)
-            return refs, _report(_Pkt(response), updates)
+            return refs, _report(PktReader(response.read), updates)
         finally:
             conn.close()
 

@@ -24,10 +24,10 @@ import zlib
 from collections.abc import Callable, Iterable
 from urllib.parse import urlsplit
 
+from agent.source.pktline import PktReader, pkt
 from hub.errors import GitTransportError
 
 MAX_PACK_BYTES = 512 * 1024 * 1024
-_MAX_PKT = 65520
 _TYPES = {1: "commit", 2: "tree", 3: "blob", 4: "tag"}
 _OFS_DELTA, _REF_DELTA = 6, 7
 
@@ -41,62 +41,20 @@ def supported(url: str) -> bool:
     return parts.scheme in ("git", "http", "https") and parts.username is None
 
 
-def _pkt(data: bytes) -> bytes:
-    return b"%04x" % (len(data) + 4) + data
-
-
-class _Reader:
-    def __init__(self, read: Callable[[int], bytes]) -> None:
-        self._read = read
-
-    def exactly(self, size: int) -> bytes:
-        chunks = []
-        left = size
-        while left:
-            chunk = self._read(left)
-            if not chunk:
-                raise GitTransportError("the git server closed the connection mid-answer")
-            chunks.append(chunk)
-            left -= len(chunk)
-        return b"".join(chunks)
-
-    def line(self) -> bytes | None:
-        """The next pkt-line's payload; None for a flush, b"" for a delimiter."""
-        length = int(self.exactly(4), 16)
-        if length == 0:
-            return None
-        if length in (1, 2):
-            return b""
-        if length < 4 or length > _MAX_PKT:
-            raise GitTransportError(f"the git server sent a bad pkt-line length {length}")
-        payload = self.exactly(length - 4)
-        if payload.startswith(b"ERR "):
-            raise GitTransportError(
-                "the git server says: " + payload[4:].decode(errors="replace").strip()
-            )
-        return payload
-
-    def section(self) -> list[bytes]:
-        lines = []
-        while (line := self.line()) is not None:
-            lines.append(line)
-        return lines
-
-
 def _ls_refs(prefix: str) -> bytes:
     return (
-        _pkt(b"command=ls-refs\n")
+        pkt(b"command=ls-refs\n")
         + b"0001"
-        + _pkt(b"ref-prefix " + prefix.encode() + b"\n")
+        + pkt(b"ref-prefix " + prefix.encode() + b"\n")
         + b"0000"
     )
 
 
 def _fetch(wants: Iterable[str], haves: Iterable[str]) -> bytes:
-    lines = [_pkt(b"command=fetch\n"), b"0001", _pkt(b"no-progress\n")]
-    lines += [_pkt(f"want {w}\n".encode()) for w in wants]
-    lines += [_pkt(f"have {h}\n".encode()) for h in haves]
-    lines += [_pkt(b"done\n"), b"0000"]
+    lines = [pkt(b"command=fetch\n"), b"0001", pkt(b"no-progress\n")]
+    lines += [pkt(f"want {w}\n".encode()) for w in wants]
+    lines += [pkt(f"have {h}\n".encode()) for h in haves]
+    lines += [pkt(b"done\n"), b"0000"]
     return b"".join(lines)
 
 
@@ -111,7 +69,7 @@ def _refs(lines: list[bytes], prefix: str) -> dict[str, str]:
     return out
 
 
-def _packfile(reader: _Reader) -> bytes:
+def _packfile(reader: PktReader) -> bytes:
     """The pack of a v2 ``fetch`` response (side-band multiplexed)."""
     data: list[bytes] = []
     size = 0
@@ -152,7 +110,7 @@ class Session:
         self.credentials = credentials
         self.timeout = timeout
         self._sock: socket.socket | None = None
-        self._reader: _Reader | None = None
+        self._reader: PktReader | None = None
 
     def __enter__(self) -> Session:
         return self
@@ -179,7 +137,7 @@ class Session:
         except (OSError, ValueError, zlib.error, http.client.HTTPException) as exc:
             raise GitTransportError(f"fetching from {self.url} failed: {exc}") from exc
 
-    def _command(self, request: bytes) -> _Reader:
+    def _command(self, request: bytes) -> PktReader:
         """Send one v2 command; the reader of its answer."""
         parts = urlsplit(self.url)
         if parts.scheme == "git":
@@ -189,26 +147,26 @@ class Session:
             return reader
         return self._http(request)
 
-    def _git(self, host: str, port: int, path: str) -> _Reader:
+    def _git(self, host: str, port: int, path: str) -> PktReader:
         if self._reader is not None:
             return self._reader
         sock = socket.create_connection((host, port), timeout=self.timeout)
         self._sock = sock
-        sock.sendall(_pkt(f"git-upload-pack {path}\0host={host}\0\0version=2\0".encode()))
+        sock.sendall(pkt(f"git-upload-pack {path}\0host={host}\0\0version=2\0".encode()))
         stream = sock.makefile("rb", buffering=1 << 16)
-        reader = _Reader(stream.read)
+        reader = PktReader(stream.read)
         capabilities = reader.section()
         if not capabilities or capabilities[0] != b"version 2\n":
             raise NotProtocolV2(self.url)
         self._reader = reader
         return reader
 
-    def _http(self, request: bytes) -> _Reader:
+    def _http(self, request: bytes) -> PktReader:
         parts = urlsplit(self.url)
         path = parts.path.rstrip("/")
         if self._reader is None:
             # The capability advertisement first: a server answering in v0 is not asked more.
-            capabilities = _Reader(
+            capabilities = PktReader(
                 self._request("GET", f"{path}/info/refs?service=git-upload-pack")
             )
             lines = [line for line in capabilities.section() if not line.startswith(b"# service")]
@@ -217,7 +175,7 @@ class Session:
             if not lines or lines[0] != b"version 2\n":
                 raise NotProtocolV2(self.url)
             self._reader = capabilities
-        return _Reader(self._request("POST", f"{path}/git-upload-pack", request))
+        return PktReader(self._request("POST", f"{path}/git-upload-pack", request))
 
     def _request(self, method: str, path: str, body: bytes | None = None) -> Callable[[int], bytes]:
         parts = urlsplit(self.url)
