@@ -178,8 +178,9 @@ def test_an_outage_at_each_stage_ends_wholly_on_one_revision_with_its_reason_in_
     try:
         first = assert_failed(bounded(lambda: jobs.run("poll")), stage, world)
         assert fault.active, f"{stage.name}: the step {stage.at} was never reached"
-        # Backoff: nothing is tried before it is over; the wait is the interval plus jitter.
-        assert jobs.run("poll") is None and jobs.run("drift") is None
+        # Backoff: no poll is tried before it is over; the wait is the interval plus jitter.
+        # (The drift job backs off on its own: a git server away does not stop it.)
+        assert jobs.run("poll") is None
         assert INTERVAL <= first.delay < INTERVAL + JITTER
         if stage.component == "apiserver":
             # The cluster cannot be read: the status document pushed to git says why.
