@@ -2,7 +2,8 @@
 
 Every retry of the agent and the hub waits by it: the registry, http and status clients retry
 a request a few times (:func:`attempts`), the scheduler's jobs back off after a failed run
-(:class:`Backoff`), waits for a condition poll less and less often (:func:`delay`). A library
+(:class:`Backoff`), the status pusher waits between failed pushes without blocking
+(:func:`pause`), waits for a condition poll less and less often (:func:`delay`). A library
 (tenacity, stamina) would bring its own decorator vocabulary for what is here a formula and a
 loop; the edge agent's footprint is measured, so it stays a few lines of our own.
 """
@@ -45,6 +46,20 @@ def attempts(
         yield attempt
 
 
+def pause(
+    attempt: int,
+    *,
+    initial: float,
+    maximum: float = 30.0,
+    rng: Callable[[], float] = random.random,
+) -> float:
+    """The wait before retry ``attempt`` (1-based), for a caller that schedules rather than
+    sleeps: :func:`delay`, of which the second half is drawn at random ("equal jitter": never
+    less than half the delay, never more)."""
+    base = delay(attempt, initial=initial, maximum=maximum)
+    return base / 2 + base / 2 * rng()
+
+
 class Backoff:
     """The backoff of a loop that keeps failing: :meth:`failure` counts one more failure in a
     row and gives the next wait, :meth:`reset` starts over after a success."""
@@ -71,4 +86,4 @@ class Backoff:
         self.failures = 0
 
 
-__all__ = ["Backoff", "attempts", "delay"]
+__all__ = ["Backoff", "attempts", "delay", "pause"]

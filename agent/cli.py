@@ -85,7 +85,14 @@ def settings_from_args(args: argparse.Namespace) -> Any:
     from agent.apply.guard import Guard
     from agent.reconcile.context import ReconcileSettings
     from agent.render.tools import ToolSettings
-    from agent.settings import AgentSettings, PollSettings, RepoSettings, TrustSettings
+    from agent.settings import (
+        AgentSettings,
+        LimitSettings,
+        NetworkSettings,
+        PollSettings,
+        RepoSettings,
+        TrustSettings,
+    )
 
     return AgentSettings(
         repo=RepoSettings(
@@ -100,6 +107,7 @@ def settings_from_args(args: argparse.Namespace) -> Any:
             identity=args.identity or "",
             issuer=args.issuer or "",
             max_validity=args.max_publication_validity,
+            clock_skew=args.clock_skew,
         ),
         reconcile=ReconcileSettings(
             agent_namespace=args.namespace,
@@ -123,6 +131,18 @@ def settings_from_args(args: argparse.Namespace) -> Any:
             drift_interval=getattr(args, "drift_interval", 300.0),
             heartbeat=args.heartbeat,
             worker_timeout=getattr(args, "worker_timeout", 3600.0),
+        ),
+        network=NetworkSettings(
+            connect_timeout=args.connect_timeout,
+            read_timeout=args.read_timeout,
+            attempts=args.fetch_attempts,
+        ),
+        limits=LimitSettings(
+            max_bundle_bytes=args.max_bundle_bytes,
+            max_bundle_files=args.max_bundle_files,
+            max_file_bytes=args.max_file_bytes,
+            max_download_bytes=args.max_download_bytes,
+            cache_bytes=args.cache_max_bytes,
         ),
         kubeconfig=args.kubeconfig,
         tools=ToolSettings.from_env(),
@@ -157,7 +177,7 @@ def build_agent(
     from agent.apply.store import RevisionStore
     from agent.apply.verified import VerifiedObjects
     from agent.inbound import InboundPipeline
-    from agent.kube import KubeClient
+    from agent.kube import KubeClient, KubeconfigError
     from agent.loop import Agent
     from agent.reconcile import Reconciler
     from agent.report.bundles import BundleDeployments
@@ -165,8 +185,11 @@ def build_agent(
     from agent.report.metrics import Metrics
     from agent.report.runs import RunLog
     from agent.report.view import BundleViews
+    from agent.source.archive import ArchiveLimits
     from agent.source.cache import ContentCache
     from agent.source.compose import ContentStore
+    from agent.source.git import GitFetcher, GitSettings
+    from agent.source.http import HttpFetcher, HttpSettings
     from agent.source.oci import OciFetcher, OciSettings
     from agent.state import ClusterState
     from agent.verify import DeferredTrust, IdentityPolicy
@@ -187,8 +210,26 @@ def build_agent(
     repo = settings.repo
     cache = repo.cache_dir
     namespace = settings.namespace
-    kube = KubeClient(kubeconfig=settings.kubeconfig)
-    _check_crds(kube)
+    net = settings.network
+    limits = settings.limits
+    unpack = ArchiveLimits(
+        max_files=limits.max_bundle_files,
+        max_file_bytes=limits.max_file_bytes,
+        max_total_bytes=limits.max_bundle_bytes,
+    )
+    _check_cache_dir(cache)
+    try:
+        kube = KubeClient(
+            kubeconfig=settings.kubeconfig,
+            connect_timeout=net.connect_timeout,
+            read_timeout=net.read_timeout,
+        )
+    except KubeconfigError as exc:
+        raise KubeconfigError(
+            f"{exc}. Give the cluster's kubeconfig with --kubeconfig FILE (or "
+            "$FLEETLET_KUBECONFIG), or run the agent in its pod (deploy/agent/)"
+        ) from exc
+    _check_crds(kube, settings.kubeconfig)
     state = ClusterState(kube=kube, namespace=namespace)
     events = EventRecorder(
         kube=kube,
@@ -206,14 +247,45 @@ def build_agent(
         watcher=branch_watcher(settings, credentials),
         trust=trust,
         content=ContentStore(
-            cache=ContentCache(root=cache / "content", max_bytes=1 << 30, metrics=metrics),
-            oci=OciFetcher(settings=OciSettings(plain_http=settings.plain_http_registries)),
+            cache=ContentCache(
+                root=cache / "content", max_bytes=limits.cache_bytes, metrics=metrics
+            ),
+            oci=OciFetcher(
+                settings=OciSettings(
+                    plain_http=settings.plain_http_registries,
+                    connect_timeout=net.connect_timeout,
+                    timeout=net.read_timeout,
+                    attempts=net.attempts,
+                    max_layer_bytes=limits.max_download_bytes,
+                    archive_limits=unpack,
+                )
+            ),
+            git=GitFetcher(
+                repos_dir=cache / "content" / "git",
+                settings=GitSettings(
+                    connect_timeout=net.connect_timeout,
+                    io_timeout=net.read_timeout,
+                    limits=unpack,
+                ),
+            ),
+            http=HttpFetcher(
+                settings=HttpSettings(
+                    connect_timeout=net.connect_timeout,
+                    timeout=net.read_timeout,
+                    attempts=net.attempts,
+                    max_bytes=limits.max_download_bytes,
+                    archive_limits=unpack,
+                )
+            ),
+            limits=unpack,
         ),
         kube=kube,
         state=state,
         agent_namespace=namespace,
         workdir=cache / "work",
         bundles=bundles,
+        failpoint=settings.reconcile.failpoint,
+        clock_skew=settings.trust.clock_skew,
     )
     reconciler = Reconciler(
         kube=kube,
@@ -274,6 +346,8 @@ def branch_watcher(settings: Any, credentials: Any) -> Any:
         cache_dir=repo.cache_dir,
         credentials=credentials,
         protocol_v2=repo.protocol_v2,
+        connect_timeout=settings.network.connect_timeout,
+        io_timeout=settings.network.read_timeout,
     )
 
 
@@ -299,6 +373,8 @@ def status_pusher(settings: Any, credentials: Any, metrics: Any) -> Any:
         credentials=status_creds,
         workdir=repo.cache_dir / "status",
         heartbeat_interval=settings.poll.heartbeat,
+        connect_timeout=settings.network.connect_timeout,
+        io_timeout=settings.network.read_timeout,
         metrics=metrics,
         formats=available_formats(),
     )
@@ -341,14 +417,51 @@ def make_failpoint(spec: str | None) -> Any:
     return failpoint
 
 
-def _check_crds(kube: Any) -> None:
-    """Fail at once, and clearly, on a cluster without fleetlet's CRDs."""
+def _check_cache_dir(path: Any) -> None:
+    """Fail at once, and clearly, when the cache directory cannot be written."""
+    import tempfile
+
     from agent.errors import ConfigurationError
-    from agent.kube import ApiNotServedError
-    from agent.report.bundles import GROUP_VERSION, KIND
 
     try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as exc:
+        raise ConfigurationError(
+            f"--cache-dir {path}: the agent cannot write there ({exc.strerror or exc}): give "
+            "it a writable directory (in its pod, an emptyDir volume)"
+        ) from exc
+
+
+def _check_crds(kube: Any, kubeconfig: str | None) -> None:
+    """Fail at once, and clearly, on a cluster that cannot be reached or lacks fleetlet's
+    CRDs."""
+    from agent.errors import ConfigurationError
+    from agent.kube import ApiNotServedError, ApiUnavailableError, ForbiddenError, KubeApiError
+    from agent.report.bundles import GROUP_VERSION, KIND
+
+    where = f"kubeconfig {kubeconfig}" if kubeconfig else "the in-cluster configuration"
+    try:
         kube.resource_for(GROUP_VERSION, KIND)
+    except ApiUnavailableError as exc:
+        raise ApiUnavailableError(
+            f"{exc}. Is the cluster of {where} up (and is it the right kubeconfig)?",
+            target=exc.target,
+            status=exc.status,
+        ) from exc
+    except ForbiddenError as exc:
+        raise ConfigurationError(
+            f"{kube.server}: the agent's identity may not read the fleetlet CRDs ({exc}): "
+            "give it the agent's RBAC (deploy/agent/), or another kubeconfig"
+        ) from exc
+    except KubeApiError as exc:
+        if exc.status == 401:
+            raise ConfigurationError(
+                f"{kube.server}: the API server refused the credentials of {where} ({exc}): "
+                "a token or certificate that expired, or another cluster's?"
+            ) from exc
+        raise
     except ApiNotServedError as exc:
         raise ConfigurationError(
             f"{kube.server}: the fleetlet CRDs are not installed ({KIND} {GROUP_VERSION} is not "
@@ -425,7 +538,7 @@ def _sync(args: argparse.Namespace) -> int:
         print(summary(args.cluster, result))
     if error is not None:
         temporary = " (temporary; retrying may help)" if isinstance(error, TemporaryError) else ""
-        error_line(f"{args.cluster}: sync failed: {error}{temporary}", prefix="")
+        error_line(f"{args.cluster}: sync failed: {error}{temporary}{_hint(error)}", prefix="")
         return EXIT_FAILED
     assert result is not None
     if result.inbound == "refused-before":
@@ -448,6 +561,19 @@ def _sync(args: argparse.Namespace) -> int:
         )
         return EXIT_DEGRADED
     return EXIT_CONVERGED
+
+
+def _hint(error: Any) -> str:
+    """How to provide what an error says is missing (the agent's flags and variables)."""
+    from agent.source.credentials import GitAuthError
+
+    if isinstance(error, GitAuthError):
+        return (
+            ". Git credentials: mount a Secret at $FLEETLET_GIT_CREDENTIALS_DIR (username and "
+            "password, or token), or set FLEETLET_GIT_TOKEN (or FLEETLET_GIT_USERNAME and "
+            "FLEETLET_GIT_PASSWORD)"
+        )
+    return ""
 
 
 def _failure_lines(agent: Any, groups: Any) -> str:
@@ -631,6 +757,15 @@ def _add_agent_connection(p: argparse.ArgumentParser) -> None:
         metavar="DURATION",
     )
     flag(
+        "--clock-skew",
+        "FLEETLET_CLOCK_SKEW",
+        "how far this cluster's clock may be off when a publication's issuedAt and expiresAt "
+        "are judged, e.g. 5m",
+        default="5m",
+        type=_duration,
+        metavar="DURATION",
+    )
+    flag(
         "--heartbeat",
         "FLEETLET_HEARTBEAT",
         "seconds between status heartbeats",
@@ -664,6 +799,45 @@ def _add_agent_connection(p: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
     )
     flag(
+        "--connect-timeout",
+        "FLEETLET_CONNECT_TIMEOUT",
+        "seconds to wait for a connection to the API server, git, a registry or an http server",
+        default=5.0,
+        type=float,
+        metavar="SECONDS",
+    )
+    flag(
+        "--read-timeout",
+        "FLEETLET_READ_TIMEOUT",
+        "seconds to wait for an answer from a server that accepted the connection (each "
+        "request is bounded by it; a failed sync is retried by the poll's backoff)",
+        default=30.0,
+        type=float,
+        metavar="SECONDS",
+    )
+    flag(
+        "--fetch-attempts",
+        "FLEETLET_FETCH_ATTEMPTS",
+        "requests made to a registry or an http server per fetch before the sync fails "
+        "(with backoff and jitter between them)",
+        default=3,
+        type=int,
+        metavar="N",
+    )
+    for name, var, default, what in (
+        ("--max-bundle-bytes", "FLEETLET_MAX_BUNDLE_BYTES", "128Mi",
+         "bytes of one bundle's files unpacked, all its sources together"),
+        ("--max-bundle-files", "FLEETLET_MAX_BUNDLE_FILES", "10000",
+         "files, directories and links of one bundle"),
+        ("--max-file-bytes", "FLEETLET_MAX_FILE_BYTES", "16Mi", "bytes of one file of a bundle"),
+        ("--max-download-bytes", "FLEETLET_MAX_DOWNLOAD_BYTES", "64Mi",
+         "bytes of one download (an OCI layer, an http archive)"),
+        ("--cache-max-bytes", "FLEETLET_CACHE_MAX_BYTES", "1Gi",
+         "size of the content cache (least recently used content goes first)"),
+    ):  # fmt: skip
+        flag(name, var, f"{what}; a bundle over it is refused", default=default, type=_size,
+             metavar="SIZE")  # fmt: skip
+    flag(
         "--allow-agent-objects",
         "FLEETLET_ALLOW_AGENT_OBJECTS",
         "bundles (comma-separated) allowed to manage the agent's own objects: its namespace, "
@@ -678,6 +852,24 @@ def _add_agent_connection(p: argparse.ArgumentParser) -> None:
         help="delete what a failed first install created (default: leave it for inspection; "
         "removing the bundle deletes it)",
     )
+
+
+def _size(text: str) -> int:
+    """``64Mi``, ``1Gi``, ``500k``, ``2M`` (or bare bytes) as bytes; argparse's type."""
+    units = {"": 1, "k": 1000, "m": 1000**2, "g": 1000**3, "ki": 1024, "mi": 1024**2,
+             "gi": 1024**3}  # fmt: skip
+    value = text.strip().lower()
+    number = value.rstrip("kmgi")
+    unit = value[len(number) :]
+    try:
+        size = int(float(number) * units[unit])
+    except (KeyError, ValueError):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a size (bytes, or a number with k, M, G, Ki, Mi or Gi)"
+        ) from None
+    if size <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected more than 0")
+    return size
 
 
 def _duration(text: str) -> Any:

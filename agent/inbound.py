@@ -27,7 +27,7 @@ import logging
 import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -63,9 +63,14 @@ from agent.source.branch import (
     FetchTooLargeError,
 )
 from agent.source.compose import ContentStore, credentials_from_secret
-from agent.source.content import ContentRefusedError, Credentials
+from agent.source.content import (
+    LOCAL_STORAGE_ERRNOS,
+    ContentRefusedError,
+    Credentials,
+    LocalStorageError,
+)
 from agent.state import AgentState, ClusterState
-from agent.verify import DeferredTrust, TrustPolicy, verify_publication
+from agent.verify import DEFAULT_CLOCK_SKEW, DeferredTrust, TrustPolicy, verify_publication
 
 log = logging.getLogger(__name__)
 
@@ -125,13 +130,19 @@ class InboundPipeline:
         tools: ToolSettings | None = None,
         installed: Callable[[str], bool] | None = None,
         renders: RenderCache | None = None,
+        failpoint: Callable[[str], None] | None = None,
+        clock_skew: timedelta = DEFAULT_CLOCK_SKEW,
     ) -> None:
         """``bundles``: where a refused publication is reported on the BundleDeployments
         (None: not reported, for clusters without the CRDs); ``tools``: where helm and
         kustomize are (default: PATH, then the cache); ``installed(bundle)``: whether the
         bundle has a healthy revision already (helm's ``.Release.IsUpgrade``); ``renders``: the
         render cache (default: in memory and under ``workdir/renders``); ``trust``: a
-        :class:`~agent.verify.DeferredTrust` loads sigstore only when it verifies a signature."""
+        :class:`~agent.verify.DeferredTrust` loads sigstore only when it verifies a signature;
+        ``failpoint``: called with the name of each step done (``polled``, ``fetched``,
+        ``verified``, ``rendered``), for fault-injection tests (``FLEETLET_FAILPOINT``); None
+        in production; ``clock_skew``: how far this cluster's clock may be off when a
+        publication's validity is judged."""
         self.cluster = cluster
         self._watcher = watcher
         self._trust = trust
@@ -145,6 +156,8 @@ class InboundPipeline:
         self._tools = tools or ToolSettings()
         self._installed = installed or (lambda _bundle: False)
         self.renders = renders or RenderCache(directory=self._workdir / "renders")
+        self.failpoint = failpoint
+        self.clock_skew = clock_skew
         self._policy_digest: str | None = None
 
     @property
@@ -179,14 +192,17 @@ class InboundPipeline:
                 serial=state.last_serial,
                 refusal=f"{state.refusal_reason}: {state.refusal_message}",
             )
+        self._step("polled")
         try:
             files = self._watcher.fetch(commit)
+            self._step("fetched")
             verified = verify_publication(
                 files=files,
                 cluster=self.cluster,
                 last_serial=state.last_serial,
                 trust=self._trust,
                 now=self._clock(),
+                clock_skew=self.clock_skew,
             )
         except (VerificationError, ValidationError, BranchContentError, FetchTooLargeError) as exc:
             self._refuse(state, commit, exc)
@@ -202,6 +218,7 @@ class InboundPipeline:
             )
             self._refuse(state, commit, refused)
             raise refused from exc
+        self._step("verified")
         deployment_set = verified.deployment_set
         content_digest = _content_digest(deployment_set)
         accepted = replace(
@@ -232,17 +249,16 @@ class InboundPipeline:
             raise
         except FleetletError:
             raise  # a registry or git server away: tried again
+        except OSError as exc:
+            if exc.errno not in LOCAL_STORAGE_ERRNOS:
+                raise self._unreadable(state, commit, deployment_set, exc) from exc
+            # The agent's own disk (full, read-only): the content is not at fault.
+            raise LocalStorageError.of(
+                exc, doing="render the set", source=f"serial {deployment_set.serial}"
+            ) from exc
         except Exception as exc:
-            log.warning(
-                "content of serial %s: unexpected error", deployment_set.serial, exc_info=True
-            )
-            unreadable = ContentRefusedError(
-                f"the content cannot be read: {type(exc).__name__}: {exc}",
-                source="content",
-                rule="Unreadable",
-            )
-            self._refuse(state, commit, unreadable)
-            raise unreadable from exc
+            raise self._unreadable(state, commit, deployment_set, exc) from exc
+        self._step("rendered")
         # The serial is accepted once everything it names could be fetched and rendered: a
         # temporary fetch failure leaves the commit to be tried again at the next poll. The
         # set first: a crash between the two writes re-verifies the same commit, harmlessly.
@@ -255,6 +271,28 @@ class InboundPipeline:
             deployment_set=deployment_set,
             bundles=bundles,
         )
+
+    def _unreadable(
+        self,
+        state: AgentState,
+        commit: str,
+        deployment_set: BundleDeploymentSet,
+        exc: Exception,
+    ) -> ContentRefusedError:
+        """Content that made a library raise what none of our checks names: refused (and
+        remembered), as any content we cannot read."""
+        log.warning("content of serial %s: unexpected error", deployment_set.serial, exc_info=True)
+        unreadable = ContentRefusedError(
+            f"the content cannot be read: {type(exc).__name__}: {exc}",
+            source="content",
+            rule="Unreadable",
+        )
+        self._refuse(state, commit, unreadable)
+        return unreadable
+
+    def _step(self, name: str) -> None:
+        if self.failpoint is not None:
+            self.failpoint(name)
 
     def _refuse(self, state: AgentState, commit: str, exc: Exception) -> None:
         """Remember (in the cluster) that ``commit`` was refused and why, and say so on every

@@ -253,9 +253,22 @@ def _from_api_exception(exc: Any, target: str) -> KubeError:
     )
 
 
+_POOL_PREFIX = re.compile(r"^HTTPS?Connection(?:Pool)?\([^)]*\): ")
+
+
+def _cause(exc: BaseException) -> str:
+    """What went wrong below HTTP, in a few words: urllib3's innermost reason without its
+    connection-pool preamble (``Read timed out. (read timeout=2.0)``, ``Failed to establish
+    a new connection: [Errno 111] Connection refused``)."""
+    inner = getattr(exc, "reason", None)
+    seen = exc if not isinstance(inner, BaseException) else inner
+    return _POOL_PREFIX.sub("", str(seen)) or type(seen).__name__
+
+
 @contextlib.contextmanager
-def _converted(target: str) -> Iterator[None]:
-    """Turn the ``kubernetes``/urllib3/socket exceptions raised inside into KubeErrors."""
+def _converted(target: str, server: str = "") -> Iterator[None]:
+    """Turn the ``kubernetes``/urllib3/socket exceptions raised inside into KubeErrors;
+    ``server`` (its URL) is named when it cannot be reached."""
     from kubernetes.client.exceptions import ApiException
     from urllib3.exceptions import HTTPError
 
@@ -266,8 +279,9 @@ def _converted(target: str) -> Iterator[None]:
     except ApiException as exc:
         raise _from_api_exception(exc, target) from exc
     except (HTTPError, OSError) as exc:
+        where = f" {server}" if server else ""
         raise ApiUnavailableError(
-            f"{target}: API server unreachable: {exc}", target=target
+            f"{target}: API server{where} unreachable: {_cause(exc)}", target=target
         ) from exc
 
 
@@ -385,6 +399,8 @@ class KubeClient:
         from kubernetes.config.config_exception import ConfigException
 
         configuration = Configuration()
+        if self.kubeconfig is not None and not Path(self.kubeconfig).is_file():
+            raise KubeconfigError(f"kubeconfig {self.kubeconfig}: no such file")
         try:
             if self.kubeconfig is None:
                 from kubernetes.config.incluster_config import load_incluster_config
@@ -400,8 +416,12 @@ class KubeClient:
                     persist_config=False,
                 )
         except (ConfigException, OSError, ValueError, TypeError) as exc:
-            where = self.kubeconfig or "in-cluster configuration"
-            raise KubeconfigError(f"cannot load {where}: {exc}") from exc
+            if self.kubeconfig is None:
+                raise KubeconfigError(
+                    "no kubeconfig given and not running in a pod (the in-cluster "
+                    f"configuration is missing: {str(exc).rstrip('.')})"
+                ) from exc
+            raise KubeconfigError(f"cannot load kubeconfig {self.kubeconfig}: {exc}") from exc
         self._tune(configuration)
         return configuration
 
@@ -443,7 +463,7 @@ class KubeClient:
                 with contextlib.suppress(OSError):
                     self._cache_dir.mkdir(parents=True, exist_ok=True)
                 try:
-                    with _converted("API discovery"):
+                    with _converted("API discovery", self.server):
                         dynamic = DynamicClient(api, cache_file=str(self._cache_file()))  # type: ignore[no-untyped-call]
                 except BaseException:
                     api.close()  # type: ignore[no-untyped-call]
@@ -530,7 +550,7 @@ class KubeClient:
             try:
                 # A miss makes the dynamic client re-discover once (a CRD created since the
                 # cache was written) before giving up.
-                with _converted(target):
+                with _converted(target, self.server):
                     resource = dynamic.resources.get(api_version=api_version, kind=kind)
             except (ResourceNotFoundError, ResourceNotUniqueError) as exc:
                 raise ApiNotServedError(
@@ -586,7 +606,7 @@ class KubeClient:
             self._resources.clear()
 
     def _raw_get(self, path: str, *, accept: str = "application/json") -> Object:
-        with _converted(f"GET {path}"):
+        with _converted(f"GET {path}", self.server):
             response = self._client().request(
                 "GET",
                 path,
@@ -669,7 +689,7 @@ class KubeClient:
         ref = ObjectRef.of(obj)
         resource, namespace = self._locate(ref)
         try:
-            with _converted(str(ref)):
+            with _converted(str(ref), self.server):
                 response = self._client().get(
                     resource,
                     name=ref.name,
@@ -700,7 +720,7 @@ class KubeClient:
         items: Objects = []
         token: str | None = None
         while True:
-            with _converted(target):
+            with _converted(target, self.server):
                 response = self._client().get(
                     resource,
                     namespace=namespace if resource.namespaced else None,
@@ -774,7 +794,7 @@ class KubeClient:
         resource, namespace = self._locate(ref)
         if subresource is not None:
             resource = resource.subresources[subresource]
-        with _converted(str(ref)):
+        with _converted(str(ref), self.server):
             response = self._client().server_side_apply(
                 resource,
                 body=dict(obj),
@@ -880,7 +900,7 @@ class KubeClient:
         if dry_run:
             body["dryRun"] = ["All"]
         try:
-            with _converted(str(ref)):
+            with _converted(str(ref), self.server):
                 self._client().delete(
                     resource,
                     name=ref.name,

@@ -29,8 +29,15 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from agent import __version__
-from agent.api import BundleDeploymentEntry, BundleDeploymentSet, parse_time, set_digest
+from agent.api import (
+    BundleDeploymentEntry,
+    BundleDeploymentSet,
+    format_time,
+    parse_time,
+    set_digest,
+)
 from agent.api.models import Condition
+from agent.api.reasons import Reason
 from agent.api.status import (
     SCHEMA_VERSION,
     BundleStatusReport,
@@ -39,7 +46,7 @@ from agent.api.status import (
     RequestReport,
 )
 from agent.approve.summary import reports
-from agent.errors import FleetletError
+from agent.errors import FleetletError, TemporaryError
 from agent.inbound import InboundPipeline, SyncResult
 from agent.kube import ApiUnavailableError
 from agent.reconcile import PassResult, Reconciler
@@ -100,6 +107,10 @@ class Agent:
         """The outbound half has something to do without a new set: first pass after a
         start, a temporary failure to retry, a failed target to retry later."""
         self._work = threading.Lock()  # one inbound/outbound at a time
+        self._inbound_problem: ConditionSpec | None = None
+        """Why the last inbound run failed (a server away, a refusal), said on every bundle."""
+        self._state_seen: AgentState | None = None
+        """The agent state as last read from the cluster (reported while it is away)."""
         self._reported_requests: tuple[RequestReport, ...] = ()
 
     @property
@@ -132,6 +143,13 @@ class Agent:
         """The heartbeat job: push the status document when it changed or is due."""
         self._report(self.state.load())
 
+    def note_inbound_problem(self, reason: str, message: str) -> None:
+        """What the inbound half met last, when another process polled (``agent run``'s
+        supervisor): said on every bundle by the next outbound pass, as :meth:`poll` would."""
+        self._inbound_problem = ConditionSpec(
+            "Degraded", "True", reason, f"inbound: {message} (retrying with backoff)"
+        )
+
     def _run(self, *, outbound: str, inbound: bool = True) -> TickResult:
         with self._work:
             self.ticks += 1
@@ -142,48 +160,21 @@ class Agent:
                 started = time.perf_counter()
                 try:
                     result = self.pipeline.sync()
-                except ApiUnavailableError:
-                    raise
                 except FleetletError as exc:
                     log.warning("%s: inbound: %s", self.cluster, exc)
                     error = exc
                 inbound_seconds = time.perf_counter() - started
-            rendered: Mapping[str, list[Manifest]] | None = None
-            if result is not None and result.deployment_set is not None:
-                self.accepted = result.deployment_set
-                if result.outcome in ("rendered", "serial-advanced"):
-                    self._pending_work = True
-                if result.outcome == "rendered":
-                    rendered = {b.name: b.objects for b in result.bundles}
-            if self.accepted is None:
-                self.accepted = self.state.load_set()
-            state = self.state.load()
-            self.reconciler.views.refusal = _refusal_condition(state)
-            outbound_result: PassResult | None = None
-            wanted = outbound == "always" or self._pending_work or rendered is not None
-            if self.accepted is not None and wanted:
-                outbound_result = self.reconciler.reconcile(
-                    self.accepted,
-                    render=self._render,
-                    rendered=rendered,
-                    set_digest=set_digest(self.accepted),
-                )
-                # A retry due later, or a decision awaited: the poll job keeps looking.
-                self._pending_work = (
-                    outbound_result.temporary is not None
-                    or bool(outbound_result.failed and _retry_due_later(self.reconciler))
-                    or bool(outbound_result.awaiting_approval)
-                )
-                if error is None and outbound_result.temporary is not None:
-                    error = outbound_result.temporary
-                for what, groups in (
-                    ("moved to serial", outbound_result.moved),
-                    ("rolled back from serial", outbound_result.rolled_back),
-                ):
-                    for group in groups:
-                        log.info(
-                            "%s: group %s %s %s", self.cluster, group, what, self.accepted.serial
-                        )
+                # What the inbound half met last is said on every bundle until it does better.
+                self._inbound_problem = _problem_condition(error, "inbound")
+            try:
+                if isinstance(error, ApiUnavailableError):
+                    raise error  # nothing more can be done without the API server
+                outbound_result, state = self._outbound(result, outbound)
+            except ApiUnavailableError as exc:
+                self._report_unreachable(exc)
+                raise
+            if error is None and outbound_result is not None:
+                error = outbound_result.temporary
             self._report(state)
             self.last = TickResult(
                 inbound=(result.outcome if result is not None else "failed")
@@ -197,6 +188,85 @@ class Agent:
         if error is not None:
             raise error
         return self.last
+
+    def _outbound(
+        self, result: SyncResult | None, outbound: str
+    ) -> tuple[PassResult | None, AgentState]:
+        """The outbound half of a tick, with the overlays every bundle shows (a refused or
+        expired publication, a server away). Raises ApiUnavailableError."""
+        rendered: Mapping[str, list[Manifest]] | None = None
+        if result is not None and result.deployment_set is not None:
+            self.accepted = result.deployment_set
+            if result.outcome in ("rendered", "serial-advanced"):
+                self._pending_work = True
+            if result.outcome == "rendered":
+                rendered = {b.name: b.objects for b in result.bundles}
+        if self.accepted is None:
+            self.accepted = self.state.load_set()
+        state = self.state.load()
+        self._state_seen = state
+        views = self.reconciler.views
+        views.refusal = _refusal_condition(state) or self._expiry_condition()
+        views.degraded = self._inbound_problem
+        outbound_result: PassResult | None = None
+        wanted = outbound == "always" or self._pending_work or rendered is not None
+        if self.accepted is not None and wanted:
+            outbound_result = self.reconciler.reconcile(
+                self.accepted,
+                render=self._render,
+                rendered=rendered,
+                set_digest=set_digest(self.accepted),
+            )
+            # A retry due later, or a decision awaited: the poll job keeps looking.
+            self._pending_work = (
+                outbound_result.temporary is not None
+                or bool(outbound_result.failed and _retry_due_later(self.reconciler))
+                or bool(outbound_result.awaiting_approval)
+            )
+            for what, groups in (
+                ("moved to serial", outbound_result.moved),
+                ("rolled back from serial", outbound_result.rolled_back),
+            ):
+                for group in groups:
+                    log.info("%s: group %s %s %s", self.cluster, group, what, self.accepted.serial)
+        if self.accepted is not None:
+            # The overlays changed (a server came back, the publication expired): said on
+            # every bundle, also those no step of this pass wrote.
+            for entry in self.accepted.bundle_deployments:
+                views.view(entry.name, entry.group)
+            views.write_all()
+        return outbound_result, state
+
+    def _expiry_condition(self) -> ConditionSpec | None:
+        """Ready False, reason Expired, once the running publication would be refused as
+        expired if it arrived now (the verification's clock-skew allowance included)."""
+        running = self.accepted
+        if running is None or self.clock() - self.pipeline.clock_skew <= running.expires_at:
+            return None
+        return ConditionSpec(
+            "Ready",
+            "False",
+            Reason.EXPIRED,
+            f"the publication running here (serial {running.serial}) expired at "
+            f"{format_time(running.expires_at)} and no newer one was accepted (is the hub "
+            "publishing, is the git server reachable?): still running and correcting it",
+        )
+
+    def _report_unreachable(self, exc: ApiUnavailableError) -> None:
+        """The API server does not answer: the status document says so (the git server may
+        well be there), from what the agent knew last; nothing is said before the agent knew
+        anything (an empty document would tell the hub this cluster runs nothing)."""
+        views = self.reconciler.views
+        known = self.accepted is not None and any(
+            views.get(e.name) is not None for e in self.accepted.bundle_deployments
+        )
+        if self._state_seen is None or not known:
+            return
+        views.degraded = _problem_condition(exc, "the cluster's API server")
+        try:
+            self._report(self._state_seen)
+        finally:
+            views.degraded = self._inbound_problem
 
     def _render(
         self, deployment_set: BundleDeploymentSet, entries: Sequence[BundleDeploymentEntry]
@@ -278,6 +348,15 @@ class Agent:
         except FleetletError as exc:
             # Kept pending (also across restarts) and pushed when the server is back.
             log.warning("%s: status not pushed yet: %s", self.cluster, exc)
+
+
+def _problem_condition(error: FleetletError | None, where: str) -> ConditionSpec | None:
+    """Degraded, with the error's reason: a server the agent needs is away (or the inbound
+    half failed another way); None without an error."""
+    if error is None:
+        return None
+    retry = " (retrying with backoff)" if isinstance(error, TemporaryError) else ""
+    return ConditionSpec("Degraded", "True", error.reason, f"{where}: {error}{retry}")
 
 
 def _refusal_condition(state: AgentState) -> ConditionSpec | None:

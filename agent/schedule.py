@@ -16,12 +16,12 @@ has its own executor: it still goes out while a group is moving.
 
 After a :class:`~agent.errors.TemporaryError` (or an unexpected exception) the poll and drift
 jobs each back off on their own (:class:`~agent.backoff.Backoff`: exponential from
-``initial_backoff`` up to ``max_backoff``, or the ``delay`` the error suggests, with jitter):
-their runs return at once until the backoff is over. On their own, because a git server away
-must not stop drift being corrected, and a drift pass that succeeds must not cut the poll's
-backoff short. A :class:`~agent.errors.PermanentError` is reported and does not slow the loop
-down: the inbound pipeline remembers the refused commit and the next polls are idle until the
-branch moves.
+``initial_backoff`` up to ``max_backoff``, or the ``delay`` the error suggests, plus up to
+``jitter`` seconds at random): their runs return at once until the backoff is over. On their
+own, because a git server away must not stop drift being corrected, and a drift pass that
+succeeds must not cut the poll's backoff short. A :class:`~agent.errors.PermanentError` is
+reported and does not slow the loop down: the inbound pipeline remembers the refused commit
+and the next polls are idle until the branch moves.
 """
 
 from __future__ import annotations
@@ -122,7 +122,9 @@ class AgentScheduler:
                 log.error("%s refused (permanent, waiting for the branch to move): %s", job, exc)
                 outcome = JobOutcome(job, exc, permanent=True)
             except TemporaryError as exc:
-                wait = backoff.failure(exc.delay) + self._jitter(exc.delay is None)
+                # Jitter even on a suggested delay: agents that lost the same server must not
+                # all come back to it at the same instant.
+                wait = backoff.failure(exc.delay) + self._jitter(True)
                 log.warning("%s failed (retry in %.1f s): %s", job, wait, exc)
                 outcome = JobOutcome(job, exc, wait)
             except Exception as exc:

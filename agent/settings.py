@@ -117,6 +117,61 @@ class PollSettings:
 
 
 @dataclass(frozen=True, kw_only=True)
+class NetworkSettings:
+    """How long the agent waits for the servers it talks to (the API server, git, registries,
+    http), in seconds, and how many times one request to a registry or an http server is made.
+
+    Every request is bounded: ``connect_timeout`` for the connection, ``read_timeout`` for each
+    wait on an answer (a server that accepts and never answers). A failed sync is retried by
+    the poll job's backoff, not by long waits here."""
+
+    connect_timeout: float = 5.0
+    read_timeout: float = 30.0
+    attempts: int = 3
+    """Requests to a registry or an http server per fetch (backoff with jitter between)."""
+
+    def __post_init__(self) -> None:
+        if self.connect_timeout <= 0 or self.read_timeout <= 0:
+            raise SettingsError(
+                f"timeouts: must be positive, got connect {self.connect_timeout}, "
+                f"read {self.read_timeout} (--connect-timeout, --read-timeout)"
+            )
+        if self.attempts < 1:
+            raise SettingsError(f"fetch attempts: at least 1, got {self.attempts}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class LimitSettings:
+    """How much content the agent takes in for one bundle, and how much it keeps on disk.
+
+    A bundle over a limit is refused (with the limit named); the agent keeps running what it
+    has. The defaults suit most fleets; an edge node with a small disk lowers them, a fleet of
+    large charts raises them."""
+
+    max_bundle_bytes: int = 128 * 1024 * 1024
+    """Bytes of one bundle's files, all its sources together, unpacked."""
+    max_bundle_files: int = 10_000
+    """Files, directories and links of one bundle."""
+    max_file_bytes: int = 16 * 1024 * 1024
+    """Bytes of one file of a bundle."""
+    max_download_bytes: int = 64 * 1024 * 1024
+    """Bytes of one download: an OCI layer, an http archive."""
+    cache_bytes: int = 1024 * 1024 * 1024
+    """The content cache's size; the least recently used content goes first."""
+
+    def __post_init__(self) -> None:
+        for name in (
+            "max_bundle_bytes",
+            "max_bundle_files",
+            "max_file_bytes",
+            "max_download_bytes",
+            "cache_bytes",
+        ):
+            if getattr(self, name) <= 0:
+                raise SettingsError(f"{name.replace('_', ' ')}: must be positive")
+
+
+@dataclass(frozen=True, kw_only=True)
 class TrustSettings:
     """Whom the agent believes: the Sigstore trust config and the signer's identity."""
 
@@ -129,8 +184,13 @@ class TrustSettings:
     max_validity: timedelta = timedelta(days=30)
     """A publication valid for longer than this (``expiresAt - issuedAt``) is refused: a set
     signed to stay valid for years would defeat the freeze protection."""
+    clock_skew: timedelta = timedelta(minutes=5)
+    """How far this cluster's clock may be off when a publication's ``issuedAt`` and
+    ``expiresAt`` are judged (also when the running publication is said to have expired)."""
 
     def __post_init__(self) -> None:
+        if self.clock_skew < timedelta(0):
+            raise SettingsError(f"clock skew: must not be negative, got {self.clock_skew}")
         if not (str(self.trusted_root) and self.identity and self.issuer):
             raise SettingsError(
                 "--trusted-root, --identity and --issuer are required: the agent never "
@@ -146,6 +206,8 @@ class AgentSettings:
     trust: TrustSettings
     reconcile: ReconcileSettings
     poll: PollSettings = field(default_factory=PollSettings)
+    network: NetworkSettings = field(default_factory=NetworkSettings)
+    limits: LimitSettings = field(default_factory=LimitSettings)
     kubeconfig: str | None = None
     """None: the in-cluster configuration (the pod's ServiceAccount)."""
     tools: ToolSettings = field(default_factory=ToolSettings)
@@ -189,6 +251,7 @@ def settings_to_dict(settings: AgentSettings) -> dict[str, Any]:
             "identity": trust.identity,
             "issuer": trust.issuer,
             "maxValiditySeconds": trust.max_validity.total_seconds(),
+            "clockSkewSeconds": trust.clock_skew.total_seconds(),
         },
         "reconcile": {
             **{
@@ -206,6 +269,8 @@ def settings_to_dict(settings: AgentSettings) -> dict[str, Any]:
             ),
         },
         "poll": dict(settings.poll.__dict__),
+        "network": dict(settings.network.__dict__),
+        "limits": dict(settings.limits.__dict__),
         "kubeconfig": settings.kubeconfig,
         "tools": {
             "helm": tools.helm,
@@ -244,6 +309,7 @@ def settings_from_dict(
             identity=trust["identity"],
             issuer=trust["issuer"],
             max_validity=timedelta(seconds=float(trust["maxValiditySeconds"])),
+            clock_skew=timedelta(seconds=float(trust["clockSkewSeconds"])),
         ),
         reconcile=ReconcileSettings(
             **{k: v for k, v in data["reconcile"].items() if k != "guard"},
@@ -251,6 +317,8 @@ def settings_from_dict(
             failpoint=failpoint,
         ),
         poll=PollSettings(**data["poll"]),
+        network=NetworkSettings(**data["network"]),
+        limits=LimitSettings(**data["limits"]),
         kubeconfig=data["kubeconfig"],
         tools=ToolSettings(
             helm=tools["helm"], kustomize=tools["kustomize"], cache_root=path(tools["cacheRoot"])
@@ -275,6 +343,8 @@ def _guard(data: Mapping[str, Any] | None) -> Guard | None:
 
 __all__ = [
     "AgentSettings",
+    "LimitSettings",
+    "NetworkSettings",
     "PollSettings",
     "ReconcileSettings",
     "RepoSettings",

@@ -76,9 +76,20 @@ def _hub_fetch(args: argparse.Namespace) -> Fetch:
                 message = exc.reason
             if exc.code >= 500:
                 raise HubUnavailableError(f"hub {base}: {exc.code} {message}") from exc
+            if exc.code == 401:
+                how = (
+                    "the token given was refused (is it in the hub's --tokens file?)"
+                    if token
+                    else f"give a token of the hub's --tokens file with --token-file FILE "
+                    f"or ${TOKEN_ENV}"
+                )
+                raise InstallationsError(f"hub {base}: {exc.code} {message}: {how}") from exc
             raise InstallationsError(f"hub {base}: {exc.code} {message}") from exc
         except (urllib.error.URLError, OSError, ValueError) as exc:
-            raise HubUnavailableError(f"hub {base} did not answer: {exc}") from exc
+            reason = getattr(exc, "reason", None) or exc
+            raise HubUnavailableError(
+                f"hub {base} did not answer ({reason}): is `fleetlet hub serve` running there?"
+            ) from exc
 
     return fetch
 
@@ -122,7 +133,10 @@ def _repo_fetch(args: argparse.Namespace) -> Fetch:
 def _source(args: argparse.Namespace) -> Fetch:
     hub, repo = getattr(args, "hub", None), getattr(args, "repo", None)
     if bool(hub) == bool(repo):
-        raise InstallationsError("give exactly one of --hub URL or --repo GIT_URL")
+        raise InstallationsError(
+            "give exactly one of --hub URL (a running `fleetlet hub serve`, with --token-file) "
+            "or --repo GIT_URL (the status repository, read directly)"
+        )
     return _hub_fetch(args) if hub else _repo_fetch(args)
 
 

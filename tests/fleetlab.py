@@ -120,10 +120,12 @@ class Lab:
     clusters: list[dict[str, Any]] = field(default_factory=list)
     repo_name: str = "fleet.git"
     status_name: str = "status.git"
+    status_git: GitDaemon | GitHttpServer | None = None
+    """Where status goes (None: the desired-state git server)."""
 
     def __post_init__(self) -> None:
         self.git.create_bare(self.repo_name)
-        self.git.create_bare(self.status_name)
+        (self.status_git or self.git).create_bare(self.status_name)
 
     @property
     def url(self) -> str:
@@ -131,7 +133,7 @@ class Lab:
 
     @property
     def status_url(self) -> str:
-        return self.git.url_for(self.status_name)
+        return (self.status_git or self.git).url_for(self.status_name)
 
     def name(self, base: str) -> str:
         """A name unique to this lab (bundles are cluster-scoped BundleDeployments)."""
@@ -150,16 +152,29 @@ class Lab:
     def source(self, repository: str, digest: str) -> dict[str, str]:
         return {"kind": "image", "uri": f"{self.registry.host}/{repository}", "digest": digest}
 
-    def publish(self, bundles: list[dict[str, Any]]) -> PublishReport:
-        """Publish ``bundles`` (fleet-repo bundle documents) to every cluster of the lab."""
-        fleet = self.fleet_dir(bundles)
+    def publish(
+        self,
+        bundles: list[dict[str, Any]],
+        *,
+        expires_after: str = "7d",
+        refresh_before: str = "1d",
+    ) -> PublishReport:
+        """Publish ``bundles`` (fleet-repo bundle documents) to every cluster of the lab,
+        valid for ``expires_after``."""
+        fleet = self.fleet_dir(bundles, expires_after=expires_after, refresh_before=refresh_before)
         signer = PublicationSigner.from_trust_config(
             trust_config=self.sigstore.trust_config_path, token=self.sigstore.mint_token()
         )
         with BranchStore(url=self.url, cache_dir=self.tmp / "hub-cache") as store:
             return publish(prepare(fleet), store, signer=signer)
 
-    def fleet_dir(self, bundles: list[dict[str, Any]]) -> Path:
+    def fleet_dir(
+        self,
+        bundles: list[dict[str, Any]],
+        *,
+        expires_after: str = "7d",
+        refresh_before: str = "1d",
+    ) -> Path:
         """A fleet repo directory targeting ``bundles`` at every cluster of the lab."""
         return write_fleet(
             self.tmp / f"fleet-{uuid.uuid4().hex[:6]}",
@@ -168,7 +183,7 @@ class Lab:
             settings={
                 "name": "lab",
                 "repo": "https://fleet.example.invalid/lab.git",
-                "publication": {"expiresAfter": "7d", "refreshBefore": "1d"},
+                "publication": {"expiresAfter": expires_after, "refreshBefore": refresh_before},
                 "signing": {"identity": DEFAULT_IDENTITY, "issuer": self.sigstore.issuer},
             },
         )

@@ -467,3 +467,19 @@ def test_a_rolled_back_run_is_history_once_a_newer_set_is_running_healthy() -> N
         "conditions": [{**rolled["conditions"][0], "status": "False", "reason": "RolledBack"}],
     }
     assert installation_state(blocked, stale=False, accepted=4) == "RolledBack"
+
+
+@pytest.mark.parametrize("outputs", [["ip"], True, "ip=1"])
+def test_a_document_whose_run_outputs_are_not_an_object_is_bad(outputs: object) -> None:
+    """Regression (found by fuzzing): such a document passed the hub's check and made
+    ``GET .../runs/<id>/outputs`` answer 500; it is now refused, naming the field."""
+    import json
+
+    from hub.status.aggregate import StatusDocumentError, parse_status
+
+    seed = Path(__file__).parent / "fuzz" / "corpus" / "status" / "status.json"
+    doc = json.loads(seed.read_text())
+    assert parse_status(json.dumps(doc).encode(), origin="edge-1")["bundles"]["conf"]["runs"]
+    doc["bundles"]["conf"]["runs"][0]["outputs"] = outputs
+    with pytest.raises(StatusDocumentError, match=r"bundles\.conf\.runs\[0\]\.outputs"):
+        parse_status(json.dumps(doc).encode(), origin="edge-1")

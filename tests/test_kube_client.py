@@ -407,7 +407,10 @@ def test_silent_api_server_times_out_instead_of_hanging(
 
 
 def test_unusable_kubeconfig_is_a_clear_permanent_error(tmp_path: Path) -> None:
-    with pytest.raises(KubeconfigError, match="cannot load") as caught:
+    with pytest.raises(KubeconfigError, match=r"kubeconfig .*missing: no such file") as caught:
         KubeClient(kubeconfig=str(tmp_path / "missing"))
     assert isinstance(caught.value, PermanentError)
     assert caught.value.reason == "KubeconfigInvalid"
+    (tmp_path / "garbage").write_text("clusters: 3\n")
+    with pytest.raises(KubeconfigError, match=r"cannot load kubeconfig .*garbage"):
+        KubeClient(kubeconfig=str(tmp_path / "garbage"))

@@ -26,6 +26,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 import requests
@@ -400,3 +401,26 @@ def test_a_worker_gets_the_agents_guard_with_its_settings(tmp_path: Path) -> Non
     assert guard is not None and guard == settings.reconcile.guard
     assert guard.agent_namespace == "agent-ns"
     assert guard.allowed == {"upgrade-agent", "other"}
+
+
+def test_a_worker_gets_every_setting_of_the_agent(tmp_path: Path) -> None:
+    # Found when merging the reliability work: the worker rebuilt its settings without the
+    # timeouts, content limits and clock skew given to `agent run`, and used the defaults.
+    from agent.cli import settings_from_args
+    from agent.settings import settings_from_dict, settings_to_dict
+    from fleetlet.cli import build_parser
+
+    args = build_parser(agent_only=True).parse_args(
+        ["agent", "run", "--repo", "git://x/r.git", "--cluster", "c", "--trusted-root",
+         str(tmp_path / "r"), "--identity", "i", "--issuer", "https://issuer",
+         "--connect-timeout", "2", "--read-timeout", "7", "--fetch-attempts", "5",
+         "--max-bundle-bytes", "10Mi", "--max-bundle-files", "99", "--max-file-bytes", "1Mi",
+         "--max-download-bytes", "3Mi", "--cache-max-bytes", "20Mi", "--clock-skew", "30s"]
+    )  # fmt: skip
+    settings = settings_from_args(args)
+    again = settings_from_dict(json.loads(json.dumps(settings_to_dict(settings))))
+    assert again.network == settings.network and again.network.read_timeout == 7.0
+    assert again.limits == settings.limits and again.limits.max_bundle_files == 99
+    assert again.trust.clock_skew == settings.trust.clock_skew
+    assert again.trust.clock_skew.total_seconds() == 30
+    assert again == replace(settings, reconcile=again.reconcile)

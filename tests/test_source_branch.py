@@ -539,3 +539,34 @@ def test_cache_reused_by_another_cluster_or_broken_is_made_clean(
     (renamed.path / "HEAD").write_text("garbage\n")  # a crash left the cache unreadable
     again = BranchWatcher(repo_url=hub.url, cluster="new-name", cache_dir=cache)
     assert again.fetch(tips["new-name"]) == publication("new-name", 1)
+
+
+def test_many_publications_hold_a_bounded_number_of_files_and_packs(
+    git_daemon: GitDaemon, tmp_path: Path
+) -> None:
+    """Each fetch adds a pack file; libgit2 would keep every one open (a descriptor per
+    publication ever received) and the cache would keep them all: both are bounded."""
+    from agent.source.branch import MAX_OPEN_PACKS
+    from tests.test_schedule import publish
+
+    name = f"many-{uuid.uuid4().hex[:8]}.git"
+    git_daemon.create_bare(name)
+    hub = pygit2.init_repository(str(tmp_path / "hub.git"), bare=True)
+    hub.remotes.create("origin", git_daemon.url_for(name))
+    watcher = BranchWatcher(
+        repo_url=git_daemon.url_for(name),
+        cluster="edge",
+        cache_dir=tmp_path / "agent",
+        recycle_packs=8,
+    )
+    packs = tmp_path / "agent" / "branch.git" / "objects" / "pack"
+    before = len(os.listdir("/proc/self/fd"))
+    most = 0
+    for serial in range(1, 31):
+        commit = publish(hub, git_daemon, "edge", serial)
+        assert watcher.poll() == commit
+        assert watcher.fetch(commit)["set.yaml"] == f"set.yaml edge {serial}\n".encode()
+        most = max(most, len(os.listdir("/proc/self/fd")) - before)
+        assert len(list(packs.glob("*.pack"))) <= 8
+    assert watcher.fetches == 30
+    assert most <= MAX_OPEN_PACKS + 2, most

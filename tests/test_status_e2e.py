@@ -300,7 +300,12 @@ def test_a_quiet_agent_goes_stale_and_status_made_during_a_git_outage_arrives_la
         assert pending.bundle(one) is not None and pending.bundle(one).drift_count == 1  # type: ignore[union-attr]
         lab.git.start()
         first.tick()
-        assert not first.pusher.pending
+        # A failed push is retried after a backoff (at most the 1 s heartbeat here, jittered).
+        deadline = time.monotonic() + 30
+        while first.pusher.pending:
+            assert time.monotonic() < deadline, first.pusher.last_error
+            time.sleep(0.2)
+            first.tick()
         deadline = time.monotonic() + 60
         while True:
             answer = requests.get(

@@ -229,7 +229,7 @@ def test_outage_keeps_the_latest_and_pushes_it_when_the_server_is_back(
     repo = "status-outage.git"
     server.create_bare(repo)
     workdir = tmp_path_factory.mktemp("agent")
-    pusher = pusher_for(server, repo, "edge-d", workdir)
+    pusher = pusher_for(server, repo, "edge-d", workdir, rng=lambda: 0.5)  # type: ignore[arg-type]
     pusher.update(status("edge-d", note="first"), now=T0)
     pusher.push(now=T0)
 
@@ -238,8 +238,15 @@ def test_outage_keeps_the_latest_and_pushes_it_when_the_server_is_back(
     with pytest.raises(TemporaryError):
         pusher.tick(T0 + 1)
     pusher.update(status("edge-d", note="latest"), now=T0 + 2)
+    # A backoff after the failure (half of it at random): the next tick does not try yet...
+    assert pusher.retry_at is not None and pusher.retry_at > T0 + 2
+    assert pusher.tick(T0 + 2) is None and pusher.attempts == 2
+    # ... and once it is over tries again, and waits longer after this second failure.
+    first_retry = pusher.retry_at
     with pytest.raises(TemporaryError):
-        pusher.tick(T0 + 2)
+        pusher.tick(first_retry)
+    assert pusher.attempts == 3 and pusher.failures == 2
+    assert pusher.retry_at - first_retry > first_retry - (T0 + 1)
     assert pusher.pending
     # Kept on disk too: an agent restarted during the outage still has it.
     restarted = pusher_for(server, repo, "edge-d", workdir)

@@ -36,6 +36,7 @@ class Reason(StrEnum):
     DRIFT_CORRECTION_FAILED = "DriftCorrectionFailed"
     API_UNAVAILABLE = "ApiUnavailable"
     WORKER_FAILED = "WorkerFailed"
+    EXPIRED = "Expired"
 
 
 REASON_HELP: dict[Reason, str] = {
@@ -75,6 +76,9 @@ REASON_HELP: dict[Reason, str] = {
     Reason.WORKER_FAILED: "The agent's worker process died (killed, out of memory) or hung "
     "past `--worker-timeout`; retried with backoff, and a move it interrupted is finished or "
     "rolled back (Progressing and Degraded; Ready keeps what it said).",
+    Reason.EXPIRED: "The publication this cluster runs has expired and no newer one was "
+    "accepted (the hub stopped publishing, or the git server is away): the agent keeps running "
+    "and correcting what it has, and says so until a newer publication arrives.",
 }
 """One line per reason, for the API reference."""
 

@@ -188,8 +188,11 @@ def wait_healthy(
     seconds passed. ``on_progress`` receives each round's assessments;
     ``wait_for_load_balancer`` as in :func:`assess`.
 
-    A temporarily unreachable API server is retried until the deadline. Raises
-    ApiUnavailableError only when no round could be assessed at all before the deadline.
+    A round that fails while the API server answers (a request lost, an aggregated API
+    away) is retried until the deadline. Raises ApiUnavailableError at once when the API server
+    itself does not answer (``kube.reachable()``): waiting out the deadline would say nothing
+    of the objects' health, and a move must not be rolled back for it (the agent backs off and
+    resumes the move); also when the last round before the deadline could not be assessed.
     """
     from agent.kube import ApiUnavailableError
 
@@ -216,8 +219,11 @@ def wait_healthy(
                 wait_for_load_balancer=wait_for_load_balancer,
             )
         except ApiUnavailableError as exc:
+            if not kube.reachable():
+                raise
             error = exc
         else:
+            error = None
             positions = [*pending_objects, *(offset + j for j in pending_checks)]
             latest.update(zip(positions, fresh, strict=True))
             last = [latest[i] for i in sorted(latest)]
@@ -232,7 +238,7 @@ def wait_healthy(
             ]
         now = clock()
         if now >= deadline:
-            if last is None:
+            if error is not None or last is None:
                 assert error is not None
                 raise error
             failed = tuple(r for r in last if r.status is Status.FAILED)

@@ -8,6 +8,7 @@ assessed as written, which suits the output of ``kubectl get -o yaml`` saved ear
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -119,14 +120,28 @@ def run_health(
 
         results = [ObjectHealth(ObjectRef.of(obj), assess(obj)) for obj in objects]
     else:
-        from agent.kube import KubeClient
+        from agent.kube import ApiUnavailableError, KubeClient, KubeconfigError
 
-        with KubeClient(
-            kubeconfig=kubeconfig,
-            context=context,
-            discovery_cache_dir=discovery_cache_dir,
-        ) as kube:
-            results = assess_live(kube, _with_namespaces(objects, kube))
+        config = kubeconfig  # already found as kubectl finds it (agent.options.kubeconfig_of)
+        if config is None and not os.environ.get("KUBERNETES_SERVICE_HOST"):
+            raise KubeconfigError(
+                "no cluster to read the objects from: no --kubeconfig, no $KUBECONFIG, no "
+                "~/.kube/config, and not running in a pod. Give --kubeconfig FILE, or --offline "
+                "to assess the objects as written in the file"
+            )
+        try:
+            with KubeClient(
+                kubeconfig=config, context=context, discovery_cache_dir=discovery_cache_dir
+            ) as kube:
+                results = assess_live(kube, _with_namespaces(objects, kube))
+        except ApiUnavailableError as exc:
+            where = f"kubeconfig {config}" if config else "the in-cluster configuration"
+            raise ApiUnavailableError(
+                f"{exc}. Is the cluster of {where} up? (--offline assesses the objects as "
+                "written, without a cluster)",
+                target=exc.target,
+                status=exc.status,
+            ) from exc
     code = EXIT_HEALTHY if all(r.status is Status.CURRENT for r in results) else EXIT_UNHEALTHY
     if output == "table":
         return _table(results), code

@@ -44,7 +44,8 @@ def group_health(
     bundle's own checks, each bundle read as its own identity (``client_for(spec)``).
 
     ``wait``: until all are Current, one is Failed, or the longest of the bundles' timeouts
-    passed; else once. Raises ApiUnavailableError when nothing could be assessed.
+    passed; else once. Raises ApiUnavailableError when the API server did not answer the
+    last assessment (see :func:`agent.health.wait_healthy`).
     """
     by_identity: dict[str | None, tuple[list[Manifest], list[HealthCheck], bool]] = {}
     timeout = 0.0

@@ -69,6 +69,7 @@ class MoveFailed(PermanentError):
         target: str | None = None,
         written: bool = True,
         causes: Iterable[str] = (),
+        described: str | None = None,
     ) -> None:
         super().__init__(message)
         self.reason = reason
@@ -77,6 +78,12 @@ class MoveFailed(PermanentError):
         self.target = target
         self.written = written
         self.causes = frozenset(causes) or frozenset({reason})
+        self._described = described
+
+    @classmethod
+    def recorded(cls, reason: str, described: str) -> MoveFailed:
+        """A failure recorded earlier (in an intent), said exactly as it was said then."""
+        return cls(reason, described, described=described)
 
     @classmethod
     def of_apply(cls, exc: ApplyError, *, reason: str, written: bool) -> MoveFailed:
@@ -101,6 +108,8 @@ class MoveFailed(PermanentError):
     def describe(self) -> str:
         """``reason (bundle: object): message``, each object named once (an apply error's
         message names its objects already)."""
+        if self._described is not None:
+            return self._described
         named = self.culprit is not None and str(self.target) in self.message
         where = f" ({self.bundle}: {self.target})" if self.culprit and not named else ""
         return f"{self.reason}{where}: {self.message}"

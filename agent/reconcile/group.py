@@ -594,7 +594,8 @@ def resume(ctx: GroupContext, intent: Intent) -> GroupOutcome | None:
             with contextlib.suppress(HookError):
                 return advance(ctx, intent, active, split_hooks(active, objects, previous))
     if intent.phase == "rolling-back":
-        failed = MoveFailed(intent.failure_reason or Reason.ROLLED_BACK, intent.failure)
+        # Said as it was when the rollback began: each retry must not wrap it once more.
+        failed = MoveFailed.recorded(intent.failure_reason or Reason.ROLLED_BACK, intent.failure)
     else:
         failed = MoveFailed(Reason.INTERRUPTED, "the agent stopped in the middle of the move")
     outcome = roll_back(ctx, intent, failed)

@@ -121,7 +121,8 @@ def run_render(
     """
     tree = Path(bundle_dir)
     if not tree.is_dir():
-        raise BundleDirError(f"{bundle_dir}: not a directory")
+        what = "a file, not a directory" if tree.exists() else "no such directory"
+        raise BundleDirError(f"{bundle_dir}: {what} (give the bundle's directory)")
     format_options = _format_options(options)
     request = RenderRequest(
         source=bundle_dir,

@@ -4,7 +4,10 @@
 pushes it as ``status.json`` in a commit on top of the branch's remote tip (a fast-forward, so
 a concurrent writer is detected, never overwritten): after each change, and as a heartbeat
 every ``heartbeat_interval`` seconds otherwise. While the git server is unreachable the latest
-document stays pending (also across restarts) and is pushed when the server is back.
+document stays pending (also across restarts) and is pushed when the server is back; between
+two failed pushes :meth:`StatusPusher.tick` waits a backoff that doubles, with jitter (each push
+is bounded by the connection and read timeouts), so a hung git server costs the agent's work
+one timeout per backoff, not one per tick.
 
 Nothing older overwrites newer: every document carries a ``sequence`` that grows by one per
 document written, and before pushing the remote document is read; if its sequence is not lower
@@ -19,11 +22,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
+import random
 import shutil
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -40,10 +45,12 @@ from agent.api.status import (
     load_status,
     status_branch,
 )
-from agent.backoff import attempts
+from agent.backoff import attempts, pause
 from agent.errors import PermanentError, ValidationError
 from agent.source.credentials import GitAuthError, GitCallbacks, GitCredentials
 from agent.source.lsrefs import GitUnavailableError
+
+_log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from agent.report.metrics import Metrics
@@ -128,9 +135,15 @@ class StatusPusher:
         connect_timeout: float = 10.0,
         io_timeout: float = 30.0,
         recycle_every: int = DEFAULT_RECYCLE_EVERY,
+        retry_backoff: float | None = None,
+        max_backoff: float = 300.0,
+        rng: Callable[[], float] = random.random,
         metrics: Metrics | None = None,
         formats: Sequence[str] = (),
     ) -> None:
+        """``retry_backoff``: the wait after a failed push before :meth:`tick` tries again
+        (default: the heartbeat interval, at most 10 s), doubling up to ``max_backoff``; half
+        of each wait is drawn at random."""
         self.repo_url = repo_url
         self._metrics = metrics
         self.formats = tuple(sorted(set(formats)))
@@ -147,6 +160,15 @@ class StatusPusher:
         self.pushes = 0  # successful pushes (metrics, tests)
         self.retries = 0  # attempts made again because the branch moved (another writer)
         self.last_error: Exception | None = None
+        self.attempts = 0  # pushes tried (metrics, tests)
+        self.failures = 0  # failed pushes in a row
+        self.retry_at: float | None = None
+        """No push from :meth:`tick` before this time (after a failure)."""
+        self._retry_backoff = (
+            retry_backoff if retry_backoff is not None else min(heartbeat_interval, 10.0)
+        )
+        self._max_backoff = max(max_backoff, self._retry_backoff)
+        self._rng = rng
         # libgit2's timeouts are process-wide (see agent.source.branch).
         pygit2.settings.server_connect_timeout = int(connect_timeout * 1000)
         pygit2.settings.server_timeout = int(io_timeout * 1000)
@@ -205,8 +227,12 @@ class StatusPusher:
     def _write(self, name: str, data: bytes) -> None:
         path = self.workdir / name
         tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
+        try:
+            tmp.write_bytes(data)
+            os.replace(tmp, path)
+        except OSError as exc:
+            # The local copy only serves a restart: the document stays in memory and is pushed.
+            _log.warning("status: cannot keep %s on local storage: %s", path, exc)
 
     def _stamp(self, s: ClusterStatus, now: float, *, sequence: int) -> ClusterStatus:
         """``s`` written anew (time, sequence), bounded, kept as the latest, saved."""
@@ -250,13 +276,16 @@ class StatusPusher:
             return now - self._pushed_at >= self.heartbeat_interval
 
     def tick(self, now: float | None = None) -> PushResult | None:
-        """Push if due (see :meth:`should_push`); the result, or ``None`` when not due.
+        """Push if due (see :meth:`should_push`) and no backoff runs after a failed push; the
+        result, or ``None`` when not due.
 
         Raises what :meth:`push` raises (the document stays pending).
         """
         now = time.time() if now is None else now
         with self._lock:
             if not self.should_push(now):
+                return None
+            if self.retry_at is not None and now < self.retry_at:
                 return None
             return self.push(now=now)
 
@@ -278,16 +307,31 @@ class StatusPusher:
             if not self.pending or now - doc.heartbeat.timestamp() >= self.heartbeat_interval:
                 # A heartbeat, or a document kept through an outage: written again, now.
                 doc = self._stamp(doc, now, sequence=doc.sequence + 1)
+            self.attempts += 1
+            began = time.monotonic()
             try:
                 result = self._push(doc, now)
             except Exception as exc:
                 self.last_error = exc
                 if self._metrics is not None:
                     self._metrics.status_pushed(ok=False)
+                self.failures += 1
+                # From when the failure was known: a push that hung for its timeout must not
+                # leave a backoff that is already over.
+                waited = time.monotonic() - began
+                wait = waited + pause(
+                    self.failures,
+                    initial=self._retry_backoff,
+                    maximum=self._max_backoff,
+                    rng=self._rng,
+                )
+                self.retry_at = now + wait
                 raise
             if self._metrics is not None:
                 self._metrics.status_pushed(ok=True)
             self.last_error = None
+            self.failures = 0
+            self.retry_at = None
             self._fresh = False
             self._pushed_sequence = result.sequence
             self._pushed_at = now

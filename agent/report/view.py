@@ -124,8 +124,11 @@ class BundleView:
 class BundleViews:
     """The views of the accepted set's bundles, and their BundleDeployments' status.
 
-    ``refusal``: the newest publication's refusal, shown on every bundle (Ready False,
-    Degraded True) until the branch moves: they keep running what they have.
+    ``refusal``: the newest publication's refusal, or the running publication's expiry, shown
+    on every bundle (Ready False, Degraded True) until a newer publication is accepted: they
+    keep running what they have. ``degraded``: a server the agent needs is away (the git
+    server, a registry, the API server), shown on every bundle as Degraded True with its
+    reason, Ready and Progressing untouched: the running revision is as healthy as it was.
     """
 
     def __init__(
@@ -140,6 +143,7 @@ class BundleViews:
         self._written: dict[str, Any] = {}
         self._lock = threading.Lock()
         self.refusal: ConditionSpec | None = None
+        self.degraded: ConditionSpec | None = None
         self.generation: int | None = None
         """The serial whose specs were last written (a new one rewrites every status)."""
 
@@ -238,12 +242,23 @@ class BundleViews:
             self._written[view.name] = written
 
     def shown(self, conditions: Mapping[str, ConditionSpec]) -> dict[str, ConditionSpec]:
-        """The conditions as shown: a refused newest publication overrides Ready/Degraded."""
+        """The conditions as shown: a server away overrides Degraded; a refused newest (or
+        expired running) publication overrides Ready and Degraded."""
         shown = dict(conditions)
+        if self.degraded is not None:
+            shown["Degraded"] = self.degraded._replace(type="Degraded", status="True")
         if self.refusal is not None:
             for kind, value in (("Ready", "False"), ("Degraded", "True")):
                 shown[kind] = self.refusal._replace(type=kind, status=value)
         return shown
+
+    def write_all(self) -> None:
+        """Write every view whose status (as shown) changed: after the overlays changed.
+        Raises the KubeClient's errors."""
+        with self._lock:
+            views = list(self._views.values())
+        for view in views:
+            self.write(view)
 
     def progress(self, names: Iterable[str], phase: Phase, message: str) -> None:
         """Mark bundles as moving (``phase``, ``message``) and write them: progress is

@@ -39,6 +39,9 @@ class JobRequest:
     """The supervisor: the worker exits at once if its parent is another process."""
     previous_failure: str | None = None
     """How the previous worker failed (it died, or hung): said on every bundle first."""
+    inbound_problem: tuple[str, str] | None = None
+    """(reason, message) of the supervisor's last failed poll (the git server away): a drift
+    worker, which does not poll, keeps saying it on every bundle."""
     known_commits: tuple[str, ...] = ()
     """Branch commits the cluster runs or refused already: a tick does not check their
     signature before it starts (see :mod:`agent.runner.worker`)."""
@@ -55,6 +58,7 @@ class JobRequest:
                 "progressInterval": self.progress_interval,
                 "parentPid": self.parent_pid,
                 "previousFailure": self.previous_failure,
+                "inboundProblem": list(self.inbound_problem) if self.inbound_problem else None,
                 "knownCommits": list(self.known_commits),
                 "logLevel": self.log_level,
                 "logFormat": self.log_format,
@@ -78,12 +82,20 @@ class JobRequest:
                 progress_interval=float(doc["progressInterval"]),
                 parent_pid=int(doc["parentPid"]),
                 previous_failure=doc.get("previousFailure"),
+                inbound_problem=_pair(doc.get("inboundProblem")),
                 known_commits=tuple(str(c) for c in doc.get("knownCommits") or ()),
                 log_level=str(doc.get("logLevel") or "info"),
                 log_format=str(doc.get("logFormat") or "text"),
             )
         except (KeyError, TypeError) as exc:
             raise ValueError(f"not a job request: {exc}") from exc
+
+
+def _pair(value: Any) -> tuple[str, str] | None:
+    if value is None:
+        return None
+    reason, message = value
+    return str(reason), str(message)
 
 
 @dataclass(frozen=True, kw_only=True)

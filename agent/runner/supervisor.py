@@ -102,6 +102,8 @@ class Supervisor:
         self._verified: Fingerprint | None = None
         self._failures = 0
         self._failure: str | None = None
+        self._poll_problem: tuple[str, str] | None = None
+        """(reason, message) of the last failed poll, said on every bundle, until one works."""
         self._progress_seen = 0.0
         self._lock = threading.Lock()
         self.fatal: ConfigurationError | None = None
@@ -117,15 +119,26 @@ class Supervisor:
         known = self._known
         try:
             commit = self._watcher.poll()
-        except FleetletError:
+        except FleetletError as exc:
             seconds = time.perf_counter() - started
             self.metrics.poll_finished("failed", seconds)
             self.metrics.sync_finished("error", seconds)
-            if known is not None and (known.pending or self._due()):
+            problem = (exc.reason, str(exc))
+            if known is not None and problem[0] != (self._poll_problem or ("",))[0]:
+                # A new problem: a tick worker meets it too and says it on every bundle.
+                self._poll_problem = problem
+                with contextlib.suppress(FleetletError):
+                    self._work("tick")
+            elif known is not None and (known.pending or self._due()):
                 # The cluster keeps correcting what it runs while the git server is away.
                 with contextlib.suppress(FleetletError):
                     self._work("drift")
             raise
+        if self._poll_problem is not None:
+            # The server is back: a tick takes the problem off every bundle.
+            self._poll_problem = None
+            self._work("tick")
+            return
         if known is None or self._failure is not None or known.pending or self._due():
             self._work("tick")
             return
@@ -203,6 +216,7 @@ class Supervisor:
                     settings=self._settings,
                     progress_interval=self._progress_interval,
                     previous_failure=self._failure,
+                    inbound_problem=self._poll_problem if job == "drift" else None,
                     known_commits=tuple(
                         c
                         for c in (

@@ -36,7 +36,7 @@ import sys
 import threading
 from collections.abc import Sequence
 from dataclasses import replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -186,6 +186,8 @@ def run(request: JobRequest, *, vouched: Any = None) -> JobResult:
         )
     if request.previous_failure:
         _report_failure(agent, request.previous_failure)
+    if request.inbound_problem is not None and request.job == "drift":
+        agent.note_inbound_problem(*request.inbound_problem)
     progress = _Progress(agent, request.progress, request.progress_interval)
     progress.start()
     error: FleetletError | None = None
@@ -314,13 +316,18 @@ def watches(agent: Any) -> tuple[Watch, ...] | None:
 
 
 def _wake_at(agent: Any) -> float | None:
-    """The earliest time a failed target of the accepted set is retried by itself."""
+    """The earliest time a worker has something to do without the branch moving: a failed
+    target of the accepted set retried by itself, or the running publication expiring (then
+    every bundle says ``Expired``; once it has expired, that was said)."""
     from agent.api import parse_time
 
     accepted = agent.accepted
     if accepted is None:
         return None
     times: list[datetime] = []
+    expires = accepted.expires_at + agent.pipeline.clock_skew
+    if agent.clock() <= expires:
+        times.append(expires + timedelta(seconds=1))  # past it, by the agent's clock too
     for group in accepted.groups:
         failure = agent.reconciler.records.load(group).failure
         when = parse_time(failure.retry_at) if failure is not None and failure.retry_at else None

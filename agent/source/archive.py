@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, BinaryIO, cast
 
-from agent.source.content import ContentRefusedError, FetchError
+from agent.source.content import ContentRefusedError, LocalStorageError
 from agent.source.tree import NAME_MAX, LinkEscapeError, resolve_inside
 
 _GZIP_MAGIC = b"\x1f\x8b"
@@ -449,9 +449,7 @@ def extract_archive(
                     rule="NameTooLong" if exc.errno == errno.ENAMETOOLONG else "PathConflict",
                 ) from exc
             # Our own disk (full, read-only): not the archive's fault, and may pass.
-            raise FetchError(
-                f"cannot unpack {label} on local storage: {exc}", source=source
-            ) from exc
+            raise LocalStorageError.of(exc, doing=f"unpack {label}", source=source) from exc
     extractor.check_symlinks()
     return ExtractStats(files=budget.files - files_before, bytes=budget.bytes - bytes_before)
 

@@ -10,7 +10,11 @@ reads the publication's files from the commit's tree (no work tree). Other clust
 are never fetched: their refs and objects never reach the local repository.
 
 libgit2's connect and I/O timeouts are process-wide settings; the watcher sets them when it
-is created (so a git server that accepts but never answers cannot stall the agent).
+is created (so a git server that accepts but never answers cannot stall the agent), and so is
+the number of pack files libgit2 keeps open: each fetch adds a pack file, and without a bound
+every publication ever received would hold a file descriptor. The local repository is a cache
+of this one branch: after ``recycle_packs`` fetches it is made anew, so it does not grow with
+the fleet's history either.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from pathlib import Path
 import pygit2
 
 from agent.errors import PermanentError
+from agent.source.content import LocalStorageError
 from agent.source.credentials import (
     GitAuthError,
     GitCallbacks,
@@ -44,6 +49,9 @@ __all__ = [
 ]
 
 BRANCH_PREFIX = "refs/heads/fleetlet/clusters/"
+_LOCAL_STORAGE_MESSAGES = ("no space left", "read-only file system", "disk quota exceeded")
+MAX_OPEN_PACKS = 16
+"""Pack files libgit2 keeps open at once (process-wide; its default is unbounded)."""
 TRACKING_PREFIX = "refs/remotes/origin/fleetlet/clusters/"
 _REMOTE = "origin"
 
@@ -91,6 +99,7 @@ class BranchWatcher:
         io_timeout: float = 30.0,
         max_fetch_bytes: int = 64 * 1024 * 1024,
         protocol_v2: bool = True,
+        recycle_packs: int = 64,
     ) -> None:
         """``protocol_v2``: poll git:// and http(s):// servers with a protocol v2 ``ls-refs``
         asking for this one ref (see :func:`ls_ref_v2`) instead of libgit2's full listing;
@@ -112,8 +121,10 @@ class BranchWatcher:
         self._lock = threading.Lock()
         self.polls = 0  # ref listings made (metrics, tests)
         self.fetches = 0  # network fetches made
+        self._recycle_packs = recycle_packs
         pygit2.settings.server_connect_timeout = int(connect_timeout * 1000)
         pygit2.settings.server_timeout = int(io_timeout * 1000)
+        pygit2.settings.mwindow_file_limit = MAX_OPEN_PACKS
         self._repo = self._open()
 
     def _open(self) -> pygit2.Repository:
@@ -227,11 +238,22 @@ class BranchWatcher:
         return obj
 
     def _fetch(self) -> None:
+        if self._packs() >= self._recycle_packs:
+            # Only the branch's tip matters: start the cache anew rather than keep every pack.
+            self._repo.free()
+            shutil.rmtree(self.path, ignore_errors=True)
+            self._repo = self._open()
         self.fetches += 1
         try:
             self._remote().fetch([self.refspec], callbacks=self._callbacks())
         except pygit2.GitError as exc:
             raise self._convert(exc, f"fetch {self.ref} from") from exc
+
+    def _packs(self) -> int:
+        try:
+            return sum(1 for p in (self.path / "objects" / "pack").iterdir() if p.suffix == ".pack")
+        except OSError:
+            return 0
 
     def _files(self, commit: pygit2.Commit) -> dict[str, bytes]:
         files: dict[str, bytes] = {}
@@ -254,6 +276,11 @@ class BranchWatcher:
         lowered = text.lower()
         if "401" in text or "403" in text or "authentication" in lowered:
             return GitAuthError(f"{self.repo_url}: cannot {doing} the repository: {text}")
+        if any(m in lowered for m in _LOCAL_STORAGE_MESSAGES):
+            # libgit2 could not write the fetched objects here: our disk, not the server.
+            return LocalStorageError(
+                f"cannot {doing} the repository into {self.path}: {text}", source=self.repo_url
+            )
         return GitUnavailableError(f"{self.repo_url}: cannot {doing} the repository: {text}")
 
 

@@ -36,6 +36,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from agent.report.metrics import Metrics
 
+from agent.source.content import LOCAL_STORAGE_ERRNOS, LocalStorageError
+
 _log = logging.getLogger(__name__)
 _CHUNK = 1024 * 1024
 
@@ -220,9 +222,20 @@ class ContentCache:
             return existing
         staging = self._staging_dir / uuid.uuid4().hex
         tree = staging / "tree"
-        tree.mkdir(parents=True)
+        try:
+            tree.mkdir(parents=True)
+        except OSError as exc:
+            raise LocalStorageError.of(exc, doing="cache content", source=key) from exc
         try:
             fill(tree)
+            return self._keep(key, staging, tree)
+        finally:
+            _remove(staging)
+
+    def _keep(self, key: str, staging: Path, tree: Path) -> Path:
+        """Freeze a filled tree and move it into place; the cached tree. Raises
+        LocalStorageError when the disk refuses (full, read-only)."""
+        try:
             size = tree_size(tree)
             _freeze(tree)
             digest = tree_digest(tree)
@@ -244,8 +257,10 @@ class ContentCache:
                 )
                 self._evict(keep=key)
             return final / "tree"
-        finally:
-            _remove(staging)
+        except OSError as exc:
+            if exc.errno in LOCAL_STORAGE_ERRNOS:
+                raise LocalStorageError.of(exc, doing="cache content", source=key) from exc
+            raise
 
     def _evict(self, *, keep: str) -> None:
         total = sum(e.size for e in self._index.values())

@@ -36,8 +36,8 @@ from agent.source.cache import ContentCache
 from agent.source.content import (
     ContentRefusedError,
     Credentials,
-    FetchError,
     InvalidSourceError,
+    LocalStorageError,
     SourceLike,
     auth_secret_name,
     check_commit,
@@ -234,10 +234,13 @@ class ContentStore:
         InvalidSourceError on a bad destination, FetchError when the local disk fails, and
         whatever :meth:`tree` raises.
         """
-        dest.mkdir(parents=True, exist_ok=True)
         bundle = f"bundle {dest.name}"
+        try:
+            dest.mkdir(parents=True, exist_ok=True)
+            root_fd = os.open(dest, _DIR_FLAGS)
+        except OSError as exc:
+            raise LocalStorageError.of(exc, doing="lay out the bundle tree", source=bundle) from exc
         budget = TreeBudget(self.limits)
-        root_fd = os.open(dest, _DIR_FLAGS)
         try:
             for source in sources:
                 label = describe(source)
@@ -253,8 +256,8 @@ class ContentStore:
                     finally:
                         os.close(fd)
                 except OSError as exc:
-                    raise FetchError(
-                        f"cannot lay out the bundle tree on local storage: {exc}", source=label
+                    raise LocalStorageError.of(
+                        exc, doing="lay out the bundle tree", source=label
                     ) from exc
         finally:
             os.close(root_fd)

@@ -10,7 +10,9 @@ Every error names the source; refusals also name the file and the rule that was 
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import os
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -70,6 +72,30 @@ class FetchError(TemporaryError):
     def __init__(self, message: str, *, source: str, delay: float | None = None) -> None:
         super().__init__(f"{source}: {message}", delay=delay)
         self.source = source
+
+
+class LocalStorageError(FetchError):
+    """The agent's own disk refused a write (full, read-only, out of quota): nothing is wrong
+    with the content, and the same fetch may pass once there is room. ``source`` names what
+    was being written."""
+
+    reason = "LocalStorageUnavailable"
+
+    @classmethod
+    def of(cls, exc: OSError, *, doing: str, source: str) -> LocalStorageError:
+        """The error for ``exc`` met while ``doing`` (``"cache"``...): names the path and why."""
+        where = f" ({os.fsdecode(exc.filename)})" if exc.filename else ""
+        return cls(
+            f"cannot {doing} on the agent's local storage{where}: {exc.strerror or exc}",
+            source=source,
+        )
+
+
+LOCAL_STORAGE_ERRNOS = frozenset(
+    {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO}
+)
+"""What the agent's own disk says when it is full, read-only or failing (not the content's
+fault: a name too long or a path conflict are refusals of the content)."""
 
 
 class AuthenticationError(FetchError):

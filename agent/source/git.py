@@ -30,6 +30,7 @@ from agent.source.content import (
     Credentials,
     FetchError,
     InvalidSourceError,
+    LocalStorageError,
     check_commit,
 )
 from agent.source.tree import NAME_MAX, LinkEscapeError, resolve_inside
@@ -246,9 +247,7 @@ class _Writer:
                     path=os.fsdecode(exc.filename or "")[-200:],
                     rule="BadName",
                 ) from exc
-            raise FetchError(
-                f"cannot write the tree on local storage: {exc}", source=self.source
-            ) from exc
+            raise LocalStorageError.of(exc, doing="write the tree", source=self.source) from exc
         except pygit2.GitError as exc:
             raise self.refuse(f"unreadable tree: {exc}", path="", rule="BadTree") from exc
         for path in self.budget.links:

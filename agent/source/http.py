@@ -41,9 +41,14 @@ class DownloadTooLargeError(ContentRefusedError):
 
 @dataclass(frozen=True, kw_only=True)
 class HttpSettings:
-    """Timeouts, retries and the size cap of http sources."""
+    """Timeouts, retries and the size cap of http sources.
+
+    ``timeout`` bounds each read (a server that accepts and then says nothing), and
+    ``connect_timeout`` the connection; ``attempts`` requests are made at most, ``backoff``
+    seconds apart and doubling, with jitter (:func:`agent.backoff.attempts`)."""
 
     timeout: float = 10.0
+    connect_timeout: float = 5.0
     attempts: int = 3
     backoff: float = 0.5
     max_bytes: int = 64 * 1024 * 1024
@@ -128,7 +133,7 @@ class HttpFetcher:
                     headers=self._headers(credentials),
                     auth=auth,
                     stream=True,
-                    timeout=self.settings.timeout,
+                    timeout=(self.settings.connect_timeout, self.settings.timeout),
                 ) as response:
                     if response.status_code in (401, 403):
                         raise AuthenticationError(

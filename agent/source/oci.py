@@ -83,10 +83,14 @@ class InvalidArtifactError(ContentRefusedError):
 
 @dataclass(frozen=True, kw_only=True)
 class OciSettings:
-    """How the OCI client behaves. ``plain_http`` talks HTTP (tests, in-cluster registries)."""
+    """How the OCI client behaves. ``plain_http`` talks HTTP (tests, in-cluster registries).
+
+    ``timeout`` bounds each read and ``connect_timeout`` each connection; a request is made
+    ``attempts`` times at most, ``backoff`` seconds apart and doubling, with jitter."""
 
     plain_http: bool = False
     timeout: float = 10.0
+    connect_timeout: float = 5.0
     attempts: int = 3
     backoff: float = 0.5
     max_manifest_bytes: int = 4 * 1024 * 1024
@@ -202,6 +206,7 @@ class OciFetcher:
             settings=RegistrySettings(
                 plain_http=settings.plain_http,
                 timeout=settings.timeout,
+                connect_timeout=settings.connect_timeout,
                 attempts=settings.attempts,
                 backoff=settings.backoff,
                 user_agent=settings.user_agent,

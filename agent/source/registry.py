@@ -58,7 +58,9 @@ class RegistrySettings:
 
     plain_http: bool = False
     timeout: float = 10.0
-    """Seconds a request may take to connect, and between two reads."""
+    """Seconds between two reads (a registry that accepts and then says nothing)."""
+    connect_timeout: float = 5.0
+    """Seconds a connection may take."""
     attempts: int = 3
     """Tries of one request while the registry is unreachable or answers 5xx."""
     backoff: float = 0.5
@@ -149,7 +151,7 @@ class _ChallengeAuth(oras.auth.base.AuthBackend):  # type: ignore[misc]
 class _TimeoutSession(requests.Session):
     """A session whose requests time out: requests has no default timeout."""
 
-    def __init__(self, timeout: float, user_agent: str) -> None:
+    def __init__(self, timeout: tuple[float, float], user_agent: str) -> None:
         super().__init__()
         self._timeout = timeout
         self.headers["User-Agent"] = user_agent
@@ -175,7 +177,9 @@ class RegistryClient(oras.provider.Registry):  # type: ignore[misc]
         super().__init__(hostname=host, insecure=settings.plain_http)
         self.settings = settings
         self.source = source
-        self.session = _TimeoutSession(settings.timeout, settings.user_agent)
+        self.session = _TimeoutSession(
+            (settings.connect_timeout, settings.timeout), settings.user_agent
+        )
         self.auth = _ChallengeAuth(credentials, source=source)
         self.auth.session = self.session
         self.auth.prefix = self.prefix

@@ -315,8 +315,11 @@ def load_fleet(root: str | Path, *, cache_dir: Path | None = None) -> Fleet:
     root = Path(root)
     problems = _Problems()
     if not root.is_dir():
-        problems.add(str(root), "", "a fleet directory", _found("not a directory"))
-        raise FleetRepoError(problems.items, origin=str(root))
+        what = "a file" if root.exists() else "nothing there"
+        problems.add(
+            str(root), "", "a fleet repo directory (fleet.yaml, clusters/, bundles/)", _found(what)
+        )
+        raise FleetRepoError(problems.items)
     settings = _load_settings(root, problems)
     files: list[str] = ["fleet.yaml"]
     clusters: dict[str, Cluster] = {}

@@ -121,6 +121,10 @@ def parse_status(data: bytes, *, origin: str) -> dict[str, Any]:
         for i, run in enumerate(bundle.get("runs", [])):
             if not isinstance(run, dict) or not isinstance(run.get("id"), str):
                 raise StatusDocumentError(f"{origin}: bundles.{name}.runs[{i}]: expected an id")
+            if not isinstance(run.get("outputs", {}), dict):
+                raise StatusDocumentError(
+                    f"{origin}: bundles.{name}.runs[{i}].outputs: expected an object"
+                )
     return doc
 
 

@@ -210,6 +210,17 @@ class _GitServer:
         """Stop at once with SIGKILL."""
         self.stop(grace=0)
 
+    def freeze(self) -> None:
+        """SIGSTOP the server and its children: connections are still accepted (by the
+        kernel) and never answered, as a hung server. :meth:`thaw` resumes it."""
+        if self._process is not None:
+            os.killpg(self._process.pid, signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        """SIGCONT after :meth:`freeze`."""
+        if self._process is not None:
+            os.killpg(self._process.pid, signal.SIGCONT)
+
     def __enter__(self) -> _GitServer:
         self.start()
         return self

@@ -399,6 +399,41 @@ class Cluster:
             self._processes = [p for p in self._processes if p.name != "kube-apiserver"]
         _stop_processes(gone, self._stop_grace)
 
+    def restart_controllers(self) -> None:
+        """Restart the controller-manager, the scheduler and kwok (same arguments).
+
+        After an API server restart their informers reconnect with client-go's backoff: a
+        Deployment update can then go unseen for a minute. Tests of a client (the agent) that
+        should not wait on that restart them instead. Raises :class:`ClusterError`.
+        """
+        names = ("kube-controller-manager", "kube-scheduler", "kwok")
+        with self._lock:
+            gone = [p for p in self._processes if p.name in names]
+            self._processes = [p for p in self._processes if p.name not in names]
+        _stop_processes(gone, 0.5)
+        for name in names:
+            self._spawn(name, self._argv[name])
+        self._check_alive()
+
+    def freeze_apiserver(self) -> None:
+        """SIGSTOP the apiserver: connections are accepted (by the kernel) and never answered,
+        as a hung server; the other components wait. :meth:`thaw_apiserver` resumes it."""
+        for proc in self._processes:
+            if proc.name == "kube-apiserver":
+                proc.signal(signal.SIGSTOP)
+
+    def thaw_apiserver(self) -> None:
+        """SIGCONT after :meth:`freeze_apiserver`; returns once it answers again."""
+        for proc in self._processes:
+            if proc.name == "kube-apiserver":
+                proc.signal(signal.SIGCONT)
+        deadline = time.monotonic() + 60
+        while not self._apiserver_ready():
+            self._check_alive()
+            if time.monotonic() > deadline:
+                raise self._timed_out("kube-apiserver")
+            time.sleep(0.05)
+
     def start_apiserver(self, *, timeout: float = 120.0) -> None:
         """Start the apiserver again after :meth:`stop_apiserver` (same port, certificates and
         data) and wait until ``/readyz`` is ok. Raises :class:`ClusterError`."""

@@ -226,6 +226,17 @@ class Registry:
         """Stop at once with SIGKILL (the registry needs 2-3 s to exit after SIGTERM)."""
         self.stop(grace=0)
 
+    def freeze(self) -> None:
+        """SIGSTOP the registry: it still accepts connections (the kernel does) and never
+        answers, as a hung server. :meth:`thaw` resumes it."""
+        if self._process is not None:
+            os.killpg(self._process.pid, signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        """SIGCONT after :meth:`freeze`."""
+        if self._process is not None:
+            os.killpg(self._process.pid, signal.SIGCONT)
+
     def restart(self) -> None:
         """Kill and start again on the same port and storage."""
         self.kill()
