@@ -86,11 +86,12 @@ def _publication(out: Path, tmp: Path) -> None:
 
 
 def _pkt_lines(out: Path, port: int, path: str, ref: str) -> None:
-    from agent.source.lsrefs import _ls_refs_command, _pkt
+    from agent.source.lsrefs import _ls_refs_command
+    from agent.source.pktline import pkt
 
     out.mkdir(parents=True, exist_ok=True)
     with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
-        sock.sendall(_pkt(f"git-upload-pack {path}\0host=127.0.0.1\0\0version=2\0".encode()))
+        sock.sendall(pkt(f"git-upload-pack {path}\0host=127.0.0.1\0\0version=2\0".encode()))
         capabilities = _read_section(sock)
         sock.sendall(_ls_refs_command(ref) + b"0000")
         listing = _read_section(sock)
