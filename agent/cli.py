@@ -196,16 +196,6 @@ def build_agent(
 
     if metrics is None:
         metrics = Metrics(cluster=settings.repo.cluster, version=__version__)
-    trust = (
-        DeferredTrust(
-            load=lambda: trust_policy(settings),
-            identity=IdentityPolicy(issuer=settings.trust.issuer, subject=settings.trust.identity),
-            max_validity=settings.trust.max_validity,
-            vouched=vouched,
-        )
-        if lazy_trust or vouched is not None
-        else trust_policy(settings)
-    )
     credentials = git_credentials()
     repo = settings.repo
     cache = repo.cache_dir
@@ -230,6 +220,17 @@ def build_agent(
             "$FLEETLET_KUBECONFIG), or run the agent in its pod (deploy/agent/)"
         ) from exc
     _check_crds(kube, settings.kubeconfig)
+    # The trust policy after the cluster: a machine without a kubeconfig hears about that first.
+    trust = (
+        DeferredTrust(
+            load=lambda: trust_policy(settings),
+            identity=IdentityPolicy(issuer=settings.trust.issuer, subject=settings.trust.identity),
+            max_validity=settings.trust.max_validity,
+            vouched=vouched,
+        )
+        if lazy_trust or vouched is not None
+        else trust_policy(settings)
+    )
     state = ClusterState(kube=kube, namespace=namespace)
     events = EventRecorder(
         kube=kube,
