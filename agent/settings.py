@@ -276,6 +276,8 @@ def settings_to_dict(settings: AgentSettings) -> dict[str, Any]:
             "helm": tools.helm,
             "kustomize": tools.kustomize,
             "cacheRoot": str(tools.cache_root) if tools.cache_root else None,
+            "pluginTimeout": tools.plugin_timeout,
+            "pluginMaxMemory": tools.plugin_max_memory,
         },
         "status": settings.status,
         "hubPublicKey": str(settings.hub_public_key) if settings.hub_public_key else None,
@@ -321,7 +323,11 @@ def settings_from_dict(
         limits=LimitSettings(**data["limits"]),
         kubeconfig=data["kubeconfig"],
         tools=ToolSettings(
-            helm=tools["helm"], kustomize=tools["kustomize"], cache_root=path(tools["cacheRoot"])
+            helm=tools["helm"],
+            kustomize=tools["kustomize"],
+            cache_root=path(tools["cacheRoot"]),
+            plugin_timeout=float(tools["pluginTimeout"]),
+            plugin_max_memory=int(tools["pluginMaxMemory"]),
         ),
         status=bool(data["status"]),
         hub_public_key=path(data["hubPublicKey"]),

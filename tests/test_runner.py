@@ -29,6 +29,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
 import requests
 
 from agent.kube import ApiNotServedError, KubeClient, ObjectRef
@@ -403,9 +404,14 @@ def test_a_worker_gets_the_agents_guard_with_its_settings(tmp_path: Path) -> Non
     assert guard.allowed == {"upgrade-agent", "other"}
 
 
-def test_a_worker_gets_every_setting_of_the_agent(tmp_path: Path) -> None:
+def test_a_worker_gets_every_setting_of_the_agent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # Found when merging the reliability work: the worker rebuilt its settings without the
-    # timeouts, content limits and clock skew given to `agent run`, and used the defaults.
+    # timeouts, content limits and clock skew given to `agent run`, and used the defaults;
+    # the same for the format plugins' bounds.
+    monkeypatch.setenv("FLEETLET_PLUGIN_TIMEOUT", "5")
+    monkeypatch.setenv("FLEETLET_PLUGIN_MAX_MEMORY", "100")
     from agent.cli import settings_from_args
     from agent.settings import settings_from_dict, settings_to_dict
     from fleetlet.cli import build_parser
@@ -423,4 +429,5 @@ def test_a_worker_gets_every_setting_of_the_agent(tmp_path: Path) -> None:
     assert again.limits == settings.limits and again.limits.max_bundle_files == 99
     assert again.trust.clock_skew == settings.trust.clock_skew
     assert again.trust.clock_skew.total_seconds() == 30
+    assert again.tools.plugin_timeout == 5.0 and again.tools.plugin_max_memory == 100 << 20
     assert again == replace(settings, reconcile=again.reconcile)
