@@ -411,6 +411,10 @@ class Cluster:
             gone = [p for p in self._processes if p.name in names]
             self._processes = [p for p in self._processes if p.name not in names]
         _stop_processes(gone, 0.5)
+        # The stopped kwok holds its nodes' Leases: a new one would wait for them to expire
+        # (--node-lease-duration-seconds, 40 s) before it marks any pod Ready.
+        for node in self.node_names:
+            self._delete(f"/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{node}")
         for name in names:
             self._spawn(name, self._argv[name])
         self._check_alive()
@@ -523,6 +527,16 @@ class Cluster:
             self.server + path, context=self._ssl_context(), timeout=timeout
         ) as response:
             return bytes(response.read())
+
+    def _delete(self, path: str, timeout: float = 5.0) -> None:
+        """DELETE ``path``; gone already is fine."""
+        request = urllib.request.Request(self.server + path, method="DELETE")
+        try:
+            with urllib.request.urlopen(request, context=self._ssl_context(), timeout=timeout):
+                pass
+        except urllib.error.HTTPError as exc:
+            if exc.code != 404:
+                raise
 
     def _apiserver_ready(self) -> bool:
         try:
