@@ -46,6 +46,7 @@ from tests.realenv.httpserver import StaticHttpServer
 from tests.realenv.kube import Cluster
 from tests.realenv.registry import Registry
 from tests.realenv.sigstore import MiniSigstore
+from tests.test_crash import Version
 
 AGENT_NAMESPACE = "fleetlet-outage"
 HEALTH_TIMEOUT = 60
@@ -57,26 +58,6 @@ TIMING_FLAGS = (
     "--fetch-attempts", "2", "--clock-skew", "1s",
 )  # fmt: skip
 _SIGNATURE = pygit2.Signature("content", "content@fleetlet.invalid", 1_700_000_000, 0)
-
-
-@dataclass(frozen=True)
-class Version:
-    number: int
-    broken: bool = False
-
-    @property
-    def image(self) -> str:
-        return (
-            f"example/web-{self.number}:broken" if self.broken else f"example/web:{self.number}.0"
-        )
-
-    @property
-    def value(self) -> str:
-        return f"v{self.number}"
-
-    @property
-    def extra(self) -> bool:
-        return self.number % 2 == 0
 
 
 class Trap:
