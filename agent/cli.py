@@ -445,6 +445,8 @@ def _check_crds(kube: Any, kubeconfig: str | None) -> None:
     where = f"kubeconfig {kubeconfig}" if kubeconfig else "the in-cluster configuration"
     try:
         kube.resource_for(GROUP_VERSION, KIND)
+        # Discovery may come from the cache: one request that needs the credentials.
+        kube.list(GROUP_VERSION, KIND)
     except ApiUnavailableError as exc:
         raise ApiUnavailableError(
             f"{exc}. Is the cluster of {where} up (and is it the right kubeconfig)?",

@@ -134,6 +134,13 @@ def test_the_agent_without_a_kubeconfig_or_with_its_cluster_down(tmp_path: Path)
 
 
 def test_the_agent_with_credentials_the_cluster_refuses(crds: Cluster, tmp_path: Path) -> None:
+    # Discovery of this cluster in the shared cache, as any earlier use leaves it: the check
+    # must still make a request that needs the credentials (found in a full run).
+    from agent.kube import KubeClient
+
+    KubeClient(kubeconfig=str(crds.kubeconfig)).resource_for(
+        "fleetlet.io/v1alpha1", "BundleDeployment"
+    )
     config = yaml.safe_load(crds.kubeconfig.read_text())
     config["users"] = [{"name": config["users"][0]["name"], "user": {"token": "not-a-token"}}]
     refused = tmp_path / "refused.kubeconfig"
