@@ -483,3 +483,13 @@ def test_a_document_whose_run_outputs_are_not_an_object_is_bad(outputs: object) 
     doc["bundles"]["conf"]["runs"][0]["outputs"] = outputs
     with pytest.raises(StatusDocumentError, match=r"bundles\.conf\.runs\[0\]\.outputs"):
         parse_status(json.dumps(doc).encode(), origin="edge-1")
+
+
+def test_an_installation_whose_conditions_or_runs_are_malformed_gets_a_state() -> None:
+    # Found by the fuzzer: a condition whose type is an object made the hub fail (500).
+    odd_type = {"conditions": [{"type": {"x": "Ready"}, "status": "True"}], "runs": []}
+    assert installation_state(odd_type, stale=False) == "Progressing"
+    not_lists = {"conditions": 3, "runs": {"0": {"result": "Failed"}}}
+    assert installation_state(not_lists, stale=False) == "Progressing"
+    ready = {"conditions": [{"type": "Ready", "status": "True", "reason": "Healthy"}, 7]}
+    assert installation_state(ready, stale=False) == "Ready"

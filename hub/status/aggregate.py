@@ -291,12 +291,19 @@ def installation_state(
     """
     if stale:
         return "Stale"
-    conditions = {c.get("type"): c for c in bundle.get("conditions", []) if isinstance(c, dict)}
+    # The document comes from a branch anyone with push access writes: read it defensively.
+    listed = bundle.get("conditions")
+    conditions = {
+        c["type"]: c
+        for c in (listed if isinstance(listed, list) else [])
+        if isinstance(c, dict) and isinstance(c.get("type"), str)
+    }
 
     def true(kind: str) -> bool:
         return str(conditions.get(kind, {}).get("status")) == "True"
 
-    runs = bundle.get("runs") or []
+    runs = bundle.get("runs")
+    runs = runs if isinstance(runs, list) else []
     last = runs[0].get("result") if runs and isinstance(runs[0], dict) else None
     ready = conditions.get("Ready", {})
     if true("Paused") or ready.get("reason") == "Paused":
