@@ -29,8 +29,13 @@ MAX_INPUT = 64 * 1024
 MEMORY_BOUND = 64 * 1024 * 1024
 """Bytes one input may make a parser allocate at its peak (inputs are at most 64 KiB)."""
 
+RANDOM = os.environ.get("FLEETLET_FUZZ_RANDOM") == "1"
+"""Explore new inputs each run (by hand, with more examples); CI runs the same inputs every
+time, so that a red run is a change's doing and reproducible."""
+
 FUZZ = settings(
     max_examples=EXAMPLES,
+    derandomize=not RANDOM,
     # A hang guard, not a speed claim: a parser that takes this long on a 64 KiB input loops.
     deadline=timedelta(seconds=10),
     database=None,
