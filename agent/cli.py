@@ -445,8 +445,9 @@ def _check_crds(kube: Any, kubeconfig: str | None) -> None:
     where = f"kubeconfig {kubeconfig}" if kubeconfig else "the in-cluster configuration"
     try:
         kube.resource_for(GROUP_VERSION, KIND)
-        # Discovery may come from the cache: one request that needs the credentials.
-        kube.list(GROUP_VERSION, KIND)
+        # Discovery may come from the cache: one small request that needs the credentials
+        # (a name that need not exist; every worker start makes it, so not a whole list).
+        kube.get({"apiVersion": GROUP_VERSION, "kind": KIND, "metadata": {"name": "fleetlet"}})
     except ApiUnavailableError as exc:
         raise ApiUnavailableError(
             f"{exc}. Is the cluster of {where} up (and is it the right kubeconfig)?",

@@ -123,10 +123,10 @@ class Supervisor:
             seconds = time.perf_counter() - started
             self.metrics.poll_finished("failed", seconds)
             self.metrics.sync_finished("error", seconds)
-            problem = (exc.reason, str(exc))
-            if known is not None and problem[0] != (self._poll_problem or ("",))[0]:
+            said = self._poll_problem[0] if self._poll_problem is not None else None
+            if known is not None and exc.reason != said:
                 # A new problem: a tick worker meets it too and says it on every bundle.
-                self._poll_problem = problem
+                self._poll_problem = (exc.reason, str(exc))
                 with contextlib.suppress(FleetletError):
                     self._work("tick")
             elif known is not None and (known.pending or self._due()):
