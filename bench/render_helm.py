@@ -6,7 +6,7 @@ The chart is a real one, podinfo 6.14.1 (``tests/assets/charts/podinfo``, with i
 
 - baseline: ``helm template`` run directly (the pinned helm, output to a pipe, nothing parsed);
 - fleetlet: :func:`agent.render.formats.render_bundle` with format ``helm`` (the same helm as a
-  bounded child process in an empty, hermetic ``HOME``, then its output parsed with the bounded
+  bounded child process with no state (``HOME`` under ``/dev/null``), then its output parsed with the bounded
   YAML parser, validated and finished: namespaces, ownership labels).
 
 Wall time (median) and CPU time (median; helm's, plus this process's for fleetlet) are reported.
@@ -184,9 +184,11 @@ Wall time on this shared 2-CPU machine varies by ±10 ms between runs (other wor
 helm's threads); CPU time (helm's plus, for fleetlet, this process's) is the steadier measure of
 the work added. Target, cold: within 10% of `helm template` — {verdict} by the wall-time median
 ({(ratio - 1) * 100:+.0f}%; {(ours_cpu / helm_cpu - 1) * 100:+.0f}% in CPU). fleetlet
-runs the same helm (as a bounded child process in an empty `HOME`), so the difference is the
-child-process set-up (util-linux `prlimit` sets the limits and execs helm; a temporary `HOME`)
-and reading the output into validated objects. Cached renders (target: under 5 ms) are not
+runs the same helm (as a bounded child process whose `HOME` lies under `/dev/null`, its limits
+set with `prlimit(2)` once it has started, inline values on its stdin), so the difference is
+the child-process set-up and reading the output into validated objects (the bounded YAML
+parser reads it twice: a scan of its events that bounds depth, size and aliases before anything
+is built, then the load). Load average when written: {os.getloadavg()[0]:.1f}. Cached renders (target: under 5 ms) are not
 format-specific: the render cache (`agent/render/cache.py`, keyed by the pinned sources, options
 and cluster facts) answers without running any tool, and is measured under [Render](#render).
 """

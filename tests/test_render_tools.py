@@ -163,29 +163,14 @@ def test_the_tool_sees_only_the_environment_it_is_given(
     assert "do-not-leak" not in out
 
 
-def test_without_prlimit_the_limits_are_set_in_the_child(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    import agent.render._process as process
-
-    monkeypatch.setattr(process, "_SYSTEM_PATH", str(tmp_path / "no-prlimit-here"))
-    helm = ensure_tools(["helm"])["helm"]
-    with pytest.raises(ToolMemoryError):
-        run_tool(
-            [helm, "template", "x", str(ASSETS / "greeter")],
-            cwd=tmp_path,
-            timeout=60,
-            max_memory=48 << 20,
-            env={"HOME": str(tmp_path)},
-        )
-    limits = run_tool(
-        ["/bin/sh", "-c", "ulimit -d; ulimit -c"], cwd=tmp_path, timeout=60, max_memory=256 << 20
-    )
-    assert limits.split() == [str(256 << 10).encode(), b"0"]
-
-
 def test_the_tool_runs_under_the_data_and_core_limits(tmp_path: Path) -> None:
+    # The limits are set on the running child; its stdin is written only after that, so a
+    # shell that waits for a line reads them as the tool's main work would.
     limits = run_tool(
-        ["/bin/sh", "-c", "ulimit -d; ulimit -c"], cwd=tmp_path, timeout=60, max_memory=256 << 20
+        ["/bin/sh", "-c", "read line; ulimit -d; ulimit -c"],
+        cwd=tmp_path,
+        timeout=60,
+        max_memory=256 << 20,
+        input=b"go\n",
     )
     assert limits.split() == [str(256 << 10).encode(), b"0"]

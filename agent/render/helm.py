@@ -16,8 +16,8 @@ with:
   ``--api-versions``), ``.Release.IsUpgrade`` from the request (``--is-upgrade``);
 - ``--include-crds``: the chart's ``crds/`` come out first and, being CRDs, go to the CRD stage
   and are kept when the bundle is removed unless it sets ``keepCRDs: false``;
-- no network and no state: an empty ``HOME`` and ``HELM_*`` directories in a temporary
-  directory (no repositories, no registry logins, no plugins, so no post-renderer), no
+- no network and no state: ``HOME`` and the ``HELM_*`` directories under ``/dev/null``, where
+  nothing can exist (no repositories, no registry logins, no plugins, so no post-renderer), no
   kubeconfig, and proxies pointing at a closed local port, so any attempt to reach out fails
   at once. A chart whose dependencies are not in its ``charts/`` is refused before helm runs
   (the hub pins the non-vendored dependencies of a chart as extra sources, whatever source
@@ -34,7 +34,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -94,39 +93,39 @@ class HelmFormat:
         metadata = read_chart_metadata(chart, tree=tree, source=source)
         check_dependencies(chart, metadata, tree=tree, source=source)
         helm = request.tools.find("helm")
-        with tempfile.TemporaryDirectory(prefix="fleetlet-helm-") as scratch:
-            home = Path(scratch)
-            argv: list[str] = [
-                str(helm),
-                "template",
-                release_name(options, request, metadata),
-                # Absolute: a relative path would read as <repository>/<chart> to helm.
-                str(chart.resolve()),
-                "--namespace",
-                request.namespace or "default",
-                "--include-crds",
-            ]
-            for values_file in values_files(tree, options.get("valuesFiles"), source=source):
-                argv += ["--values", str(values_file)]
-            values = options.get("values")
-            if values:
-                inline = home / "values.json"
-                inline.write_text(json.dumps(values))
-                argv += ["--values", str(inline)]
-            facts = request.cluster
-            if facts.kube_version:
-                argv += ["--kube-version", facts.kube_version]
-            argv += [f"--api-versions={version}" for version in facts.api_versions]
-            if request.upgrade:
-                argv.append("--is-upgrade")
-            output = run_tool(
-                argv,
-                cwd=home,
-                timeout=self.timeout,
-                max_memory=self.max_memory,
-                env=_hermetic_env(home),
-                max_output=request.limits.max_total_bytes,
-            )
+        argv: list[str] = [
+            str(helm),
+            "template",
+            release_name(options, request, metadata),
+            # Absolute: a relative path would read as <repository>/<chart> to helm.
+            str(chart.resolve()),
+            "--namespace",
+            request.namespace or "default",
+            "--include-crds",
+        ]
+        for values_file in values_files(tree, options.get("valuesFiles"), source=source):
+            argv += ["--values", str(values_file)]
+        values = options.get("values")
+        inline = None
+        if values:
+            # On stdin (``--values -``): no file to write and clean up per render.
+            inline = json.dumps(values).encode()
+            argv += ["--values", "-"]
+        facts = request.cluster
+        if facts.kube_version:
+            argv += ["--kube-version", facts.kube_version]
+        argv += [f"--api-versions={version}" for version in facts.api_versions]
+        if request.upgrade:
+            argv.append("--is-upgrade")
+        output = run_tool(
+            argv,
+            cwd=chart,
+            timeout=self.timeout,
+            max_memory=self.max_memory,
+            input=inline,
+            env=_HERMETIC_ENV,
+            max_output=request.limits.max_total_bytes,
+        )
         return parse_output(output, source=source, limits=request.limits.parse)
 
 
@@ -342,28 +341,30 @@ def parse_output(output: bytes, *, source: str, limits: ParseLimits) -> list[Man
         raise
 
 
-def _hermetic_env(home: Path) -> dict[str, str]:
-    """helm's whole environment: its state in ``home`` (empty), no cluster, no network."""
-    for sub in ("cache", "config", "data", "plugins"):
-        (home / sub).mkdir()
-    return {
-        "PATH": "/usr/bin:/bin",
-        "HOME": str(home),
-        "HELM_CACHE_HOME": str(home / "cache"),
-        "HELM_CONFIG_HOME": str(home / "config"),
-        "HELM_DATA_HOME": str(home / "data"),
-        "HELM_PLUGINS": str(home / "plugins"),
-        "HELM_REGISTRY_CONFIG": str(home / "config" / "registry.json"),
-        "HELM_REPOSITORY_CONFIG": str(home / "config" / "repositories.yaml"),
-        "HELM_REPOSITORY_CACHE": str(home / "cache" / "repository"),
-        "KUBECONFIG": str(home / "no-kubeconfig"),
-        "HTTP_PROXY": _NOWHERE,
-        "HTTPS_PROXY": _NOWHERE,
-        "http_proxy": _NOWHERE,
-        "https_proxy": _NOWHERE,
-        "NO_PROXY": "",
-        "no_proxy": "",
-    }
+# helm's whole environment: no cluster, no network, and no state. Its home and every ``HELM_*``
+# directory lie under /dev/null, a file, so nothing there can be read or created (not even by
+# root): no repositories, no registry logins, no plugins (so no post-renderer), no cache shared
+# between renders. The registry configuration is /dev/null itself, because helm opens it on
+# every start and takes "not a directory" for an error.
+_NO_STATE = "/dev/null/fleetlet-helm"
+_HERMETIC_ENV: Mapping[str, str] = {
+    "PATH": "/usr/bin:/bin",
+    "HOME": _NO_STATE,
+    "HELM_CACHE_HOME": f"{_NO_STATE}/cache",
+    "HELM_CONFIG_HOME": f"{_NO_STATE}/config",
+    "HELM_DATA_HOME": f"{_NO_STATE}/data",
+    "HELM_PLUGINS": f"{_NO_STATE}/plugins",
+    "HELM_REGISTRY_CONFIG": "/dev/null",
+    "HELM_REPOSITORY_CONFIG": f"{_NO_STATE}/config/repositories.yaml",
+    "HELM_REPOSITORY_CACHE": f"{_NO_STATE}/cache/repository",
+    "KUBECONFIG": f"{_NO_STATE}/kubeconfig",
+    "HTTP_PROXY": _NOWHERE,
+    "HTTPS_PROXY": _NOWHERE,
+    "http_proxy": _NOWHERE,
+    "https_proxy": _NOWHERE,
+    "NO_PROXY": "",
+    "no_proxy": "",
+}
 
 
 def _relative(path: Path, tree: Path) -> str:
