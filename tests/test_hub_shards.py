@@ -28,7 +28,7 @@ from agent.verify import BRANCH_FILES, IdentityPolicy, TrustPolicy, verify_publi
 from hub.errors import FleetRepoError, GitTransportError
 from hub.fleet.model import load_fleet
 from hub.fleet.shards import assign, fleet_shards, hash_key, jump_hash
-from hub.publish import flow
+from hub.publish import commit, flow
 from hub.publish.flow import PublishReport, prepare, publish
 from hub.publish.ledger import HEAD_REF, STAGING_PREFIX, HeadRecord
 from hub.publish.shards import ShardedStore
@@ -452,15 +452,15 @@ def test_a_committed_publication_is_finished_by_the_next_hub(
 ) -> None:
     shards.publish(shards.fleet("base"))
     fleet = shards.fleet("next", replicas=5)
-    real_apply = flow._Writer.apply
+    real_apply = commit.Writer.apply
 
     def network_gone(self: Any, store: Any, updates: Any, staging: str) -> Any:
         raise GitTransportError(f"git push to {store.url} failed: connection reset")
 
-    monkeypatch.setattr(flow._Writer, "apply", network_gone)
+    monkeypatch.setattr(commit.Writer, "apply", network_gone)
     with pytest.raises(GitTransportError):
         shards.publish(fleet, cache="dead-hub")
-    monkeypatch.setattr(flow._Writer, "apply", real_apply)
+    monkeypatch.setattr(commit.Writer, "apply", real_apply)
     record = head_record(shards)
     # Committed (the head names it, shard 0's branches moved with it), not yet applied
     # elsewhere: the other shards still show the previous publication, never a mix within one
@@ -489,7 +489,7 @@ def test_a_publication_never_committed_is_never_seen(
     def crash(*args: Any, **kwargs: Any) -> None:
         raise GitTransportError("git push failed: connection reset")
 
-    monkeypatch.setattr(flow, "_commit", crash)
+    monkeypatch.setattr(flow, "commit_point", crash)
     with pytest.raises(GitTransportError):
         shards.publish(shards.fleet("next", replicas=7), cache="dead-hub")
     for shard in range(SHARDS):

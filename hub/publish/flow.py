@@ -6,7 +6,7 @@ rollout) can drive it for a subset of clusters (:func:`prepare` with ``only``):
     load -> resolve -> plan          :func:`prepare` (nothing touches git)
     list -> recover -> diff          which clusters change, on which shards (compare.py)
     render -> sign                   the changed clusters' leaves, ONE signature (compose.py)
-    write -> stage -> commit -> apply  packs, the two-phase commit across shards (ledger.py)
+    write -> stage -> commit -> apply  packs, the two-phase commit across shards (commit.py)
 
 Cost follows the change: the fleet's files are parsed again only when their bytes changed
 (:mod:`hub.fleet.cache`), unchanged branches are known from the facts the last run kept
@@ -20,12 +20,8 @@ from __future__ import annotations
 import contextlib
 import gc
 import hashlib
-import multiprocessing
-import os
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -39,24 +35,36 @@ from agent.api import (
 from agent.errors import FieldProblem, TemporaryError, ValidationError, VerificationError
 from agent.verify import TrustPolicy, verify_publication
 from agent.verify.publication import BUNDLE_FILE, PROOF_FILE, SET_FILE, STATEMENT_FILE
-from hub.errors import FleetRepoError, GitTransportError, PublishError, PushRejectedError
+from hub.errors import FleetRepoError, PublishError, PushRejectedError
 from hub.fleet.model import Fleet, load_fleet
 from hub.fleet.render import ClusterPlan, plan_clusters
 from hub.fleet.shards import ShardMap, fleet_shards
 from hub.fleet.source import FleetSource, fleet_source
 from hub.publish import ledger
+from hub.publish.commit import (
+    AttachmentMovedError,
+    LostRace,
+    StageClock,
+    Writer,
+    commit_point,
+    head_unmoved,
+    recover,
+    serial_of,
+    stage_shards,
+    unstage,
+    utc_text,
+)
 from hub.publish.compare import (
     STATUSES,
     ClusterChange,
     ContentCache,
-    Decisions,
     Status,
     decide,
 )
 from hub.publish.compose import SetComposer
-from hub.publish.git import BRANCH_PREFIX, BranchFacts, BranchStore, CommitBatch
-from hub.publish.sendpack import ZERO, AtomicUnsupportedError, RefUpdate
-from hub.publish.shards import PARALLEL, ShardedStore
+from hub.publish.git import BRANCH_PREFIX, BranchStore, CommitBatch
+from hub.publish.sendpack import AtomicUnsupportedError
+from hub.publish.shards import ShardedStore
 from hub.publish.sign import Leaf, PublicationSigner, SignedTree, sign_leaves
 from hub.resolve import Resolver, ResolveSettings
 
@@ -66,11 +74,6 @@ ATTEMPTS = 3
 
 class ConcurrentPublishError(TemporaryError):
     """Another hub committed a publication while this one was being made, every attempt."""
-
-
-class AttachmentMovedError(TemporaryError):
-    """The ref attached to a publication (the rollouts' state) moved since it was read:
-    nothing was published; read it again and redo."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,8 +263,8 @@ class PublishReport:
             "signed": self.signed,
             "publication": self.publication,
             "attempts": self.attempts,
-            "issuedAt": _fmt(self.issued_at),
-            "expiresAt": _fmt(self.expires_at),
+            "issuedAt": utc_text(self.issued_at),
+            "expiresAt": utc_text(self.expires_at),
             "statementSha256": self.statement_sha256,
             "changes": [
                 {
@@ -278,10 +281,6 @@ class PublishReport:
         }
 
 
-def _fmt(moment: datetime | None) -> str | None:
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ") if moment else None
-
-
 def _sharded(prepared: Prepared, store: BranchStore | ShardedStore) -> ShardedStore:
     sharded = ShardedStore.of(store) if isinstance(store, BranchStore) else store
     count = prepared.shard_map.count
@@ -292,32 +291,6 @@ def _sharded(prepared: Prepared, store: BranchStore | ShardedStore) -> ShardedSt
             "{shard}"
         )
     return sharded
-
-
-class _Clock:
-    """Seconds per stage, the stages in the order they ran."""
-
-    def __init__(self, start: Mapping[str, float]) -> None:
-        self.timings = dict(start)
-        self._lock = threading.Lock()
-
-    def stage(self, name: str) -> _Stage:
-        return _Stage(self, name)
-
-    def add(self, name: str, seconds: float) -> None:
-        with self._lock:
-            self.timings[name] = self.timings.get(name, 0.0) + seconds
-
-
-class _Stage:
-    def __init__(self, clock: _Clock, name: str) -> None:
-        self.clock, self.name = clock, name
-
-    def __enter__(self) -> None:
-        self.started = time.perf_counter()
-
-    def __exit__(self, *exc: object) -> None:
-        self.clock.add(self.name, time.perf_counter() - self.started)
 
 
 def publish(
@@ -351,14 +324,14 @@ def publish(
     """
     sharded = _sharded(prepared, store)
     say = progress or (lambda _msg: None)
-    clock = _Clock(prepared.timings)
+    clock = StageClock(prepared.timings)
     for attempt in range(1, attempts + 1):
         try:
             with _paused_gc():
                 report = _publish_once(
                     prepared, sharded, signer, now, say, check, clock, writers, attach
                 )
-        except _LostRace as race:
+        except LostRace as race:
             if attempt == attempts:
                 raise ConcurrentPublishError(
                     f"another hub committed publication {race.winner} while this one was being "
@@ -376,12 +349,6 @@ def _replace_attempts(report: PublishReport, attempts: int) -> PublishReport:
     return replace(report, attempts=attempts, peak_rss_mb=_peak_rss_mb())
 
 
-class _LostRace(Exception):
-    def __init__(self, winner: str) -> None:
-        super().__init__(winner)
-        self.winner = winner
-
-
 def _publish_once(
     prepared: Prepared,
     sharded: ShardedStore,
@@ -389,7 +356,7 @@ def _publish_once(
     now: datetime | None,
     say: Progress,
     check: TrustPolicy | None,
-    clock: _Clock,
+    clock: StageClock,
     writers: int | None = None,
     attach: Attachment | None = None,
 ) -> PublishReport:
@@ -403,7 +370,7 @@ def _publish_once(
         )
         sharded.each(lambda _s, st: st.fetch())
     with clock.stage("recover"):
-        head = _recover(sharded, now, say)
+        head = recover(sharded, now, say)
     with clock.stage("diff"):
         cache = ContentCache()
         decisions = decide(
@@ -442,8 +409,8 @@ def _publish_once(
             leaves = [
                 Leaf(
                     cluster=c.cluster,
-                    serial=_serial(c),
-                    set_digest=composer.digest(prepared.plans[c.cluster], _serial(c)),
+                    serial=serial_of(c),
+                    set_digest=composer.digest(prepared.plans[c.cluster], serial_of(c)),
                 )
                 for c in todo
             ]
@@ -460,7 +427,7 @@ def _publish_once(
             if check is not None and signer is not None:
                 _self_check(prepared, composer, signed, todo[0], check, now)
     publication = ledger.new_publication_id(now)
-    writer = _Writer(
+    writer = Writer(
         prepared=prepared,
         composer=composer,
         signed=signed,
@@ -477,11 +444,13 @@ def _publish_once(
     staged: dict[int, str] = {}
     try:
         with clock.stage("write+stage"):
-            staged = _stage(writer, sharded, plan, clock, writers)
+            staged = stage_shards(writer, sharded, plan, clock, writers)
         with clock.stage("commit"):
             joined = (attach, decisions.changes) if attach is not None else None
             try:
-                _commit(writer, stores[0], head, signed, staged, plan.get(0, []), clock, joined)
+                commit_point(
+                    writer, stores[0], head, signed, staged, plan.get(0, []), clock, joined
+                )
             except AtomicUnsupportedError:
                 if attach is not None:
                     raise PublishError(
@@ -491,16 +460,16 @@ def _publish_once(
                 # Without atomic pushes shard 0 is staged and applied like the others.
                 if 0 in plan:
                     staged[0] = writer.stage(stores[0], plan[0], clock)
-                _commit(writer, stores[0], head, signed, staged, [], clock)
+                commit_point(writer, stores[0], head, signed, staged, [], clock)
     except BaseException as failure:
         # What this attempt staged is garbage if it did not commit; after a failure whose
         # outcome is unknown (the connection broke during the commit push) it is left for
         # the next publish, which finishes the publication if the head names it, and
         # deletes the staging refs an hour later otherwise.
-        if isinstance(
-            failure, _LostRace | PushRejectedError | AttachmentMovedError
-        ) or _head_unmoved(stores[0], head):
-            _unstage(sharded, publication, staged)
+        if isinstance(failure, LostRace | PushRejectedError | AttachmentMovedError) or head_unmoved(
+            stores[0], head
+        ):
+            unstage(sharded, publication, staged)
         raise
     say(f"publication {publication} committed; moving the branches of {len(staged)} shard(s)")
     refused: dict[int, dict[str, str]] = {s: {} for s in plan}
@@ -532,11 +501,6 @@ def _publish_once(
     )
 
 
-def _serial(change: ClusterChange) -> int:
-    assert change.serial_after is not None
-    return change.serial_after
-
-
 def _self_check(
     prepared: Prepared,
     composer: SetComposer,
@@ -547,7 +511,7 @@ def _self_check(
 ) -> None:
     assert signed.bundle_json is not None
     files = {
-        SET_FILE: composer.set_bytes(prepared.plans[first.cluster], _serial(first)),
+        SET_FILE: composer.set_bytes(prepared.plans[first.cluster], serial_of(first)),
         STATEMENT_FILE: signed.statement_bytes,
         BUNDLE_FILE: signed.bundle_json,
         PROOF_FILE: signed.proof(first.cluster).to_bytes(),
@@ -565,372 +529,6 @@ def _self_check(
             f"the new publication would be refused by agents ({exc.reason}): {exc}; "
             "nothing was pushed"
         ) from exc
-
-
-@dataclass(slots=True)
-class _Update:
-    """One ref update of a shard: a cluster branch moved to its new commit (``new`` set when
-    written) or deleted (``new`` ZERO)."""
-
-    cluster: str
-    ref: str
-    old: str
-    new: str = ""
-    change: ClusterChange | None = None
-
-
-@dataclass(slots=True)
-class _Writer:
-    """Writes, stages and applies one publication's commits, shard by shard."""
-
-    prepared: Prepared
-    composer: SetComposer
-    signed: SignedTree | None
-    cache: ContentCache
-    now: datetime
-    signer: bool
-    publication: str
-    trailer: Callable[[str], str | None] | None = None
-
-    _expires: str = ""
-
-    def __post_init__(self) -> None:
-        self._expires = _fmt(self.now + self.prepared.fleet.settings.expires_after) or ""
-
-    def plan(
-        self, todo: list[ClusterChange], decisions: Decisions, stores: Mapping[int, BranchStore]
-    ) -> dict[int, list[_Update]]:
-        """Shard -> its updates: each changed cluster on each of its shards, each deletion."""
-        out: dict[int, list[_Update]] = {}
-        for c in todo:
-            for s in c.shards:
-                old = stores[s].tips.get(c.cluster, ZERO)
-                out.setdefault(s, []).append(
-                    _Update(c.cluster, BRANCH_PREFIX + c.cluster, old, "", c)
-                )
-        for d in decisions.deletions:
-            ref = BRANCH_PREFIX + d.cluster
-            out.setdefault(d.shard, []).append(_Update(d.cluster, ref, d.tip, ZERO))
-        return out
-
-    def write(self, store: BranchStore, updates: list[_Update]) -> CommitBatch:
-        """The commits of ``updates`` (their ``new`` set), in a batch for one pack."""
-        batch = CommitBatch(store)
-        shared: dict[str, str] = {}
-        if self.signed is not None:
-            shared[STATEMENT_FILE] = batch.blob(self.signed.statement_bytes)
-            if self.signed.bundle_json is not None:
-                shared[BUNDLE_FILE] = batch.blob(self.signed.bundle_json)
-        bases: dict[tuple[int, tuple[str, ...]], tuple[str, int, int, int]] = {}
-        for u in updates:
-            u.new = self._commit(batch, u.change, shared, bases) if u.change else ZERO
-        return batch
-
-    def stage(self, store: BranchStore, updates: list[_Update], clock: _Clock) -> str:
-        """:meth:`write_staged` and :meth:`push_staged` in one go."""
-        staging, pack = self.write_staged(store, updates, clock)
-        return self.push_staged(store, staging, pack, clock)
-
-    def write_staged(
-        self, store: BranchStore, updates: list[_Update], clock: _Clock
-    ) -> tuple[str, Path | None]:
-        """Write this shard's commits and its staging commit as one pack: (staging commit,
-        pack). Raises PublishError."""
-        started = time.perf_counter()
-        batch = self.write(store, updates)
-        real = [RefUpdate(ref=u.ref, old=u.old, new=u.new) for u in updates]
-        staging = batch.commit(
-            {ledger.UPDATES_FILE: batch.blob(ledger.updates_bytes(real))},
-            parents=sorted({u.new for u in updates if u.new != ZERO}),
-            message=f"fleetlet: staging publication {self.publication}\n",
-            when=self.now,
-        )
-        pack = batch.write()
-        clock.add("write", time.perf_counter() - started)
-        return staging, pack
-
-    def push_staged(
-        self, store: BranchStore, staging: str, pack: Path | None, clock: _Clock
-    ) -> str:
-        """Push a shard's pack with its staging ref. Raises GitTransportError, PublishError."""
-        started = time.perf_counter()
-        ref = ledger.staging_ref(self.publication)
-        outcome = store.push([RefUpdate(ref=ref, old=ZERO, new=staging)], pack=pack)
-        clock.add("push", time.perf_counter() - started)
-        if outcome.refused:
-            raise PublishError(f"{store.url} refused {ref}: {outcome.refused[ref]}")
-        return staging
-
-    def _commit(
-        self,
-        batch: CommitBatch,
-        change: ClusterChange,
-        shared: Mapping[str, str],
-        bases: dict[tuple[int, tuple[str, ...]], tuple[str, int, int, int]],
-    ) -> str:
-        plan = self.prepared.plans[change.cluster]
-        serial = _serial(change)
-        data = self.composer.set_bytes(plan, serial)
-        parts = self.composer.parts(plan, serial)
-        shape = self.composer.shape(plan)
-        base = bases.get(shape) if parts is not None else None
-        if base is None or parts is None:
-            # The first set of its shape in this pack is stored whole, the others as deltas.
-            set_id = batch.blob(data)
-            if parts is not None:
-                bases[shape] = (set_id, len(data), len(parts[0]), len(parts[2]))
-        else:
-            base_id, base_size, head, tail = base
-            set_id = batch.blob_delta(
-                data,
-                base=base_id,
-                base_size=base_size,
-                ops=[(0, head), parts[1], (base_size - tail, tail)],
-            )
-        files = {**shared, SET_FILE: set_id}
-        if self.signed is not None:
-            files[PROOF_FILE] = batch.blob(self.signed.proof_bytes(change.cluster))
-        expires = self._expires
-        # Trailers let the next run skip unchanged clusters cheaply (see compare.py); the set
-        # itself stays the only thing agents trust.
-        message = (
-            f"fleetlet: {change.status} {change.cluster}, serial {serial}\n\n"
-            f"Source: {self.prepared.source.repo}@{self.prepared.source.commit}\n"
-            f"Serial: {serial}\n"
-            f"Expires-At: {expires}\n"
-            f"Content-Digest: {self.cache.digest(plan)}\n"
-            f"Signed: {'true' if self.signer else 'false'}\n"
-            + (f"Moving-Since: {change.moving_since}\n" if change.moving_since else "")
-            + f"Publication: {self.publication}\n"
-        )
-        extra = self.trailer(change.cluster) if self.trailer is not None else None
-        if extra:
-            message += extra.rstrip("\n") + "\n"
-        parents = [change.parent] if change.parent else []
-        return batch.commit(files, parents=parents, message=message, when=self.now)
-
-    def apply(self, store: BranchStore, updates: list[_Update], staging: str) -> dict[str, str]:
-        """Move this shard's branches and delete its staging ref (one push); the refused
-        updates (ref -> reason). Raises GitTransportError."""
-        real = [RefUpdate(ref=u.ref, old=u.old, new=u.new) for u in updates]
-        ref = ledger.staging_ref(self.publication)
-        outcome = store.push([*real, RefUpdate(ref=ref, old=staging, new=ZERO)], pack=None)
-        self.settle(store, updates, outcome.refused)
-        return {r: m for r, m in outcome.refused.items() if r != ref}
-
-    def settle(
-        self, store: BranchStore, updates: list[_Update], refused: Mapping[str, str]
-    ) -> None:
-        """Remember what the moved branches now hold (the next run's diff reads it)."""
-        expires = _fmt(self.now + self.prepared.fleet.settings.expires_after) or ""
-        for u in updates:
-            if u.ref in refused:
-                continue
-            if u.change is None:
-                store.remember(u.cluster, None)
-                continue
-            store.remember(
-                u.cluster,
-                BranchFacts(
-                    tip=u.new,
-                    digest=self.cache.digest(self.prepared.plans[u.cluster]),
-                    serial=_serial(u.change),
-                    expires_at=expires,
-                    signed=self.signer,
-                    moving_since=u.change.moving_since,
-                ),
-            )
-
-
-# --- the two-phase commit (see hub.publish.ledger) ----------------------------------------
-
-
-# Commits to write above which the packs are written by worker processes: writing is Python
-# work (about 130 µs per cluster), the pushes are the git server's.
-PROCESS_WRITE_MIN = 20_000
-_FORKED: tuple[_Writer, Mapping[int, BranchStore], Mapping[int, list[_Update]]] | None = None
-
-
-def _write_in_child(shard: int) -> tuple[int, str, str | None, list[str], float]:
-    """A forked worker's share of :func:`_stage`: one shard's pack, written into its cache
-    repository; (shard, staging commit, pack path, the new commits in order, seconds)."""
-    assert _FORKED is not None
-    writer, stores, plan = _FORKED
-    started = time.perf_counter()
-    staging, pack = writer.write_staged(stores[shard], plan[shard], _Clock({}))
-    news = [u.new for u in plan[shard]]
-    return shard, staging, str(pack) if pack else None, news, time.perf_counter() - started
-
-
-def _stage(
-    writer: _Writer,
-    sharded: ShardedStore,
-    plan: Mapping[int, list[_Update]],
-    clock: _Clock,
-    writers: int | None = None,
-) -> dict[int, str]:
-    """Stage every shard but 0: packs written one shard after the other, each pushed in the
-    background while the next is written (the git server's work). Large publications are
-    written by ``writers`` forked worker processes (default: 2 from :data:`PROCESS_WRITE_MIN`
-    commits on, where the system can fork), which share this process's plans copy-on-write."""
-    global _FORKED
-    later = [s for s in sorted(plan) if s != 0]
-    if len(later) <= 1:
-        return {s: writer.stage(sharded.stores[s], plan[s], clock) for s in later}
-    if writers is None:
-        count = sum(len(plan[s]) for s in later)
-        writers = min(2, os.cpu_count() or 1) if count >= PROCESS_WRITE_MIN else 1
-    if "fork" not in multiprocessing.get_all_start_methods():
-        writers = 1
-    futures = {}
-    with ThreadPoolExecutor(max_workers=PARALLEL) as pool:
-        try:
-            if writers > 1:
-                _FORKED = (writer, sharded.stores, plan)
-                context = multiprocessing.get_context("fork")
-                with ProcessPoolExecutor(max_workers=writers, mp_context=context) as procs:
-                    for shard, staging, pack, news, seconds in procs.map(_write_in_child, later):
-                        for update, new in zip(plan[shard], news, strict=True):
-                            update.new = new
-                        clock.add("write", seconds)
-                        store = sharded.stores[shard]
-                        path = Path(pack) if pack else None
-                        futures[shard] = pool.submit(
-                            writer.push_staged, store, staging, path, clock
-                        )
-            else:
-                for s in later:
-                    store = sharded.stores[s]
-                    staging, pack_path = writer.write_staged(store, plan[s], clock)
-                    futures[s] = pool.submit(writer.push_staged, store, staging, pack_path, clock)
-        finally:
-            _FORKED = None
-            done = {s: f.exception() for s, f in futures.items()}
-        staged = {s: f.result() for s, f in futures.items() if done[s] is None}
-    errors = [e for e in done.values() if e is not None]
-    if errors:
-        _unstage(sharded, writer.publication, staged)
-        raise errors[0]
-    return staged
-
-
-def _read_head(store: BranchStore) -> tuple[str, ledger.HeadRecord | None]:
-    """(oid of the head ref or ZERO, its record). Raises GitTransportError, PublishError."""
-    oid = store.fetch_ref(ledger.HEAD_REF)
-    if oid is None:
-        return ZERO, None
-    data = store.read_blob(oid, ledger.RECORD_FILE)
-    if data is None:
-        raise PublishError(f"{ledger.HEAD_REF} in {store.url} has no {ledger.RECORD_FILE}")
-    return oid, ledger.HeadRecord.from_bytes(data)
-
-
-def _recover(sharded: ShardedStore, now: datetime, say: Progress) -> str:
-    """Finish the committed publication a hub left half-applied; delete stale staging refs.
-    Returns the head's oid (ZERO when none) that this publication must replace."""
-    head, record = _read_head(sharded.stores[0])
-
-    def recover(shard: int, store: BranchStore) -> None:
-        changed = False
-        for ref, oid in sorted(store.refs.items()):
-            if not ref.startswith(ledger.STAGING_PREFIX):
-                continue
-            publication = ref[len(ledger.STAGING_PREFIX) :]
-            if record is not None and publication == record.publication:
-                say(f"finishing publication {publication} in {store.url}")
-                store.fetch_ref(ref)
-                data = store.read_blob(oid, ledger.UPDATES_FILE) or b""
-                todo = ledger.pending(ledger.parse_updates(data), store.refs)
-                store.push([*todo, RefUpdate(ref=ref, old=oid, new=ZERO)], pack=None)
-                changed = True
-            else:
-                began = ledger.publication_time(publication)
-                if began is None or now - began > ledger.STALE_STAGING:
-                    store.push([RefUpdate(ref=ref, old=oid, new=ZERO)], pack=None)
-        if changed:
-            store.fetch()
-
-    sharded.each(recover)
-    return head
-
-
-def _commit(
-    writer: _Writer,
-    store: BranchStore,
-    head: str,
-    signed: SignedTree | None,
-    staged: Mapping[int, str],
-    updates: list[_Update],
-    clock: _Clock,
-    joined: tuple[Attachment, Sequence[ClusterChange]] | None = None,
-) -> None:
-    """Move the head from ``head`` to this publication's record, with ``updates`` (shard 0's
-    branches) and the attached ref (``joined``: the attachment and the publication's changes)
-    in the same atomic push: the commit point.
-
-    Raises _LostRace when another hub moved the head first, AttachmentMovedError when the
-    attached ref moved, PushRejectedError when the server refused a branch (then nothing
-    moved), AtomicUnsupportedError.
-    """
-    record = ledger.HeadRecord(
-        publication=writer.publication,
-        issued_at=_fmt(writer.now) or "",
-        statement_sha256=hashlib.sha256(signed.statement_bytes).hexdigest() if signed else None,
-        staging=dict(staged),
-        note=joined[0].note if joined is not None else None,
-    )
-    started = time.perf_counter()
-    batch = writer.write(store, updates)
-    commit = batch.commit(
-        {ledger.RECORD_FILE: batch.blob(record.to_bytes())},
-        parents=[],
-        message=f"fleetlet: publication {writer.publication}\n",
-        when=writer.now,
-    )
-    extra: list[RefUpdate] = []
-    if joined is not None:
-        attach, changes = joined
-        new = attach.write(batch, writer.publication, changes)
-        extra.append(RefUpdate(ref=attach.ref, old=attach.old, new=new))
-    pack = batch.write()
-    clock.add("write", time.perf_counter() - started)
-    started = time.perf_counter()
-    real = [RefUpdate(ref=u.ref, old=u.old, new=u.new) for u in updates]
-    outcome = store.push(
-        [*real, *extra, RefUpdate(ref=ledger.HEAD_REF, old=head, new=commit)],
-        pack=pack,
-        atomic=bool(real or extra),
-    )
-    clock.add("push", time.perf_counter() - started)
-    if outcome.refused:
-        refs = store.list_refs()
-        for moved in extra:
-            if refs.get(moved.ref, ZERO) != moved.old:
-                raise AttachmentMovedError(
-                    f"{moved.ref} of {store.url} moved since it was read; nothing was published"
-                )
-        current = refs.get(ledger.HEAD_REF, ZERO)
-        if current != head:
-            raise _LostRace(current[:12])
-        reasons = {r: m for r, m in outcome.refused.items() if "atomic" not in m}
-        raise PushRejectedError(reasons or dict(outcome.refused), pushed=[])
-    writer.settle(store, updates, {})
-
-
-def _head_unmoved(store: BranchStore, head: str) -> bool:
-    """Whether the head is still where this publish found it (False when unknown)."""
-    try:
-        return store.list_refs().get(ledger.HEAD_REF, ZERO) == head
-    except GitTransportError:  # unknown: keep what was staged
-        return False
-
-
-def _unstage(sharded: ShardedStore, publication: str, staged: Mapping[int, str]) -> None:
-    ref = ledger.staging_ref(publication)
-    for shard, oid in staged.items():
-        # Best effort: a later publish deletes stale staging refs.
-        with contextlib.suppress(Exception):
-            sharded.stores[shard].push([RefUpdate(ref=ref, old=oid, new=ZERO)], pack=None)
 
 
 def _peak_rss_mb() -> float | None:
