@@ -230,7 +230,7 @@ def test_hub_diff_renders_helm_as_the_agent_did_with_the_facts_and_history_it_re
                     "chart": "capable",
                     "version": "1.0.0",
                 }
-            ],  # fmt: skip
+            ],
             "format": "helm",
             "createNamespace": True,
             "formatOptions": {"targetNamespace": ns, "values": {"greeting": greeting}},
