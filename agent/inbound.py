@@ -79,6 +79,13 @@ CREATED_NAMESPACE_ANNOTATION = "fleetlet.io/created-by-bundle"
 _UPGRADE_BLIND = frozenset({"plain", "kustomize", "registry+v1"})
 
 
+def renders_as_upgrade(format_name: str, *, installed: bool) -> bool:
+    """Whether a bundle of ``format_name`` renders as an upgrade (``.Release.IsUpgrade``): when
+    the cluster already runs it, and only for the formats that may render differently then
+    (helm, plugins): for the others it stays out of the render cache's key."""
+    return installed and format_name not in _UPGRADE_BLIND
+
+
 class PublicationUnreadableError(VerificationError):
     """Reading or checking the publication failed in a way none of our checks names (a
     library met input it cannot handle): refused, as any publication we cannot verify."""
@@ -159,6 +166,8 @@ class InboundPipeline:
         self.failpoint = failpoint
         self.clock_skew = clock_skew
         self._policy_digest: str | None = None
+        self.facts: ClusterFacts | None = None
+        """The cluster facts the last render used (None: no render since the start)."""
 
     @property
     def _policy(self) -> str:
@@ -336,6 +345,7 @@ class InboundPipeline:
         facts = ClusterFacts.of(
             kube_version=self._kube.server_version(), api_versions=self._kube.api_versions()
         )
+        self.facts = facts
         try:
             for entry in entries:
                 spec = entry.spec
@@ -357,9 +367,9 @@ class InboundPipeline:
                         options=_options_dict(options),
                         cluster=facts,
                         tools=self._tools,
-                        # Only helm (.Release.IsUpgrade) and plugins may render differently
-                        # on an upgrade: for the others it stays out of the render cache's key.
-                        upgrade=spec.format not in _UPGRADE_BLIND and self._installed(entry.name),
+                        upgrade=renders_as_upgrade(
+                            spec.format, installed=self._installed(entry.name)
+                        ),
                         patches=tuple(to_dict(p) for p in spec.patches),
                     ),
                     tree=functools.partial(
@@ -443,4 +453,5 @@ __all__ = [
     "PublicationUnreadableError",
     "RenderedBundle",
     "SyncResult",
+    "renders_as_upgrade",
 ]

@@ -36,6 +36,7 @@ from agent.api import (
     parse_time,
     set_digest,
 )
+from agent.api.facts import ReportedFacts
 from agent.api.models import Condition
 from agent.api.reasons import Reason
 from agent.api.status import (
@@ -339,11 +340,21 @@ class Agent:
             log.warning("%s: approval requests not read: %s", self.cluster, exc)
         return self._reported_requests
 
+    def reported_facts(self, document: ClusterStatus) -> ReportedFacts | None:
+        """What ``hub diff`` needs to render as this agent does: the facts of its last render
+        and the bundles with a healthy revision (an upgrade next time); None before the first
+        render since the start (the pusher keeps what it reported before)."""
+        if self.pipeline.facts is None:
+            return None
+        installed = frozenset(b.name for b in document.bundles if b.last_healthy_revision)
+        return ReportedFacts(cluster=self.cluster, facts=self.pipeline.facts, installed=installed)
+
     def _report(self, state: AgentState) -> None:
         if self.pusher is None:
             return
         try:
-            self.pusher.update(self.status_document(state))
+            document = self.status_document(state)
+            self.pusher.update(document, facts=self.reported_facts(document))
             self.pusher.tick()
         except FleetletError as exc:
             # Kept pending (also across restarts) and pushed when the server is back.

@@ -425,6 +425,7 @@ def _diff(args: argparse.Namespace) -> int:
                 clusters=args.cluster,
                 cache_dir=cache or default_cache_dir(repo) / "preview",
                 tools=ToolSettings.from_env(),
+                facts=_reported_facts(args, progress, prepared, args.cluster),
                 progress=progress,
             )
     if args.output != "table":
@@ -452,6 +453,35 @@ def _diff(args: argparse.Namespace) -> int:
         if d.cluster in previews:
             _print_preview(previews[d.cluster])
     return 0
+
+
+def _reported_facts(
+    args: argparse.Namespace, progress: Progress, prepared: Any, clusters: list[str]
+) -> dict[str, Any]:
+    """The cluster facts the agents of ``clusters`` reported, read from their status branches
+    (``--status-repo``, else ``shards.statusRepo``, else the cluster-branch repositories).
+    A repository that cannot be read is warned about: those clusters render without facts."""
+    from hub.errors import GitTransportError
+    from hub.facts import reported_facts
+
+    settings = prepared.fleet.settings.shards
+    template = args.status_repo or settings.status_repo or args.repo or settings.repo
+    urls = prepared.shard_map.urls(template)
+    by_shard: dict[int, list[str]] = {}
+    for name in clusters:
+        if name in prepared.shard_map.assignment:
+            by_shard.setdefault(prepared.shard_map.shard_of(name), []).append(name)
+    out: dict[str, Any] = {}
+    for shard, names in sorted(by_shard.items()):
+        progress(f"reading the cluster facts of {', '.join(names)} from {urls[shard]}")
+        try:
+            out.update(
+                reported_facts(url=urls[shard], clusters=names, credentials=_git_credentials())
+            )
+        except GitTransportError as exc:
+            # The preview still runs; its notes say which clusters were rendered without facts.
+            print(f"warning: cluster facts not read: {exc}", file=sys.stderr)
+    return out
 
 
 def _print_preview(preview: Any) -> None:
@@ -640,6 +670,13 @@ def register(sub: Any) -> None:
         "--cluster", action="append", metavar="NAME", help="only this cluster (repeatable)"
     )
     diff.add_argument("--cache-dir", metavar="DIR", help="local git cache reused between runs")
+    diff.add_argument(
+        "--status-repo",
+        metavar="GIT_URL",
+        help="with --cluster: where agents push their status (default: shards.statusRepo, else "
+        "--repo): each cluster's reported facts (Kubernetes version, served APIs, installed "
+        "bundles) are read there so that the preview renders as its agent does",
+    )
     add_output_option(diff)
     diff.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     diff.add_argument(

@@ -8,6 +8,12 @@ compared. Without a cluster there is no dry run: what the cluster's own controll
 would do is not shown, nor objects someone else changed (the agent's own request, made from a
 server-side dry run, shows those). Content behind credentials the agent reads from its own
 Secrets (``auth.secretRef``) is not fetched here: such bundles are named in ``notes``.
+
+What a render depends on in the cluster comes from the facts its agent reported
+(``cluster.json`` beside its status, :mod:`hub.facts`): its Kubernetes version and served APIs
+(helm's ``.Capabilities``), and which bundles it runs (those render as an upgrade,
+``.Release.IsUpgrade``), as the agent renders them. A cluster whose agent reported none is
+rendered with the tools' defaults and every bundle as an install, and ``notes`` says so.
 """
 
 from __future__ import annotations
@@ -22,10 +28,12 @@ from typing import Any
 
 from agent.api import BundleDeploymentEntry, load_set, to_dict
 from agent.api.approvals import RequestPreview
+from agent.api.facts import ReportedFacts
 from agent.approve.preview import build_preview, rendered_changes
 from agent.errors import FleetletError, ValidationError
-from agent.inbound import with_created_namespace
+from agent.inbound import renders_as_upgrade, with_created_namespace
 from agent.render.cache import RenderCache, sources_digest
+from agent.render.facts import ClusterFacts
 from agent.render.plain import Ownership, RenderRequest
 from agent.render.scope import builtin_scope, with_bundle_crds
 from agent.render.tools import ToolSettings
@@ -79,12 +87,19 @@ class BundleRenderer:
         self.tools = tools
 
     def render(
-        self, entries: Sequence[BundleDeploymentEntry], *, serial: int
+        self,
+        entries: Sequence[BundleDeploymentEntry],
+        *,
+        serial: int,
+        facts: ReportedFacts | None = None,
     ) -> dict[str, list[Manifest]]:
-        """Each entry's finished objects (CRDs of earlier entries give their kinds' scope).
+        """Each entry's finished objects (CRDs of earlier entries give their kinds' scope),
+        with the cluster's reported ``facts`` (None: the tools' defaults, all as installs).
 
         Raises the inbound pipeline's errors (FetchError: temporary; refusals: permanent).
         """
+        cluster = facts.facts if facts is not None else ClusterFacts()
+        installed = facts.installed if facts is not None else frozenset()
         out: dict[str, list[Manifest]] = {}
         crds: list[Manifest] = []
         root = Path(tempfile.mkdtemp(prefix="preview-", dir=self._workdir()))
@@ -103,7 +118,9 @@ class BundleRenderer:
                             bundle=entry.name, group=entry.group, revision=str(serial)
                         ),
                         options=dict(to_dict(options)) if options else {},
+                        cluster=cluster,
                         tools=self.tools,
+                        upgrade=renders_as_upgrade(spec.format, installed=entry.name in installed),
                         patches=tuple(to_dict(p) for p in spec.patches),
                     ),
                     tree=functools.partial(
@@ -149,13 +166,17 @@ def preview_clusters(
     clusters: Iterable[str],
     cache_dir: Path,
     tools: ToolSettings,
+    facts: Mapping[str, ReportedFacts] | None = None,
     progress: Callable[[str], None] = lambda _message: None,
 ) -> dict[str, ClusterPreview]:
-    """The previews of ``clusters`` (those of ``diffs`` that would change), by cluster.
+    """The previews of ``clusters`` (those of ``diffs`` that would change), by cluster,
+    rendered with the cluster ``facts`` their agents reported (see the module's docstring).
 
     A group whose content cannot be fetched or rendered is named in the cluster's ``notes``
-    with why. Raises PublishError (a branch holding an unreadable set).
+    with why, and so is a cluster without facts. Raises PublishError (a branch holding an
+    unreadable set).
     """
+    facts = facts or {}
     wanted = set(clusters)
     out: dict[str, ClusterPreview] = {}
     for d in diffs:
@@ -188,6 +209,14 @@ def preview_clusters(
             if (e := new_entries.get(n) or old_entries.get(n)) and (secret := _needs_secret(e))
         ]
         skipped = {note.split(":", 1)[0].removeprefix("bundle ") for note in notes}
+        reported = facts.get(d.cluster)
+        if reported is None:
+            notes.append(
+                f"cluster {d.cluster}: its agent reported no cluster facts (cluster.json on "
+                f"its status branch: an older agent, or none yet): rendered with default "
+                "capabilities (helm's .Capabilities: Kubernetes version, API versions) and "
+                "every bundle as an install"
+            )
         before_entries = [old_entries[n] for n in sorted(touched) if n in old_entries]
         after_entries = [new_entries[n] for n in sorted(touched) if n in new_entries]
         before_entries = [e for e in before_entries if e.name not in skipped]
@@ -206,10 +235,14 @@ def preview_clusters(
             names = {n for n in touched if group_of[n] == group}
             try:
                 before = renderer.render(
-                    [e for e in before_entries if e.name in names], serial=old_serial
+                    [e for e in before_entries if e.name in names],
+                    serial=old_serial,
+                    facts=reported,
                 )
                 after = renderer.render(
-                    [e for e in after_entries if e.name in names], serial=old_serial + 1
+                    [e for e in after_entries if e.name in names],
+                    serial=old_serial + 1,
+                    facts=reported,
                 )
             except FleetletError as exc:
                 # The agent would refuse it too: said here, the rest of the diff still shown.

@@ -7,18 +7,24 @@ keeps an image tagged ``broken`` unready).
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from agent.kube import KubeClient
 from tests.fleetlab import Lab, conditions, live
 from tests.realenv.helm import HelmCli, StaticFiles, copy_chart
 from tests.realenv.kube import Cluster
 from tests.test_crds import crds as crds  # the fixture: the CRDs installed
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
@@ -172,3 +178,99 @@ def test_an_http_chart_whose_dependency_is_not_vendored_is_pinned_signed_and_app
         assert charts.gets.count("/index.yaml") == 1  # the hub's, once
     finally:
         served.close()
+
+
+def hub_diff(lab: Lab, fleet: Path, tmp_path: Path, *more: str) -> dict[str, Any]:
+    done = subprocess.run(
+        [sys.executable, "-m", "fleetlet", "hub", "diff", str(fleet), "--repo", lab.url,
+         "--cache-dir", str(tmp_path / "diff-cache"), "-q", "-o", "json", *more],
+        capture_output=True, text=True, timeout=300, cwd=REPO_ROOT,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return {c["cluster"]: c for c in json.loads(done.stdout)["clusters"]}
+
+
+def context(diff: str) -> dict[str, Any]:
+    """The unchanged lines of a unified diff of a YAML object, as keys and values."""
+    out: dict[str, Any] = {}
+    for line in diff.splitlines():
+        if line.startswith(" "):
+            out.update(yaml.safe_load(line.strip()))
+    return out
+
+
+def configmap_change(preview: dict[str, Any]) -> dict[str, Any]:
+    (group,) = preview["groups"].values()
+    (change,) = [o for o in group["objects"] if o["kind"] == "ConfigMap"]
+    assert isinstance(change, dict)
+    return change
+
+
+def test_hub_diff_renders_helm_as_the_agent_did_with_the_facts_and_history_it_reported(
+    lab: Lab, crds: Cluster, namespace: str, tmp_path: Path, charts: StaticFiles
+) -> None:
+    """A chart whose output depends on `.Capabilities.KubeVersion`, `.APIVersions.Has` and
+    `.Release.IsUpgrade`: the agent reports the facts its render used (cluster.json beside its
+    status), and `hub diff --cluster` renders the published set exactly as the cluster runs it
+    (an upgrade, this cluster's version and APIs); without reported facts it says it used the
+    defaults, as an install."""
+    helm = HelmCli(tmp_path / "helm-home")
+    helm.package(copy_chart("capable", tmp_path / "capable"), charts.root)
+    helm.index(charts.root, charts.url())
+    kube = KubeClient(kubeconfig=str(crds.kubeconfig))
+    name, ns = lab.name("capable"), lab.name("cap")
+
+    def bundle(greeting: str) -> dict[str, Any]:
+        return {
+            "name": name,
+            "sources": [
+                {
+                    "kind": "helm",
+                    "uri": charts.url().rstrip("/"),
+                    "chart": "capable",
+                    "version": "1.0.0",
+                }
+            ],
+            "format": "helm",
+            "createNamespace": True,
+            "formatOptions": {"targetNamespace": ns, "values": {"greeting": greeting}},
+        }
+
+    agent = lab.agent("edge-1", crds, namespace=namespace, workdir=tmp_path / "agent")
+    for greeting in ("first", "second"):  # an install, then an upgrade
+        assert lab.publish([bundle(greeting)]) is not None
+        moved = agent.tick()
+        assert moved.outbound is not None and moved.outbound.moved == (name,), moved
+    cm = live(kube, "v1", "ConfigMap", f"{name}-facts", ns)
+    assert cm is not None
+    on_cluster = cm["data"]
+    assert on_cluster["isUpgrade"] == "true" and on_cluster["message"] == "second"
+    assert on_cluster["hasBundleDeployments"] == "true"
+    assert on_cluster["kubeVersion"] == kube.server_version()
+
+    fleet = lab.fleet_dir([bundle("third")])
+    with_facts = hub_diff(lab, fleet, tmp_path, "--cluster", "edge-1",
+                          "--status-repo", lab.status_url)  # fmt: skip
+    preview = with_facts["edge-1"]["preview"]
+    assert not any("cluster facts" in note for note in preview.get("notes", [])), preview
+    change = configmap_change(preview)
+    assert change["paths"] == ["data.message"]
+    # The published set rendered on the hub is what the agent rendered: the ConfigMap's other
+    # lines are unchanged context in the diff, with this cluster's own values.
+    unchanged = context(change["diff"])
+    for key in ("hasBundleDeployments", "isUpgrade", "kubeVersion"):
+        assert unchanged[key] == on_cluster[key], (key, change["diff"])
+
+    # Where the hub finds no facts (the agents' status repository not given, an older agent):
+    # Helm's defaults, as an install, and the output says so for that cluster.
+    without = hub_diff(lab, fleet, tmp_path, "--cluster", "edge-1")
+    notes = without["edge-1"]["preview"]["notes"]
+    assert any(
+        n.startswith("cluster edge-1: its agent reported no cluster facts")
+        and "default capabilities" in n
+        and "as an install" in n
+        for n in notes
+    ), notes
+    change = configmap_change(without["edge-1"]["preview"])
+    defaults = context(change["diff"])
+    assert defaults["isUpgrade"] == "false" and defaults["hasBundleDeployments"] == "false"

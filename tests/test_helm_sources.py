@@ -8,6 +8,7 @@ sha256/digest, and pins dependencies that are not vendored; the agent fetches by
 from __future__ import annotations
 
 import hashlib
+import shutil
 import subprocess
 import tarfile
 from collections.abc import Iterator
@@ -29,7 +30,7 @@ from hub.fleet.model import Bundle, ChartPin, SourceRef
 from hub.fleet.render import source_dicts
 from hub.resolve import Resolver, ResolveSettings
 from tests.realenv.gitserver import GitDaemon
-from tests.realenv.helm import HelmCli, StaticFiles, copy_chart
+from tests.realenv.helm import ASSETS, HelmCli, StaticFiles, copy_chart
 from tests.realenv.oci import OciClient, push_bundle
 from tests.realenv.registry import Registry, free_port
 
@@ -617,7 +618,8 @@ def test_a_dependency_that_cannot_be_pinned_is_refused_naming_chart_dependency_a
     cases = {
         "no-version": ("greeter@^9", repo),
         "no-tag": ("greeter@^9", f"oci://{registry.host}/bad-deps"),
-        "no-repository": ("greeter@^1", "file://../greeter"),
+        "no-repository": ("greeter@^1", "stable/greeter"),
+        "alias": ("greeter@^1", "alias:stable"),
         "unreachable": ("greeter@~1.0", down),
     }
     refs = {}
@@ -639,11 +641,17 @@ def test_a_dependency_that_cannot_be_pinned_is_refused_naming_chart_dependency_a
         "no tag in the range '^9' (tags: 1.0.0)"
     )
     assert problems["no-repository"] == (
-        "chart shop: dependency greeter version '^1' from 'file://../greeter': not vendored in "
-        "charts/, and only http(s):// and oci:// repositories can be pinned"
+        "chart shop: dependency greeter version '^1' from 'stable/greeter': not vendored in "
+        "charts/, and only http(s):// and oci:// repositories can be pinned (file:// ones are "
+        "charts in the same tree)"
+    )
+    assert problems["alias"] == (
+        "chart shop: dependency greeter version '^1' from 'alias:stable': the repository names "
+        "one of a local helm repositories.yaml, which fleetlet never reads: use the repository's "
+        "full URL (https://... or oci://...)"
     )
     # The unreachable repository is reported once the missing ones are fixed (a retry may help).
-    del refs["no-version"], refs["no-tag"], refs["no-repository"]
+    del refs["no-version"], refs["no-tag"], refs["no-repository"], refs["alias"]
     with Resolver(settings=settings) as resolver, pytest.raises(SourceUnavailableError) as gone:
         resolver.resolve_bundles([helm_bundle(name, ref) for name, ref in refs.items()])
     [(bundle_name, reference, problem)] = gone.value.failures
@@ -729,3 +737,26 @@ def test_hub_diff_renders_a_helm_bundle_with_its_pinned_dependencies(
     )
     objects = renderer.render([entry], serial=1)["shop"]
     assert message(objects, "shop") == "v1.1.0, reviewers!"
+
+
+def test_a_file_dependency_in_the_same_git_tree_publishes_with_nothing_to_pin(
+    git_daemon: GitDaemon, store: ContentStore, tmp_path: Path
+) -> None:
+    """`file://../lib/common`: the hub accepts it (the chart is in the signed tree, nothing to
+    pin) and the agent places it from the tree at render."""
+    work = tmp_path / "filedep"
+    shutil.copytree(ASSETS / "filedep", work / "deploy")
+    commit = push_work_tree(git_daemon, "filedep.git", work)
+    ref = SourceRef(
+        kind="git",
+        uri=git_daemon.url_for("filedep.git"),
+        ref_field="branch",
+        ref="main",
+        extra=(("directory", "deploy"),),
+    )
+    with Resolver() as resolver:
+        pin = resolver.resolve_bundles([helm_bundle("app", ref)])[ref]
+    assert pin == commit  # the bare commit: no extra source to pin
+    objects = render(store, source_dicts(ref, pin), tmp_path / "tree")
+    data = {o["metadata"]["name"]: o["data"] for o in objects}
+    assert data == {"app-common": {"colour": "blue"}, "app-app": {"chart": "app"}}

@@ -6,7 +6,10 @@ Charts: ``tests/assets/charts/greeter`` (fleetlet's own: values, capabilities, C
 
 from __future__ import annotations
 
+import json
+import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -327,3 +330,88 @@ def test_fleetlet_render_uses_the_helm_named_by_fleetlet_helm(tree: Path, tmp_pa
     assert missing.returncode != 0
     assert missing.stderr.count("\n") == 1, missing.stderr  # one line
     assert f"FLEETLET_HELM={tmp_path / 'no-helm'}: not an executable file" in missing.stderr
+
+
+@pytest.fixture
+def filedep(tmp_path: Path) -> Path:
+    """A bundle tree with chart `app` whose dependency `common` is `file://../lib/common`."""
+    root = tmp_path / "filedep"
+    shutil.copytree(ASSETS / "filedep", root)
+    return root
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def test_a_file_dependency_renders_as_after_helm_dependency_build(
+    filedep: Path, tmp_path: Path
+) -> None:
+    """No vendoring needed: the chart the file:// path names is placed as `helm dependency
+    build` places it, in a scratch copy; the bundle tree stays as it was."""
+    before = snapshot(filedep)
+    objects = render_bundle(filedep, format="helm", request=request(source="app"))
+    assert snapshot(filedep) == before  # nothing written into the (signed, cached) tree
+
+    built = tmp_path / "built"
+    shutil.copytree(filedep, built)
+    subprocess.run(
+        [str(helm_binary()), "dependency", "build", str(built / "app")],
+        capture_output=True, timeout=120, check=True,
+        env={"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+    expected = helm_template(built / "app", "app", "--namespace", "default", "--include-crds")
+    assert [(o["metadata"]["name"], o.get("data")) for o in objects] == [
+        (o["metadata"]["name"], o.get("data")) for o in expected
+    ]
+    data = {o["metadata"]["name"]: o["data"] for o in objects}
+    assert data == {"app-common": {"colour": "blue"}, "app-app": {"chart": "app"}}
+
+
+@pytest.mark.parametrize(
+    ("repository", "rule", "said"),
+    [
+        ("file://../../../outside", "LocalDependencyEscapes", "outside the bundle tree"),
+        ("file:///etc", "LocalDependencyEscapes", "outside the bundle tree"),
+        ("file://../lib", "LocalDependencyMissing", "no Chart.yaml in lib"),
+        ("@stable", "RepositoryAlias", "use the repository's full URL"),
+        ("alias:stable", "RepositoryAlias", "use the repository's full URL"),
+    ],
+)
+def test_a_file_dependency_must_be_a_chart_inside_the_tree_and_aliases_are_refused(
+    filedep: Path, repository: str, rule: str, said: str
+) -> None:
+    chart_yaml = filedep / "app" / "Chart.yaml"
+    chart_yaml.write_text(
+        chart_yaml.read_text().replace("file://../lib/common", json.dumps(repository))
+    )
+    (filedep.parent / "outside").mkdir(exist_ok=True)
+    with pytest.raises(HelmChartError) as refused:
+        render_bundle(filedep, format="helm", request=request(source="app"))
+    assert refused.value.rule == rule
+    message = str(refused.value)
+    assert f"chart app: dependency common: repository {repository!r}" in message or (
+        f"chart app: dependency common at {repository!r}" in message
+    )
+    assert said in message and "app/Chart.yaml" in message
+
+
+def test_a_file_dependency_version_must_satisfy_the_constraint(filedep: Path) -> None:
+    chart_yaml = filedep / "app" / "Chart.yaml"
+    chart_yaml.write_text(chart_yaml.read_text().replace("~1.2.0", "^2.0.0"))
+    with pytest.raises(HelmChartError) as refused:
+        render_bundle(filedep, format="helm", request=request(source="app"))
+    assert refused.value.rule == "LocalDependencyMismatch"
+    assert "its version '1.2.3' does not satisfy '^2.0.0'" in str(refused.value)
+
+
+def test_fleetlet_render_places_a_file_dependency(filedep: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "fleetlet", "render", str(filedep), "--format", "helm",
+         "--release-name", "demo", "-o", "json"],
+        capture_output=True, text=True, timeout=120,
+        cwd=Path(__file__).resolve().parent.parent,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    names = {o["metadata"]["name"] for o in json.loads(done.stdout)["items"]}
+    assert names == {"demo-app", "demo-common"}

@@ -16,6 +16,7 @@ from pathlib import Path
 import pygit2
 import pytest
 
+from agent.api.facts import FACTS_FILE, ReportedFacts, load_reported_facts
 from agent.api.status import (
     STATUS_FILE,
     BundleStatusReport,
@@ -26,6 +27,7 @@ from agent.api.status import (
     load_status,
 )
 from agent.errors import TemporaryError
+from agent.render.facts import ClusterFacts
 from agent.report.push import StatusPusher, StatusSupersededError
 from agent.report.seal import (
     OutputPlace,
@@ -477,3 +479,54 @@ def test_a_bounded_document_stays_marked_truncated_through_heartbeats(
     again = remote_status(git_daemon, repo, "edge-l")
     assert again.sequence == first.sequence + 1 and again.truncated
     assert len(dump_status(again)) <= 4096
+
+
+def test_cluster_facts_go_beside_the_status_document_and_travel_only_when_they_change(
+    git_daemon: GitDaemon, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """cluster.json (the facts hub diff renders with) sits beside status.json in the same
+    commit, the same blob while the facts do not change, and is carried over by an agent that
+    has not rendered since its start; status.json itself does not grow."""
+    repo = "status-facts.git"
+    git_daemon.create_bare(repo)
+    workdir = tmp_path_factory.mktemp("agent")
+    pusher = pusher_for(git_daemon, repo, "edge-c", workdir)
+    facts = ReportedFacts(
+        cluster="edge-c",
+        facts=ClusterFacts.of(kube_version="v1.32.1", api_versions=["v1", "apps/v1"]),
+        installed=frozenset({"web"}),
+    )
+    assert pusher.update(status("edge-c"), now=T0, facts=facts)
+    pusher.push(now=T0)
+
+    def blobs() -> dict[str, str]:
+        commit = branch_commit(git_daemon, repo, "edge-c")
+        return {entry.name: str(entry.id) for entry in commit.tree}
+
+    first = blobs()
+    assert sorted(first) == [FACTS_FILE, STATUS_FILE]
+    tree = branch_commit(git_daemon, repo, "edge-c").tree
+    reported = load_reported_facts(tree[FACTS_FILE].data, origin="test")
+    assert reported == facts
+    assert b"v1.32.1" not in tree[STATUS_FILE].data  # the aggregator's document is untouched
+
+    # The same facts again: no new document; a status change keeps the same facts blob.
+    assert not pusher.update(status("edge-c"), now=T0 + 1, facts=facts)
+    assert pusher.update(status("edge-c", note="upgraded"), now=T0 + 2, facts=facts)
+    pusher.push(now=T0 + 2)
+    second = blobs()
+    assert second[FACTS_FILE] == first[FACTS_FILE]
+    assert second[STATUS_FILE] != first[STATUS_FILE]
+
+    # New facts alone make a new document.
+    newer = ReportedFacts(cluster="edge-c", facts=facts.facts, installed=frozenset())
+    assert pusher.update(status("edge-c", note="upgraded"), now=T0 + 3, facts=newer)
+    pusher.push(now=T0 + 3)
+    assert blobs()[FACTS_FILE] != first[FACTS_FILE]
+
+    # A new agent pod (empty workdir) that has not rendered yet keeps what the branch has.
+    fresh = pusher_for(git_daemon, repo, "edge-c", tmp_path_factory.mktemp("agent-2"))
+    assert fresh.update(status("edge-c", note="restarted"), now=T0 + 4)
+    fresh.push(now=T0 + 4)
+    tree = branch_commit(git_daemon, repo, "edge-c").tree
+    assert load_reported_facts(tree[FACTS_FILE].data, origin="test") == newer

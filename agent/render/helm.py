@@ -21,7 +21,14 @@ with:
   kubeconfig, and proxies pointing at a closed local port, so any attempt to reach out fails
   at once. A chart whose dependencies are not in its ``charts/`` is refused before helm runs
   (the hub pins the non-vendored dependencies of a chart as extra sources, whatever source
-  kind the chart comes from, when it publishes the chart as a ``helm`` bundle).
+  kind the chart comes from, when it publishes the chart as a ``helm`` bundle), except:
+- dependencies with a ``file://`` repository (``file://../common``: a chart elsewhere in the
+  bundle tree) are placed as ``helm dependency build`` would, into ``charts/`` of a copy of the
+  chart in the scratch directory (the tree, signed and cached, is never changed); the path must
+  stay inside the bundle tree, hold a chart of the dependency's name whose version satisfies
+  the dependency's constraint, and its own ``file://`` dependencies are placed the same way;
+- dependencies whose repository is a local repository name (``@stable``, ``alias:stable``:
+  a user's ``repositories.yaml``, which fleetlet never reads) are refused: use the full URL.
 
 Helm hooks stay in the output with their annotations (``helm.sh/hook``, ``-weight``,
 ``-delete-policy``), test hooks included: the reconcile runs them as ordered stages of the
@@ -31,10 +38,14 @@ group and reports test hooks without running them. No release Secret is ever wri
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import shutil
+import tempfile
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +71,10 @@ _DOCUMENT_START = re.compile(r"^---[ \t]*$", re.MULTILINE)
 _CHART_YAML_LIMITS = ParseLimits(max_file_bytes=1024 * 1024, max_documents=1)
 # Any HTTP(S) request helm might try goes to this closed port and fails at once.
 _NOWHERE = "http://127.0.0.1:9"
+_LOCAL_REPOSITORY = "file://"
+_REPOSITORY_ALIASES = ("@", "alias:")
+# file:// dependencies of file:// dependencies...: deeper than this is a loop or a mistake.
+_MAX_LOCAL_DEPTH = 8
 
 
 class HelmChartError(InvalidManifestError):
@@ -67,6 +82,16 @@ class HelmChartError(InvalidManifestError):
     ``rule`` says which."""
 
     reason = "InvalidChart"
+
+
+@dataclass(frozen=True, kw_only=True)
+class LocalDependency:
+    """A ``file://`` dependency: the chart directory in the bundle tree placed as
+    ``charts/<name>``, with its own ``file://`` dependencies."""
+
+    name: str
+    path: Path
+    dependencies: tuple[LocalDependency, ...] = ()
 
 
 class HelmFormat:
@@ -91,41 +116,49 @@ class HelmFormat:
         source = request.source
         chart = locate_chart(tree, options.get("path"), source=source)
         metadata = read_chart_metadata(chart, tree=tree, source=source)
-        check_dependencies(chart, metadata, tree=tree, source=source)
+        local = check_dependencies(chart, metadata, tree=tree, source=source)
         helm = request.tools.find("helm")
-        argv: list[str] = [
-            str(helm),
-            "template",
-            release_name(options, request, metadata),
-            # Absolute: a relative path would read as <repository>/<chart> to helm.
-            str(chart.resolve()),
-            "--namespace",
-            request.namespace or "default",
-            "--include-crds",
-        ]
-        for values_file in values_files(tree, options.get("valuesFiles"), source=source):
-            argv += ["--values", str(values_file)]
-        values = options.get("values")
-        inline = None
-        if values:
-            # On stdin (``--values -``): no file to write and clean up per render.
-            inline = json.dumps(values).encode()
-            argv += ["--values", "-"]
-        facts = request.cluster
-        if facts.kube_version:
-            argv += ["--kube-version", facts.kube_version]
-        argv += [f"--api-versions={version}" for version in facts.api_versions]
-        if request.upgrade:
-            argv.append("--is-upgrade")
-        output = run_tool(
-            argv,
-            cwd=chart,
-            timeout=self.timeout,
-            max_memory=self.max_memory,
-            input=inline,
-            env=_HERMETIC_ENV,
-            max_output=request.limits.max_total_bytes,
-        )
+        with contextlib.ExitStack() as scratch:
+            if local:
+                # file:// dependencies go into a scratch copy: the signed, cached tree stays
+                # as it is (and most charts need no scratch directory at all).
+                where = Path(
+                    scratch.enter_context(tempfile.TemporaryDirectory(prefix="fleetlet-helm-"))
+                )
+                chart = overlay_chart(chart, local, where / "overlay")
+            argv: list[str] = [
+                str(helm),
+                "template",
+                release_name(options, request, metadata),
+                # Absolute: a relative path would read as <repository>/<chart> to helm.
+                str(chart.resolve()),
+                "--namespace",
+                request.namespace or "default",
+                "--include-crds",
+            ]
+            for values_file in values_files(tree, options.get("valuesFiles"), source=source):
+                argv += ["--values", str(values_file)]
+            values = options.get("values")
+            inline = None
+            if values:
+                # On stdin (``--values -``): no file to write and clean up per render.
+                inline = json.dumps(values).encode()
+                argv += ["--values", "-"]
+            facts = request.cluster
+            if facts.kube_version:
+                argv += ["--kube-version", facts.kube_version]
+            argv += [f"--api-versions={version}" for version in facts.api_versions]
+            if request.upgrade:
+                argv.append("--is-upgrade")
+            output = run_tool(
+                argv,
+                cwd=chart,
+                timeout=self.timeout,
+                max_memory=self.max_memory,
+                input=inline,
+                env=_HERMETIC_ENV,
+                max_output=request.limits.max_total_bytes,
+            )
         return parse_output(output, source=source, limits=request.limits.parse)
 
 
@@ -199,35 +232,142 @@ def read_chart_metadata(chart: Path, *, tree: Path, source: str) -> dict[str, An
 
 
 def check_dependencies(
-    chart: Path, metadata: Mapping[str, Any], *, tree: Path, source: str
-) -> None:
-    """Every dependency in ``Chart.yaml`` is in ``charts/`` (a directory or an archive).
+    chart: Path, metadata: Mapping[str, Any], *, tree: Path, source: str, depth: int = 0
+) -> tuple[LocalDependency, ...]:
+    """Every dependency in ``Chart.yaml`` is in ``charts/`` (a directory or an archive) or is
+    a ``file://`` chart inside the bundle tree; the latter are returned, to be placed with
+    :func:`overlay_chart`.
 
     Rendering never downloads anything: a missing one is refused with what to do about it.
-    Raises HelmChartError (MissingDependency).
+    Raises HelmChartError (MissingDependency, RepositoryAlias, LocalDependencyEscapes,
+    LocalDependencyMissing, LocalDependencyMismatch), InvalidManifestError (a local
+    dependency's unreadable Chart.yaml).
     """
     declared = metadata.get("dependencies") or []
     if not isinstance(declared, list):
-        return  # helm itself says what is wrong with the file
+        return ()  # helm itself says what is wrong with the file
     present = _vendored(chart / "charts")
     missing = []
+    local = []
+    where = _relative(chart / _CHART_FILE, tree)
     for dependency in declared:
         if not isinstance(dependency, dict) or not isinstance(dependency.get("name"), str):
             continue
         name = dependency["name"]
-        if name not in present:
-            version = dependency.get("version") or "any version"
-            repository = dependency.get("repository") or "no repository"
-            missing.append(f"{name} ({version} from {repository})")
+        if name in present:
+            continue
+        repository = str(dependency.get("repository") or "")
+        if repository.startswith(_REPOSITORY_ALIASES):
+            raise HelmChartError(
+                f"chart {metadata.get('name')}: dependency {name}: repository {repository!r} "
+                "names a repository of a local helm repositories.yaml, which fleetlet never "
+                "reads: use the repository's full URL (https://... or oci://...)",
+                source=source,
+                file=where,
+                rule="RepositoryAlias",
+            )
+        if repository.startswith(_LOCAL_REPOSITORY):
+            local.append(
+                _local_dependency(
+                    chart, metadata, dependency, tree=tree, source=source, depth=depth
+                )
+            )
+            continue
+        version = dependency.get("version") or "any version"
+        missing.append(f"{name} ({version} from {repository or 'no repository'})")
     if missing:
         raise HelmChartError(
             f"dependencies not in {_relative(chart / 'charts', tree)}/: {', '.join(missing)}. "
             "Rendering never downloads: vendor them (helm dependency build) or publish the "
             "bundle through the hub (format: helm), which pins them as extra sources",
             source=source,
-            file=_relative(chart / _CHART_FILE, tree),
+            file=where,
             rule="MissingDependency",
         )
+    return tuple(local)
+
+
+def _local_dependency(
+    chart: Path,
+    metadata: Mapping[str, Any],
+    dependency: Mapping[str, Any],
+    *,
+    tree: Path,
+    source: str,
+    depth: int,
+) -> LocalDependency:
+    """The chart a ``file://`` dependency names, checked (see :func:`check_dependencies`)."""
+    name = str(dependency["name"])
+    repository = str(dependency["repository"])
+    path = repository[len(_LOCAL_REPOSITORY) :]
+    what = f"chart {metadata.get('name')}: dependency {name} at {repository!r}"
+    where = _relative(chart / _CHART_FILE, tree)
+
+    def refuse(message: str, rule: str) -> HelmChartError:
+        return HelmChartError(f"{what}: {message}", source=source, file=where, rule=rule)
+
+    root = os.path.realpath(tree)
+    real = os.path.realpath(chart / path) if path and not os.path.isabs(path) else None
+    if real is None or not real.startswith(root + os.sep):
+        raise refuse(
+            "the path leads outside the bundle tree (file:// dependencies are charts in the "
+            "same tree, by a relative path)",
+            "LocalDependencyEscapes",
+        )
+    if real == os.path.realpath(chart) or depth >= _MAX_LOCAL_DEPTH:
+        raise refuse(
+            f"file:// dependencies loop (or nest deeper than {_MAX_LOCAL_DEPTH})",
+            "LocalDependencyMismatch",
+        )
+    found = Path(real)
+    if not (found / _CHART_FILE).is_file():
+        raise refuse(
+            f"no {_CHART_FILE} in {_relative(found, Path(root))}", "LocalDependencyMissing"
+        )
+    theirs = read_chart_metadata(found, tree=tree, source=source)
+    if theirs.get("name") != name:
+        raise refuse(
+            f"the chart there is named {theirs.get('name')!r}, not {name!r}",
+            "LocalDependencyMismatch",
+        )
+    wanted = dependency.get("version")
+    version = theirs.get("version")
+    if wanted and not _satisfies(str(version), str(wanted)):
+        raise refuse(
+            f"its version {version!r} does not satisfy {str(wanted)!r}", "LocalDependencyMismatch"
+        )
+    return LocalDependency(
+        name=name,
+        path=found,
+        dependencies=check_dependencies(found, theirs, tree=tree, source=source, depth=depth + 1),
+    )
+
+
+def _satisfies(version: str, constraint: str) -> bool:
+    """Whether ``version`` is in Helm's SemVer range ``constraint`` (``^1.2``, ``~1.2.3``,
+    ``>=1.0, <2.0``, ``1.2.x``, ``a || b``); False for a malformed range or version."""
+    from nodesemver import satisfies  # only charts with file:// dependencies need it
+
+    # Helm (Masterminds semver) joins comparisons with commas; node-semver with spaces.
+    normal = " ".join(constraint.replace(",", " ").split())
+    try:
+        return bool(satisfies(version, normal, True))
+    except (ValueError, TypeError):
+        return False
+
+
+def overlay_chart(chart: Path, local: Sequence[LocalDependency], dest: Path) -> Path:
+    """A copy of ``chart`` at ``dest`` with each ``file://`` dependency copied in as
+    ``charts/<name>`` (its own placed the same way), as ``helm dependency build`` would place
+    them; ``dest``. The bundle tree is not changed. Links are copied as links.
+
+    Raises OSError when the scratch directory cannot be written.
+    """
+    shutil.copytree(chart, dest, symlinks=True)
+    for dependency in local:
+        (dest / "charts").mkdir(exist_ok=True)
+        overlay_chart(dependency.path, dependency.dependencies, dest / "charts" / dependency.name)
+    return dest
 
 
 def _vendored(charts: Path) -> set[str]:
@@ -379,8 +519,10 @@ __all__ = [
     "DEFAULT_TIMEOUT",
     "HelmChartError",
     "HelmFormat",
+    "LocalDependency",
     "check_dependencies",
     "locate_chart",
+    "overlay_chart",
     "parse_output",
     "read_chart_metadata",
     "release_name",

@@ -15,6 +15,13 @@ than ours the push is refused with :class:`StatusSupersededError`. One exception
 workdir held no state (a new pod, a lost volume) continues from the remote's sequence, since
 what it observes now is newer than anything pushed before.
 
+Beside it, each commit carries ``cluster.json`` (:mod:`agent.api.facts`): the cluster facts the
+agent's renders used and the bundles it runs, given to :meth:`StatusPusher.update`, so that
+``hub diff`` renders as the agent does. It is kept apart so that the hub's status aggregation,
+which parses every cluster's ``status.json``, reads no more bytes. Its blob is the same object
+while the facts do not change, so it only travels when they do; until the agent gives facts
+(after a restart, before its first render) the tip's ``cluster.json`` is carried over.
+
 The local bare repository under ``workdir`` only ever fetches this cluster's status branch.
 """
 
@@ -36,6 +43,12 @@ from typing import TYPE_CHECKING, Any
 
 import pygit2
 
+from agent.api.facts import (
+    FACTS_FILE,
+    ReportedFacts,
+    dump_reported_facts,
+    load_reported_facts,
+)
 from agent.api.status import (
     SCHEMA_VERSION,
     STATUS_FILE,
@@ -175,6 +188,8 @@ class StatusPusher:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self._repo = self._open_repo()
         self._latest: ClusterStatus | None = None
+        self._facts: bytes | None = None
+        """``cluster.json`` as last given (None: none given yet: the remote's is kept)."""
         self._pushed_sequence = 0
         self._pushed_at: float | None = None
         self._fresh = True
@@ -206,6 +221,7 @@ class StatusPusher:
     def _load_state(self) -> None:
         doc_path = self.workdir / STATUS_FILE
         state_path = self.workdir / _STATE_FILE
+        self._facts = self._load_facts()
         try:
             self._latest = load_status(doc_path.read_bytes(), origin=str(doc_path))
         except FileNotFoundError:
@@ -223,6 +239,17 @@ class StatusPusher:
             self._pushed_at = float(state["at"])
         except (FileNotFoundError, ValueError, KeyError, TypeError):
             pass
+
+    def _load_facts(self) -> bytes | None:
+        """The local ``cluster.json`` when it is this cluster's and readable, else None."""
+        path = self.workdir / FACTS_FILE
+        try:
+            data = path.read_bytes()
+            if load_reported_facts(data, origin=str(path)).cluster == self.cluster:
+                return data
+        except (OSError, ValidationError):
+            pass
+        return None
 
     def _write(self, name: str, data: bytes) -> None:
         path = self.workdir / name
@@ -243,15 +270,29 @@ class StatusPusher:
         self._write(STATUS_FILE, dump_status(stamped))
         return stamped
 
-    def update(self, status: ClusterStatus, *, now: float | None = None) -> bool:
-        """Record ``status`` as the latest document if its content changed; return whether.
+    def update(
+        self,
+        status: ClusterStatus,
+        *,
+        now: float | None = None,
+        facts: ReportedFacts | None = None,
+    ) -> bool:
+        """Record ``status`` as the latest document if its content (or ``facts``, written as
+        ``cluster.json``; None: unchanged) changed; return whether.
 
-        Raises ValueError if ``status`` is for another cluster.
+        Raises ValueError if ``status`` or ``facts`` is for another cluster.
         """
         if status.cluster != self.cluster:
             raise ValueError(f"status of cluster {status.cluster!r} given to {self.cluster!r}")
+        if facts is not None and facts.cluster != self.cluster:
+            raise ValueError(f"facts of cluster {facts.cluster!r} given to {self.cluster!r}")
         now = time.time() if now is None else now
         with self._lock:
+            new_facts = dump_reported_facts(facts) if facts is not None else None
+            facts_changed = new_facts is not None and new_facts != self._facts
+            if facts_changed:
+                self._facts = new_facts
+                self._write(FACTS_FILE, new_facts or b"")
             # ``truncated`` is ours to say (after bounding), not the caller's.
             status = dataclasses.replace(status, truncated=False)
             if self.formats and not status.formats:
@@ -259,7 +300,11 @@ class StatusPusher:
                     status, formats=self.formats, schema_version=SCHEMA_VERSION
                 )
             candidate = bound_status(status, **self._bound)
-            if self._latest is not None and _content_key(candidate) == _content_key(self._latest):
+            if (
+                not facts_changed
+                and self._latest is not None
+                and _content_key(candidate) == _content_key(self._latest)
+            ):
                 return False
             sequence = self._latest.sequence + 1 if self._latest is not None else 1
             self._stamp(candidate, now, sequence=sequence)
@@ -427,6 +472,9 @@ class StatusPusher:
         blob = repo.create_blob(dump_status(doc))
         builder = repo.TreeBuilder()
         builder.insert(STATUS_FILE, blob, pygit2.GIT_FILEMODE_BLOB)
+        facts = self._facts_blob(tip)
+        if facts is not None:
+            builder.insert(FACTS_FILE, facts, pygit2.GIT_FILEMODE_BLOB)
         tree = builder.write()
         signature = pygit2.Signature(*_AUTHOR, int(now), 0)
         commit = repo.create_commit(
@@ -439,3 +487,19 @@ class StatusPusher:
         )
         repo.references.create(self.ref, commit, force=True)
         return commit
+
+    def _facts_blob(self, tip: pygit2.Oid | None) -> pygit2.Oid | None:
+        """``cluster.json``: as last given, else the tip's (kept), else none."""
+        if self._facts is not None:
+            return self._repo.create_blob(self._facts)
+        if tip is None:
+            return None
+        try:
+            commit = self._repo[tip]
+            if isinstance(commit, pygit2.Commit):
+                entry = commit.tree[FACTS_FILE]
+                if entry.filemode == pygit2.GIT_FILEMODE_BLOB:
+                    return entry.id
+        except (KeyError, pygit2.GitError):
+            pass
+        return None

@@ -156,6 +156,9 @@ class JobResult:
     """A group failed (rolled back or not) or is still failing."""
     status: bytes | None = None
     """The status document (:func:`agent.api.status.dump_status`), for the status branch."""
+    facts: bytes | None = None
+    """The cluster facts (:func:`agent.api.facts.dump_reported_facts`) of the job's renders,
+    for the status branch's ``cluster.json`` (None: the job rendered nothing)."""
     watch: tuple[Watch, ...] | None = None
     """What to watch for drift (None: the job could not tell; drift checks start workers)."""
     metrics: tuple[tuple[str, tuple[Any, ...], Mapping[str, Any]], ...] = field(default=())
@@ -181,6 +184,7 @@ class JobResult:
                 "wakeAt": self.wake_at,
                 "failed": self.failed,
                 "status": self.status.decode() if self.status is not None else None,
+                "facts": self.facts.decode() if self.facts is not None else None,
                 "watch": [w.to_dict() for w in self.watch] if self.watch is not None else None,
                 "metrics": [[name, list(args), dict(kw)] for name, args, kw in self.metrics],
             },
@@ -208,6 +212,7 @@ class JobResult:
             )
             watch = doc.get("watch")
             status = doc.get("status")
+            facts = doc.get("facts")
             return cls(
                 job=job,
                 summary=str(doc.get("summary") or ""),
@@ -218,6 +223,7 @@ class JobResult:
                 wake_at=doc.get("wakeAt"),
                 failed=bool(doc.get("failed")),
                 status=status.encode() if isinstance(status, str) else None,
+                facts=facts.encode() if isinstance(facts, str) else None,
                 watch=tuple(Watch.from_dict(w) for w in watch) if watch is not None else None,
                 metrics=tuple(
                     (str(name), tuple(args), dict(kw))

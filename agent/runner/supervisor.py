@@ -31,6 +31,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
+from agent.api.facts import load_reported_facts
 from agent.api.models import Condition
 from agent.api.status import ClusterStatus, load_status
 from agent.errors import (
@@ -238,7 +239,7 @@ class Supervisor:
             # What this pass verified is what was there just before it started.
             self._verified = before if result.error is None else None
             if result.status is not None:
-                self._take_status(result.status)
+                self._take_status(result.status, result.facts)
             log.info("%s", result.summary)
             if result.error is not None:
                 raise self._error(result.error, first=first)
@@ -278,11 +279,16 @@ class Supervisor:
 
     # -- status -------------------------------------------------------------------------------
 
-    def _take_status(self, data: bytes) -> None:
+    def _take_status(self, data: bytes, facts: bytes | None) -> None:
         if self.pusher is None:
             return
         try:
-            self.pusher.update(load_status(data, origin="the worker's status document"))
+            self.pusher.update(
+                load_status(data, origin="the worker's status document"),
+                facts=None
+                if facts is None
+                else load_reported_facts(facts, origin="the worker's cluster facts"),
+            )
             self.pusher.tick()
         except ValidationError as exc:
             log.warning("%s: the worker's status document is unreadable: %s", self.cluster, exc)

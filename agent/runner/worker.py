@@ -215,6 +215,7 @@ def _delay(exc: Exception) -> float | None:
 def _result(
     request: JobRequest, agent: Any, outcome: Any, error: Any, calls: list[Any]
 ) -> JobResult:
+    from agent.api.facts import dump_reported_facts
     from agent.api.status import dump_status
     from agent.cli import summary
     from agent.errors import ConfigurationError, FleetletError, PermanentError
@@ -233,13 +234,16 @@ def _result(
             kind=kind, reason=error.reason, message=str(error), delay=_delay(error)
         )
     commit = refused = None
-    status = None
+    status = facts = None
     watch = None
     wake_at = None
     try:
         state = agent.state.load()
         commit, refused = state.commit, state.refused_commit
-        status = dump_status(agent.status_document(state))
+        document = agent.status_document(state)
+        status = dump_status(document)
+        reported = agent.reported_facts(document)
+        facts = dump_reported_facts(reported) if reported is not None else None
         watch = watches(agent)
         wake_at = _wake_at(agent)
     except FleetletError as exc:
@@ -256,6 +260,7 @@ def _result(
         wake_at=wake_at,
         failed=bool(out is not None and out.failed),
         status=status,
+        facts=facts,
         watch=watch,
         metrics=tuple(calls),
     )

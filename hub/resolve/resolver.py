@@ -512,6 +512,14 @@ class Resolver:
         self, name: str, repository: str, wanted: str, *, top: str, depth: int
     ) -> list[ChartDependency]:
         where = f"{top}/charts" if top else "charts"
+        if repository.startswith("file://"):
+            # A chart in the same tree: signed with it, placed and checked by the agent.
+            return []
+        if repository.startswith(("@", "alias:")):
+            raise _NotFound(
+                "the repository names one of a local helm repositories.yaml, which fleetlet "
+                "never reads: use the repository's full URL (https://... or oci://...)"
+            )
         if repository.startswith(("http://", "https://")):
             pin = self._helm_chart(repository, name, wanted, depth=depth + 1)
             placed = ChartDependency(
@@ -542,7 +550,8 @@ class Resolver:
             )
         else:
             raise _NotFound(
-                "not vendored in charts/, and only http(s):// and oci:// repositories can be pinned"
+                "not vendored in charts/, and only http(s):// and oci:// repositories can be "
+                "pinned (file:// ones are charts in the same tree)"
             )
         # Its own dependencies go under its directory (the archive's top is its name).
         return [placed] + [

@@ -1,0 +1,3 @@
+{{- define "common.labels" -}}
+app.kubernetes.io/part-of: {{ .Release.Name }}
+{{- end -}}
