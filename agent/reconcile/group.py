@@ -3,7 +3,9 @@
     resume   a move a crash interrupted: finish it, or return the group (agent.apply.intent)
     gate     paused, dependsOn, a failed target (agent.gate; held and steady groups:
              agent.reconcile.steady)
-    move     render -> request approval (when needed: agent.approve) -> intent -> pre hooks
+    move     render -> request approval (when needed: agent.approve; while a decision is
+             awaited, or after a denial, the running revisions are kept: drift put back)
+             -> intent -> pre hooks
              -> dry run + staged apply, wave by wave -> Sync hooks -> health of the whole
              group -> post hooks
     finish   prune -> revision store -> outputs -> runs -> intent cleared
@@ -88,7 +90,7 @@ from agent.reconcile.context import (
     MoveFailed,
 )
 from agent.reconcile.rollback import failed_target, roll_back
-from agent.reconcile.steady import keep, report_held
+from agent.reconcile.steady import keep, keep_running, report_held
 from agent.report import events
 
 log = logging.getLogger(__name__)
@@ -170,7 +172,8 @@ def move(ctx: GroupContext, decision: Decision) -> GroupOutcome:
         return _refuse_render(ctx, decision, "ProtectedObject", "; ".join(guarded))
     held = request_approval(ctx, decision, objects, {n: s.main for n, s in splits.items()})
     if held is not None:
-        return held
+        # Not moving (a decision awaited, or a denial): what runs is still corrected.
+        return replace(held, drift=keep_running(ctx, active))
     intent = begin(ctx, active, {n: s.main for n, s in splits.items()}, previous, decision.targets)
     return advance(ctx, intent, active, splits)
 
