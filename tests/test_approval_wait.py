@@ -122,6 +122,16 @@ def test_drift_on_the_running_revision_is_corrected_while_the_next_awaits_approv
         assert bd is not None and bd["status"]["driftCount"] >= 1
         assert bd["status"]["appliedRevision"]["serial"] == 1
 
+        # Settled: the waiting group's passes write nothing, so drift checks find nothing and
+        # start no worker.
+        drift = "fleetlet_agent_drift_checks_total"
+        settled = agent.metric(drift, result="unchanged")
+        _wait(lambda: agent.metric(drift, result="unchanged") >= settled + 2, "idle drift checks")
+        workers = _workers(agent)
+        settled = agent.metric(drift, result="unchanged")
+        _wait(lambda: agent.metric(drift, result="unchanged") >= settled + 3, "three more")
+        assert _workers(agent) == workers
+
         # And the decision still moves it.
         approve(alice, v2.name)
         _wait(lambda: shop.on(2), "serial 2 moved")

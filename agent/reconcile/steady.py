@@ -108,6 +108,10 @@ def keep(
             view.set("Progressing", "False", Reason.DRIFT_CORRECTION_FAILED, str(exc))
             ctx.views.write(view)
         return GroupOutcome(group=ctx.group, state=GroupState.FAILED)
+    for name in present:
+        view = ctx.view(name)
+        view.skipped = [str(s) for s in result.skipped if s.bundle == name]
+        view.resources = {**view.resources, "skipped": len(view.skipped)}
     report = group_health(
         ctx.identities,
         without_skipped({n: s.manifests for n, s in present.items()}, result.skipped),
@@ -161,14 +165,17 @@ def keep_running(ctx: GroupContext, active: Sequence[BundleDeploymentEntry]) -> 
             )
             ctx.views.write(view)
         return 0
-    for name in present:
-        ctx.views.write(ctx.view(name))
+    if drift:
+        # Only what the correction recorded changes (the runs, driftCount): a pass that
+        # found nothing writes nothing, so the supervisor's drift checks stay quiet.
+        for name in present:
+            ctx.views.write(ctx.view(name))
     return drift
 
 
 def _put_back(ctx: GroupContext, present: dict[str, HealthyRevision]) -> tuple[ApplyResult, int]:
-    """Apply the stored revisions (drifted objects put back, each bundle's run history
-    recording it); the result and how many objects were put back. Raises ApplyError,
+    """Apply the stored revisions (drifted objects put back, each bundle's run history and
+    drift count recording it); the result and how many objects were put back. Raises ApplyError,
     CrdNotEstablishedError, the apply's TemporaryErrors."""
     result = apply_steady(
         ctx, [apply_input(n, s.manifests, s.spec, s.inventory) for n, s in present.items()]
@@ -180,9 +187,6 @@ def _put_back(ctx: GroupContext, present: dict[str, HealthyRevision]) -> tuple[A
         if changed:
             drift += changed
             _record_drift(ctx, kept, counts)
-        view = ctx.view(name)
-        view.skipped = [str(s) for s in result.skipped if s.bundle == name]
-        view.resources = {**view.resources, "skipped": len(view.skipped)}
     return result, drift
 
 
