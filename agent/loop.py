@@ -46,6 +46,7 @@ from agent.api.status import (
     Refusal,
     RequestReport,
 )
+from agent.approve.gate import WaitingOn
 from agent.approve.summary import reports
 from agent.errors import FleetletError, TemporaryError
 from agent.inbound import InboundPipeline, SyncResult
@@ -107,6 +108,8 @@ class Agent:
         self._pending_work = True
         """The outbound half has something to do without a new set: first pass after a
         start, a temporary failure to retry, a failed target to retry later."""
+        self._awaiting: tuple[WaitingOn, ...] = ()
+        """What the groups whose move awaits a decision wait on, as the last pass read it."""
         self._work = threading.Lock()  # one inbound/outbound at a time
         self._inbound_problem: ConditionSpec | None = None
         """Why the last inbound run failed (a server away, a refusal), said on every bundle."""
@@ -117,8 +120,20 @@ class Agent:
     @property
     def pending_work(self) -> bool:
         """Whether the outbound half has something to do without a new set (a temporary
-        failure to retry, a failed target retried later)."""
+        failure to retry, a failed target retried later, a decision awaited)."""
+        return self._pending_work or bool(self._awaiting)
+
+    @property
+    def retry_pending(self) -> bool:
+        """:attr:`pending_work` but for the decisions awaited: a retry the outbound half has
+        to make whatever happens outside."""
         return self._pending_work
+
+    @property
+    def awaiting(self) -> tuple[WaitingOn, ...]:
+        """What the groups whose move awaits a decision wait on (the last pass's view):
+        another pass decides the same until one of these changed."""
+        return self._awaiting
 
     # -- the whole reconcile ----------------------------------------------------------------
 
@@ -210,7 +225,7 @@ class Agent:
         views.refusal = _refusal_condition(state) or self._expiry_condition()
         views.degraded = self._inbound_problem
         outbound_result: PassResult | None = None
-        wanted = outbound == "always" or self._pending_work or rendered is not None
+        wanted = outbound == "always" or self.pending_work or rendered is not None
         if self.accepted is not None and wanted:
             outbound_result = self.reconciler.reconcile(
                 self.accepted,
@@ -219,11 +234,10 @@ class Agent:
                 set_digest=set_digest(self.accepted),
             )
             # A retry due later, or a decision awaited: the poll job keeps looking.
-            self._pending_work = (
-                outbound_result.temporary is not None
-                or bool(outbound_result.failed and _retry_due_later(self.reconciler))
-                or bool(outbound_result.awaiting_approval)
+            self._pending_work = outbound_result.temporary is not None or bool(
+                outbound_result.failed and _retry_due_later(self.reconciler)
             )
+            self._awaiting = outbound_result.waiting_on
             for what, groups in (
                 ("moved to serial", outbound_result.moved),
                 ("rolled back from serial", outbound_result.rolled_back),

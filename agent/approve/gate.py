@@ -13,14 +13,16 @@
    approves it as the policy's approver ServiceAccount;
 5. ``Approved``: go on, with exactly these objects (nothing else is applied under this
    approval); ``Denied``: the group stays wholly where it is and says who denied it and why;
-   pending: the group waits and says which request to decide.
+   pending: the group waits and says which request to decide, and its outcome says what
+   it waits on (:class:`WaitingOn`: the request and the policies as read), so that ``agent
+   run``'s supervisor starts a worker only once one of them changed.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from agent.api import set_digest
@@ -48,6 +50,18 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 Manifest = dict[str, Any]
+
+
+@dataclass(frozen=True, kw_only=True)
+class WaitingOn:
+    """What a group whose move awaits a decision waits on, as the pass that decided to wait
+    read it: its BundleDeploymentRequest (name and resourceVersion) and every ApprovalPolicy
+    (name to resourceVersion). Until one of them changes (a decision, an edit, a deletion, a
+    policy added, changed or removed), another pass would decide the same."""
+
+    request: str
+    request_version: str
+    policies: Mapping[str, str] = field(default_factory=dict)
 
 
 class Approvals:
@@ -184,7 +198,12 @@ def request_approval(
         view = ctx.view(name)
         view.mark_waiting(Reason.AWAITING_APPROVAL, message, phase=Phase.AWAITING_APPROVAL)
         ctx.views.write(view)
-    return GroupOutcome(group=ctx.group, state=GroupState.AWAITING_APPROVAL)
+    waiting_on = WaitingOn(
+        request=mine.name,
+        request_version=mine.resource_version,
+        policies={p.name: p.resource_version for p in policies},
+    )
+    return GroupOutcome(group=ctx.group, state=GroupState.AWAITING_APPROVAL, waiting_on=waiting_on)
 
 
 def approval_holds(ctx: GroupContext, serials: Iterable[int]) -> bool:
@@ -327,4 +346,4 @@ def _summary(request: Request) -> str:
     return text + (f"; {p.findings} security findings" if p.findings else "")
 
 
-__all__ = ["Approvals", "approval_holds", "request_approval"]
+__all__ = ["Approvals", "WaitingOn", "approval_holds", "request_approval"]

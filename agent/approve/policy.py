@@ -43,6 +43,9 @@ class Policy:
 
     name: str
     spec: ApprovalPolicySpec
+    resource_version: str = ""
+    """As read: ``agent run``'s supervisor compares it to tell a changed policy (which may
+    approve, or stop requiring approval of, a waiting move)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,13 +75,15 @@ def load(kube: KubeClient) -> list[Policy]:
         return []
     found = []
     for obj in items:
-        name = str((obj.get("metadata") or {}).get("name"))
+        meta = obj.get("metadata") or {}
+        name = str(meta.get("name"))
         try:
             spec = from_dict(ApprovalPolicySpec, obj.get("spec") or {}, origin=f"{KIND} {name}")
         except FleetletError as exc:
             log.warning("ignoring malformed ApprovalPolicy %s: %s", name, exc)
             continue
-        found.append(Policy(name=name, spec=spec))
+        version = str(meta.get("resourceVersion") or "")
+        found.append(Policy(name=name, spec=spec, resource_version=version))
     return sorted(found, key=lambda p: p.name)
 
 

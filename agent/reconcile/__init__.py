@@ -30,7 +30,7 @@ from agent.apply import Inventory, Key
 from agent.apply.intent import GroupRecords
 from agent.apply.store import RevisionStore
 from agent.apply.verified import VerifiedObjects
-from agent.approve.gate import Approvals
+from agent.approve.gate import Approvals, WaitingOn
 from agent.errors import TemporaryError
 from agent.kube import ApiUnavailableError, KubeClient
 from agent.reconcile.context import (
@@ -99,6 +99,11 @@ class PassResult:
     def awaiting_approval(self) -> tuple[str, ...]:
         """Groups whose move waits for a decision on its BundleDeploymentRequest."""
         return self._groups(GroupState.AWAITING_APPROVAL)
+
+    @property
+    def waiting_on(self) -> tuple[WaitingOn, ...]:
+        """What the groups awaiting approval wait on (see :class:`~agent.approve.gate.WaitingOn`)."""
+        return tuple(o.waiting_on for o in self.outcomes if o.waiting_on is not None)
 
     @property
     def drift_corrected(self) -> int:

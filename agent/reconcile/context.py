@@ -29,7 +29,7 @@ from agent.report.view import BundleView, BundleViews
 from agent.settings import ReconcileSettings
 
 if TYPE_CHECKING:
-    from agent.approve.gate import Approvals
+    from agent.approve.gate import Approvals, WaitingOn
 
 Manifest = dict[str, Any]
 RenderFn = Callable[
@@ -124,7 +124,7 @@ class GroupState(StrEnum):
     FAILED = "failed"
     WAITING = "waiting"
     AWAITING_APPROVAL = "awaitingApproval"
-    """Its move waits for a decision on its BundleDeploymentRequest (looked at each poll)."""
+    """Its move waits for a decision on its BundleDeploymentRequest (``waiting_on``)."""
     HELD = "held"
 
 
@@ -142,6 +142,8 @@ class GroupOutcome:
     """Objects put back by drift correction."""
     error: TemporaryError | None = None
     """A temporary failure: the poll loop backs off on it."""
+    waiting_on: WaitingOn | None = None
+    """Awaiting approval: the request and policies whose change may end the wait."""
 
 
 @dataclass(frozen=True, kw_only=True)

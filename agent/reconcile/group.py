@@ -3,7 +3,9 @@
     resume   a move a crash interrupted: finish it, or return the group (agent.apply.intent)
     gate     paused, dependsOn, a failed target (agent.gate; held and steady groups:
              agent.reconcile.steady)
-    move     render -> request approval (when needed: agent.approve) -> intent -> pre hooks
+    move     render -> request approval (when needed: agent.approve; while a decision is
+             awaited, or after a denial, the running revisions are kept: drift put back)
+             -> intent -> pre hooks
              -> dry run + staged apply, wave by wave -> Sync hooks -> health of the whole
              group -> post hooks
     finish   prune -> revision store -> outputs -> runs -> intent cleared
@@ -25,7 +27,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import replace
 
 from agent.api import BundleDeploymentEntry, format_time
@@ -88,7 +90,7 @@ from agent.reconcile.context import (
     MoveFailed,
 )
 from agent.reconcile.rollback import failed_target, roll_back
-from agent.reconcile.steady import keep, report_held
+from agent.reconcile.steady import keep, keep_running, report_held
 from agent.report import events
 
 log = logging.getLogger(__name__)
@@ -137,10 +139,19 @@ def move(ctx: GroupContext, decision: Decision) -> GroupOutcome:
     are applied under an approval), record the intent, then :func:`advance`."""
     active = decision.active
     names = [e.name for e in active]
+    # Bundles that already wait for a decision on this very target render it again only to
+    # find their request: their status does not flicker to "rendering" and back (a write,
+    # and a change the supervisor's drift check would take for drift, every pass).
+    waiting = {
+        name
+        for name in names
+        if (view := ctx.view(name)).phase in (Phase.AWAITING_APPROVAL, Phase.DENIED)
+        and view.target == target_revision(ctx, name, ctx.serial)
+    }
     for name in names:
         ctx.view(name).target = target_revision(ctx, name, ctx.serial)
     try:
-        objects = render_targets(ctx, active)
+        objects = render_targets(ctx, active, quiet=waiting)
     except TemporaryError as exc:
         # The group stays where it is; the next poll tries again (with backoff).
         for name in names:
@@ -170,7 +181,8 @@ def move(ctx: GroupContext, decision: Decision) -> GroupOutcome:
         return _refuse_render(ctx, decision, "ProtectedObject", "; ".join(guarded))
     held = request_approval(ctx, decision, objects, {n: s.main for n, s in splits.items()})
     if held is not None:
-        return held
+        # Not moving (a decision awaited, or a denial): what runs is still corrected.
+        return replace(held, drift=keep_running(ctx, active))
     intent = begin(ctx, active, {n: s.main for n, s in splits.items()}, previous, decision.targets)
     return advance(ctx, intent, active, splits)
 
@@ -225,9 +237,13 @@ def split_hooks(
 
 
 def render_targets(
-    ctx: GroupContext, active: Sequence[BundleDeploymentEntry]
+    ctx: GroupContext,
+    active: Sequence[BundleDeploymentEntry],
+    *,
+    quiet: Collection[str] = (),
 ) -> dict[str, list[Manifest]]:
-    """The targets' objects: rendered already by the inbound pipeline, or now.
+    """The targets' objects: rendered already by the inbound pipeline, or now (said on the
+    bundles, but those in ``quiet``).
 
     Raises the render function's errors (FetchError: temporary; refusals: permanent).
     """
@@ -235,7 +251,7 @@ def render_targets(
     objects = {e.name: list(ctx.rendered[e.name]) for e in active if e.name in ctx.rendered}
     if missing:
         ctx.views.progress(
-            [e.name for e in missing],
+            [e.name for e in missing if e.name not in quiet],
             Phase.APPLYING,
             f"fetching and rendering serial {ctx.serial} (group {ctx.group}, {ctx.position})",
         )

@@ -1,6 +1,8 @@
 """A group that does not move: paused bundles say why, and a
 group on its target keeps it — drifted objects are put back and its health is assessed once;
-a group whose target failed stays on its previous revision and says how it is tried again.
+a group whose target failed stays on its previous revision and says how it is tried again; a
+group whose move awaits an approval (or was denied) keeps its running revisions too, drift put
+back, while its bundles say what they wait for.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from agent.api.reasons import SUCCEEDED, Phase, Reason
 from agent.api.status import RunCounts
 from agent.apply import (
     ApplyError,
+    ApplyResult,
     CrdNotEstablishedError,
 )
 from agent.apply.intent import FailedTarget
@@ -97,9 +100,7 @@ def keep(
     if not present:
         return GroupOutcome(group=ctx.group, state=failed)
     try:
-        result = apply_steady(
-            ctx, [apply_input(n, s.manifests, s.spec, s.inventory) for n, s in present.items()]
-        )
+        result, drift = _put_back(ctx, present)
     except (ApplyError, CrdNotEstablishedError) as exc:
         for name in present:
             view = ctx.view(name)
@@ -107,13 +108,7 @@ def keep(
             view.set("Progressing", "False", Reason.DRIFT_CORRECTION_FAILED, str(exc))
             ctx.views.write(view)
         return GroupOutcome(group=ctx.group, state=GroupState.FAILED)
-    drift = 0
-    for name, kept in present.items():
-        counts = result.counts_of(name)
-        changed = counts.created + counts.configured
-        if changed:
-            drift += changed
-            _record_drift(ctx, kept, counts)
+    for name in present:
         view = ctx.view(name)
         view.skipped = [str(s) for s in result.skipped if s.bundle == name]
         view.resources = {**view.resources, "skipped": len(view.skipped)}
@@ -144,6 +139,55 @@ def keep(
     return GroupOutcome(
         group=ctx.group, state=failed, healthy=report.healthy and failure is None, drift=drift
     )
+
+
+def keep_running(ctx: GroupContext, active: Sequence[BundleDeploymentEntry]) -> int:
+    """A group whose move waits for a decision (or was denied) keeps what runs: drifted
+    objects of its stored revisions are put back (and recorded), the target is not touched.
+    The bundles' conditions stay as the approval step set them; a correction that fails says
+    so in Degraded. Returns the objects put back.
+
+    Raises ApiUnavailableError and the other TemporaryErrors of the apply."""
+    stored = {e.name: ctx.store.latest(e.name) for e in active}
+    present = {n: s for n, s in stored.items() if s is not None}
+    if not present:
+        return 0
+    try:
+        _, drift = _put_back(ctx, present)
+    except (ApplyError, CrdNotEstablishedError) as exc:
+        for name in present:
+            view = ctx.view(name)
+            view.set(
+                "Degraded",
+                "True",
+                Reason.DRIFT_CORRECTION_FAILED,
+                f"drift correction of the running revision failed: {exc}",
+            )
+            ctx.views.write(view)
+        return 0
+    if drift:
+        # Only what the correction recorded changes (the runs, driftCount): a pass that
+        # found nothing writes nothing, so the supervisor's drift checks stay quiet.
+        for name in present:
+            ctx.views.write(ctx.view(name))
+    return drift
+
+
+def _put_back(ctx: GroupContext, present: dict[str, HealthyRevision]) -> tuple[ApplyResult, int]:
+    """Apply the stored revisions (drifted objects put back, each bundle's run history and
+    drift count recording it); the result and how many objects were put back. Raises ApplyError,
+    CrdNotEstablishedError, the apply's TemporaryErrors."""
+    result = apply_steady(
+        ctx, [apply_input(n, s.manifests, s.spec, s.inventory) for n, s in present.items()]
+    )
+    drift = 0
+    for name, kept in present.items():
+        counts = result.counts_of(name)
+        changed = counts.created + counts.configured
+        if changed:
+            drift += changed
+            _record_drift(ctx, kept, counts)
+    return result, drift
 
 
 def _blocked_message(failure: FailedTarget, running: Revision | None) -> str:

@@ -211,6 +211,14 @@ class Metrics:
             ["result"],
             registry=r,
         )
+        self.approval_checks = Counter(
+            f"{PREFIX}_approval_checks_total",
+            "Checks of the supervisor, while a group awaits a decision, of the requests and "
+            "ApprovalPolicies it waits on, by result (unchanged: no worker ran; changed: a "
+            "worker acts on it; unknown: the check could not be made, a worker looked).",
+            ["result"],
+            registry=r,
+        )
         # Every label value known up front is exported at 0, so rate() works from the start.
         for result in SYNC_RESULTS:
             self.syncs.labels(result=result)
@@ -222,6 +230,7 @@ class Metrics:
             self.worker_failures.labels(cause=value)
         for value in DRIFT_CHECK_RESULTS:
             self.drift_checks.labels(result=value)
+            self.approval_checks.labels(result=value)
 
     # --- the small recording methods -----------------------------------------------------
 
@@ -305,6 +314,13 @@ class Metrics:
         if result not in DRIFT_CHECK_RESULTS:
             raise ValueError(f"drift check result must be one of {DRIFT_CHECK_RESULTS}")
         self.drift_checks.labels(result=result).inc()
+
+    def approval_checked(self, result: str) -> None:
+        """A check of what a group awaiting a decision waits on ended with ``result``, one of
+        :data:`DRIFT_CHECK_RESULTS`. Raises ValueError for another result."""
+        if result not in DRIFT_CHECK_RESULTS:
+            raise ValueError(f"approval check result must be one of {DRIFT_CHECK_RESULTS}")
+        self.approval_checks.labels(result=result).inc()
 
     # --- a whole tick ----------------------------------------------------------------------
 

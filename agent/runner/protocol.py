@@ -137,6 +137,29 @@ class Watch:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Awaited:
+    """Objects a group awaiting a decision waits on, as the worker that decided to wait read
+    them: the LIST ``path`` (with its query) and the resourceVersion of each object named in
+    ``versions``; with ``whole``, the collection's members count too (one added or removed is
+    a change). While all of it is as it was, another pass would decide the same."""
+
+    path: str
+    versions: Mapping[str, str]
+    whole: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "versions": dict(self.versions), "whole": self.whole}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Awaited:
+        return cls(
+            path=str(data["path"]),
+            versions={str(k): str(v) for k, v in (data.get("versions") or {}).items()},
+            whole=bool(data.get("whole")),
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
 class JobResult:
     """What a job did and left, as the supervisor needs it."""
 
@@ -150,6 +173,8 @@ class JobResult:
     """A commit refused for good: polls are idle until the branch moves past it."""
     pending: bool = False
     """The outbound half has work without a new set (a temporary failure to retry)."""
+    awaiting: tuple[Awaited, ...] = ()
+    """What groups awaiting a decision wait on: a worker runs once any of it changed."""
     wake_at: float | None = None
     """Unix time at which a failed target is retried by itself (None: no such retry)."""
     failed: bool = False
@@ -181,6 +206,7 @@ class JobResult:
                 "commit": self.commit,
                 "refusedCommit": self.refused_commit,
                 "pending": self.pending,
+                "awaiting": [a.to_dict() for a in self.awaiting],
                 "wakeAt": self.wake_at,
                 "failed": self.failed,
                 "status": self.status.decode() if self.status is not None else None,
@@ -220,6 +246,7 @@ class JobResult:
                 commit=doc.get("commit"),
                 refused_commit=doc.get("refusedCommit"),
                 pending=bool(doc.get("pending")),
+                awaiting=tuple(Awaited.from_dict(a) for a in doc.get("awaiting") or ()),
                 wake_at=doc.get("wakeAt"),
                 failed=bool(doc.get("failed")),
                 status=status.encode() if isinstance(status, str) else None,
@@ -248,6 +275,7 @@ def watch_list(watches: Sequence[Watch]) -> str:
 
 __all__ = [
     "JOBS",
+    "Awaited",
     "ErrorKind",
     "Job",
     "JobError",

@@ -7,7 +7,9 @@ worker when there is work (see :mod:`agent.runner`).
   the last worker left it (the commit the cluster runs, or one refused for good), nothing else
   happens: an idle poll is that one request. Otherwise, and while the last worker left work
   pending (a temporary failure), a failed target's retry is due or a worker failed, a
-  ``tick`` worker runs.
+  ``tick`` worker runs. While a group awaits a decision, each poll also compares the
+  resourceVersions of the request and ApprovalPolicies it waits on with those its worker
+  read (:mod:`agent.runner.decisions`), and a ``tick`` worker runs only once they differ.
 - :meth:`Supervisor.drift`: the fingerprint of what the accepted set owns
   (:mod:`agent.runner.fingerprint`); when it is what it was just before the last successful
   outbound pass, nothing changed and nothing runs; otherwise a ``drift`` worker runs.
@@ -43,6 +45,7 @@ from agent.errors import (
 )
 from agent.report.metrics import Metrics
 from agent.report.push import StatusPusher
+from agent.runner.decisions import changed
 from agent.runner.fingerprint import Fingerprint, take
 from agent.runner.launcher import WorkerFailedError, WorkerLauncher
 from agent.runner.protocol import Job, JobError, JobResult
@@ -130,7 +133,7 @@ class Supervisor:
                 self._poll_problem = (exc.reason, str(exc))
                 with contextlib.suppress(FleetletError):
                     self._work("tick")
-            elif known is not None and (known.pending or self._due()):
+            elif known is not None and (known.pending or self._due() or self._decided(known)):
                 # The cluster keeps correcting what it runs while the git server is away.
                 with contextlib.suppress(FleetletError):
                     self._work("drift")
@@ -154,6 +157,9 @@ class Supervisor:
         elif commit == known.refused_commit:
             outcome = "refused-before"
         else:
+            self._work("tick")
+            return
+        if self._decided(known):
             self._work("tick")
             return
         seconds = time.perf_counter() - started
@@ -191,6 +197,21 @@ class Supervisor:
     def _due(self) -> bool:
         known = self._known
         return bool(known and known.wake_at is not None and self._wall() >= known.wake_at)
+
+    def _decided(self, known: JobResult) -> bool:
+        """Whether what a group awaiting a decision waits on changed since its worker read it
+        (a decision, an edit, a deletion, an ApprovalPolicy), or cannot be checked here: then
+        a worker looks (:mod:`agent.runner.decisions`)."""
+        if not known.awaiting:
+            return False
+        result = "unknown"
+        if self._reader is not None:
+            try:
+                result = "changed" if changed(self._reader, known.awaiting) else "unchanged"
+            except ReaderError as exc:
+                log.info("%s: approval check: %s (a worker looks instead)", self.cluster, exc)
+        self.metrics.approval_checked(result)
+        return result != "unchanged"
 
     def _fingerprint(self, known: JobResult | None) -> Fingerprint | None:
         if self._reader is None or known is None or known.watch is None:

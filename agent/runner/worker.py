@@ -16,8 +16,8 @@ does; its own failpoint comes from ``FLEETLET_FAILPOINT``), says on every bundle
 previous worker failed if it did, runs the job (:meth:`agent.loop.Agent.tick` or
 :meth:`~agent.loop.Agent.correct_drift`), and writes its :class:`~agent.runner.protocol.JobResult`:
 the error if any, the commit the cluster runs and any refused one, whether work is pending and
-when a failed target is retried, the status document, what to watch for drift, and the metric
-calls it made. The supervisor pushes the status and records the metrics; the worker pushes
+when a failed target is retried, what a group awaiting a decision waits on, the status
+document, what to watch for drift, and the metric calls it made. The supervisor pushes the status and records the metrics; the worker pushes
 nothing itself. While it works, it writes its status document to ``request.progress`` every
 ``request.progress_interval`` seconds, so the supervisor's heartbeats show the move's progress.
 
@@ -42,6 +42,7 @@ from typing import Any
 from urllib.parse import quote
 
 from agent.runner.protocol import (
+    Awaited,
     ErrorKind,
     JobError,
     JobRequest,
@@ -237,6 +238,7 @@ def _result(
     status = facts = None
     watch = None
     wake_at = None
+    waits: tuple[Awaited, ...] | None = None
     try:
         state = agent.state.load()
         commit, refused = state.commit, state.refused_commit
@@ -246,6 +248,7 @@ def _result(
         facts = dump_reported_facts(reported) if reported is not None else None
         watch = watches(agent)
         wake_at = _wake_at(agent)
+        waits = awaited(agent)
     except FleetletError as exc:
         # The API server went away at the end: the supervisor knows less, and checks again.
         log.warning("%s: cannot read what the job left: %s", cluster, exc)
@@ -256,7 +259,9 @@ def _result(
         error=job_error,
         commit=commit,
         refused_commit=refused,
-        pending=agent.pending_work,
+        # A wait the supervisor cannot check itself: every poll runs a worker, as before.
+        pending=agent.retry_pending or (bool(agent.awaiting) and waits is None),
+        awaiting=waits or (),
         wake_at=wake_at,
         failed=bool(out is not None and out.failed),
         status=status,
@@ -317,6 +322,42 @@ def watches(agent: Any) -> tuple[Watch, ...] | None:
             names.items(), key=lambda kv: (kv[0][1], kv[0][0] or "")
         )
     ]
+    return tuple(found)
+
+
+def awaited(agent: Any) -> tuple[Awaited, ...] | None:
+    """What the groups whose move awaits a decision wait on, as LISTs the supervisor compares
+    (:mod:`agent.runner.decisions`): their requests among this agent's (by resourceVersion,
+    as the pass read them when it decided to wait) and every ApprovalPolicy (one may approve,
+    or stop requiring approval). None when the collections cannot be located (the API server
+    away, the ApprovalPolicy API not served): then each poll runs a worker while it waits."""
+    from agent.approve import policy, request
+    from agent.kube import KubeError
+
+    waiting = agent.awaiting
+    if not waiting:
+        return ()
+    kube = agent.reconciler.kube
+    owner = agent.reconciler.approvals.requests.owner
+    try:
+        requests = kube.collection_path(request.GROUP_VERSION, request.KIND)
+        policies = kube.collection_path(policy.GROUP_VERSION, policy.KIND)
+    except KubeError as exc:
+        log.info("a decision awaited: each poll starts a worker (%s)", exc)
+        return None
+    selector = quote(f"{request.MANAGED_LABEL}={owner}", safe="=")
+    found = [
+        Awaited(
+            path=f"{requests}?labelSelector={selector}",
+            versions={w.request: w.request_version for w in waiting},
+        )
+    ]
+    # Each group read the policies itself: each view of them counts (one, unless they moved).
+    seen: list[dict[str, str]] = []
+    for wait in waiting:
+        if dict(wait.policies) not in seen:
+            seen.append(dict(wait.policies))
+    found += [Awaited(path=policies, versions=versions, whole=True) for versions in seen]
     return tuple(found)
 
 
