@@ -35,7 +35,8 @@ import pygit2
 from agent.api.crds import CRDS, REPO_ROOT
 from agent.api.status import ClusterStatus, load_status, status_branch
 from agent.apply.intent import GroupRecords
-from agent.cli import build_agent, settings_from_args
+from agent.assemble import build_agent
+from agent.cli import settings_from_args
 from agent.health import Status, assess
 from agent.kube import KubeClient
 from agent.loop import Agent

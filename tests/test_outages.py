@@ -423,7 +423,8 @@ def test_agent_run_says_a_git_server_away_and_an_expired_publication_on_every_bu
     is said on every bundle and taken off once it is back, and an expired publication is said
     while the branch does not move. Last in this module: it leaves the in-process agent's view
     of the cluster behind."""
-    from agent.cli import build_supervisor, settings_from_args
+    from agent.assemble import build_supervisor
+    from agent.cli import settings_from_args
     from fleetlet.cli import build_parser
 
     args = build_parser().parse_args(["agent", "run", *world.agent_args()])

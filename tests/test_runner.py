@@ -135,7 +135,8 @@ def test_the_supervisor_imports_neither_the_cluster_client_nor_sigstore_nor_the_
     script = f"""
 import json, sys
 from fleetlet.cli import build_parser
-from agent.cli import build_supervisor, settings_from_args
+from agent.assemble import build_supervisor
+from agent.cli import settings_from_args
 args = build_parser(agent_only=True).parse_args(["agent", "run", *{flags!r}])
 supervisor = build_supervisor(settings_from_args(args), log_level="error", log_format="text")
 supervisor.poll()  # the first poll: a worker does the whole tick

@@ -111,7 +111,7 @@ def check_signature(request: JobRequest) -> Any:
     :class:`~agent.verify.VouchedSignature`, None (nothing new, or nothing could be
     checked: the next step does it all), or a JobResult (the trust configuration cannot be
     loaded: the job ends)."""
-    from agent.cli import branch_watcher, git_credentials, trust_policy
+    from agent.assemble import branch_watcher, git_credentials, trust_policy
     from agent.errors import ConfigurationError, FleetletError
     from agent.settings import settings_from_dict
     from agent.verify import (
@@ -150,7 +150,7 @@ def check_signature(request: JobRequest) -> Any:
 def run(request: JobRequest, *, vouched: Any = None) -> JobResult:
     """Build the agent, run the job, say what it did. Never raises for the job's errors (they
     are in the result); an unexpected exception is one too."""
-    from agent.cli import build_agent, make_failpoint
+    from agent.assemble import build_agent, make_failpoint
     from agent.errors import ConfigurationError, FleetletError, TemporaryError
     from agent.report.logs import setup_logging
     from agent.runner.relay import RecordingMetrics
