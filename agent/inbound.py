@@ -391,7 +391,8 @@ class InboundPipeline:
         """Fetch the sources of ``entries`` (default: every bundle of the set) by digest and
         render them, in the set's group order: the bundles rendered, and those whose render
         failed with a permanent error (after which the rest of their group, and the groups
-        that depend on it, are not rendered: they cannot move in this set).
+        that depend on it, are not rendered, since they cannot move in this set; their sources
+        are still fetched and judged).
 
         Raises FetchError (temporary), the source layer's permanent errors
         (ContentRefusedError: the whole set is refused) and what a library raises that none of
@@ -415,9 +416,6 @@ class InboundPipeline:
         )
         try:
             for entry in entries:
-                if entry.group in left_out or left_out & set(entry.spec.depends_on):
-                    left_out.add(entry.group)
-                    continue
                 source = _SourceStep(
                     functools.partial(
                         self._content.compose,
@@ -426,6 +424,13 @@ class InboundPipeline:
                         credentials=self._credentials,
                     )
                 )
+                if entry.group in left_out or left_out & set(entry.spec.depends_on):
+                    # It cannot move in this set, and its render could depend on what failed
+                    # (CRDs): not rendered. Its sources are still fetched and judged: hostile
+                    # source content refuses the set wherever it is.
+                    left_out.add(entry.group)
+                    source()
+                    continue
                 try:
                     objects = self._render_one(deployment_set, entry, crds, facts, source)
                 except PermanentError as exc:

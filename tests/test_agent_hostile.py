@@ -441,6 +441,40 @@ def test_sources_whose_links_escape_together_poison_no_other_bundles_cache(
     assert sorted(p.name for p in cached.iterdir()) == ["01_namespace.yaml", "02_config.yaml"]
 
 
+def test_hostile_source_content_refuses_the_set_even_where_a_failed_render_stops_its_group(
+    published: Published, kube_cluster: Cluster, namespace: str, tmp_path: Path
+) -> None:
+    # A bundle that does not render fails only its group; a bundle depending on it cannot
+    # move in this set, but its sources are still fetched and judged: hostile source content
+    # refuses the whole publication wherever it is.
+    case = ARCHIVES[0]
+    registry = published.registry.host
+    push_layer(published.registry, "agent/broken", tar_of("broken.yaml", b"kind: [x\n"), "v1")
+    push_layer(published.registry, "attack/hostile", case.build(), "v1")
+    publish_bundles(
+        published,
+        "beside-a-broken-render",
+        [
+            {
+                "name": "broken",
+                "sources": [{"kind": "image", "uri": f"{registry}/agent/broken", "tag": "v1"}],
+            },
+            {
+                "name": "attack",
+                "sources": [{"kind": "image", "uri": f"{registry}/attack/hostile", "tag": "v1"}],
+                "dependsOn": ["broken"],
+            },
+        ],
+    )
+    pipeline, _, _ = agent(published, kube_cluster, "alpha", tmp_path, namespace)
+    with pytest.raises(ContentRefusedError) as caught:
+        pipeline.sync()
+    assert caught.value.rule == case.rule and "attack/hostile" in str(caught.value)
+    kube = KubeClient(kubeconfig=str(kube_cluster.kubeconfig))
+    state = ClusterState(kube=kube, namespace=namespace, name="fleetlet-agent-state-alpha").load()
+    assert state.last_serial is None and state.refusal_reason == caught.value.reason
+
+
 CLUSTER_ROLE_BINDING = b"""apiVersion: rbac.authorization.k8s.io/v1
 kind: ClusterRoleBinding
 metadata: {name: attacker-is-admin}
