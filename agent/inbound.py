@@ -27,8 +27,8 @@ is raised (not by its class: an InvalidManifestError is a ContentRefusedError to
   composed (an unknown format, a plugin that fails, a tool that fails, such as a chart that
   does not template, invalid manifests or a broken YAML file coming out of the render). The
   verified set is accepted; the bundles that rendered go on to the reconcile; the failing
-  bundle's group (and the groups that ``dependsOn`` it, which are not rendered) are left out
-  of :attr:`SyncResult.bundles`, and the failure is listed in :attr:`SyncResult.failed` and
+  bundle's group (and the groups that ``dependsOn`` it, which are not rendered, though their
+  sources are still fetched and judged) are left out of :attr:`SyncResult.bundles`, and the failure is listed in :attr:`SyncResult.failed` and
   kept for the reconcile's first :meth:`InboundPipeline.render` of that bundle, which raises
   it instead of rendering again: the group fails there alone (RenderFailed, refused until its
   target changes), its dependents wait, the other groups move. Nothing of a bundle that did
