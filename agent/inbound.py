@@ -12,9 +12,28 @@ method raising with its own reason (the ``reason`` attribute of the error):
 - ``content`` and ``render``: every bundle's sources by digest through the cache, rendered
   with its format, namespaces defaulted from the API server's discovery.
 
-Whatever a hostile publication or its content makes a library raise (not only our own
-errors) becomes a recorded, permanent refusal of that commit: the agent never stalls on it,
-and keeps reconciling what it accepted before.
+What refuses the whole publication, and what fails only a group, is decided by WHERE the error
+is raised (not by its class: an InvalidManifestError is a ContentRefusedError too):
+
+- refused whole (recorded in the cluster, ``last_refusal`` in the status document, said on
+  every BundleDeployment, not retried until the branch moves): every failure of the
+  verification (signature, identity, inclusion proof, serial, expiry, schema), and every
+  permanent error of the **source layer** (:mod:`agent.source`) while it fetches, unpacks and
+  composes a bundle's tree: a digest mismatch, path traversal, links leaving the tree, unpack
+  limits, an unusable source. Those mean a compromised or corrupt source: the agent fails
+  closed. So does anything a library raises that none of our checks names (a bug met on
+  hostile input), as before;
+- fails only its group: a permanent error of the **render** of a bundle whose tree was
+  composed (an unknown format, a plugin that fails, a tool that fails, such as a chart that
+  does not template, invalid manifests or a broken YAML file coming out of the render). The
+  verified set is accepted; the bundles that rendered go on to the reconcile; the failing
+  bundle's group (and the groups that ``dependsOn`` it, which are not rendered, though their
+  sources are still fetched and judged) are left out of :attr:`SyncResult.bundles`, and the failure is listed in :attr:`SyncResult.failed` and
+  kept for the reconcile's first :meth:`InboundPipeline.render` of that bundle, which raises
+  it instead of rendering again: the group fails there alone (RenderFailed, refused until its
+  target changes), its dependents wait, the other groups move. Nothing of a bundle that did
+  not render is ever applied, so this trades no safety for the isolation;
+- a temporary error (a registry away) leaves the commit to be tried again, as before.
 
 The apply, health and prune stages (the outbound half) consume :class:`SyncResult.bundles`.
 """
@@ -103,6 +122,16 @@ class RenderedBundle:
 
 
 @dataclass(frozen=True, kw_only=True)
+class RenderFailure:
+    """A bundle of the accepted set whose render failed with a permanent error about its own
+    content or format (not its source): only its group fails."""
+
+    name: str
+    group: str
+    error: PermanentError
+
+
+@dataclass(frozen=True, kw_only=True)
 class SyncResult:
     """What one inbound reconcile did.
 
@@ -116,6 +145,9 @@ class SyncResult:
     serial: int | None = None
     deployment_set: BundleDeploymentSet | None = None
     bundles: list[RenderedBundle] = field(default_factory=list)
+    """The bundles rendered (a failed bundle's group and its dependents are not among them)."""
+    failed: tuple[RenderFailure, ...] = ()
+    """Bundles of the accepted set that could not be rendered (see the module docstring)."""
 
 
 class InboundPipeline:
@@ -168,6 +200,10 @@ class InboundPipeline:
         self._policy_digest: str | None = None
         self.facts: ClusterFacts | None = None
         """The cluster facts the last render used (None: no render since the start)."""
+        # Render failures of the last set rendered whole, by bundle: the reconcile's render of
+        # such a bundle raises it once instead of rendering again (see the module docstring).
+        self._failed: dict[str, RenderFailure] = {}
+        self._failed_serial: int | None = None
 
     @property
     def _policy(self) -> str:
@@ -181,8 +217,9 @@ class InboundPipeline:
 
         Raises GitUnavailableError / FetchError / ApiUnavailableError (temporary: retry with
         backoff) and the refusals: VerificationError or ValidationError subclasses (after
-        recording them in the cluster), BranchNotFoundError, ContentRefusedError,
-        InvalidManifestError (permanent).
+        recording them in the cluster), BranchNotFoundError, and ContentRefusedError from the
+        source layer or for content a library cannot read (permanent). A bundle that does not
+        render is not raised: it is in :attr:`SyncResult.failed` (see the module docstring).
         """
         state = self._state.load()
         commit = self._watcher.poll()
@@ -250,10 +287,10 @@ class InboundPipeline:
                 deployment_set=deployment_set,
             )
         try:
-            bundles = self.render(deployment_set)
+            bundles, failed = self.render_each(deployment_set)
         except PermanentError as exc:
-            # Hostile or broken content, an unknown format: the same commit renders the same
-            # way, so it is not fetched again until the branch moves.
+            # Hostile or corrupt source content: the same commit fetches the same way, so it is
+            # not fetched again until the branch moves.
             self._refuse(state, commit, exc)
             raise
         except FleetletError:
@@ -268,9 +305,20 @@ class InboundPipeline:
         except Exception as exc:
             raise self._unreadable(state, commit, deployment_set, exc) from exc
         self._step("rendered")
-        # The serial is accepted once everything it names could be fetched and rendered: a
-        # temporary fetch failure leaves the commit to be tried again at the next poll. The
-        # set first: a crash between the two writes re-verifies the same commit, harmlessly.
+        for failure in failed:
+            log.warning(
+                "serial %s: bundle %s (group %s) cannot be rendered; only its group fails: %s",
+                deployment_set.serial,
+                failure.name,
+                failure.group,
+                failure.error,
+            )
+        self._failed = {f.name: f for f in failed}
+        self._failed_serial = deployment_set.serial
+        # The serial is accepted once everything it names could be fetched and rendered (or
+        # failed to render on its own): a temporary fetch failure leaves the commit to be tried
+        # again at the next poll. The set first: a crash between the two writes re-verifies
+        # the same commit, harmlessly.
         self._state.save_set(deployment_set)
         self._state.save(accepted)
         return SyncResult(
@@ -279,6 +327,7 @@ class InboundPipeline:
             serial=deployment_set.serial,
             deployment_set=deployment_set,
             bundles=bundles,
+            failed=tuple(failed),
         )
 
     def _unreadable(
@@ -326,17 +375,46 @@ class InboundPipeline:
         entries: Sequence[BundleDeploymentEntry] | None = None,
     ) -> list[RenderedBundle]:
         """Fetch the sources of ``entries`` (default: every bundle of the set) by digest and
-        render them, in the set's group order.
+        render them, in the set's group order. A bundle whose render failed when the set was
+        accepted raises that failure (once) instead of being rendered again.
 
         Raises FetchError (temporary), ContentRefusedError, InvalidManifestError,
-        UnknownFormatError (permanent).
+        UnknownFormatError and the render's other errors (permanent).
+        """
+        chosen = list(deployment_set.bundle_deployments if entries is None else entries)
+        if self._failed_serial == deployment_set.serial:
+            for entry in chosen:
+                known = self._failed.pop(entry.name, None)
+                if known is not None:
+                    raise known.error
+        rendered, failed = self.render_each(deployment_set, chosen)
+        if failed:
+            raise failed[0].error
+        return rendered
+
+    def render_each(
+        self,
+        deployment_set: BundleDeploymentSet,
+        entries: Sequence[BundleDeploymentEntry] | None = None,
+    ) -> tuple[list[RenderedBundle], list[RenderFailure]]:
+        """Fetch the sources of ``entries`` (default: every bundle of the set) by digest and
+        render them, in the set's group order: the bundles rendered, and those whose render
+        failed with a permanent error (after which the rest of their group, and the groups
+        that depend on it, are not rendered, since they cannot move in this set; their sources
+        are still fetched and judged).
+
+        Raises FetchError (temporary), the source layer's permanent errors
+        (ContentRefusedError: the whole set is refused) and what a library raises that none of
+        our checks names.
         """
         root = self._workdir / "trees" / str(deployment_set.serial)
         shutil.rmtree(root, ignore_errors=True)
         order = {group: i for i, group in enumerate(deployment_set.groups)}
         chosen = deployment_set.bundle_deployments if entries is None else entries
         entries = sorted(chosen, key=lambda e: order[e.group])
-        rendered = []
+        rendered: list[RenderedBundle] = []
+        failed: list[RenderFailure] = []
+        left_out: set[str] = set()  # groups that failed, and groups that depend on them
         # CRDs of earlier groups are not served yet when the set is rendered; their kinds'
         # scope comes from the CRD objects themselves (a Promotion gets the target namespace
         # even though the platform group that defines it has not been applied yet).
@@ -348,43 +426,69 @@ class InboundPipeline:
         self.facts = facts
         try:
             for entry in entries:
-                spec = entry.spec
-                options = spec.format_options
-                # The pins name the content: a bundle rendered before for the same options
-                # and cluster facts is neither fetched nor rendered again.
-                objects = self.renders.render(
-                    format=spec.format,
-                    content=sources_digest(to_dict(s) for s in spec.sources),
-                    request=RenderRequest(
-                        source=entry.name,
-                        namespace=options.target_namespace if options else None,
-                        scope=with_bundle_crds(crds, self._kube.scope),
-                        ownership=Ownership(
-                            bundle=entry.name,
-                            group=entry.group,
-                            revision=str(deployment_set.serial),
-                        ),
-                        options=_options_dict(options),
-                        cluster=facts,
-                        tools=self._tools,
-                        upgrade=renders_as_upgrade(
-                            spec.format, installed=self._installed(entry.name)
-                        ),
-                        patches=tuple(to_dict(p) for p in spec.patches),
-                    ),
-                    tree=functools.partial(
+                source = _SourceStep(
+                    functools.partial(
                         self._content.compose,
-                        spec.sources,
+                        entry.spec.sources,
                         root / entry.name,
                         credentials=self._credentials,
-                    ),
+                    )
                 )
-                objects = with_created_namespace(objects, spec, bundle=entry.name)
+                if entry.group in left_out or left_out & set(entry.spec.depends_on):
+                    # It cannot move in this set, and its render could depend on what failed
+                    # (CRDs): not rendered. Its sources are still fetched and judged: hostile
+                    # source content refuses the set wherever it is.
+                    left_out.add(entry.group)
+                    source()
+                    continue
+                try:
+                    objects = self._render_one(deployment_set, entry, crds, facts, source)
+                except PermanentError as exc:
+                    if source.raised(exc):
+                        raise  # hostile or corrupt source content: the whole set is refused
+                    failed.append(RenderFailure(name=entry.name, group=entry.group, error=exc))
+                    left_out.add(entry.group)
+                    continue
                 crds.extend(o for o in objects if o.get("kind") == "CustomResourceDefinition")
                 rendered.append(RenderedBundle(name=entry.name, group=entry.group, objects=objects))
         finally:
             shutil.rmtree(root, ignore_errors=True)
-        return rendered
+        # A group's bundles move together: none of a failed group is handed on.
+        return [b for b in rendered if b.group not in left_out], failed
+
+    def _render_one(
+        self,
+        deployment_set: BundleDeploymentSet,
+        entry: BundleDeploymentEntry,
+        crds: list[Manifest],
+        facts: ClusterFacts,
+        tree: Callable[[], Path],
+    ) -> list[Manifest]:
+        spec = entry.spec
+        options = spec.format_options
+        # The pins name the content: a bundle rendered before for the same options and
+        # cluster facts is neither fetched nor rendered again.
+        objects = self.renders.render(
+            format=spec.format,
+            content=sources_digest(to_dict(s) for s in spec.sources),
+            request=RenderRequest(
+                source=entry.name,
+                namespace=options.target_namespace if options else None,
+                scope=with_bundle_crds(crds, self._kube.scope),
+                ownership=Ownership(
+                    bundle=entry.name,
+                    group=entry.group,
+                    revision=str(deployment_set.serial),
+                ),
+                options=_options_dict(options),
+                cluster=facts,
+                tools=self._tools,
+                upgrade=renders_as_upgrade(spec.format, installed=self._installed(entry.name)),
+                patches=tuple(to_dict(p) for p in spec.patches),
+            ),
+            tree=tree,
+        )
+        return with_created_namespace(objects, spec, bundle=entry.name)
 
     def _credentials(self, secret_name: str) -> Credentials:
         secret = self._kube.get(
@@ -402,6 +506,31 @@ class InboundPipeline:
             )
         data = {k: base64.b64decode(v) for k, v in (secret.get("data") or {}).items()}
         return credentials_from_secret(data)
+
+
+class _SourceStep:
+    """Composes a bundle's tree (the source layer) and remembers what it raised, so that a
+    failure of the source is told from a failure of the render that read the tree."""
+
+    def __init__(self, compose: Callable[[], Path]) -> None:
+        self._compose = compose
+        self._raised: BaseException | None = None
+
+    def __call__(self) -> Path:
+        try:
+            return self._compose()
+        except BaseException as exc:
+            self._raised = exc
+            raise
+
+    def raised(self, exc: BaseException) -> bool:
+        """Whether ``exc`` (or what it was raised from) came out of the source layer."""
+        seen: BaseException | None = exc
+        while seen is not None:
+            if seen is self._raised:
+                return True
+            seen = seen.__cause__ or seen.__context__
+        return False
 
 
 def with_created_namespace(
@@ -451,6 +580,7 @@ def _options_dict(options: Any) -> dict[str, Any]:
 __all__ = [
     "InboundPipeline",
     "PublicationUnreadableError",
+    "RenderFailure",
     "RenderedBundle",
     "SyncResult",
     "renders_as_upgrade",

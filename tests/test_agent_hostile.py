@@ -4,7 +4,9 @@ to a real agent applying to it).
 
 Every case must be refused with its own reason, recorded in the cluster (the agent's state
 keeps the refusal and its reason; the accepted serial does not move) and nothing else in the
-cluster may change. The same cases are unit-tested closer to their code in
+cluster may change. The exception is a hostile manifest file, which the render (not the source
+layer) refuses: the verified set is accepted and only that bundle's group fails, with the
+same rule (nothing of the bundle is applied; see agent/inbound.py). The same cases are unit-tested closer to their code in
 tests/test_publication.py, tests/test_source_archive.py and tests/test_render_manifests.py;
 here they travel the whole inbound path.
 """
@@ -280,19 +282,43 @@ def test_a_hostile_archive_is_refused(
 
 
 @pytest.mark.parametrize("case", MANIFESTS, ids=[c.name for c in MANIFESTS])
-def test_a_hostile_manifest_is_refused(
+def test_a_hostile_manifest_fails_its_bundle_not_the_publication(
     published: Published,
     kube_cluster: Cluster,
     namespace: str,
     tmp_path: Path,
     case: manifests.ManifestCase,
 ) -> None:
+    # A manifest is refused by the render (the tree was fetched and unpacked safely): only
+    # its bundle's group fails, the verified set is accepted (see agent/inbound.py).
     publish_hostile(published, tar_of(case.file, case.data), f"hostile-{case.name}")
     pipeline, _, _ = agent(published, kube_cluster, "alpha", tmp_path, namespace)
+    result = pipeline.sync()
+    assert result.outcome == "rendered" and result.bundles == []
+    (failure,) = result.failed
+    assert failure.name == "app"
+    assert getattr(failure.error, "rule", None) == case.rule, str(failure.error)
+    assert case.file in str(failure.error)  # names the file
+    kube = KubeClient(kubeconfig=str(kube_cluster.kubeconfig))
+    state = ClusterState(kube=kube, namespace=namespace, name="fleetlet-agent-state-alpha").load()
+    assert state.last_serial == result.serial and state.refused_commit is None
+    # The reconcile's render of the bundle gets the same failure, without rendering it again
+    # (the render cache counts a render as a miss); a later one (a retry) renders anew.
+    assert result.deployment_set is not None
+    entries = result.deployment_set.bundle_deployments
+    misses = pipeline.renders.misses
     with pytest.raises(FleetletError) as caught:
-        pipeline.sync()
-    assert getattr(caught.value, "rule", None) == case.rule, str(caught.value)
-    assert case.file in str(caught.value)  # names the file
+        pipeline.render(result.deployment_set, entries)
+    assert caught.value is failure.error and pipeline.renders.misses == misses
+    with pytest.raises(FleetletError) as retried:
+        pipeline.render(result.deployment_set, entries)
+    assert getattr(retried.value, "rule", None) == case.rule
+    assert pipeline.renders.misses == misses + 1
+    # Nothing of the bundle reached the cluster (no reconcile ran; it would refuse the group).
+    assert (
+        kube.get({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "sync-app"}})
+        is None
+    )
 
 
 def corrupt_blob(registry: Registry, digest: str) -> None:
@@ -413,6 +439,40 @@ def test_sources_whose_links_escape_together_poison_no_other_bundles_cache(
     # The victim's cached tree (rendered first) holds what its digest says, nothing more.
     cached = tmp_path / "cache" / "entries" / entry / "tree"
     assert sorted(p.name for p in cached.iterdir()) == ["01_namespace.yaml", "02_config.yaml"]
+
+
+def test_hostile_source_content_refuses_the_set_even_where_a_failed_render_stops_its_group(
+    published: Published, kube_cluster: Cluster, namespace: str, tmp_path: Path
+) -> None:
+    # A bundle that does not render fails only its group; a bundle depending on it cannot
+    # move in this set, but its sources are still fetched and judged: hostile source content
+    # refuses the whole publication wherever it is.
+    case = ARCHIVES[0]
+    registry = published.registry.host
+    push_layer(published.registry, "agent/broken", tar_of("broken.yaml", b"kind: [x\n"), "v1")
+    push_layer(published.registry, "attack/hostile", case.build(), "v1")
+    publish_bundles(
+        published,
+        "beside-a-broken-render",
+        [
+            {
+                "name": "broken",
+                "sources": [{"kind": "image", "uri": f"{registry}/agent/broken", "tag": "v1"}],
+            },
+            {
+                "name": "attack",
+                "sources": [{"kind": "image", "uri": f"{registry}/attack/hostile", "tag": "v1"}],
+                "dependsOn": ["broken"],
+            },
+        ],
+    )
+    pipeline, _, _ = agent(published, kube_cluster, "alpha", tmp_path, namespace)
+    with pytest.raises(ContentRefusedError) as caught:
+        pipeline.sync()
+    assert caught.value.rule == case.rule and "attack/hostile" in str(caught.value)
+    kube = KubeClient(kubeconfig=str(kube_cluster.kubeconfig))
+    state = ClusterState(kube=kube, namespace=namespace, name="fleetlet-agent-state-alpha").load()
+    assert state.last_serial is None and state.refusal_reason == caught.value.reason
 
 
 CLUSTER_ROLE_BINDING = b"""apiVersion: rbac.authorization.k8s.io/v1

@@ -161,8 +161,10 @@ class Reconciler:
         set_digest: str | None = None,
     ) -> PassResult:
         """One pass over every group of the set. ``rendered`` holds bundles already rendered
-        for this set (the inbound pipeline renders a new set whole); others are rendered
-        with ``render`` when their group has to move.
+        for this set (the inbound pipeline renders a new set, leaving out a group with a
+        bundle that failed to render, and its dependents); others are rendered with ``render``
+        when their group has to move (for a bundle that failed in the inbound pipeline,
+        ``render`` raises that failure again: the group fails alone, RenderFailed).
 
         Raises ApiUnavailableError when the API server does not answer (nothing more can be
         done now); every other failure is recorded on its group's bundles and in the result.
