@@ -19,7 +19,7 @@ import rfc8785
 
 from hub.errors import GitTransportError
 from hub.status import FleetStatus
-from hub.status.aggregate import installation_state
+from hub.status.document import installation_state
 from tests.realenv.git_fixtures import GIT_PASSWORD, GIT_USER
 from tests.realenv.gitserver import GitDaemon, GitHttpServer, free_port
 
@@ -475,7 +475,7 @@ def test_a_document_whose_run_outputs_are_not_an_object_is_bad(outputs: object) 
     ``GET .../runs/<id>/outputs`` answer 500; it is now refused, naming the field."""
     import json
 
-    from hub.status.aggregate import StatusDocumentError, parse_status
+    from hub.status.document import StatusDocumentError, parse_status
 
     seed = Path(__file__).parent / "fuzz" / "corpus" / "status" / "status.json"
     doc = json.loads(seed.read_text())

@@ -35,7 +35,8 @@ if TYPE_CHECKING:
 from agent.errors import FleetletError, TemporaryError
 from hub.api.metrics import HubMetrics
 from hub.api.tokens import HubConfigError, Tokens, load_tokens
-from hub.status.aggregate import STATES, FleetStatus
+from hub.status.aggregate import FleetStatus
+from hub.status.document import STATES
 from hub.status.queries import (
     DEFAULT_PAGE,
     MAX_PAGE,

@@ -23,7 +23,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
-from hub.status.aggregate import STATES, FleetStatus
+from hub.status.aggregate import FleetStatus
+from hub.status.document import STATES
 
 PREFIX = "fleetlet_hub"
 CLUSTER_STATES = (*STATES, "Unknown")

@@ -23,505 +23,38 @@ for longer than ``stale_after`` is ``Stale`` and so are its installations.
 from __future__ import annotations
 
 import contextlib
-import gc
-import json
 import multiprocessing
 import os
 import sqlite3
-import struct
-import sys
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pygit2
 
-from agent.api.reasons import FAILED, ROLLED_BACK, RUNNING, SUCCEEDED
-from agent.api.status import MAX_LOAD_BYTES
-from agent.errors import PermanentError
+from agent.api.reasons import SUCCEEDED
 from hub.errors import GitTransportError
-from hub.publish.pack import PackWriter
-from hub.status import fetch as fetch_v2
+from hub.status.document import (
+    format_time,
+    installation_state,
+)
+from hub.status.shard import (
+    StatusCacheError,
+    StatusShard,
+    cold_refresh,
+    no_gc,
+)
+from hub.status.view import ClusterView, RefreshResult
 
-STATUS_PREFIX = "refs/heads/fleetlet/status/"
-STATUS_FILE = "status.json"
-_TRACK_PREFIX = "refs/fleetlet/status/"
 _VIEW_FILE = "view.sqlite"
 _VIEW_FORMAT = 3  # 3: each installation's applied and newest-run serials
-_EXPLICIT_REFSPECS = 64
 _DOCUMENTS_KEPT = 256
 _PARALLEL = 8
-
-STATES = (
-    "Ready",
-    "Progressing",
-    "AwaitingApproval",
-    "Denied",
-    "Degraded",
-    "RolledBack",
-    "Paused",
-    "Stale",
-)
-
-_loads: Callable[[bytes], Any] = json.loads
-try:  # 4x faster than the standard library on status documents, when installed
-    from orjson import loads as _orjson_loads
-
-    _loads = _orjson_loads
-except ImportError:  # pragma: no cover - depends on the installation
-    pass
-
-
-class StatusCacheError(PermanentError):
-    """The hub's status cache directory cannot be created, opened or written."""
-
-
-class StatusDocumentError(ValueError):
-    """A status document that cannot be used (not JSON, wrong kind, missing fields)."""
-
-
-def parse_status(data: bytes, *, origin: str) -> dict[str, Any]:
-    """Parse and check the fields the hub relies on; return the document as a dict.
-
-    Raises StatusDocumentError naming ``origin`` and the first problem. Not the agent's full
-    schema check (``agent.api.status.load_status``): that costs about 2.5 ms for a 7 KB
-    document, 25 s for 10,000 clusters, against 0.1 ms here; and the hub needs only these
-    fields, so a field it does not read never hides a whole cluster.
-    """
-    if len(data) > MAX_LOAD_BYTES:
-        raise StatusDocumentError(f"{origin}: {len(data)} bytes, more than {MAX_LOAD_BYTES}")
-    try:
-        doc = _loads(data)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise StatusDocumentError(f"{origin}: not JSON: {exc}") from exc
-    if not isinstance(doc, dict):
-        raise StatusDocumentError(f"{origin}: expected an object, got {type(doc).__name__}")
-    if doc.get("kind") != "ClusterStatus":
-        raise StatusDocumentError(
-            f"{origin}: kind: expected ClusterStatus, got {doc.get('kind')!r}"
-        )
-    for key, kind in (("cluster", str), ("heartbeat", str), ("sequence", int), ("bundles", dict)):
-        if not isinstance(doc.get(key), kind) or isinstance(doc.get(key), bool):
-            raise StatusDocumentError(
-                f"{origin}: {key}: expected {kind.__name__}, got {doc.get(key)!r:.80}"
-            )
-    parse_time(doc["heartbeat"], origin=f"{origin}: heartbeat")
-    for name, bundle in doc["bundles"].items():
-        if not isinstance(bundle, dict):
-            raise StatusDocumentError(f"{origin}: bundles.{name}: expected an object")
-        for key in ("conditions", "runs"):
-            if not isinstance(bundle.get(key, []), list):
-                raise StatusDocumentError(f"{origin}: bundles.{name}.{key}: expected a list")
-        for i, run in enumerate(bundle.get("runs", [])):
-            if not isinstance(run, dict) or not isinstance(run.get("id"), str):
-                raise StatusDocumentError(f"{origin}: bundles.{name}.runs[{i}]: expected an id")
-            if not isinstance(run.get("outputs", {}), dict):
-                raise StatusDocumentError(
-                    f"{origin}: bundles.{name}.runs[{i}].outputs: expected an object"
-                )
-    return doc
-
-
-def parse_time(text: str, *, origin: str) -> datetime:
-    """An RFC 3339 UTC time. Raises StatusDocumentError."""
-    try:
-        value = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except (ValueError, AttributeError) as exc:
-        raise StatusDocumentError(f"{origin}: not an RFC 3339 time: {text!r:.60}") from exc
-    return value if value.tzinfo else value.replace(tzinfo=UTC)
-
-
-def format_time(value: datetime) -> str:
-    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-@dataclass(slots=True)
-class ClusterView:
-    """One cluster as its status branch in one shard last said, in compact form.
-
-    ``states`` is (bundle, state) per installation, the state as the document says it (Stale
-    is the clock's, applied when read). ``source`` is the commit the summary was read from
-    (None: never a good document); ``error`` why the tip's document was not used.
-    """
-
-    name: str
-    shard: int
-    tip: str
-    source: str | None = None
-    error: str | None = None
-    heartbeat: str | None = None
-    sequence: int | None = None
-    agent_version: str | None = None
-    last_accepted_serial: int | None = None
-    last_refusal: Any = None
-    states: tuple[tuple[str, str], ...] = ()
-    serials: bytes = b""
-    """Per item of ``states``: the serial of its applied revision and of its newest run (0:
-    none), packed as unsigned 64-bit pairs (a few bytes per installation, at 100,000 clusters)."""
-    beat: datetime | None = field(default=None, compare=False)  # the heartbeat, parsed
-
-    def __post_init__(self) -> None:
-        # Parsed once: staleness is asked of every cluster on every pass over the fleet.
-        self.beat = parse_time(self.heartbeat, origin=self.name) if self.heartbeat else None
-
-    def stale(self, now: datetime, stale_after: timedelta) -> bool:
-        beat = self.beat
-        return beat is None or now - beat > stale_after
-
-    def revisions(self) -> dict[str, tuple[str, int, int]]:
-        """Bundle -> (state as reported, applied serial, newest run's serial); 0 for none."""
-        count = len(self.states)
-        pairs = (
-            struct.unpack(f"<{2 * count}Q", self.serials) if len(self.serials) == 16 * count else ()
-        )
-        return {
-            bundle: (state, pairs[2 * i] if pairs else 0, pairs[2 * i + 1] if pairs else 0)
-            for i, (bundle, state) in enumerate(self.states)
-        }
-
-    def rank(self) -> tuple[str, int, int]:
-        """Which of a cluster's views (one per shard holding its status) is shown: newest."""
-        return (self.heartbeat or "", self.sequence or 0, -self.shard)
-
-    def summarised(self, doc: Mapping[str, Any], commit: str) -> ClusterView:
-        items = sorted(doc["bundles"].items())
-        accepted = doc.get("lastAcceptedSerial")
-        states = tuple(
-            (sys.intern(name), sys.intern(installation_state(item, stale=False, accepted=accepted)))
-            for name, item in items
-        )
-        serials = struct.pack(
-            f"<{2 * len(items)}Q", *(n for _, item in items for n in _serials(item))
-        )
-        version = doc.get("agentVersion")
-        return ClusterView(
-            name=self.name,
-            shard=self.shard,
-            tip=self.tip,
-            source=commit,
-            error=None,
-            heartbeat=doc["heartbeat"],
-            sequence=doc["sequence"],
-            agent_version=sys.intern(version) if isinstance(version, str) else None,
-            last_accepted_serial=doc.get("lastAcceptedSerial"),
-            last_refusal=doc.get("lastRefusal"),
-            states=states,
-            serials=serials,
-        )
-
-    def row(self) -> tuple[int, str, str, str | None, str | None, str]:
-        data = {
-            "h": self.heartbeat,
-            "s": self.sequence,
-            "v": self.agent_version,
-            "a": self.last_accepted_serial,
-            "r": self.last_refusal,
-            "b": self.states,
-            "n": self.serials.hex(),
-        }
-        return (self.shard, self.name, self.tip, self.source, self.error, json.dumps(data))
-
-    @classmethod
-    def of_row(cls, row: Sequence[Any]) -> ClusterView:
-        shard, name, tip, source, error, blob = row
-        data = json.loads(blob)
-        return cls(
-            name=name,
-            shard=shard,
-            tip=tip,
-            source=source,
-            error=error,
-            heartbeat=data["h"],
-            sequence=data["s"],
-            agent_version=sys.intern(data["v"]) if data["v"] else None,
-            last_accepted_serial=data["a"],
-            last_refusal=data["r"],
-            states=tuple((sys.intern(b), sys.intern(st)) for b, st in data["b"]),
-            serials=bytes.fromhex(data["n"]),
-        )
-
-
-_MAX_SERIAL = 2**53 - 1
-
-
-def _serials(item: Mapping[str, Any]) -> tuple[int, int]:
-    """(applied revision's serial, newest run's serial) of an installation; 0 for none."""
-    applied = item.get("appliedRevision")
-    runs = item.get("runs") or []
-    first = applied.get("serial") if isinstance(applied, dict) else None
-    last = runs[0].get("serial") if runs and isinstance(runs[0], dict) else None
-    return tuple(  # type: ignore[return-value]
-        v if isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= _MAX_SERIAL else 0
-        for v in (first, last)
-    )
-
-
-@dataclass(slots=True)
-class RefreshResult:
-    """What one refresh did: branches listed, moved (fetched), removed, and seconds spent."""
-
-    listed: int
-    moved: list[str] = field(default_factory=list)
-    removed: list[str] = field(default_factory=list)
-    errors: dict[str, str] = field(default_factory=dict)
-    seconds: float = 0.0
-
-
-def installation_state(
-    bundle: Mapping[str, Any], *, stale: bool, accepted: int | None = None
-) -> str:
-    """The one-word state of an installation, from its conditions and its newest run.
-
-    Stale beats everything (an old report says nothing about now); then Paused,
-    AwaitingApproval and Denied (Ready says so: the group's move waits for, or was refused,
-    an approval), Progressing (a run in progress or Progressing=True), RolledBack (the newest
-    run was rolled back, or Ready says RolledBack), Degraded (Degraded=True, Ready=False or
-    the newest run failed), Ready.
-
-    A rolled back run is history, not the state, once the agent accepted a newer set
-    (``accepted``: the document's ``lastAcceptedSerial``) and says Ready (Healthy): that set's
-    target is the revision it runs (a rollout reverted the failed one, or a fix equals it);
-    a set still wanting the failed revision keeps Ready False with reason RolledBack.
-    """
-    if stale:
-        return "Stale"
-    # The document comes from a branch anyone with push access writes: read it defensively.
-    listed = bundle.get("conditions")
-    conditions = {
-        c["type"]: c
-        for c in (listed if isinstance(listed, list) else [])
-        if isinstance(c, dict) and isinstance(c.get("type"), str)
-    }
-
-    def true(kind: str) -> bool:
-        return str(conditions.get(kind, {}).get("status")) == "True"
-
-    runs = bundle.get("runs")
-    runs = runs if isinstance(runs, list) else []
-    last = runs[0].get("result") if runs and isinstance(runs[0], dict) else None
-    ready = conditions.get("Ready", {})
-    if true("Paused") or ready.get("reason") == "Paused":
-        return "Paused"
-    if ready.get("reason") in ("AwaitingApproval", "Denied"):
-        return str(ready["reason"])
-    if last == RUNNING or true("Progressing"):
-        return "Progressing"
-    run_serial = runs[0].get("serial") if runs and isinstance(runs[0], dict) else None
-    past = (
-        last == ROLLED_BACK
-        and true("Ready")
-        and ready.get("reason") == "Healthy"
-        and isinstance(accepted, int)
-        and isinstance(run_serial, int)
-        and accepted > run_serial
-    )
-    if (last == ROLLED_BACK and not past) or ready.get("reason") == "RolledBack":
-        # Also after a later drift-correction run: the failed serial is still not applied.
-        return "RolledBack"
-    if true("Degraded") or str(ready.get("status")) == "False" or last == FAILED:
-        return "Degraded"
-    if true("Ready"):
-        return "Ready"
-    return "Progressing"
-
-
-class _Callbacks(pygit2.RemoteCallbacks):  # type: ignore[misc]
-    def __init__(self, credentials: tuple[str, str] | None) -> None:
-        super().__init__()
-        self._creds = credentials
-
-    def credentials(self, url: str, username_from_url: str | None, allowed_types: Any) -> Any:
-        if self._creds is None:
-            raise pygit2.Passthrough
-        return pygit2.UserPass(*self._creds)
-
-
-class _Shard:
-    """One status repository and its local bare cache repository."""
-
-    def __init__(self, index: int, url: str, path: Path) -> None:
-        self.index = index
-        self.url = url
-        self.path = path
-        try:
-            if (path / "HEAD").is_file():
-                self.repo = pygit2.Repository(str(path))
-            else:
-                path.mkdir(parents=True, exist_ok=True)
-                self.repo = pygit2.init_repository(str(path), bare=True)
-        except (pygit2.GitError, OSError) as exc:
-            raise StatusCacheError(f"hub status cache {path}: {exc}") from exc
-        self.odb = self.repo.odb
-        self.v2 = True  # the server speaks protocol v2 (until it shows it does not)
-
-    def refresh(
-        self, known: Mapping[str, ClusterView], credentials: tuple[str, str] | None
-    ) -> tuple[dict[str, str], dict[str, ClusterView]]:
-        """(every branch's tip, the views of the moved ones). Raises GitTransportError.
-
-        A shard the hub knows goes through protocol v2 when the server speaks it
-        (:mod:`hub.status.fetch`: the moved tips only); a cold one, or a v0-only server,
-        through libgit2.
-        """
-        tips = None
-        if known and self.v2 and fetch_v2.supported(self.url):
-            try:
-                tips = self.list_and_fetch_v2(known, credentials)
-            except fetch_v2.NotProtocolV2:
-                self.v2 = False
-            except GitTransportError:
-                # v2 commands are separate requests: a branch that moved between the listing
-                # and the fetch is "not our ref" any more. libgit2 lists and fetches in one.
-                tips = None
-        if tips is None:
-            tips = self.list_and_fetch({n: v.tip for n, v in known.items()}, credentials)
-        moved = [c for c, tip in tips.items() if (v := known.get(c)) is None or v.tip != tip]
-        with _no_gc():
-            return tips, {c: self.read(c, tips[c], known.get(c)) for c in moved}
-
-    def list_and_fetch_v2(
-        self, known: Mapping[str, ClusterView], credentials: tuple[str, str] | None
-    ) -> dict[str, str]:
-        """Protocol v2: list, then fetch the moved tips against their previous ones (one
-        connection over git://). Raises GitTransportError, NotProtocolV2."""
-        with fetch_v2.Session(self.url, credentials=credentials) as session:
-            tips = session.refs(STATUS_PREFIX)
-            moved = [
-                c
-                for c, tip in tips.items()
-                if (v := known.get(c)) is None
-                or (v.tip != tip and pygit2.Oid(hex=tip) not in self.repo)
-            ]
-            if not moved:
-                return tips
-            haves = sorted({known[c].tip for c in moved if c in known})
-            objects = session.fetch(sorted({tips[c] for c in moved}), haves)
-        pack = PackWriter()
-        for kind, data in objects:
-            pack.add(kind, data)
-        try:
-            pack.write(Path(self.repo.path))
-        except OSError as exc:
-            raise StatusCacheError(f"hub status cache {self.repo.path}: {exc}") from exc
-        return tips
-
-    def list_and_fetch(
-        self, known: Mapping[str, str], credentials: tuple[str, str] | None
-    ) -> dict[str, str]:
-        """Every status branch's tip (one listing); the moved ones' objects fetched.
-
-        Raises GitTransportError.
-        """
-        remote = self.repo.remotes.create_anonymous(self.url)
-        try:
-            heads = remote.list_heads(callbacks=_Callbacks(credentials))
-        except (pygit2.GitError, OSError) as exc:
-            raise GitTransportError(
-                f"cannot list status branches of {self.url}: {_first_line(exc)}"
-            ) from exc
-        tips: dict[str, str] = {}
-        cut = len(STATUS_PREFIX)
-        for head in heads:
-            name = str(head.name)
-            oid = getattr(head, "oid", None)
-            if name.startswith(STATUS_PREFIX) and oid is not None:
-                tips[name[cut:]] = str(oid)
-        missing = [
-            c
-            for c, tip in tips.items()
-            if known.get(c) != tip and pygit2.Oid(hex=tip) not in self.repo
-        ]
-        if missing:
-            # One fetch. Either way the client wants only the tips it lacks and offers the
-            # ones it has, so the server sends the moved branches' new objects and nothing
-            # else. A few moved branches get one refspec each; beyond that one wildcard:
-            # libgit2 matches every refspec against every advertised ref.
-            if len(missing) <= _EXPLICIT_REFSPECS:
-                specs = [f"+{STATUS_PREFIX}{c}:{_TRACK_PREFIX}{c}" for c in sorted(missing)]
-            else:
-                specs = [f"+{STATUS_PREFIX}*:{_TRACK_PREFIX}*"]
-            try:
-                remote.fetch(specs, callbacks=_Callbacks(credentials))
-            except (pygit2.GitError, OSError) as exc:
-                raise GitTransportError(
-                    f"git fetch of status branches from {self.url} failed: {_first_line(exc)}"
-                ) from exc
-        return tips
-
-    def document(self, cluster: str, commit_id: str) -> dict[str, Any]:
-        """The checked document in ``commit_id`` of ``cluster``'s branch, read from the odb.
-
-        Raises StatusDocumentError (missing file, bad document, another cluster's) or
-        pygit2.GitError / KeyError (object missing locally).
-        """
-        origin = f"{STATUS_PREFIX}{cluster}:{STATUS_FILE}"
-        # Raw reads from the object database: no Python object per commit and tree.
-        kind, commit = self.odb.read(commit_id)[:2]
-        if kind != pygit2.enums.ObjectType.COMMIT or not commit.startswith(b"tree "):
-            raise StatusDocumentError(f"{origin}: the branch tip is not a commit")
-        kind, tree = self.odb.read(commit[5:45].decode())[:2]
-        entry = _tree_entry(tree, STATUS_FILE.encode())
-        if entry is None:
-            raise StatusDocumentError(f"{origin}: no such file on the branch")
-        kind, data = self.odb.read(entry.hex())[:2]
-        if kind != pygit2.enums.ObjectType.BLOB:
-            raise StatusDocumentError(f"{origin}: {STATUS_FILE} is not a file")
-        doc = parse_status(data, origin=origin)
-        if doc["cluster"] != cluster:
-            raise StatusDocumentError(
-                f"{origin}: cluster: expected {cluster!r}, got {doc['cluster']!r}"
-            )
-        return doc
-
-    def read(self, cluster: str, tip: str, known: ClusterView | None) -> ClusterView:
-        """The view of one moved branch; a bad document gives a view with ``error`` set (and
-        the last good summary, if any)."""
-        base = ClusterView(name=cluster, shard=self.index, tip=tip)
-        if known is not None:
-            base = replace(known, tip=tip, error=None)
-        try:
-            doc = self.document(cluster, tip)
-        except (pygit2.GitError, KeyError, ValueError) as exc:
-            # StatusDocumentError is a ValueError; so is a malformed object id.
-            return replace(base, error=str(exc))
-        if known is not None and known.sequence is not None and doc["sequence"] < known.sequence:
-            # Newer always wins: a branch reset to an older document does not roll it back.
-            return replace(
-                base,
-                error=f"{STATUS_PREFIX}{cluster}: sequence {doc['sequence']} is older than "
-                f"{known.sequence}; kept the newer document",
-            )
-        return base.summarised(doc, tip)
-
-
-def _tree_entry(tree: bytes, name: bytes) -> bytes | None:
-    """The object id of regular file ``name`` in a raw tree (``<mode> <name>NUL<20 bytes>``
-    entries), or None."""
-    at = 0
-    while at < len(tree):
-        space = tree.index(b" ", at)
-        nul = tree.index(b"\0", space)
-        if tree[space + 1 : nul] == name:
-            return tree[nul + 1 : nul + 21] if tree[at:space] in (b"100644", b"100755") else None
-        at = nul + 21
-    return None
-
-
-def _cold_refresh(
-    index: int, url: str, path: Path, credentials: tuple[str, str] | None
-) -> tuple[dict[str, str], dict[str, ClusterView]] | str:
-    """:meth:`_Shard.refresh` of a shard known nothing of, in a worker process; the error
-    message instead of raising (exceptions of our own do not always cross processes)."""
-    try:
-        return _Shard(index, url, path).refresh({}, credentials)
-    except (GitTransportError, StatusCacheError) as exc:
-        return str(exc)
 
 
 class FleetStatus:
@@ -553,7 +86,7 @@ class FleetStatus:
         self._lock = threading.Lock()
         self._refresh_lock = threading.Lock()
         self._shards = [
-            _Shard(i, url, self.cache_dir / ("status.git" if i == 0 else f"status-{i}.git"))
+            StatusShard(i, url, self.cache_dir / ("status.git" if i == 0 else f"status-{i}.git"))
             for i, url in enumerate(urls)
         ]
         self.repo = self._shards[0].repo
@@ -622,7 +155,7 @@ class FleetStatus:
         else:
             warm = self._shards
 
-        def work(shard: _Shard) -> tuple[dict[str, str], dict[str, ClusterView]]:
+        def work(shard: StatusShard) -> tuple[dict[str, str], dict[str, ClusterView]]:
             return shard.refresh(self._views[shard.index], self.credentials)
 
         if len(warm) == 1:
@@ -634,7 +167,7 @@ class FleetStatus:
         return [found[s.index] for s in self._shards]
 
     def _in_processes(
-        self, shards: list[_Shard]
+        self, shards: list[StatusShard]
     ) -> dict[int, tuple[dict[str, str], dict[str, ClusterView]]]:
         """Raises GitTransportError, BrokenProcessPool (a worker could not run)."""
         found = {}
@@ -642,7 +175,7 @@ class FleetStatus:
         workers = min(len(shards), max(2, os.cpu_count() or 2))
         with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
             futures = {
-                s.index: pool.submit(_cold_refresh, s.index, s.url, s.path, self.credentials)
+                s.index: pool.submit(cold_refresh, s.index, s.url, s.path, self.credentials)
                 for s in shards
             }
             for index, future in futures.items():
@@ -714,7 +247,7 @@ class FleetStatus:
                     for shard, url, fmt in db.execute("SELECT shard, url, format FROM shards")
                     if fmt == _VIEW_FORMAT
                 }
-                with _no_gc():
+                with no_gc():
                     for row in db.execute("SELECT * FROM views"):
                         shard = row[0]
                         if (
@@ -948,28 +481,3 @@ def _run_brief(run: Mapping[str, Any] | None) -> dict[str, Any] | None:
     if run is None:
         return None
     return {k: run.get(k) for k in ("id", "operation", "result", "finishedAt")}
-
-
-@contextlib.contextmanager
-def _no_gc() -> Iterator[None]:
-    """Pause the cyclic garbage collector while parsing thousands of documents, then freeze.
-
-    Parsed JSON holds no cycles, but each collection walks every live container: with 10,000
-    documents kept, the collections the parsing triggers cost more than the parsing, and every
-    later full collection would walk them again (a pause of about a second). ``gc.freeze()``
-    moves what exists into the permanent generation, never scanned; documents replaced later
-    are still freed by reference counting, as they hold no cycles.
-    """
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.freeze()
-        if enabled:
-            gc.enable()
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

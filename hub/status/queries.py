@@ -31,7 +31,8 @@ from agent.report.seal import (
     read_private_key,
 )
 from hub.fleet.selectors import LabelSelector, Requirement, label_key_ok, label_value_ok
-from hub.status.aggregate import STATES, FleetStatus
+from hub.status.aggregate import FleetStatus
+from hub.status.document import STATES
 
 SENSITIVE = "<sensitive>"
 DEFAULT_PAGE = 100

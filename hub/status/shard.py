@@ -1,0 +1,248 @@
+"""One status repository (a shard) and its local bare cache repository: list its status
+branches, fetch the moved ones (protocol v2 when the server speaks it, else libgit2), read each
+moved branch's document straight from the object database."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+from collections.abc import Iterator, Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pygit2
+
+from agent.errors import PermanentError
+from hub.errors import GitTransportError
+from hub.publish.pack import PackWriter
+from hub.status import fetch as fetch_v2
+from hub.status.document import StatusDocumentError, parse_status
+from hub.status.view import ClusterView
+
+STATUS_PREFIX = "refs/heads/fleetlet/status/"
+STATUS_FILE = "status.json"
+_TRACK_PREFIX = "refs/fleetlet/status/"
+_EXPLICIT_REFSPECS = 64
+
+
+class StatusCacheError(PermanentError):
+    """The hub's status cache directory cannot be created, opened or written."""
+
+
+class _Callbacks(pygit2.RemoteCallbacks):  # type: ignore[misc]
+    def __init__(self, credentials: tuple[str, str] | None) -> None:
+        super().__init__()
+        self._creds = credentials
+
+    def credentials(self, url: str, username_from_url: str | None, allowed_types: Any) -> Any:
+        if self._creds is None:
+            raise pygit2.Passthrough
+        return pygit2.UserPass(*self._creds)
+
+
+class StatusShard:
+    """One status repository and its local bare cache repository."""
+
+    def __init__(self, index: int, url: str, path: Path) -> None:
+        self.index = index
+        self.url = url
+        self.path = path
+        try:
+            if (path / "HEAD").is_file():
+                self.repo = pygit2.Repository(str(path))
+            else:
+                path.mkdir(parents=True, exist_ok=True)
+                self.repo = pygit2.init_repository(str(path), bare=True)
+        except (pygit2.GitError, OSError) as exc:
+            raise StatusCacheError(f"hub status cache {path}: {exc}") from exc
+        self.odb = self.repo.odb
+        self.v2 = True  # the server speaks protocol v2 (until it shows it does not)
+
+    def refresh(
+        self, known: Mapping[str, ClusterView], credentials: tuple[str, str] | None
+    ) -> tuple[dict[str, str], dict[str, ClusterView]]:
+        """(every branch's tip, the views of the moved ones). Raises GitTransportError.
+
+        A shard the hub knows goes through protocol v2 when the server speaks it
+        (:mod:`hub.status.fetch`: the moved tips only); a cold one, or a v0-only server,
+        through libgit2.
+        """
+        tips = None
+        if known and self.v2 and fetch_v2.supported(self.url):
+            try:
+                tips = self.list_and_fetch_v2(known, credentials)
+            except fetch_v2.NotProtocolV2:
+                self.v2 = False
+            except GitTransportError:
+                # v2 commands are separate requests: a branch that moved between the listing
+                # and the fetch is "not our ref" any more. libgit2 lists and fetches in one.
+                tips = None
+        if tips is None:
+            tips = self.list_and_fetch({n: v.tip for n, v in known.items()}, credentials)
+        moved = [c for c, tip in tips.items() if (v := known.get(c)) is None or v.tip != tip]
+        with no_gc():
+            return tips, {c: self.read(c, tips[c], known.get(c)) for c in moved}
+
+    def list_and_fetch_v2(
+        self, known: Mapping[str, ClusterView], credentials: tuple[str, str] | None
+    ) -> dict[str, str]:
+        """Protocol v2: list, then fetch the moved tips against their previous ones (one
+        connection over git://). Raises GitTransportError, NotProtocolV2."""
+        with fetch_v2.Session(self.url, credentials=credentials) as session:
+            tips = session.refs(STATUS_PREFIX)
+            moved = [
+                c
+                for c, tip in tips.items()
+                if (v := known.get(c)) is None
+                or (v.tip != tip and pygit2.Oid(hex=tip) not in self.repo)
+            ]
+            if not moved:
+                return tips
+            haves = sorted({known[c].tip for c in moved if c in known})
+            objects = session.fetch(sorted({tips[c] for c in moved}), haves)
+        pack = PackWriter()
+        for kind, data in objects:
+            pack.add(kind, data)
+        try:
+            pack.write(Path(self.repo.path))
+        except OSError as exc:
+            raise StatusCacheError(f"hub status cache {self.repo.path}: {exc}") from exc
+        return tips
+
+    def list_and_fetch(
+        self, known: Mapping[str, str], credentials: tuple[str, str] | None
+    ) -> dict[str, str]:
+        """Every status branch's tip (one listing); the moved ones' objects fetched.
+
+        Raises GitTransportError.
+        """
+        remote = self.repo.remotes.create_anonymous(self.url)
+        try:
+            heads = remote.list_heads(callbacks=_Callbacks(credentials))
+        except (pygit2.GitError, OSError) as exc:
+            raise GitTransportError(
+                f"cannot list status branches of {self.url}: {_first_line(exc)}"
+            ) from exc
+        tips: dict[str, str] = {}
+        cut = len(STATUS_PREFIX)
+        for head in heads:
+            name = str(head.name)
+            oid = getattr(head, "oid", None)
+            if name.startswith(STATUS_PREFIX) and oid is not None:
+                tips[name[cut:]] = str(oid)
+        missing = [
+            c
+            for c, tip in tips.items()
+            if known.get(c) != tip and pygit2.Oid(hex=tip) not in self.repo
+        ]
+        if missing:
+            # One fetch. Either way the client wants only the tips it lacks and offers the
+            # ones it has, so the server sends the moved branches' new objects and nothing
+            # else. A few moved branches get one refspec each; beyond that one wildcard:
+            # libgit2 matches every refspec against every advertised ref.
+            if len(missing) <= _EXPLICIT_REFSPECS:
+                specs = [f"+{STATUS_PREFIX}{c}:{_TRACK_PREFIX}{c}" for c in sorted(missing)]
+            else:
+                specs = [f"+{STATUS_PREFIX}*:{_TRACK_PREFIX}*"]
+            try:
+                remote.fetch(specs, callbacks=_Callbacks(credentials))
+            except (pygit2.GitError, OSError) as exc:
+                raise GitTransportError(
+                    f"git fetch of status branches from {self.url} failed: {_first_line(exc)}"
+                ) from exc
+        return tips
+
+    def document(self, cluster: str, commit_id: str) -> dict[str, Any]:
+        """The checked document in ``commit_id`` of ``cluster``'s branch, read from the odb.
+
+        Raises StatusDocumentError (missing file, bad document, another cluster's) or
+        pygit2.GitError / KeyError (object missing locally).
+        """
+        origin = f"{STATUS_PREFIX}{cluster}:{STATUS_FILE}"
+        # Raw reads from the object database: no Python object per commit and tree.
+        kind, commit = self.odb.read(commit_id)[:2]
+        if kind != pygit2.enums.ObjectType.COMMIT or not commit.startswith(b"tree "):
+            raise StatusDocumentError(f"{origin}: the branch tip is not a commit")
+        kind, tree = self.odb.read(commit[5:45].decode())[:2]
+        entry = _tree_entry(tree, STATUS_FILE.encode())
+        if entry is None:
+            raise StatusDocumentError(f"{origin}: no such file on the branch")
+        kind, data = self.odb.read(entry.hex())[:2]
+        if kind != pygit2.enums.ObjectType.BLOB:
+            raise StatusDocumentError(f"{origin}: {STATUS_FILE} is not a file")
+        doc = parse_status(data, origin=origin)
+        if doc["cluster"] != cluster:
+            raise StatusDocumentError(
+                f"{origin}: cluster: expected {cluster!r}, got {doc['cluster']!r}"
+            )
+        return doc
+
+    def read(self, cluster: str, tip: str, known: ClusterView | None) -> ClusterView:
+        """The view of one moved branch; a bad document gives a view with ``error`` set (and
+        the last good summary, if any)."""
+        base = ClusterView(name=cluster, shard=self.index, tip=tip)
+        if known is not None:
+            base = replace(known, tip=tip, error=None)
+        try:
+            doc = self.document(cluster, tip)
+        except (pygit2.GitError, KeyError, ValueError) as exc:
+            # StatusDocumentError is a ValueError; so is a malformed object id.
+            return replace(base, error=str(exc))
+        if known is not None and known.sequence is not None and doc["sequence"] < known.sequence:
+            # Newer always wins: a branch reset to an older document does not roll it back.
+            return replace(
+                base,
+                error=f"{STATUS_PREFIX}{cluster}: sequence {doc['sequence']} is older than "
+                f"{known.sequence}; kept the newer document",
+            )
+        return base.summarised(doc, tip)
+
+
+def _tree_entry(tree: bytes, name: bytes) -> bytes | None:
+    """The object id of regular file ``name`` in a raw tree (``<mode> <name>NUL<20 bytes>``
+    entries), or None."""
+    at = 0
+    while at < len(tree):
+        space = tree.index(b" ", at)
+        nul = tree.index(b"\0", space)
+        if tree[space + 1 : nul] == name:
+            return tree[nul + 1 : nul + 21] if tree[at:space] in (b"100644", b"100755") else None
+        at = nul + 21
+    return None
+
+
+def cold_refresh(
+    index: int, url: str, path: Path, credentials: tuple[str, str] | None
+) -> tuple[dict[str, str], dict[str, ClusterView]] | str:
+    """:meth:`_Shard.refresh` of a shard known nothing of, in a worker process; the error
+    message instead of raising (exceptions of our own do not always cross processes)."""
+    try:
+        return StatusShard(index, url, path).refresh({}, credentials)
+    except (GitTransportError, StatusCacheError) as exc:
+        return str(exc)
+
+
+@contextlib.contextmanager
+def no_gc() -> Iterator[None]:
+    """Pause the cyclic garbage collector while parsing thousands of documents, then freeze.
+
+    Parsed JSON holds no cycles, but each collection walks every live container: with 10,000
+    documents kept, the collections the parsing triggers cost more than the parsing, and every
+    later full collection would walk them again (a pause of about a second). ``gc.freeze()``
+    moves what exists into the permanent generation, never scanned; documents replaced later
+    are still freed by reference counting, as they hold no cycles.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.freeze()
+        if enabled:
+            gc.enable()
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
