@@ -26,7 +26,7 @@ from hub.status.aggregate import FleetStatus
 from hub.status.queries import QueryError, StatusQueries, load_private_key, sealed_opener
 
 TOKEN_ENV = "FLEETLET_HUB_TOKEN"
-API_PREFIX = "/api/v1"  # hub.api.app.API_PREFIX, without importing the web framework
+API_PREFIX = "/api/v1"  # hub.api.openapi.API_PREFIX, without importing the API modules
 
 
 class InstallationsError(PermanentError):
