@@ -46,7 +46,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench._docs import write_section  # noqa: E402
-from hub.fleet.model import load_fleet  # noqa: E402
+from hub.fleet.load import load_fleet  # noqa: E402
 from hub.publish.flow import prepare, publish  # noqa: E402
 from hub.publish.git import BranchStore  # noqa: E402
 from hub.publish.shards import ShardedStore  # noqa: E402

@@ -762,7 +762,7 @@ class Demo:
 
     def _expected(self) -> dict[tuple[str, str], str]:
         """(cluster, bundle) -> the state it should reach: Paused where the set pauses it."""
-        from hub.fleet.model import load_fleet
+        from hub.fleet.load import load_fleet
         from hub.fleet.render import plan_clusters
 
         fleet = load_fleet(self.fleet)

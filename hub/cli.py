@@ -509,7 +509,7 @@ def _print_preview(preview: Any) -> None:
 def _shards(args: argparse.Namespace) -> int:
     """Each cluster's shard and the repositories its agent is told (``--repo``,
     ``--status-repo`` of ``fleetlet agent run``)."""
-    from hub.fleet.model import load_fleet
+    from hub.fleet.load import load_fleet
     from hub.fleet.shards import fleet_shards, shard_url
 
     fleet = load_fleet(args.fleet_dir)

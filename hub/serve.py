@@ -73,14 +73,14 @@ def fleet_labels(fleet_dir: Path) -> dict[str, dict[str, str]]:
 
     Raises FleetRepoError (every problem of the fleet repo, as ``hub publish`` would).
     """
-    from hub.fleet.model import load_fleet
+    from hub.fleet.load import load_fleet
 
     return {c.name: dict(c.labels) for c in load_fleet(fleet_dir).clusters}
 
 
 def load_fleet_for_serve(fleet_dir: Path) -> Any:
     """The fleet repo at ``fleet_dir`` (labels, shards). Raises FleetRepoError."""
-    from hub.fleet.model import load_fleet
+    from hub.fleet.load import load_fleet
 
     return load_fleet(fleet_dir)
 
@@ -291,7 +291,7 @@ def rollout_service(
 
     Raises ServeUsageError, PublishError (an unusable trust config).
     """
-    from hub.fleet.model import load_fleet
+    from hub.fleet.load import load_fleet
     from hub.fleet.shards import fleet_shards
     from hub.publish.git import BranchStore
     from hub.publish.shards import ShardedStore

@@ -29,7 +29,7 @@ from playwright.sync_api import Browser, Page, expect
 
 from agent.report.seal import OutputPlace, agent_sealing_key, seal
 from hub.api.tokens import write_clear_tokens
-from hub.fleet.model import load_fleet
+from hub.fleet.load import load_fleet
 from hub.publish.flow import prepare
 from hub.publish.git import BranchStore
 from hub.publish.shards import ShardedStore

@@ -38,7 +38,7 @@ from agent.source.archive import extract_archive
 from agent.source.lsrefs import NotProtocolV2, ls_ref_v2
 from agent.verify import IdentityPolicy, TrustPolicy, verify_publication
 from agent.verify.publication import ClusterProof, PublicationStatement
-from hub.fleet.model import load_fleet
+from hub.fleet.load import load_fleet
 from tests.fuzz.mutate import (
     CORPUS,
     FUZZ,
@@ -76,7 +76,7 @@ def tallied(name: str) -> Iterator[Tally]:
         path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
-# --- fleet repo loader (hub/fleet/model.py) ----------------------------------------------
+# --- fleet repo loader (hub/fleet/load.py) -----------------------------------------------
 
 
 FLEET_FILES = {

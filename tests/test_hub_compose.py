@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from agent.api import dump_set, load_set, set_digest
-from hub.fleet.model import load_fleet
+from hub.fleet.load import load_fleet
 from hub.fleet.render import Header, build_set, plan_clusters
 from hub.publish.compose import SetComposer
 from hub.publish.pack import PackWriter

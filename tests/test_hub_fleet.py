@@ -10,7 +10,8 @@ import yaml
 
 from agent.errors import FieldProblem
 from hub.errors import FleetRepoError
-from hub.fleet.model import load_fleet, parse_duration
+from hub.fleet.durations import parse_duration
+from hub.fleet.load import load_fleet
 from hub.fleet.selectors import parse_selector
 
 DIGEST_A = "sha256:" + "a" * 64

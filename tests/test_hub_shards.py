@@ -26,7 +26,7 @@ from agent.api import load_set
 from agent.source.branch import BranchWatcher
 from agent.verify import BRANCH_FILES, IdentityPolicy, TrustPolicy, verify_publication
 from hub.errors import FleetRepoError, GitTransportError
-from hub.fleet.model import load_fleet
+from hub.fleet.load import load_fleet
 from hub.fleet.shards import assign, fleet_shards, hash_key, jump_hash
 from hub.publish import commit, flow
 from hub.publish.flow import PublishReport, prepare, publish

@@ -22,7 +22,7 @@ import pytest
 from agent.api import load_set
 from agent.kube import KubeClient
 from agent.verify.publication import SET_FILE
-from hub.fleet.model import load_fleet
+from hub.fleet.load import load_fleet
 from hub.publish.flow import prepare
 from hub.publish.git import BranchStore
 from hub.publish.shards import ShardedStore

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from hub.fleet.model import load_fleet
+from hub.fleet.load import load_fleet
 from hub.fleet.shards import fleet_shards
 from hub.publish.flow import prepare
 from hub.publish.git import BranchStore

@@ -14,7 +14,7 @@ import pytest
 from agent.api import BundleDeploymentEntry, BundleDeploymentSpec, from_dict
 from agent.errors import FieldProblem
 from hub.errors import FleetRepoError
-from hub.fleet.model import load_fleet
+from hub.fleet.load import load_fleet
 from hub.rollout.advance import RolloutActionError, act, advance
 from hub.rollout.content import Rewriter, RolloutContentError, Variants, variant_of
 from hub.rollout.evaluate import (

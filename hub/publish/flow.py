@@ -36,7 +36,8 @@ from agent.errors import FieldProblem, TemporaryError, ValidationError, Verifica
 from agent.verify import TrustPolicy, verify_publication
 from agent.verify.publication import BUNDLE_FILE, PROOF_FILE, SET_FILE, STATEMENT_FILE
 from hub.errors import FleetRepoError, PublishError, PushRejectedError
-from hub.fleet.model import Fleet, load_fleet
+from hub.fleet.load import load_fleet
+from hub.fleet.model import Fleet
 from hub.fleet.render import ClusterPlan, plan_clusters
 from hub.fleet.shards import ShardMap, fleet_shards
 from hub.fleet.source import FleetSource, fleet_source

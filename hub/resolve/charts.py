@@ -23,7 +23,7 @@ from typing import Any
 from nodesemver import max_satisfying
 
 from agent.render.manifests import InvalidManifestError, ParseLimits, load_documents
-from hub.fleet.model import version_range
+from hub.fleet.load import version_range
 
 # A large public index (thousands of versions) is tens of MB and millions of nodes.
 INDEX_LIMITS = ParseLimits(

@@ -80,7 +80,7 @@ def _git_controller(args: argparse.Namespace, *, judge: bool) -> Any:
 
     Raises RolloutCommandError, FleetRepoError.
     """
-    from hub.fleet.model import load_fleet
+    from hub.fleet.load import load_fleet
     from hub.publish.git import BranchStore
     from hub.publish.shards import ShardedStore
     from hub.rollout.controller import Controller
@@ -186,7 +186,7 @@ def rollout_action(args: argparse.Namespace) -> int:
 def rollout_step(args: argparse.Namespace) -> int:
     """One controller step with the fleet at FLEET_DIR (settings and cluster names only)."""
     from hub import cli as edge
-    from hub.fleet.model import load_fleet
+    from hub.fleet.load import load_fleet
     from hub.publish.git import BranchStore
     from hub.publish.shards import ShardedStore
     from hub.rollout.controller import Controller
