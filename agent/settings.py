@@ -34,7 +34,8 @@ class ReconcileSettings:
     agent_namespace: str
     """Where its own objects live (revision store, group records, runs, credentials)."""
     health_interval: float = 1.0
-    """Seconds between two health assessments while waiting for a group."""
+    """The longest pause, in seconds, between two health assessments while waiting for a
+    group (the first pauses are shorter: see :func:`agent.health.wait_healthy`)."""
     uninstall_failed_install: bool = False
     """A first install that fails has no previous revision: leave it as it is (default, for
     inspection; still known, so removing the bundle deletes it) or delete what it created."""
