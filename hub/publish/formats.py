@@ -13,20 +13,12 @@ knowing better, never about guessing. ``force`` skips it.
 from __future__ import annotations
 
 import json
-import tempfile
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
-import pygit2
-
-from agent.api.status import MAX_LOAD_BYTES, STATUS_BRANCH_PREFIX, STATUS_FILE
-from hub.errors import GitTransportError, PublishError
+from agent.api.status import MAX_LOAD_BYTES, STATUS_FILE
+from hub.errors import PublishError
 from hub.fleet.render import ClusterPlan
-
-_STATUS_REF = "refs/heads/" + STATUS_BRANCH_PREFIX
-_TRACK = "refs/fleetlet/formats/"
-_EXPLICIT_REFSPECS = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,17 +52,6 @@ class FormatsUnavailableError(PublishError):
         )
 
 
-class _Callbacks(pygit2.RemoteCallbacks):  # type: ignore[misc]
-    def __init__(self, credentials: tuple[str, str] | None) -> None:
-        super().__init__()
-        self._creds = credentials
-
-    def credentials(self, url: str, username_from_url: str | None, allowed_types: Any) -> Any:
-        if self._creds is None:
-            raise pygit2.Passthrough
-        return pygit2.UserPass(*self._creds)
-
-
 def reported_formats(
     *, url: str, clusters: Iterable[str], credentials: tuple[str, str] | None = None
 ) -> dict[str, frozenset[str]]:
@@ -78,52 +59,27 @@ def reported_formats(
 
     Raises GitTransportError when the status repository cannot be listed or fetched.
     """
-    wanted = set(clusters)
-    with tempfile.TemporaryDirectory(prefix="fleetlet-formats-") as tmp:
-        repo = pygit2.init_repository(tmp, bare=True)
-        remote = repo.remotes.create_anonymous(url)
-        try:
-            heads = remote.list_heads(callbacks=_Callbacks(credentials))
-        except (pygit2.GitError, OSError) as exc:
-            raise GitTransportError(f"cannot list the status branches of {url}: {exc}") from exc
-        tips = {
-            str(h.name)[len(_STATUS_REF) :]: h.oid
-            for h in heads
-            if str(h.name).startswith(_STATUS_REF)
-            and str(h.name)[len(_STATUS_REF) :] in wanted
-            and getattr(h, "oid", None) is not None
-        }
-        if not tips:
-            return {}
-        if len(tips) <= _EXPLICIT_REFSPECS:
-            specs = [f"+{_STATUS_REF}{c}:{_TRACK}{c}" for c in sorted(tips)]
-        else:
-            specs = [f"+{_STATUS_REF}*:{_TRACK}*"]
-        try:
-            remote.fetch(specs, callbacks=_Callbacks(credentials), depth=1)
-        except (pygit2.GitError, OSError) as exc:
-            raise GitTransportError(
-                f"git fetch of status branches from {url} failed: {exc}"
-            ) from exc
-        out: dict[str, frozenset[str]] = {}
-        for cluster, tip in tips.items():
-            found = _formats_at(repo, tip, cluster)
-            if found is not None:
-                out[cluster] = found
-        return out
+    from hub.status.reported import status_files
+
+    documents = status_files(
+        url=url,
+        clusters=clusters,
+        name=STATUS_FILE,
+        max_bytes=MAX_LOAD_BYTES,
+        credentials=credentials,
+    )
+    out: dict[str, frozenset[str]] = {}
+    for cluster, data in documents.items():
+        found = _formats_of(data, cluster)
+        if found is not None:
+            out[cluster] = found
+    return out
 
 
-def _formats_at(repo: pygit2.Repository, tip: pygit2.Oid, cluster: str) -> frozenset[str] | None:
-    """``formats`` of the document at ``tip``; None when it says nothing usable."""
+def _formats_of(data: bytes, cluster: str) -> frozenset[str] | None:
+    """``formats`` of a status document; None when it says nothing usable."""
     try:
-        tree = repo[tip].peel(pygit2.Commit).tree
-        blob = repo[tree[STATUS_FILE].id].peel(pygit2.Blob)
-    except (KeyError, ValueError, pygit2.GitError):
-        return None
-    if blob.size > MAX_LOAD_BYTES:
-        return None
-    try:
-        doc = json.loads(blob.data)
+        doc = json.loads(data)
     except (ValueError, UnicodeDecodeError):
         return None
     formats = doc.get("formats") if isinstance(doc, dict) else None

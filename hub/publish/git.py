@@ -86,7 +86,10 @@ class BranchFacts:
         )
 
 
-class _Callbacks(pygit2.RemoteCallbacks):  # type: ignore[misc]
+class Callbacks(pygit2.RemoteCallbacks):  # type: ignore[misc]
+    """libgit2's callbacks for the hub's git traffic: user and password (or token) when given,
+    else whatever the URL carries; ``updates`` collects a push's ref results."""
+
     def __init__(self, credentials: tuple[str, str] | None) -> None:
         super().__init__()
         self._creds = credentials
@@ -161,7 +164,7 @@ class BranchStore:
         Raises GitTransportError if the server cannot be reached.
         """
         try:
-            heads = self._remote().list_heads(callbacks=_Callbacks(self.credentials))
+            heads = self._remote().list_heads(callbacks=Callbacks(self.credentials))
         except (pygit2.GitError, OSError) as exc:
             raise GitTransportError(
                 f"cannot list branches of {self.url}: {_first_line(exc)}"
@@ -202,7 +205,7 @@ class BranchStore:
         else:
             specs = [f"+{BRANCH_PREFIX}*:{_TRACK_PREFIX}*"]
         try:
-            self._remote().fetch(specs, callbacks=_Callbacks(self.credentials))
+            self._remote().fetch(specs, callbacks=Callbacks(self.credentials))
         except (pygit2.GitError, OSError) as exc:
             raise GitTransportError(
                 f"git fetch from {self.url} failed: {_first_line(exc)}"
@@ -227,7 +230,7 @@ class BranchStore:
             try:
                 self._remote().fetch(
                     [f"+{ref}:refs/fleetlet/fetched/{ref.rsplit('/', 1)[-1]}"],
-                    callbacks=_Callbacks(self.credentials),
+                    callbacks=Callbacks(self.credentials),
                 )
             except (pygit2.GitError, OSError) as exc:
                 raise GitTransportError(
@@ -350,7 +353,7 @@ class BranchStore:
             for u in updates
             if u.ref not in refused
         ]
-        callbacks = _Callbacks(self.credentials)
+        callbacks = Callbacks(self.credentials)
         if specs:
             try:
                 self._remote().push(specs, callbacks=callbacks)
@@ -370,7 +373,7 @@ class BranchStore:
     def list_refs(self) -> dict[str, str]:
         """Every ref of the remote now (one listing), without touching :attr:`tips`."""
         try:
-            heads = self._remote().list_heads(callbacks=_Callbacks(self.credentials))
+            heads = self._remote().list_heads(callbacks=Callbacks(self.credentials))
         except (pygit2.GitError, OSError) as exc:
             raise GitTransportError(f"cannot list {self.url}: {_first_line(exc)}") from exc
         return {str(h.name): str(h.oid) for h in heads if getattr(h, "oid", None) is not None}

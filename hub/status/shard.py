@@ -15,6 +15,7 @@ import pygit2
 
 from agent.errors import PermanentError
 from hub.errors import GitTransportError
+from hub.publish.git import Callbacks
 from hub.publish.pack import PackWriter
 from hub.status import fetch as fetch_v2
 from hub.status.document import StatusDocumentError, parse_status
@@ -28,17 +29,6 @@ _EXPLICIT_REFSPECS = 64
 
 class StatusCacheError(PermanentError):
     """The hub's status cache directory cannot be created, opened or written."""
-
-
-class _Callbacks(pygit2.RemoteCallbacks):  # type: ignore[misc]
-    def __init__(self, credentials: tuple[str, str] | None) -> None:
-        super().__init__()
-        self._creds = credentials
-
-    def credentials(self, url: str, username_from_url: str | None, allowed_types: Any) -> Any:
-        if self._creds is None:
-            raise pygit2.Passthrough
-        return pygit2.UserPass(*self._creds)
 
 
 class StatusShard:
@@ -119,7 +109,7 @@ class StatusShard:
         """
         remote = self.repo.remotes.create_anonymous(self.url)
         try:
-            heads = remote.list_heads(callbacks=_Callbacks(credentials))
+            heads = remote.list_heads(callbacks=Callbacks(credentials))
         except (pygit2.GitError, OSError) as exc:
             raise GitTransportError(
                 f"cannot list status branches of {self.url}: {_first_line(exc)}"
@@ -146,7 +136,7 @@ class StatusShard:
             else:
                 specs = [f"+{STATUS_PREFIX}*:{_TRACK_PREFIX}*"]
             try:
-                remote.fetch(specs, callbacks=_Callbacks(credentials))
+                remote.fetch(specs, callbacks=Callbacks(credentials))
             except (pygit2.GitError, OSError) as exc:
                 raise GitTransportError(
                     f"git fetch of status branches from {self.url} failed: {_first_line(exc)}"
