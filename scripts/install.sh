@@ -28,9 +28,12 @@ if [ ${#need_apt[@]} -gt 0 ]; then
 fi
 
 # The locked versions (requirements/ci.txt, made by scripts/lock.sh), the same ones the images
-# install; then the project itself, without resolving anything again.
-log "pip install --require-hashes -r requirements/ci.txt; pip install --no-deps -e ."
-python3 -m pip install -q --disable-pip-version-check --require-hashes -r requirements/ci.txt
+# install, exactly as locked (--no-deps: the lock names every dependency with its hash, and pip
+# 23's resolver otherwise reaches for a newer release to satisfy an extra, such as
+# sigstore-rekor-types' pydantic[email], and refuses it as unpinned); then the project itself,
+# without resolving anything again.
+log "pip install --require-hashes --no-deps -r requirements/ci.txt; pip install --no-deps -e ."
+python3 -m pip install -q --disable-pip-version-check --require-hashes --no-deps -r requirements/ci.txt
 python3 -m pip install -q --disable-pip-version-check --no-deps -e .
 
 # The example format plugin (its own distribution, with the jsonnet bindings from PyPI):
