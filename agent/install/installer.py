@@ -112,13 +112,18 @@ def uninstall(
     *,
     namespace: str,
     remove_crds: bool = False,
-    crd_timeout: float = 60.0,
+    crd_timeout: float = 300.0,
     report: Callable[[Change], None] | None = None,
 ) -> list[Change]:
     """Remove the installation in ``namespace`` (see the module docstring); returns what
     happened to each object. Objects already gone are ``absent``, never an error.
 
-    Raises what :meth:`KubeClient.delete` raises (ForbiddenError...).
+    With ``remove_crds``, waits up to ``crd_timeout`` seconds for the API server to delete
+    every custom object and the CRDs (``kubectl delete`` waits for that without a bound; on a
+    busy API server it has taken over a minute).
+
+    Raises what :meth:`KubeClient.delete` raises (ForbiddenError...), CrdsNotEstablishedError
+    (temporary) when the CRDs are still terminating after ``crd_timeout``.
     """
     rbac = "rbac.authorization.k8s.io/v1"
     refs = [
