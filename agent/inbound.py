@@ -72,7 +72,7 @@ from agent.render.cache import RenderCache, sources_digest
 from agent.render.facts import ClusterFacts
 from agent.render.manifests import Manifest
 from agent.render.plain import Ownership, RenderRequest
-from agent.render.scope import with_bundle_crds
+from agent.render.scope import ScopeLookup, with_bundle_crds
 from agent.render.tools import ToolSettings
 from agent.report.bundles import BundleDeployments
 from agent.source.branch import (
@@ -464,31 +464,16 @@ class InboundPipeline:
         facts: ClusterFacts,
         tree: Callable[[], Path],
     ) -> list[Manifest]:
-        spec = entry.spec
-        options = spec.format_options
-        # The pins name the content: a bundle rendered before for the same options and
-        # cluster facts is neither fetched nor rendered again.
-        objects = self.renders.render(
-            format=spec.format,
-            content=sources_digest(to_dict(s) for s in spec.sources),
-            request=RenderRequest(
-                source=entry.name,
-                namespace=options.target_namespace if options else None,
-                scope=with_bundle_crds(crds, self._kube.scope),
-                ownership=Ownership(
-                    bundle=entry.name,
-                    group=entry.group,
-                    revision=str(deployment_set.serial),
-                ),
-                options=_options_dict(options),
-                cluster=facts,
-                tools=self._tools,
-                upgrade=renders_as_upgrade(spec.format, installed=self._installed(entry.name)),
-                patches=tuple(to_dict(p) for p in spec.patches),
-            ),
+        return render_entry(
+            self.renders,
+            entry,
+            serial=deployment_set.serial,
+            scope=with_bundle_crds(crds, self._kube.scope),
+            facts=facts,
+            tools=self._tools,
+            installed=self._installed(entry.name),
             tree=tree,
         )
-        return with_created_namespace(objects, spec, bundle=entry.name)
 
     def _credentials(self, secret_name: str) -> Credentials:
         secret = self._kube.get(
@@ -531,6 +516,47 @@ class _SourceStep:
                 return True
             seen = seen.__cause__ or seen.__context__
         return False
+
+
+def render_entry(
+    renders: RenderCache,
+    entry: BundleDeploymentEntry,
+    *,
+    serial: int,
+    scope: ScopeLookup,
+    facts: ClusterFacts,
+    tools: ToolSettings,
+    installed: bool,
+    tree: Callable[[], Path],
+) -> list[Manifest]:
+    """One bundle of set ``serial`` rendered as the agent applies it (through ``renders``, the
+    render cache: the pins name the content, so a bundle rendered before for the same options
+    and cluster facts is neither fetched nor rendered again), its created namespace added.
+    ``tree`` composes the bundle's sources when a render is needed; ``installed``: whether
+    the bundle runs on the cluster (helm renders it as an upgrade). The hub's previews render
+    with this too.
+
+    Raises what ``tree`` and the format raise (FetchError: temporary; refusals: permanent).
+    """
+    spec = entry.spec
+    options = spec.format_options
+    objects = renders.render(
+        format=spec.format,
+        content=sources_digest(to_dict(s) for s in spec.sources),
+        request=RenderRequest(
+            source=entry.name,
+            namespace=options.target_namespace if options else None,
+            scope=scope,
+            ownership=Ownership(bundle=entry.name, group=entry.group, revision=str(serial)),
+            options=_options_dict(options),
+            cluster=facts,
+            tools=tools,
+            upgrade=renders_as_upgrade(spec.format, installed=installed),
+            patches=tuple(to_dict(p) for p in spec.patches),
+        ),
+        tree=tree,
+    )
+    return with_created_namespace(objects, spec, bundle=entry.name)
 
 
 def with_created_namespace(
@@ -583,5 +609,6 @@ __all__ = [
     "RenderFailure",
     "RenderedBundle",
     "SyncResult",
+    "render_entry",
     "renders_as_upgrade",
 ]

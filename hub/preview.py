@@ -31,10 +31,9 @@ from agent.api.approvals import RequestPreview
 from agent.api.facts import ReportedFacts
 from agent.approve.preview import build_preview, rendered_changes
 from agent.errors import FleetletError, ValidationError
-from agent.inbound import renders_as_upgrade, with_created_namespace
-from agent.render.cache import RenderCache, sources_digest
+from agent.inbound import render_entry
+from agent.render.cache import RenderCache
 from agent.render.facts import ClusterFacts
-from agent.render.plain import Ownership, RenderRequest
 from agent.render.scope import builtin_scope, with_bundle_crds
 from agent.render.tools import ToolSettings
 from agent.source.cache import ContentCache
@@ -105,29 +104,21 @@ class BundleRenderer:
         root = Path(tempfile.mkdtemp(prefix="preview-", dir=self._workdir()))
         try:
             for entry in entries:
-                spec = entry.spec
-                options = spec.format_options
-                objects = self.renders.render(
-                    format=spec.format,
-                    content=sources_digest(to_dict(s) for s in spec.sources),
-                    request=RenderRequest(
-                        source=entry.name,
-                        namespace=options.target_namespace if options else None,
-                        scope=with_bundle_crds(crds, builtin_scope),
-                        ownership=Ownership(
-                            bundle=entry.name, group=entry.group, revision=str(serial)
-                        ),
-                        options=dict(to_dict(options)) if options else {},
-                        cluster=cluster,
-                        tools=self.tools,
-                        upgrade=renders_as_upgrade(spec.format, installed=entry.name in installed),
-                        patches=tuple(to_dict(p) for p in spec.patches),
-                    ),
+                objects = render_entry(
+                    self.renders,
+                    entry,
+                    serial=serial,
+                    scope=with_bundle_crds(crds, builtin_scope),
+                    facts=cluster,
+                    tools=self.tools,
+                    installed=entry.name in installed,
                     tree=functools.partial(
-                        self.content.compose, spec.sources, root / entry.name, credentials=None
+                        self.content.compose,
+                        entry.spec.sources,
+                        root / entry.name,
+                        credentials=None,
                     ),
                 )
-                objects = with_created_namespace(objects, spec, bundle=entry.name)
                 crds.extend(o for o in objects if o.get("kind") == "CustomResourceDefinition")
                 out[entry.name] = objects
         finally:
