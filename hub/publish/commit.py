@@ -6,6 +6,11 @@ move in the same atomic push as the head ref naming the publication (:func:`comm
 the commit point); then every other shard's branches move (:meth:`Writer.apply`). A hub that
 dies after the commit point leaves staging refs that the next publish finishes
 (:func:`recover`); before it, nothing any agent reads has moved.
+
+A publication changing at most :data:`CARRY_MAX` clusters outside shard 0 skips the staging
+pushes: the commit point carries what the other shards need (:func:`carries`), then each other
+shard gets one push with its pack. A publication spread thinly over many shards (1% of the
+fleet) so costs one push per shard instead of two.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import pygit2
+
 from agent.errors import TemporaryError
 from agent.verify.publication import BUNDLE_FILE, PROOF_FILE, SET_FILE, STATEMENT_FILE
 from hub.errors import GitTransportError, PublishError, PushRejectedError
@@ -30,7 +37,7 @@ from hub.publish import ledger
 from hub.publish.compare import ClusterChange, ContentCache, Decisions
 from hub.publish.compose import SetComposer
 from hub.publish.git import BRANCH_PREFIX, BranchFacts, BranchStore, CommitBatch
-from hub.publish.sendpack import ZERO, RefUpdate
+from hub.publish.sendpack import ZERO, AtomicUnsupportedError, RefUpdate
 from hub.publish.shards import PARALLEL, ShardedStore
 from hub.publish.sign import SignedTree
 
@@ -96,6 +103,26 @@ class Update:
     old: str
     new: str = ""
     change: ClusterChange | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Carried:
+    """A shard whose commits the commit point carried: ``pack`` holds them for its push."""
+
+    pack: Path | None
+
+
+Staged = str | Carried
+"""How a shard's commits wait for the commit point: its staging commit, or carried."""
+
+# Clusters outside shard 0 up to which a publication is carried by its commit point (each of
+# them costs shard 0 a few objects more; each shard it skips staging saves a push).
+CARRY_MAX = 5_000
+
+
+def carries(plan: Mapping[int, Sequence[Update]]) -> bool:
+    """Whether the commit point carries this publication (see the module docstring)."""
+    return sum(len(updates) for shard, updates in plan.items() if shard != 0) <= CARRY_MAX
 
 
 @dataclass(slots=True)
@@ -228,12 +255,17 @@ class Writer:
         parents = [change.parent] if change.parent else []
         return batch.commit(files, parents=parents, message=message, when=self.now)
 
-    def apply(self, store: BranchStore, updates: list[Update], staging: str) -> dict[str, str]:
-        """Move this shard's branches and delete its staging ref (one push); the refused
-        updates (ref -> reason). Raises GitTransportError."""
+    def apply(self, store: BranchStore, updates: list[Update], staged: Staged) -> dict[str, str]:
+        """Move this shard's branches (one push): from its staging commit, deleting the staging
+        ref, or with its own pack when the commit point carried it. Returns the refused updates
+        (ref -> reason). Raises GitTransportError."""
         real = [RefUpdate(ref=u.ref, old=u.old, new=u.new) for u in updates]
+        if isinstance(staged, Carried):
+            outcome = store.push(real, pack=staged.pack)
+            self.settle(store, updates, outcome.refused)
+            return dict(outcome.refused)
         ref = ledger.staging_ref(self.publication)
-        outcome = store.push([*real, RefUpdate(ref=ref, old=staging, new=ZERO)], pack=None)
+        outcome = store.push([*real, RefUpdate(ref=ref, old=staged, new=ZERO)], pack=None)
         self.settle(store, updates, outcome.refused)
         return {r: m for r, m in outcome.refused.items() if r != ref}
 
@@ -343,6 +375,8 @@ def recover(sharded: ShardedStore, now: datetime, say: Progress) -> str:
     """Finish the committed publication a hub left half-applied; delete stale staging refs.
     Returns the head's oid (ZERO when none) that this publication must replace."""
     head, record = read_head(sharded.stores[0])
+    if record is not None and record.carried:
+        _finish_carried(sharded, record, say)
 
     def recover(shard: int, store: BranchStore) -> None:
         changed = False
@@ -368,6 +402,46 @@ def recover(sharded: ShardedStore, now: datetime, say: Progress) -> str:
     return head
 
 
+def _finish_carried(sharded: ShardedStore, record: ledger.HeadRecord, say: Progress) -> None:
+    """Push what a carried publication's shards still lack: each pending update's commit,
+    rebuilt from the bytes shard 0 carries (its id checked), with its tree and blobs."""
+    source = sharded.stores[0]
+    odb = source.repo.odb
+
+    def finish(shard: int, store: BranchStore) -> None:
+        carried = source.repo[pygit2.Oid(hex=record.carried[shard])].peel(pygit2.Tree)
+        updates = ledger.parse_updates(odb.read(carried[ledger.UPDATES_FILE].id)[1])
+        todo = ledger.pending(updates, store.refs)
+        if not todo:
+            return
+        say(f"finishing publication {record.publication} in {store.url}")
+        batch = CommitBatch(store)
+        for update in todo:
+            if update.new == ZERO:
+                continue
+            body = odb.read(carried[f"{update.new}.commit"].id)[1]
+            if batch.pack.add("commit", body) != update.new:
+                raise PublishError(
+                    f"{ledger.HEAD_REF} of {source.url} carries a commit that is not "
+                    f"{update.new}; fix or delete the ref"
+                )
+            tree = carried[update.new].id
+            batch.pack.add("tree", odb.read(tree)[1])
+            for entry in source.repo[tree].peel(pygit2.Tree):
+                kind, data = odb.read(entry.id)
+                batch.pack.add(_KINDS[kind], data)
+        outcome = store.push(todo, pack=batch.write())
+        if outcome.refused:
+            raise PushRejectedError(dict(outcome.refused), pushed=[])
+        store.fetch()
+
+    # (read_head fetched the record, and with it everything it carries.)
+    sharded.each(finish, [s for s in record.carried if s in sharded.stores])
+
+
+_KINDS = {pygit2.enums.ObjectType.BLOB: "blob", pygit2.enums.ObjectType.TREE: "tree"}
+
+
 def commit_point(
     writer: Writer,
     store: BranchStore,
@@ -377,29 +451,40 @@ def commit_point(
     updates: list[Update],
     clock: StageClock,
     joined: tuple[Attachment, Sequence[ClusterChange]] | None = None,
-) -> None:
+    carried: Mapping[int, tuple[BranchStore, list[Update]]] | None = None,
+) -> tuple[str, dict[int, Carried]]:
     """Move the head from ``head`` to this publication's record, with ``updates`` (shard 0's
     branches) and the attached ref (``joined``: the attachment and the publication's changes)
-    in the same atomic push: the commit point.
+    in the same atomic push: the commit point. ``carried``: the other shards (store and
+    updates) whose commits this push carries. Returns the head's new commit, and the carried
+    shards with the packs that move them.
 
     Raises LostRace when another hub moved the head first, AttachmentMovedError when the
     attached ref moved, PushRejectedError when the server refused a branch (then nothing
-    moved), AtomicUnsupportedError.
+    moved), AtomicUnsupportedError, PublishError (a pack could not be written).
     """
+    started = time.perf_counter()
+    batch = writer.write(store, updates)
+    trees: dict[int, str] = {}
+    packs: dict[int, Carried] = {}
+    for shard, (shard_store, shard_updates) in sorted((carried or {}).items()):
+        shard_batch = writer.write(shard_store, shard_updates)
+        trees[shard] = _carry(batch, shard_batch, shard_updates)
+        packs[shard] = Carried(pack=shard_batch.write())
     record = ledger.HeadRecord(
         publication=writer.publication,
         issued_at=utc_text(writer.now) or "",
         statement_sha256=hashlib.sha256(signed.statement_bytes).hexdigest() if signed else None,
         staging=dict(staged),
+        carried=trees,
         note=joined[0].note if joined is not None else None,
     )
-    started = time.perf_counter()
-    batch = writer.write(store, updates)
     commit = batch.commit(
         {ledger.RECORD_FILE: batch.blob(record.to_bytes())},
         parents=[],
         message=f"fleetlet: publication {writer.publication}\n",
         when=writer.now,
+        dirs={ledger.CARRIED_TREE.format(shard=s): tree for s, tree in trees.items()},
     )
     extra: list[RefUpdate] = []
     if joined is not None:
@@ -429,6 +514,20 @@ def commit_point(
         reasons = {r: m for r, m in outcome.refused.items() if "atomic" not in m}
         raise PushRejectedError(reasons or dict(outcome.refused), pushed=[])
     writer.settle(store, updates, {})
+    return commit, packs
+
+
+def _carry(into: CommitBatch, batch: CommitBatch, updates: Sequence[Update]) -> str:
+    """One shard's carried tree, written into ``into``: its ``updates`` file, and for each new
+    commit its tree (named by the commit's id) and its bytes (``<id>.commit``)."""
+    commits = into.pack.carry(batch.pack)
+    real = [RefUpdate(ref=u.ref, old=u.old, new=u.new) for u in updates]
+    files = {ledger.UPDATES_FILE: into.blob(ledger.updates_bytes(real))}
+    dirs: dict[str, str] = {}
+    for commit, (blob, tree) in commits.items():
+        files[f"{commit}.commit"] = blob
+        dirs[commit] = tree
+    return into.pack.tree(files, dirs)
 
 
 def head_unmoved(store: BranchStore, head: str) -> bool:
@@ -445,3 +544,64 @@ def unstage(sharded: ShardedStore, publication: str, staged: Mapping[int, str]) 
         # Best effort: a later publish deletes stale staging refs.
         with contextlib.suppress(Exception):
             sharded.stores[shard].push([RefUpdate(ref=ref, old=oid, new=ZERO)], pack=None)
+
+
+def commit_publication(
+    writer: Writer,
+    sharded: ShardedStore,
+    plan: Mapping[int, list[Update]],
+    head: str,
+    signed: SignedTree | None,
+    clock: StageClock,
+    writers: int | None,
+    joined: tuple[Attachment, Sequence[ClusterChange]] | None,
+) -> tuple[str, dict[int, Staged]]:
+    """Carry or stage the other shards' commits and pass the commit point (shard 0's branches
+    moving with the head); the head's new commit, and the shards whose branches must still
+    move, and how.
+
+    Raises what :func:`commit_point` and :func:`stage_shards` raise; nothing any agent reads
+    has moved when it raises, except after a failure whose outcome is unknown (the connection
+    broke during the commit push), which the next publish finishes or forgets.
+    """
+    stores = sharded.stores
+    if carries(plan):
+        others = {s: (stores[s], plan[s]) for s in plan if s != 0}
+        try:
+            with clock.stage("commit"):
+                new_head, carried = commit_point(
+                    writer, stores[0], head, signed, {}, plan.get(0, []), clock, joined, others
+                )
+            return new_head, dict(carried)
+        except AtomicUnsupportedError:
+            pass  # nothing moved: staged below, shard 0 with the others
+    staged: dict[int, str] = {}
+    try:
+        with clock.stage("write+stage"):
+            staged = stage_shards(writer, sharded, plan, clock, writers)
+        with clock.stage("commit"):
+            try:
+                new_head, _ = commit_point(
+                    writer, stores[0], head, signed, staged, plan.get(0, []), clock, joined
+                )
+            except AtomicUnsupportedError:
+                if joined is not None:
+                    raise PublishError(
+                        f"{stores[0].url}: rollouts need a git server with atomic pushes "
+                        "(git:// or http(s)://, git 2.4 or later)"
+                    ) from None
+                # Without atomic pushes shard 0 is staged and applied like the others.
+                if 0 in plan:
+                    staged[0] = writer.stage(stores[0], plan[0], clock)
+                new_head, _ = commit_point(writer, stores[0], head, signed, staged, [], clock)
+    except BaseException as failure:
+        # What this attempt staged is garbage if it did not commit; after a failure whose
+        # outcome is unknown (the connection broke during the commit push) it is left for
+        # the next publish, which finishes the publication if the head names it, and
+        # deletes the staging refs an hour later otherwise.
+        if isinstance(failure, LostRace | PushRejectedError | AttachmentMovedError) or head_unmoved(
+            stores[0], head
+        ):
+            unstage(sharded, writer.publication, staged)
+        raise
+    return new_head, dict(staged)

@@ -47,12 +47,9 @@ from hub.publish.commit import (
     LostRace,
     StageClock,
     Writer,
-    commit_point,
-    head_unmoved,
+    commit_publication,
     recover,
     serial_of,
-    stage_shards,
-    unstage,
     utc_text,
 )
 from hub.publish.compare import (
@@ -64,7 +61,7 @@ from hub.publish.compare import (
 )
 from hub.publish.compose import SetComposer
 from hub.publish.git import BRANCH_PREFIX, BranchStore, CommitBatch
-from hub.publish.sendpack import AtomicUnsupportedError
+from hub.publish.known import KnownHead
 from hub.publish.shards import ShardedStore
 from hub.publish.sign import Leaf, PublicationSigner, SignedTree, sign_leaves
 from hub.resolve import Resolver, ResolveSettings
@@ -326,12 +323,17 @@ def publish(
     sharded = _sharded(prepared, store)
     say = progress or (lambda _msg: None)
     clock = StageClock(prepared.timings)
-    for attempt in range(1, attempts + 1):
+    attempt, trust = 1, True
+    while True:
         try:
             with _paused_gc():
                 report = _publish_once(
-                    prepared, sharded, signer, now, say, check, clock, writers, attach
+                    prepared, sharded, signer, now, say, check, clock, writers, attach, trust
                 )
+        except _StaleKnowledge:
+            say("a branch moved since this hub's last publish; listing every shard")
+            trust = False
+            continue
         except LostRace as race:
             if attempt == attempts:
                 raise ConcurrentPublishError(
@@ -339,9 +341,14 @@ def publish(
                     f"made, {attempts} times in a row; rerun hub publish"
                 ) from None
             say(f"another hub committed publication {race.winner} first; publishing again on top")
+            attempt += 1
             continue
         return _replace_attempts(report, attempt)
-    raise AssertionError("unreachable")
+
+
+class _StaleKnowledge(Exception):
+    """The commit point was refused while the branches were taken from the hub's cache: a
+    branch moved some other way. Nothing moved; the run lists the shards and starts over."""
 
 
 def _replace_attempts(report: PublishReport, attempts: int) -> PublishReport:
@@ -360,18 +367,24 @@ def _publish_once(
     clock: StageClock,
     writers: int | None = None,
     attach: Attachment | None = None,
+    trust: bool = True,
 ) -> PublishReport:
     now = (now or datetime.now(UTC)).replace(microsecond=0)
     settings = prepared.fleet.settings
     stores = sharded.stores
 
     with clock.stage("list"):
-        say(
-            f"listing the branches of {sharded.count} repositor{'y' if sharded.count == 1 else 'ies'}"
-        )
-        sharded.each(lambda _s, st: st.fetch())
+        # Unlisted when nothing but this hub moved the shards since its last clean run.
+        known = KnownHead.load(sharded) if trust else None
+        if known is not None and not known.trusted(sharded, now):
+            known = None
+        if known is None:
+            many = "y" if sharded.count == 1 else "ies"
+            say(f"listing the branches of {sharded.count} repositor{many}")
+            sharded.each(lambda _s, st: st.fetch())
     with clock.stage("recover"):
-        head = recover(sharded, now, say)
+        head = known.head if known is not None else recover(sharded, now, say)
+    listed = known.listed if known is not None else now
     with clock.stage("diff"):
         cache = ContentCache()
         decisions = decide(
@@ -388,6 +401,7 @@ def _publish_once(
     todo = decisions.todo
     if not todo and not decisions.deletions:
         sharded.each(lambda _s, st: st.save_facts())  # what a cold cache learnt
+        KnownHead(head=head, listed=listed).save(sharded)
         return PublishReport(
             changes=tuple(decisions.changes),
             pushed=(),
@@ -440,37 +454,14 @@ def _publish_once(
     )
     plan = writer.plan(todo, decisions, stores)
     say(f"writing {len(todo)} cluster commits to {len(plan)} shard(s)")
-    # Shard 0 holds the head: its branches move in the same atomic push as the head (the
-    # commit point); the other shards are staged before it and applied after it.
-    staged: dict[int, str] = {}
+    joined = (attach, decisions.changes) if attach is not None else None
     try:
-        with clock.stage("write+stage"):
-            staged = stage_shards(writer, sharded, plan, clock, writers)
-        with clock.stage("commit"):
-            joined = (attach, decisions.changes) if attach is not None else None
-            try:
-                commit_point(
-                    writer, stores[0], head, signed, staged, plan.get(0, []), clock, joined
-                )
-            except AtomicUnsupportedError:
-                if attach is not None:
-                    raise PublishError(
-                        f"{stores[0].url}: rollouts need a git server with atomic pushes "
-                        "(git:// or http(s)://, git 2.4 or later)"
-                    ) from None
-                # Without atomic pushes shard 0 is staged and applied like the others.
-                if 0 in plan:
-                    staged[0] = writer.stage(stores[0], plan[0], clock)
-                commit_point(writer, stores[0], head, signed, staged, [], clock)
-    except BaseException as failure:
-        # What this attempt staged is garbage if it did not commit; after a failure whose
-        # outcome is unknown (the connection broke during the commit push) it is left for
-        # the next publish, which finishes the publication if the head names it, and
-        # deletes the staging refs an hour later otherwise.
-        if isinstance(failure, LostRace | PushRejectedError | AttachmentMovedError) or head_unmoved(
-            stores[0], head
-        ):
-            unstage(sharded, publication, staged)
+        new_head, staged = commit_publication(
+            writer, sharded, plan, head, signed, clock, writers, joined
+        )
+    except PushRejectedError:
+        if known is not None:
+            raise _StaleKnowledge() from None
         raise
     say(f"publication {publication} committed; moving the branches of {len(staged)} shard(s)")
     refused: dict[int, dict[str, str]] = {s: {} for s in plan}
@@ -488,6 +479,7 @@ def _publish_once(
     )
     if problems:
         raise PushRejectedError(problems, pushed=[f"{BRANCH_PREFIX}{c}" for c in pushed])
+    KnownHead(head=new_head, listed=listed).save(sharded)
     return PublishReport(
         changes=tuple(decisions.changes),
         pushed=tuple(pushed),

@@ -18,6 +18,13 @@ repositories at once. So a publish is a two-phase commit with its decision in gi
    names (its publisher died or lost the network between 2 and 3) finishes it before anything
    else: a committed publication is always applied whole, an uncommitted one never at all.
 
+A small publication skips the staging pushes: the push that moves the head *carries* what the
+other shards need, in shard 0 (``carried``: for each shard a tree with the ``updates`` file,
+each new commit's tree, and each new commit's bytes as a blob, since the commit's parents live
+in the other shard). Then one push per other shard moves its branches with its own pack; a
+hub finishing such a publication rebuilds those commits from shard 0 (same bytes, same ids)
+and pushes the updates still pending.
+
 Staging refs of publications that never committed are deleted once they are older than
 :data:`STALE_STAGING` (their publisher may still be about to commit).
 """
@@ -35,6 +42,7 @@ from hub.errors import PublishError
 from hub.publish.sendpack import ZERO, RefUpdate
 
 HEAD_REF = "refs/fleetlet/publication"
+CARRIED_TREE = "shard-{shard}"  # in the record commit's tree: a shard's carried tree
 STAGING_PREFIX = "refs/fleetlet/staging/"
 RECORD_FILE = "publication.json"
 UPDATES_FILE = "updates"
@@ -67,6 +75,7 @@ class HeadRecord:
     issued_at: str
     statement_sha256: str | None
     staging: Mapping[int, str] = field(default_factory=dict)  # shard -> staging commit
+    carried: Mapping[int, str] = field(default_factory=dict)  # shard -> tree in shard 0
     note: Mapping[str, Any] | None = None
     """What else the publication carries out (the rollout steps and actions behind it)."""
 
@@ -78,6 +87,8 @@ class HeadRecord:
             "statementSha256": self.statement_sha256,
             "staging": {str(k): v for k, v in sorted(self.staging.items())},
         }
+        if self.carried:
+            doc["carried"] = {str(k): v for k, v in sorted(self.carried.items())}
         if self.note:
             doc["note"] = dict(self.note)
         return (
@@ -101,6 +112,7 @@ class HeadRecord:
                 issued_at=str(doc["issuedAt"]),
                 statement_sha256=doc.get("statementSha256"),
                 staging={int(k): str(v) for k, v in doc["staging"].items()},
+                carried={int(k): str(v) for k, v in doc.get("carried", {}).items()},
                 note=doc.get("note") if isinstance(doc.get("note"), dict) else None,
             )
         except (ValueError, KeyError, TypeError, AttributeError) as exc:

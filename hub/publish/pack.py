@@ -60,14 +60,32 @@ class PackWriter:
             self._objects[raw] = (_REF_DELTA, delta, bytes.fromhex(base))
         return raw.hex()
 
-    def tree(self, files: dict[str, str]) -> str:
-        """A tree of regular files: name -> blob hex id (names without '/')."""
-        # Git sorts tree entries by name bytes (a directory sorts as "name/"; none here).
+    def tree(self, files: dict[str, str], dirs: dict[str, str] | None = None) -> str:
+        """A tree of regular files (name -> blob hex id) and of ``dirs`` (name -> tree hex
+        id); names without '/'."""
+        entries = [(name.encode(), b"100644 ", oid) for name, oid in files.items()]
+        # Git sorts tree entries by name bytes, a directory as if its name ended with "/".
+        entries += [(name.encode() + b"/", b"40000 ", oid) for name, oid in (dirs or {}).items()]
+        entries.sort()
         body = b"".join(
-            b"100644 " + name.encode() + b"\0" + bytes.fromhex(files[name])
-            for name in sorted(files, key=lambda n: n.encode())
+            mode + name.rstrip(b"/") + b"\0" + bytes.fromhex(oid) for name, mode, oid in entries
         )
         return self.add("tree", body)
+
+    def carry(self, other: PackWriter) -> dict[str, tuple[str, str]]:
+        """Copy every tree and blob of ``other`` into this pack (deltas with their bases), and
+        each of its commits as a blob of the commit's bytes; return commit id -> (that blob's
+        id, the commit's tree id). What a commit needs can then travel in a pack of another
+        repository, reachable from a tree, without the commit's history (see
+        :mod:`hub.publish.ledger`)."""
+        carried: dict[str, tuple[str, str]] = {}
+        for raw, (kind, body, base) in other._objects.items():
+            if kind == _TYPES["commit"]:
+                # A commit's body starts with "tree <40 hex>".
+                carried[raw.hex()] = (self.blob(body), body[5:45].decode())
+            else:
+                self._objects.setdefault(raw, (kind, body, base))
+        return carried
 
     def commit(
         self, *, tree: str, parents: list[str], author: str, timestamp: int, message: str
