@@ -28,7 +28,7 @@ from agent.verify import BRANCH_FILES, IdentityPolicy, TrustPolicy, verify_publi
 from hub.errors import FleetRepoError, GitTransportError
 from hub.fleet.load import load_fleet
 from hub.fleet.shards import assign, fleet_shards, hash_key, jump_hash
-from hub.publish import commit, flow
+from hub.publish import commit
 from hub.publish.flow import PublishReport, prepare, publish
 from hub.publish.ledger import HEAD_REF, STAGING_PREFIX, HeadRecord
 from hub.publish.shards import ShardedStore
@@ -158,6 +158,15 @@ class Shards:
 
 
 _stems = iter(range(1000))
+
+
+@pytest.fixture(params=["carried", "staged"])
+def commit_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """How the other shards' commits wait for the commit point: carried by it (a small
+    publication) or staged in each shard first (a large one: forced here)."""
+    if request.param == "staged":
+        monkeypatch.setattr(commit, "CARRY_MAX", -1)
+    return str(request.param)
 
 
 @pytest.fixture
@@ -298,8 +307,14 @@ def test_a_changed_cluster_touches_only_its_shard(shards: Shards) -> None:
         doc + "overrides:\n- clusters: [store-05]\n  values: {replicas: 3}\n"
     )
     home = fleet_shards(load_fleet(fleet)).shard_of("store-05")
+    pushes_before = shards.git.requests()
     report = shards.publish(fleet)
     assert report.pushed == ("store-05",) and report.shards_pushed == (home,)
+    # One push moves the head (shard 0), carrying the commit; one more moves the branch in
+    # its own shard, if that is not shard 0: nothing is staged for so small a publication.
+    served = shards.git.requests(since=len(pushes_before))
+    pushes = sorted(r.path for r in served if r.method == "receive-pack")
+    assert pushes == sorted({f"/{shards.stem}-0.git", f"/{shards.stem}-{home}.git"})
     for shard in range(SHARDS):
         after = shards.refs(shard)
         changed = {r for r in after if after[r] != before[shard].get(r)}
@@ -390,7 +405,7 @@ def head_record(shards: Shards) -> HeadRecord:
     return HeadRecord.from_bytes(data)
 
 
-def test_two_hubs_publishing_at_once_never_interleave(shards: Shards) -> None:
+def test_two_hubs_publishing_at_once_never_interleave(shards: Shards, commit_mode: str) -> None:
     shards.publish(shards.fleet("base"))
     first, second = shards.fleet("one", replicas=2), shards.fleet("two", replicas=3)
     winner_done = threading.Event()
@@ -448,13 +463,14 @@ def test_two_hubs_publishing_at_once_never_interleave(shards: Shards) -> None:
 
 
 def test_a_committed_publication_is_finished_by_the_next_hub(
-    shards: Shards, monkeypatch: pytest.MonkeyPatch
+    shards: Shards, monkeypatch: pytest.MonkeyPatch, commit_mode: str
 ) -> None:
     shards.publish(shards.fleet("base"))
+    before = {s: shards.branches(s) for s in range(SHARDS)}
     fleet = shards.fleet("next", replicas=5)
     real_apply = commit.Writer.apply
 
-    def network_gone(self: Any, store: Any, updates: Any, staging: str) -> Any:
+    def network_gone(self: Any, store: Any, updates: Any, staged: Any) -> Any:
         raise GitTransportError(f"git push to {store.url} failed: connection reset")
 
     monkeypatch.setattr(commit.Writer, "apply", network_gone)
@@ -464,10 +480,18 @@ def test_a_committed_publication_is_finished_by_the_next_hub(
     record = head_record(shards)
     # Committed (the head names it, shard 0's branches moved with it), not yet applied
     # elsewhere: the other shards still show the previous publication, never a mix within one
-    # cluster, and the staged commits wait under staging refs.
-    assert sorted(record.staging) == [1, 2]
+    # cluster. Their commits wait under staging refs in their shards, or carried by the
+    # head's commit in shard 0.
     for shard in (1, 2):
-        assert STAGING_PREFIX + record.publication in shards.refs(shard)
+        assert shards.branches(shard) == before[shard]
+    if commit_mode == "staged":
+        assert sorted(record.staging) == [1, 2] and not record.carried
+        for shard in (1, 2):
+            assert STAGING_PREFIX + record.publication in shards.refs(shard)
+    else:
+        assert sorted(record.carried) == [1, 2] and not record.staging
+        for shard in (1, 2):
+            assert not [r for r in shards.refs(shard) if r.startswith(STAGING_PREFIX)]
     # The next hub (another cache, another process in real life) finishes it first.
     report = shards.publish(fleet, cache="next-hub")
     assert report.pushed == ()  # nothing left to do once the committed one is applied
@@ -476,11 +500,20 @@ def test_a_committed_publication_is_finished_by_the_next_hub(
     for shard in range(SHARDS):
         assert not [r for r in shards.refs(shard) if r.startswith(STAGING_PREFIX)]
         for cluster in shards.branches(shard):
-            assert load_set(shards.files(shard, cluster)["set.yaml"], origin=cluster).serial == 2
+            files = shards.files(shard, cluster)
+            assert load_set(files["set.yaml"], origin=cluster).serial == 2
+            verify_publication(files=files, cluster=cluster, last_serial=1, trust=shards.trust())
+        fsck = subprocess.run(
+            ["git", "--git-dir", str(shards.path(shard)), "fsck", "--strict"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert fsck.returncode == 0, fsck.stderr
 
 
 def test_a_publication_never_committed_is_never_seen(
-    shards: Shards, monkeypatch: pytest.MonkeyPatch
+    shards: Shards, monkeypatch: pytest.MonkeyPatch, commit_mode: str
 ) -> None:
     shards.publish(shards.fleet("base"))
     before = {s: shards.branches(s) for s in range(SHARDS)}
@@ -489,13 +522,77 @@ def test_a_publication_never_committed_is_never_seen(
     def crash(*args: Any, **kwargs: Any) -> None:
         raise GitTransportError("git push failed: connection reset")
 
-    monkeypatch.setattr(flow, "commit_point", crash)
+    monkeypatch.setattr(commit, "commit_point", crash)
     with pytest.raises(GitTransportError):
         shards.publish(shards.fleet("next", replicas=7), cache="dead-hub")
     for shard in range(SHARDS):
         assert shards.branches(shard) == before[shard]
         assert not [r for r in shards.refs(shard) if r.startswith(STAGING_PREFIX)]
     assert shards.refs(0)[HEAD_REF] == head_before
+
+
+def change_web(fleet: Path, cluster: str, replicas: int) -> None:
+    doc = (fleet / "bundles" / "web.yaml").read_text()
+    (fleet / "bundles" / "web.yaml").write_text(
+        doc + f"overrides:\n- clusters: [{cluster}]\n  values: {{replicas: {replicas}}}\n"
+    )
+
+
+def test_the_hub_that_published_last_lists_no_shard(shards: Shards) -> None:
+    fleet = shards.fleet("fleet")
+    shards.publish(fleet)
+    cluster = "store-05"
+    home = fleet_shards(load_fleet(fleet)).shard_of(cluster)
+    change_web(fleet, cluster, 3)
+    since = len(shards.git.requests())
+    report = shards.publish(fleet)
+    assert report.pushed == (cluster,)
+    # Nothing moved the shards since this hub's last publish: it asked shard 0 for its head
+    # and listed no repository (100,000 refs at 100,000 clusters).
+    served = shards.git.requests(since=since)
+    assert [r.path for r in served if r.method == "upload-pack"] == [f"/{shards.stem}-0.git"]
+    assert load_set(shards.files(home, cluster)["set.yaml"], origin=cluster).serial == 2
+    # Another hub (its own cache) publishes: this hub's record no longer matches the head, so
+    # its next run lists every shard and builds on what the other hub wrote.
+    change_web(fleet, cluster, 4)
+    shards.publish(fleet, cache="other-hub")
+    change_web(fleet, cluster, 5)
+    since = len(shards.git.requests())
+    report = shards.publish(fleet)
+    assert report.pushed == (cluster,)
+    listed = {r.path for r in shards.git.requests(since=since) if r.method == "upload-pack"}
+    assert listed == {f"/{shards.stem}-{s}.git" for s in range(SHARDS)}
+    deployment_set = load_set(shards.files(home, cluster)["set.yaml"], origin=cluster)
+    web = next(e for e in deployment_set.bundle_deployments if e.name == "web")
+    assert deployment_set.serial == 4 and web.spec.format_options.values == {"replicas": 5}
+
+
+def test_a_branch_moved_by_hand_is_noticed_by_the_hub_that_published_last(
+    shards: Shards,
+) -> None:
+    fleet = shards.fleet("fleet")
+    shards.publish(fleet)
+    shard_map = fleet_shards(load_fleet(fleet))
+    # Two clusters of shard 0, whose branches move in the commit point's atomic push.
+    cluster, other = [n for n in sorted(shard_map.assignment) if shard_map.shard_of(n) == 0][:2]
+    # Someone points the cluster's branch at the other's commit, by hand.
+    branches = shards.branches(0)
+    subprocess.run(
+        ["git", "--git-dir", str(shards.path(0))]
+        + ["update-ref", f"refs/heads/fleetlet/clusters/{cluster}", branches[other]],
+        check=True,
+        timeout=60,
+    )
+    messages: list[str] = []
+    change_web(fleet, cluster, 3)
+    report = shards.publish(fleet, progress=messages.append)
+    # The compare-and-swap refused the hub's update, nothing moved, and the run listed every
+    # shard and published on top of what the branch holds now.
+    assert any("listing every shard" in m for m in messages), messages
+    assert report.pushed == (cluster,) and report.attempts == 1
+    files = shards.files(0, cluster)
+    verified = verify_publication(files=files, cluster=cluster, last_serial=1, trust=shards.trust())
+    assert verified.deployment_set.serial == 2
 
 
 def test_two_hub_serve_replicas_on_the_same_shards_answer_the_same(

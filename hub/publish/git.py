@@ -139,6 +139,7 @@ class BranchStore:
             raise PublishError(f"hub cache repository {self.cache_dir}: {exc}") from exc
         self.refs: dict[str, str] = {}  # every advertised ref -> oid, as of the last listing
         self.tips: dict[str, str] = {}  # cluster -> tip of its branch
+        self._others: dict[str, str] = {}  # cluster -> tip, for tips without facts
         self._facts: dict[str, BranchFacts] = self._load_facts()
         self._dirty = False  # facts learnt since the last save
 
@@ -181,7 +182,18 @@ class BranchStore:
             if name.startswith(BRANCH_PREFIX):
                 tips[name[cut:]] = refs[name]
         self.refs, self.tips = refs, tips
+        self._dirty = True  # the listing is what save_facts records
         return dict(tips)
+
+    def assume_listed(self) -> bool:
+        """Take the branches the facts cache recorded at its last save as the remote's, without
+        listing them (see :mod:`hub.publish.known`); False when there is no such record."""
+        if not self._loaded:
+            return False
+        self.tips = {name: f.tip for name, f in self._facts.items()}
+        self.tips.update(self._others)
+        self.refs = {BRANCH_PREFIX + name: tip for name, tip in self.tips.items()}
+        return True
 
     def fetch(self) -> dict[str, str]:
         """:meth:`list`, then fetch the tips whose facts are unknown; return cluster -> tip.
@@ -281,17 +293,22 @@ class BranchStore:
     # --- the facts cache ----------------------------------------------------------------
 
     def _load_facts(self) -> dict[str, BranchFacts]:
+        self._loaded = False
         try:
             data = json.loads((self.cache_dir / _FACTS_FILE).read_bytes())
             if data.get("format") != _FACTS_FORMAT or data.get("url") != self.url:
                 return {}
-            return {name: BranchFacts(*row) for name, row in data["branches"].items()}
-        except (OSError, ValueError, KeyError, TypeError):
+            facts = {name: BranchFacts(*row) for name, row in data["branches"].items()}
+            self._others = {str(k): str(v) for k, v in data.get("others", {}).items()}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return {}  # a cold cache: trailers are read again
+        self._loaded = True
+        return facts
 
     def remember(self, cluster: str, facts: BranchFacts | None) -> None:
         """Record what ``cluster``'s branch now holds (None: the branch is gone)."""
         self._dirty = True
+        self._others.pop(cluster, None)
         if facts is None:
             self._facts.pop(cluster, None)
             self.tips.pop(cluster, None)
@@ -308,12 +325,14 @@ class BranchStore:
             for name, f in self._facts.items()
             if self.tips.get(name) == f.tip
         }
+        # Every branch of the last listing, so that a run may take them as the remote's.
+        others = {name: tip for name, tip in self.tips.items() if name not in rows}
         path = self.cache_dir / _FACTS_FILE
         tmp = path.with_suffix(f".tmp{os.getpid()}")
         try:
             tmp.write_text(
                 json.dumps(
-                    {"format": _FACTS_FORMAT, "url": self.url, "branches": rows},
+                    {"format": _FACTS_FORMAT, "url": self.url, "branches": rows, "others": others},
                     separators=(",", ":"),
                 )
             )
@@ -402,9 +421,11 @@ class CommitBatch:
         parents: Iterable[str],
         message: str,
         when: datetime,
+        dirs: Mapping[str, str] | None = None,
     ) -> str:
-        """A commit of a tree of ``files`` (name -> blob id); returns its id."""
-        tree = self.pack.tree(dict(files))
+        """A commit of a tree of ``files`` (name -> blob id) and ``dirs`` (name -> tree id);
+        returns its id."""
+        tree = self.pack.tree(dict(files), dict(dirs or {}))
         return self.pack.commit(
             tree=tree,
             parents=list(parents),
