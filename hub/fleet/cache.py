@@ -16,6 +16,8 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
+from hub.fastjson import loads
+
 _FORMAT = 1
 
 ClusterRows = list[tuple[str, dict[str, str]]]
@@ -41,14 +43,19 @@ class ParsedFiles:
         return self.directory / f"{key}.json"
 
     def clusters(self, key: str) -> ClusterRows | None:
-        """The clusters of the file whose content hash is ``key``, or None if not cached."""
+        """The clusters of the file whose content hash is ``key``, or None if not cached:
+        (name, labels) in the file's order, clusters with the same labels sharing one dict."""
         try:
-            data = json.loads(self._path(key).read_bytes())
+            data = loads(self._path(key).read_bytes())
             if data.get("format") != _FORMAT:
                 return None
-            labels = data["labels"]
-            rows = [(str(name), labels[index]) for name, index in data["clusters"]]
-        except (OSError, ValueError, KeyError, TypeError, IndexError):
+            table = data["labels"]
+            if not all(isinstance(t, dict) for t in table):
+                return None
+            rows = [(name, table[index]) for name, index in data["clusters"]]
+            if not all(type(name) is str for name, _ in rows):
+                return None
+        except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError):
             return None
         self.used.add(key)
         self._loaded[key] = data

@@ -13,6 +13,7 @@ wrong.
 
 from __future__ import annotations
 
+import operator
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -101,6 +102,7 @@ def _found(text: str) -> str:
 
 
 _MAX_FILE_BYTES = 16 * 1024 * 1024
+_NAME_OF = operator.attrgetter("name")
 
 
 def _load_yaml(path: Path, rel: str, problems: _Problems, *, data: bytes | None = None) -> Any:
@@ -148,7 +150,13 @@ def load_fleet(root: str | Path, *, cache_dir: Path | None = None) -> Fleet:
         rel = path.relative_to(root).as_posix()
         files.append(rel)
         count = settings.shards.count if settings is not None else 1
-        for c in _cluster_file(path, rel, problems, parsed, count):
+        found = _cluster_file(path, rel, problems, parsed, count)
+        before = len(clusters)
+        merged = {**clusters, **dict(zip(map(_NAME_OF, found), found, strict=True))}
+        if len(merged) == before + len(found):
+            clusters = merged  # the common case: every name new (checked in one go)
+            continue
+        for c in found:
             if c.name in clusters:
                 problems.add(
                     rel,
@@ -187,7 +195,7 @@ def load_fleet(root: str | Path, *, cache_dir: Path | None = None) -> Fleet:
     return Fleet(
         root=root,
         settings=settings,
-        clusters=tuple(clusters[n] for n in sorted(clusters)),
+        clusters=tuple(map(clusters.__getitem__, sorted(clusters))),
         bundles=tuple(bundles[n] for n in sorted(bundles)),
         files=tuple(sorted(files)),
         by_name=clusters,

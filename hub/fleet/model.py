@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from hub.fleet.selectors import LabelSelector
 from hub.rollout.model import Strategy
@@ -58,13 +58,26 @@ class Settings:
     """The rollout strategy of every group whose bundles name none (docs/rollouts.md)."""
 
 
-@dataclass(frozen=True, slots=True)
-class Cluster:
+class Cluster(NamedTuple):
+    """A cluster of the inventory. A tuple: every run makes one per cluster of the fleet.
+
+    ``hashed_shard``: (shards, the hashed shard of the name among them), when the parsed-file
+    cache knew it; not part of what the cluster is (equality ignores it).
+    """
+
     name: str
     labels: Mapping[str, str]
     file: str
-    hashed_shard: tuple[int, int] | None = field(default=None, compare=False, repr=False)
-    """(shards, the hashed shard of the name among them), when the parsed-file cache knew it."""
+    hashed_shard: tuple[int, int] | None = None
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Cluster):
+            return NotImplemented
+        return (self.name, self.labels, self.file) == (other.name, other.labels, other.file)
+
+    def __ne__(self, other: object) -> bool:
+        equal = self.__eq__(other)
+        return equal if equal is NotImplemented else not equal
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,7 +25,7 @@ import heapq
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from agent.api import (
     BundleDeploymentEntry,
@@ -252,9 +252,9 @@ def bundle_spec(
     return spec
 
 
-@dataclass(frozen=True, slots=True)
-class ClusterPlan:
-    """What one cluster receives: its entries (shared between clusters) and the group order."""
+class ClusterPlan(NamedTuple):
+    """What one cluster receives: its entries (shared between clusters) and the group order.
+    A tuple: one is made per cluster of the fleet on every run."""
 
     cluster: Cluster
     entries: tuple[BundleDeploymentEntry, ...]
@@ -283,7 +283,8 @@ def plan_clusters(
     group_deps: dict[str, set[str]] = {}
     for b in fleet.bundles:
         group_deps.setdefault(group_of(b), set()).update(depends_of(b))
-    # Name lists that can make two clusters with the same labels differ.
+    # Name lists that can make two clusters with the same labels differ: each cluster named
+    # in one gets the list of the lists naming it in its shape.
     name_lists = sorted(
         {
             t.names
@@ -293,43 +294,57 @@ def plan_clusters(
         },
         key=sorted,
     )
+    named: dict[str, list[int]] = {}
+    for index, names in enumerate(name_lists):
+        for name in names:
+            named.setdefault(name, []).append(index)
+    memberships = {name: tuple(found) for name, found in named.items()}
     entries: dict[tuple[Any, ...], BundleDeploymentEntry | None] = {}
-    shapes: dict[tuple[Any, ...], tuple[tuple[BundleDeploymentEntry, ...], tuple[str, ...], str]]
-    shapes = {}
     # What each bundle's values refer to (${cluster.name}, ${cluster.labels.x}): a bundle that
     # names its cluster is built per cluster, one that reads labels per label set.
     refs = {b.name: _template_refs(b) for b in fleet.bundles}
     by_name = any("name" in r for r in refs.values())
     problems: list[FieldProblem] = []
     plans: dict[str, ClusterPlan] = {}
-    # Clusters loaded from the parsed-file cache share one labels mapping per label set.
-    label_keys: dict[int, tuple[tuple[str, str], ...]] = {}
-    complete: dict[tuple[Any, ...], bool] = {}
+    # Clusters loaded from the parsed-file cache share one labels mapping per label set: the
+    # shape is first looked up by that mapping's id (the clusters keep it alive), then by
+    # the labels themselves.
+    by_labels: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+    seen: dict[tuple[int, tuple[int, ...]], tuple[Any, ...]] = {}
     for cluster in clusters:
-        labels_key = label_keys.get(id(cluster.labels))
-        if labels_key is None:
-            labels_key = label_keys[id(cluster.labels)] = tuple(sorted(cluster.labels.items()))
-        shape_key = (
-            labels_key,
-            tuple(cluster.name in names for names in name_lists),
-            cluster.name if by_name else None,
-        )
-        shape = shapes.get(shape_key)
+        name = cluster.name
+        member = memberships.get(name, ())
+        shape = None if by_name else seen.get((id(cluster.labels), member))
         if shape is None:
-            shape = _shape(fleet, cluster, pins, entries, group_deps, problems, refs)
-            shapes[shape_key] = shape
-            complete[shape_key] = all(e is not None for e in shape[0])
-        chosen, groups, missing = shape
+            shape_key = (
+                tuple(sorted(cluster.labels.items())),
+                member,
+                name if by_name else None,
+            )
+            shape = by_labels.get(shape_key)
+            if shape is None:
+                chosen, groups, missing = _shape(
+                    fleet, cluster, pins, entries, group_deps, problems, refs
+                )
+                shape = by_labels[shape_key] = (
+                    chosen,
+                    groups,
+                    missing,
+                    all(e is not None for e in chosen),
+                )
+            if not by_name:
+                seen[(id(cluster.labels), member)] = shape
+        chosen, groups, missing, complete = shape
         if missing:
             problems.append(
                 FieldProblem(
-                    path=f"{cluster.file}: {cluster.name}",
+                    path=f"{cluster.file}: {name}",
                     expected=missing,
                     found="groups " + ", ".join(groups),
                 )
             )
-        elif complete[shape_key]:
-            plans[cluster.name] = ClusterPlan(cluster=cluster, entries=chosen, groups=groups)
+        elif complete:
+            plans[name] = ClusterPlan(cluster, chosen, groups)
     if problems:
         # The same spec problem in several override combinations is reported once.
         unique = list({str(p): p for p in problems}.values())

@@ -21,7 +21,7 @@ import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import yaml
 
@@ -58,8 +58,8 @@ class ContentCache:
 
     fragments: dict[int, str] = field(default_factory=dict)
     keep: list[BundleDeploymentEntry] = field(default_factory=list)
-    digests: dict[tuple[int, tuple[str, ...]], str] = field(default_factory=dict)
-    keep_tuples: list[tuple[BundleDeploymentEntry, ...]] = field(default_factory=list)
+    digests: dict[tuple[int, int], str] = field(default_factory=dict)
+    keep_tuples: list[tuple[object, object]] = field(default_factory=list)
 
     def content(self, plan: ClusterPlan) -> dict[str, str]:
         out: dict[str, str] = {}
@@ -79,14 +79,15 @@ class ContentCache:
 
     def digest(self, plan: ClusterPlan) -> str:
         """sha256 of the content blocks: what the commit trailer records (one per shape)."""
-        key = (id(plan.entries), plan.groups)
+        # Clusters of one shape share their entries and groups objects: two ids are the key.
+        key = (id(plan.entries), id(plan.groups))
         found = self.digests.get(key)
         if found is None:
             content = self.content(plan)
             text = "".join(content[k] for k in CONTENT_KEYS if k in content)
             found = "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
             self.digests[key] = found
-            self.keep_tuples.append(plan.entries)
+            self.keep_tuples.append((plan.entries, plan.groups))  # ids stay valid
         return found
 
 
@@ -128,14 +129,13 @@ def read_current(cluster: str, data: bytes) -> _Current:
     )
 
 
-@dataclass(frozen=True, slots=True)
-class ClusterChange:
+class ClusterChange(NamedTuple):
     """What the publication does to one cluster.
 
     ``shards`` are the shards whose branch gets the new commit (its own first, then those
     still holding its branch while it moves); ``parent`` the commit it follows (None: a new
     history, when a target shard does not hold the current tip); ``moving_since`` when its
-    move began (empty when not moving).
+    move began (empty when not moving). A tuple: one is made per cluster of the fleet.
     """
 
     cluster: str
@@ -186,53 +186,51 @@ def decide(
 
     Raises PublishError when a branch holds an unreadable set.
     """
-    # Where each branch is: one shard for nearly every cluster, several while it moves.
-    where: dict[str, int | list[int]] = {}
+    assignment = shard_map.assignment
+    # Branches outside their cluster's shard (moves; clusters no longer in the fleet): rare.
+    elsewhere: dict[str, list[int]] = {}
     for shard in sorted(stores):
         for name in stores[shard].tips:
-            found = where.get(name)
-            if found is None:
-                where[name] = shard
-            else:
-                where[name] = [*(found if isinstance(found, list) else [found]), shard]
+            if assignment.get(name) != shard:
+                elsewhere.setdefault(name, []).append(shard)
     # Times in the trailers' fixed format compare as strings: no parsing per cluster.
     refresh_at = _fmt(now + refresh_before)
     changes: list[ClusterChange] = []
     deletions: list[Deletion] = []
+    homes = {s: (s,) for s in stores}
+    known = {s: stores[s].known_facts() for s in stores}
+    digest, digests = cache.digest, cache.digests
     for name in sorted(plans):
         plan = plans[name]
-        home = shard_map.shard_of(name)
-        found = where.get(name)
-        if found is None:
-            changes.append(ClusterChange(name, "added", None, 1, (home,)))
+        home = assignment[name]
+        # The common case, a lookup: a hub commit in the cluster's own shard only, same content.
+        facts = known[home].get(name)
+        if (
+            facts is not None
+            and facts.digest
+            and facts.digest == (digests.get((id(plan.entries), id(plan.groups))) or digest(plan))
+            and facts.serial >= 0
+            and facts.expires_at > refresh_at
+            and not facts.moving_since
+            and (facts.signed or not signed)
+            and name not in elsewhere
+        ):
+            changes.append(
+                ClusterChange(name, "unchanged", facts.serial, facts.serial, homes[home], facts.tip)
+            )
             continue
-        if found == home:
-            facts = stores[home].facts(name)
-            assert facts is not None
-            if (
-                facts.digest
-                and facts.serial >= 0
-                and facts.expires_at
-                and not facts.moving_since
-                and facts.digest == cache.digest(plan)
-                and facts.expires_at > refresh_at
-                and not (signed and not facts.signed)
-            ):
-                changes.append(
-                    ClusterChange(name, "unchanged", facts.serial, facts.serial, (home,), facts.tip)
-                )
-                continue
-        shards = found if isinstance(found, list) else [found]
+        shards = ([home] if name in stores[home].tips else []) + elsewhere.get(name, [])
+        if not shards:
+            changes.append(ClusterChange(name, "added", None, 1, homes[home]))
+            continue
         held = {s: f for s in shards if (f := stores[s].facts(name)) is not None}
         change, gone = _decide_one(
             name, plan, home, held, stores, now, refresh_at, move_window, cache, signed
         )
         changes.append(change)
         deletions += gone
-    for name in sorted(set(where) - fleet_clusters):
-        found = where[name]
-        holding = tuple(found) if isinstance(found, list) else (found,)
-        changes.append(ClusterChange(name, "orphaned", None, None, holding))
+    for name in sorted(set(elsewhere) - fleet_clusters):
+        changes.append(ClusterChange(name, "orphaned", None, None, tuple(elsewhere[name])))
     return Decisions(changes=changes, deletions=deletions)
 
 
