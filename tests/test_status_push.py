@@ -8,6 +8,7 @@ each other; a sensitive output is never in clear in any object of the repository
 
 from __future__ import annotations
 
+import json
 import shutil
 import threading
 from datetime import UTC, datetime
@@ -25,6 +26,9 @@ from agent.api.status import (
     Run,
     dump_status,
     load_status,
+    message_summary,
+    status_summary,
+    status_to_dict,
 )
 from agent.errors import TemporaryError
 from agent.render.facts import ClusterFacts
@@ -144,6 +148,12 @@ def test_status_arrives_on_the_branch_as_fast_forward_commits(
     remote = remote_status(server, repo, "edge-a")
     assert remote.sequence == 2
     assert remote.bundles[0].runs[0].message == "upgraded"
+    # The commit's message carries the document's summary: what a hub's fleet-wide view
+    # reads, without the document.
+    summary = message_summary(commit.raw_message)
+    assert summary is not None
+    assert json.loads(summary) == status_summary(status_to_dict(remote))
+    assert json.loads(summary)["bundles"]["web"]["runs"][0]["result"] == "Succeeded"
 
 
 def test_the_agents_formats_are_written_into_every_document(

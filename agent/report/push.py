@@ -22,6 +22,9 @@ which parses every cluster's ``status.json``, reads no more bytes. Its blob is t
 while the facts do not change, so it only travels when they do; until the agent gives facts
 (after a restart, before its first render) the tip's ``cluster.json`` is carried over.
 
+Each commit's message carries the document's summary (:func:`agent.api.status.status_summary`),
+which a hub aggregating a large fleet reads instead of the document.
+
 The local bare repository under ``workdir`` only ever fetches this cluster's status branch.
 """
 
@@ -57,6 +60,8 @@ from agent.api.status import (
     dump_status,
     load_status,
     status_branch,
+    status_to_dict,
+    summary_message,
 )
 from agent.backoff import attempts, pause
 from agent.errors import PermanentError, ValidationError
@@ -481,7 +486,7 @@ class StatusPusher:
             None,
             signature,
             signature,
-            f"status of {self.cluster}: sequence {doc.sequence}\n",
+            summary_message(status_to_dict(doc)),
             tree,
             [tip] if tip is not None else [],
         )
