@@ -146,6 +146,35 @@ class PackWriter:
         return pack_path
 
 
+def store_received(pack: bytes, index: list[tuple[bytes, int, int]], repo_path: Path) -> Path:
+    """Keep a pack a server sent, as it came, in ``repo_path/objects/pack`` with its index:
+    ``index`` gives each object's raw id, offset and entry crc32 (the pack's own checksum ends
+    it). No object is compressed again. Raises OSError if the files cannot be written."""
+    pack_dir = Path(repo_path) / "objects" / "pack"
+    pack_dir.mkdir(parents=True, exist_ok=True)
+    checksum = pack[-20:]
+    offsets: dict[bytes, int] = {}
+    crcs: dict[bytes, int] = {}
+    for raw, offset, crc in index:
+        if raw not in offsets:  # an object sent twice is indexed once
+            offsets[raw], crcs[raw] = offset, crc
+    ids = sorted(offsets)
+    name = f"pack-{checksum.hex()}"
+    tmp_pack = pack_dir / f"tmp_recv_{os.getpid()}"
+    tmp_idx = pack_dir / f"tmp_recv_idx_{os.getpid()}"
+    try:
+        tmp_pack.write_bytes(pack)
+        tmp_idx.write_bytes(_index(ids, offsets, crcs, checksum))
+        pack_path = pack_dir / f"{name}.pack"
+        os.replace(tmp_pack, pack_path)
+        os.replace(tmp_idx, pack_dir / f"{name}.idx")  # the index last: readers go through it
+    finally:
+        for leftover in (tmp_pack, tmp_idx):
+            if leftover.exists():
+                leftover.unlink()
+    return pack_path
+
+
 def _deflate(body: bytes) -> bytes:
     """zlib of one pack entry. Most entries are a few hundred bytes (commits, trees, proofs,
     deltas), for which setting up zlib's default 32 KB window and 64 KB hash costs 3x more

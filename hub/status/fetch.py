@@ -50,8 +50,14 @@ def _ls_refs(prefix: str) -> bytes:
     )
 
 
-def _fetch(wants: Iterable[str], haves: Iterable[str]) -> bytes:
+def _fetch(
+    wants: Iterable[str], haves: Iterable[str], *, depth: int | None, only: str | None
+) -> bytes:
     lines = [pkt(b"command=fetch\n"), b"0001", pkt(b"no-progress\n")]
+    if depth is not None:
+        lines.append(pkt(f"deepen {depth}\n".encode()))
+    if only is not None:
+        lines.append(pkt(f"filter {only}\n".encode()))
     lines += [pkt(f"want {w}\n".encode()) for w in wants]
     lines += [pkt(f"have {h}\n".encode()) for h in haves]
     lines += [pkt(b"done\n"), b"0000"]
@@ -111,6 +117,7 @@ class Session:
         self.timeout = timeout
         self._sock: socket.socket | None = None
         self._reader: PktReader | None = None
+        self.capabilities: list[bytes] = []
 
     def __enter__(self) -> Session:
         return self
@@ -120,20 +127,46 @@ class Session:
             self._sock.close()
             self._sock = None
 
-    def refs(self, prefix: str) -> dict[str, str]:
-        """Ref name (without ``prefix``) -> oid. Raises GitTransportError, NotProtocolV2."""
+    def refs(self, prefix: str, *, what: str = "the branches") -> dict[str, str]:
+        """Ref name (without ``prefix``) -> oid. Raises GitTransportError ("cannot list
+        ``what`` of ..."), NotProtocolV2."""
         try:
             return _refs(self._command(_ls_refs(prefix)).section(), prefix)
-        except (OSError, ValueError, http.client.HTTPException) as exc:
-            raise GitTransportError(f"cannot list the branches of {self.url}: {exc}") from exc
+        except (OSError, ValueError, http.client.HTTPException, GitTransportError) as exc:
+            raise GitTransportError(f"cannot list {what} of {self.url}: {exc}") from exc
+
+    @property
+    def filters(self) -> bool:
+        """Whether the server filters what a fetch sends (``filter tree:0``: commits only;
+        ``uploadpack.allowFilter``, as GitHub, GitLab and Gitea serve). Known once connected."""
+        return any(
+            line.startswith(b"fetch=") and b"filter" in line.split(b"=", 1)[1].split()
+            for line in self.capabilities
+        )
 
     def fetch(self, wants: list[str], haves: list[str]) -> list[tuple[str, bytes]]:
         """The objects (kind, data) of the pack the server sends for ``wants`` when it knows
         we have ``haves``. Raises GitTransportError."""
+        return [(kind, data) for kind, data, *_ in self.fetch_pack(wants, haves)[1]]
+
+    def fetch_pack(
+        self,
+        wants: list[str],
+        haves: list[str],
+        *,
+        depth: int | None = None,
+        commits_only: bool = False,
+    ) -> tuple[bytes, list[tuple[str, bytes, bytes, int, int]]]:
+        """The pack the server sends for ``wants`` when it knows we have ``haves``, and its
+        objects as :func:`parse_pack` gives them. ``depth``: history that deep only (1: the
+        commits wanted, not their ancestors); ``commits_only``: no trees nor blobs (needs
+        :attr:`filters`). Raises GitTransportError."""
         if not wants:
-            return []
+            return b"", []
+        request = _fetch(wants, haves, depth=depth, only="tree:0" if commits_only else None)
         try:
-            return read_pack(_packfile(self._command(_fetch(wants, haves))))
+            pack = _packfile(self._command(request))
+            return pack, parse_pack(pack)
         except (OSError, ValueError, zlib.error, http.client.HTTPException) as exc:
             raise GitTransportError(f"fetching from {self.url} failed: {exc}") from exc
 
@@ -158,6 +191,7 @@ class Session:
         capabilities = reader.section()
         if not capabilities or capabilities[0] != b"version 2\n":
             raise NotProtocolV2(self.url)
+        self.capabilities = [line.rstrip(b"\n") for line in capabilities]
         self._reader = reader
         return reader
 
@@ -174,6 +208,7 @@ class Session:
                 lines = capabilities.section()
             if not lines or lines[0] != b"version 2\n":
                 raise NotProtocolV2(self.url)
+            self.capabilities = [line.rstrip(b"\n") for line in lines]
             self._reader = capabilities
         return PktReader(self._request("POST", f"{path}/git-upload-pack", request))
 
@@ -190,7 +225,7 @@ class Session:
         conn.request(method, path, body, headers)
         response = conn.getresponse()
         if response.status in (401, 403):
-            raise GitTransportError(f"{self.url}: HTTP {response.status}: credentials refused")
+            raise GitTransportError(f"HTTP {response.status}: credentials refused or missing")
         if response.status != 200:
             raise NotProtocolV2(f"{self.url}: HTTP {response.status}")
         return response.read
@@ -202,6 +237,16 @@ def read_pack(pack: bytes) -> list[tuple[str, bytes]]:
     Raises ValueError for a malformed pack (bad header or checksum, a delta whose base is not
     in the pack) and zlib.error for a damaged entry.
     """
+    return [(kind, data) for kind, data, _oid, _offset, _crc in parse_pack(pack)]
+
+
+def parse_pack(pack: bytes) -> list[tuple[str, bytes, bytes, int, int]]:
+    """Every object of a (non-thin) pack: (kind, data, raw id, offset, crc32 of its entry), in
+    the pack's order, deltas resolved (what an index of the pack needs).
+
+    Raises ValueError for a malformed pack (bad header or checksum, a delta whose base is not
+    in the pack) and zlib.error for a damaged entry.
+    """
     if len(pack) < 32 or pack[:4] != b"PACK":
         raise ValueError("not a pack")
     if hashlib.sha1(pack[:-20], usedforsecurity=False).digest() != pack[-20:]:
@@ -209,10 +254,9 @@ def read_pack(pack: bytes) -> list[tuple[str, bytes]]:
     count = int.from_bytes(pack[8:12], "big")
     view = memoryview(pack)
     at = 12
-    by_offset: dict[int, tuple[int, bytes]] = {}
-    by_id: dict[bytes, tuple[int, bytes]] = {}
-    pending: list[tuple[int, int, bytes]] = []  # (offset, base offset, delta) or by id
-    pending_ref: list[tuple[int, bytes, bytes]] = []
+    # offset -> (kind, data, -1) for whole objects, (delta kind, delta, base offset or id)
+    entries: dict[int, tuple[int, bytes, int | bytes]] = {}
+    crcs: dict[int, int] = {}
     for _ in range(count):
         start = at
         byte = pack[at]
@@ -223,8 +267,7 @@ def read_pack(pack: bytes) -> list[tuple[str, bytes]]:
             at += 1
             size |= (byte & 0x7F) << shift
             shift += 7
-        base_offset = -1
-        base_id = b""
+        base: int | bytes = -1
         if kind == _OFS_DELTA:
             byte = pack[at]
             at += 1
@@ -233,10 +276,12 @@ def read_pack(pack: bytes) -> list[tuple[str, bytes]]:
                 byte = pack[at]
                 at += 1
                 distance = ((distance + 1) << 7) | (byte & 0x7F)
-            base_offset = start - distance
+            base = start - distance
         elif kind == _REF_DELTA:
-            base_id = pack[at : at + 20]
+            base = bytes(pack[at : at + 20])
             at += 20
+        elif kind not in _TYPES:
+            raise ValueError(f"unknown pack entry type {kind}")
         inflater = zlib.decompressobj()
         end = min(len(pack) - 20, at + size + 1024)  # a stream rarely outgrows its data
         data = inflater.decompress(view[at:end])
@@ -249,46 +294,42 @@ def read_pack(pack: bytes) -> list[tuple[str, bytes]]:
         at = end - len(inflater.unused_data)
         if len(data) != size:
             raise ValueError("an entry of the pack has the wrong size")
+        entries[start] = (kind, data, base)
+        crcs[start] = zlib.crc32(view[start:at])
+    return [
+        (_TYPES[kind], data, oid, offset, crcs[offset])
+        for offset, (kind, data, oid) in sorted(_resolve(entries).items())
+    ]
+
+
+def _resolve(
+    entries: dict[int, tuple[int, bytes, int | bytes]],
+) -> dict[int, tuple[int, bytes, bytes]]:
+    """offset -> (kind, data, raw id) of every entry, deltas applied: from each whole object
+    down to the deltas on it (by offset or by id), in any order of the pack, each once and
+    without recursion (chains can be long). Raises ValueError for a delta whose base is not
+    in the pack."""
+    on_offset: dict[int, list[int]] = {}
+    on_id: dict[bytes, list[int]] = {}
+    todo: list[tuple[int, int, bytes]] = []  # (offset, kind, data) ready to finish
+    for offset, (kind, data, base) in entries.items():
         if kind in _TYPES:
-            _keep(by_offset, by_id, start, kind, data)
-        elif kind == _OFS_DELTA:
-            pending.append((start, base_offset, data))
-        elif kind == _REF_DELTA:
-            pending_ref.append((start, base_id, data))
+            todo.append((offset, kind, data))
+        elif isinstance(base, int):
+            on_offset.setdefault(base, []).append(offset)
         else:
-            raise ValueError(f"unknown pack entry type {kind}")
-    # Deltas may come before their bases: resolve until nothing more resolves.
-    while pending or pending_ref:
-        progress = False
-        for item in list(pending):
-            offset, base_offset, delta = item
-            if base_offset in by_offset:
-                kind, base = by_offset[base_offset]
-                _keep(by_offset, by_id, offset, kind, apply_delta(base, delta))
-                pending.remove(item)
-                progress = True
-        for ref_item in list(pending_ref):
-            offset, base_id, delta = ref_item
-            if base_id in by_id:
-                kind, base = by_id[base_id]
-                _keep(by_offset, by_id, offset, kind, apply_delta(base, delta))
-                pending_ref.remove(ref_item)
-                progress = True
-        if not progress:
-            raise ValueError("a delta of the pack has no base in it")
-    return [(_TYPES[kind], data) for kind, data in by_offset.values()]
-
-
-def _keep(
-    by_offset: dict[int, tuple[int, bytes]],
-    by_id: dict[bytes, tuple[int, bytes]],
-    offset: int,
-    kind: int,
-    data: bytes,
-) -> None:
-    by_offset[offset] = (kind, data)
-    header = f"{_TYPES[kind]} {len(data)}\0".encode()
-    by_id[hashlib.sha1(header + data, usedforsecurity=False).digest()] = (kind, data)
+            on_id.setdefault(base, []).append(offset)
+    resolved: dict[int, tuple[int, bytes, bytes]] = {}
+    while todo:
+        offset, kind, data = todo.pop()
+        header = f"{_TYPES[kind]} {len(data)}\0".encode()
+        oid = hashlib.sha1(header + data, usedforsecurity=False).digest()
+        resolved[offset] = (kind, data, oid)
+        for child in (*on_offset.pop(offset, ()), *on_id.pop(oid, ())):
+            todo.append((child, kind, apply_delta(data, entries[child][1])))
+    if len(resolved) != len(entries):
+        raise ValueError("a delta of the pack has no base in it")
+    return resolved
 
 
 def apply_delta(base: bytes, delta: bytes) -> bytes:
