@@ -41,6 +41,7 @@ from typing import Any
 import pygit2
 import rfc8785
 
+from agent.api.status import summary_message
 from bench._docs import write_section
 from hub.fleet.jump import shard_of_name
 from hub.publish.pack import PackWriter
@@ -123,6 +124,7 @@ class Fleet:
         for path in paths:
             pygit2.init_repository(str(path), bare=True)
         self.bytes = 0
+        self.message_bytes = 0
 
     def push(self, names: list[str]) -> None:
         """New documents for ``names``, as if each agent pushed once."""
@@ -135,8 +137,11 @@ class Fleet:
             self.bytes = len(data)
             tree = pack.tree({"status.json": pack.blob(data)})
             parents = [self.tips[name]] if name in self.tips else []
+            # As agents write it: the document's summary in the message.
+            message = summary_message(json.loads(data))
+            self.message_bytes = len(message)
             self.tips[name] = pack.commit(
-                tree=tree, parents=parents, author=AUTHOR, timestamp=stamp, message="status\n"
+                tree=tree, parents=parents, author=AUTHOR, timestamp=stamp, message=message
             )
             self.sequence[name] = seq
         for shard, path in enumerate(self.paths):
@@ -252,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
             cold: list[float] = []
             listing: list[float] = []
             mirror: list[float] = []
+            tips_only: list[float] = []
             for i in range(args.repeat):
                 status = FleetStatus(
                     repo_url=urls, cache_dir=tmp / f"cold-{i}", stale_after=timedelta(minutes=5)
@@ -269,6 +275,22 @@ def main(argv: list[str] | None = None) -> int:
                     ]
                 )
                 mirror.append(seconds)
+                seconds, _ = timed(
+                    lambda i=i: [
+                        git(
+                            "clone",
+                            "--quiet",
+                            "--bare",
+                            "--no-single-branch",
+                            "--depth=1",
+                            "--filter=tree:0",
+                            u,
+                            str(tmp / f"tips-{i}-{n}"),
+                        )
+                        for n, u in enumerate(urls)
+                    ]
+                )
+                tips_only.append(seconds)
                 print(f"cold round {i + 1}: {cold[-1]:.2f}s", file=sys.stderr)
 
             warm = FleetStatus(repo_url=urls, cache_dir=tmp / "cold-0")
@@ -303,6 +325,11 @@ def main(argv: list[str] | None = None) -> int:
         (
             "baseline: `git clone --mirror` of the same repositories, one after the other (CLI)",
             mirror,
+        ),
+        (
+            "baseline: the tips' commits alone, `git clone --bare --no-single-branch "
+            "--depth=1 --filter=tree:0`, one repository after the other (CLI)",
+            tips_only,
         ),
         ("baseline: `git ls-remote` of the status branches of each repository (CLI)", listing),
     ]
@@ -346,13 +373,16 @@ Reproduce: `{command}` (it starts its own `git daemon` on loopback).
 - Repositories: {args.shards} (shards; a cluster's by the fleet's stable hash), holding
   {args.clusters:,} branches `fleetlet/status/<cluster>`, each one commit with a
   `status.json` of {fleet.bytes:,} bytes ({args.bundles} bundles × {args.runs} runs with
-  outputs), written as one pack plus `packed-refs` in {built:.1f} s, then repacked with
-  deltas by `git repack -a -d` ({packed:.1f} s) as a server keeps its repositories.
-- Cold: a new cache directory each round: per shard one ref listing, one fetch (a wildcard
-  refspec, since every branch is new), every document read from the object database (no work
-  tree), checked and summarised. Incremental: the warm hub after {moved_count:,} clusters
-  pushed a new document (a different set each round): per shard one protocol v2 connection,
-  listing the status branches and fetching only the moved tips. A restarted hub reads its
+  outputs) and, as agents write it, the document's summary in its message
+  ({fleet.message_bytes:,} bytes), written as one pack plus `packed-refs` in {built:.1f} s,
+  then repacked with deltas by `git repack -a -d` ({packed:.1f} s) as a server keeps its
+  repositories. The `git daemon` filters fetches (`uploadpack.allowFilter`), as GitHub,
+  GitLab and Gitea do.
+- Cold: a new cache directory each round: per shard one protocol v2 connection, listing the
+  status branches (`ls-refs`) and fetching the tips' commits alone (`deepen 1`,
+  `filter tree:0`), each summary read from its commit's message, checked and summarised.
+  Incremental: the warm hub after {moved_count:,} clusters pushed a new document (a
+  different set each round): the same, for the moved tips only. A restarted hub reads its
   cached view (SQLite) and nothing else. The API's answers are timed in a hub process of its
   own, restarted from that cache, with labels for every cluster (3 regions).
 - Machine: {machine}.
@@ -371,13 +401,13 @@ Targets ({args.clusters:,} clusters): cold aggregation under {limit} s: **{verdi
 ({med(idle):.2f} s); the API's answers under 300 ms: **{ok(slowest < 0.3)}** (slowest median
 {slowest * 1000:.0f} ms).
 
-How: a cold start reads the shards in worker processes (libgit2's fetch, then every document
-parsed; 2 at a time on this machine); a warm refresh lists each shard with protocol v2
-(`ls-refs` of the status branches) and fetches exactly the moved tips against their previous
-ones in the same connection (`hub/status/fetch.py`), the shards 8 at a time; the view is a
-compact summary per cluster, kept in SQLite (a restart reads it, no document), documents are
-read on demand for the pages of one cluster; the matrix's rows are reused until the view
-changes or a cluster goes stale.
+How: a cold start reads the shards in worker processes (2 at a time on this machine); every
+refresh lists each shard with protocol v2 (`ls-refs` of the status branches) and fetches the
+moved tips' commits alone in the same connection (`hub/status/fetch.py`), the pack stored as
+it came; the view is a compact summary per cluster, read from the summaries the commits
+carry, kept in SQLite (a restart reads it, no document); documents are fetched and read on
+demand for the pages of one cluster; the matrix's rows are reused until the view changes or
+a cluster goes stale.
 """
     print(table)
     print(page_table)

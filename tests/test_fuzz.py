@@ -489,6 +489,7 @@ def test_hub_status_documents_from_agents(tmp_path_factory: pytest.TempPathFacto
     aggregation keeps it or marks it bad, and no API answer becomes a server error."""
     import pygit2
 
+    from agent.api.status import SUMMARY_TRAILER
     from hub.api.app import create_app
     from hub.status.aggregate import FleetStatus
 
@@ -510,8 +511,9 @@ def test_hub_status_documents_from_agents(tmp_path_factory: pytest.TempPathFacto
     good = STATUS[0]
     counter = iter(range(1_000_000))
 
-    def hub_after(documents: list[bytes]) -> Any:
-        """A new hub that read ``documents``, one after the other, from edge-1's branch."""
+    def hub_after(documents: list[bytes], *, as_summary: bool) -> Any:
+        """A new hub that read ``documents``, one after the other, from edge-1's branch; the
+        last one also as the summary in its commit's message, when ``as_summary``."""
         where = tmp / str(next(counter))
         bare = pygit2.init_repository(str(where / "status.git"), bare=True)
         status = FleetStatus(repo_url=str(where / "status.git"), cache_dir=where / "hub")
@@ -520,7 +522,11 @@ def test_hub_status_documents_from_agents(tmp_path_factory: pytest.TempPathFacto
             builder = bare.TreeBuilder()
             builder.insert("status.json", bare.create_blob(document), pygit2.GIT_FILEMODE_BLOB)
             parents = [bare.references[ref].target] if ref in bare.references else []
-            bare.create_commit(ref, signature, signature, "status", builder.write(), parents)
+            message = "status"
+            if as_summary and document is documents[-1]:
+                line = document.decode("utf-8", "replace").replace("\n", " ")
+                message = f"status\n\n{SUMMARY_TRAILER}: {line}\n"
+            bare.create_commit(ref, signature, signature, message, builder.write(), parents)
             status.refresh()
         app = create_app(
             status=status, tokens={ADMIN: "admin"}, labels={"edge-1": {"tier": "edge"}}
@@ -531,10 +537,11 @@ def test_hub_status_documents_from_agents(tmp_path_factory: pytest.TempPathFacto
     with tallied("hub: status documents from agents") as tally:
 
         @FUZZ
-        @given(json_inputs(STATUS), st.booleans())
-        def run(data: bytes, after_a_good_one: bool) -> None:
+        @given(json_inputs(STATUS), st.booleans(), st.booleans())
+        def run(data: bytes, after_a_good_one: bool, as_summary: bool) -> None:
             def read() -> None:
-                app = hub_after([good, data] if after_a_good_one else [data])
+                documents = [good, data] if after_a_good_one else [data]
+                app = hub_after(documents, as_summary=as_summary)
                 for target in targets:
                     code = asyncio.run(_request(app, "GET", target, auth, b""))
                     assert code < 500, (target, code)

@@ -17,6 +17,7 @@ import pygit2
 import pytest
 import rfc8785
 
+from agent.api.status import summary_message
 from hub.errors import GitTransportError
 from hub.status import FleetStatus
 from hub.status.document import installation_state
@@ -115,12 +116,22 @@ class _PushCallbacks(pygit2.RemoteCallbacks):  # type: ignore[misc]
 
 
 class StatusPusher:
-    """Pushes status documents like agents do: a commit per document, one branch per cluster."""
+    """Pushes status documents like agents do: a commit per document, one branch per cluster,
+    the document's summary in the commit's message (``summaries=False``: as agents before
+    summaries did)."""
 
-    def __init__(self, url: str, workdir: Path, credentials: tuple[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        workdir: Path,
+        credentials: tuple[str, str] | None = None,
+        *,
+        summaries: bool = True,
+    ) -> None:
         self.url = url
         self.repo = pygit2.init_repository(str(workdir), bare=True)
         self.credentials = credentials
+        self.summaries = summaries
 
     def push(self, documents: Mapping[str, dict[str, Any] | bytes]) -> None:
         """Commit each document on its cluster's branch and push all branches in one push."""
@@ -131,9 +142,10 @@ class StatusPusher:
             builder.insert("status.json", self.repo.create_blob(data), pygit2.GIT_FILEMODE_BLOB)
             ref = f"refs/heads/fleetlet/status/{cluster}"
             parents = [self.repo.references[ref].target] if ref in self.repo.references else []
-            oid = self.repo.create_commit(
-                ref, _SIG, _SIG, f"status of {cluster}", builder.write(), parents
-            )
+            message = f"status of {cluster}"
+            if self.summaries and isinstance(document, dict):
+                message = summary_message(document)
+            oid = self.repo.create_commit(ref, _SIG, _SIG, message, builder.write(), parents)
             assert oid
             specs.append(f"+{ref}:{ref}")
         callbacks = _PushCallbacks(
@@ -202,10 +214,15 @@ def test_refresh_fetches_only_moved_branches(git_daemon: GitDaemon, tmp_path: Pa
     pusher = StatusPusher(url, tmp_path / "agents")
     names = [f"c{i:02d}" for i in range(20)]
     pusher.push({n: make_status(n) for n in names})
+    # Each branch has some history (heartbeats): a new hub takes the tips alone.
+    pusher.push({n: make_status(n, sequence=2) for n in names})
     status = FleetStatus(repo_url=url, cache_dir=tmp_path / "hub")
     assert len(status.refresh().moved) == 20
     objects = object_count(status)
-    assert objects == 20 * 3  # commit, tree, blob per branch
+    # The server filters: one commit per branch, its summary in its message; no tree, no
+    # document, no older commit.
+    assert objects == 20
+    assert status.cluster("c05")["sequence"] == 2  # type: ignore[index]
     path = "/" + url.rsplit("/", 1)[1]
 
     before = upload_packs(git_daemon, path)
@@ -214,16 +231,74 @@ def test_refresh_fetches_only_moved_branches(git_daemon: GitDaemon, tmp_path: Pa
     assert upload_packs(git_daemon, path) == before + 1
     assert object_count(status) == objects  # nothing fetched
 
-    pusher.push({"c03": make_status("c03", sequence=2), "c17": make_status("c17", sequence=2)})
+    pusher.push({"c03": make_status("c03", sequence=3), "c17": make_status("c17", sequence=3)})
     before = upload_packs(git_daemon, path)
     result = status.refresh()
     assert result.moved == ["c03", "c17"]
-    # One connection (libgit2 fetches over the listing's connection), which brought exactly
-    # the two new commits and their content.
+    # One connection, which brought exactly the two new commits.
     assert upload_packs(git_daemon, path) == before + 1
-    assert object_count(status) == objects + 2 * 3
-    assert status.cluster("c03")["sequence"] == 2  # type: ignore[index]
-    assert status.cluster("c04")["sequence"] == 1  # type: ignore[index]
+    assert object_count(status) == objects + 2
+    assert status.cluster("c03")["sequence"] == 3  # type: ignore[index]
+    assert status.cluster("c04")["sequence"] == 2  # type: ignore[index]
+    # A page that shows the document fetches it then: its tree and the document.
+    document = status.document("c03")
+    assert document is not None and document["sequence"] == 3 and document["bundles"]
+    assert object_count(status) == objects + 2 + 2
+    # A page of installations (their runs are in the documents) fetches the documents it
+    # lacks in one request.
+    before = upload_packs(git_daemon, path)
+    page = status.installations(limit=10)
+    assert [i["cluster"] for i in page] == names[:10]
+    assert all(i["lastRun"]["result"] == "Succeeded" for i in page)
+    assert upload_packs(git_daemon, path) == before + 1
+
+
+@pytest.mark.parametrize("server", ["filtering", "not filtering"])
+@pytest.mark.parametrize("agents", ["with summaries", "before summaries"])
+def test_the_view_is_the_same_whatever_the_server_and_the_agents_write(
+    git_daemon: GitDaemon, tmp_path: Path, server: str, agents: str
+) -> None:
+    """Summaries in the commits' messages, or documents alone (agents before summaries); a
+    server that filters (commits alone) or not: the hub shows the same fleet."""
+    name = f"status-same-{next(_repo_names)}.git"
+    config = {"uploadpack.allowFilter": "false"} if server == "not filtering" else {}
+    git_daemon.create_bare(name, config=config)
+    url = git_daemon.url_for(name)
+    now = datetime.now(UTC)
+    documents = {
+        "ok": make_status("ok"),
+        "rolled": make_status(
+            "rolled",
+            sequence=4,
+            bundles={
+                "web": make_bundle(
+                    [
+                        make_run("rolled", "web", 3, 1, result="RolledBack"),
+                        make_run("rolled", "web", 2, 1),
+                    ],
+                    ready=False,
+                ),
+                "db": make_bundle([make_run("rolled", "db", 3, 1, result="Failed")], ready=False),
+            },
+        ),
+        "quiet": make_status("quiet", heartbeat=now - timedelta(minutes=30)),
+    }
+    StatusPusher(url, tmp_path / "agents", summaries=agents == "with summaries").push(documents)
+    status = FleetStatus(repo_url=url, cache_dir=tmp_path / "hub")
+    assert sorted(status.refresh().moved) == sorted(documents)
+    expected = FleetStatus(repo_url=url, cache_dir=tmp_path / "reference")
+    # The reference reads every document itself (no summary, no filter).
+    for shard in expected._shards:
+        shard.v2 = False
+    expected.refresh()
+    seen = {n: (status.cluster(n, now=now), status.cells(n, now=now)) for n in documents}
+    assert seen == {
+        n: (expected.cluster(n, now=now), expected.cells(n, now=now)) for n in documents
+    }
+    assert seen["rolled"][1] == {"web": "RolledBack", "db": "Degraded"}
+    assert seen["quiet"][1] == {"web": "Stale"}
+    assert status.installations() == expected.installations()
+    assert status.document("rolled") == expected.document("rolled")
 
 
 def test_restarted_hub_starts_warm(git_daemon: GitDaemon, tmp_path: Path) -> None:
@@ -334,7 +409,7 @@ def test_many_moved_branches_fetch_in_one_wildcard_fetch(
     before = upload_packs(git_daemon, path)
     assert status.refresh().moved == moved
     assert upload_packs(git_daemon, path) == before + 1
-    assert object_count(status) == objects + 70 * 3
+    assert object_count(status) == objects + 70  # the new commits alone: the server filters
     assert {c["name"]: c["sequence"] for c in status.clusters()} == {
         n: 2 if n in moved else 1 for n in names
     }
@@ -421,28 +496,28 @@ def test_a_branch_moving_during_a_refresh_is_read_all_the_same(
     pusher.push({"a": make_status("a"), "b": make_status("b")})
     status = FleetStatus(repo_url=url, cache_dir=tmp_path / "hub")
     status.refresh()
-    real = fetch.Session.fetch
+    real = fetch.Session.fetch_pack
     sequence = iter(range(2, 10))
 
-    def racing(self: fetch.Session, wants: list[str], haves: list[str]) -> Any:
+    def racing(self: fetch.Session, wants: list[str], haves: list[str], **kw: Any) -> Any:
         # The agent pushes again between the hub's listing and its fetch (protocol v2 makes
         # them two requests).
         pusher.push({"a": make_status("a", sequence=next(sequence) + 1)})
-        return real(self, wants, haves)
+        return real(self, wants, haves, **kw)
 
-    monkeypatch.setattr(fetch.Session, "fetch", racing)
+    monkeypatch.setattr(fetch.Session, "fetch_pack", racing)
     pusher.push({"a": make_status("a", sequence=next(sequence))})
     # This git serves the tip the listing named: the view is what the listing said...
     assert status.refresh().moved == ["a"]
     assert status.cluster("a")["sequence"] == 2  # type: ignore[index]
 
-    def refusing(self: fetch.Session, wants: list[str], haves: list[str]) -> Any:
+    def refusing(self: fetch.Session, wants: list[str], haves: list[str], **kw: Any) -> Any:
         pusher.push({"a": make_status("a", sequence=next(sequence) + 1)})
         raise GitTransportError("the git server says: upload-pack: not our ref")
 
     # ... and a server that refuses a tip that moved away is asked again, by libgit2, which
     # lists and fetches in one exchange.
-    monkeypatch.setattr(fetch.Session, "fetch", refusing)
+    monkeypatch.setattr(fetch.Session, "fetch_pack", refusing)
     assert status.refresh().moved == ["a"]
     a = status.cluster("a")
     assert a is not None and a["sequence"] == 5 and a["error"] is None

@@ -86,7 +86,12 @@ class FleetStatus:
         self._lock = threading.Lock()
         self._refresh_lock = threading.Lock()
         self._shards = [
-            StatusShard(i, url, self.cache_dir / ("status.git" if i == 0 else f"status-{i}.git"))
+            StatusShard(
+                i,
+                url,
+                self.cache_dir / ("status.git" if i == 0 else f"status-{i}.git"),
+                credentials,
+            )
             for i, url in enumerate(urls)
         ]
         self.repo = self._shards[0].repo
@@ -286,6 +291,20 @@ class FleetStatus:
                 self._documents.popitem(last=False)
         return doc
 
+    def prefetch(self, views: Sequence[ClusterView]) -> None:
+        """Fetch the documents of ``views`` the cache lacks: one request per shard (a page of
+        100 installations is one round trip, not 100). Best effort: a document that cannot be
+        fetched now is asked for again, and its error shown, when it is read."""
+        by_shard: dict[int, list[str]] = {}
+        for view in views:
+            if view.source is not None:
+                by_shard.setdefault(view.shard, []).append(view.source)
+        for shard, commits in by_shard.items():
+            with contextlib.suppress(
+                GitTransportError, StatusCacheError, pygit2.GitError, KeyError, ValueError
+            ):
+                self._shards[shard].prefetch(commits)
+
     # --- reading the view ----------------------------------------------------------------
 
     def clusters(self, *, now: datetime | None = None) -> list[dict[str, Any]]:
@@ -341,13 +360,21 @@ class FleetStatus:
         The summaries' states select (and skip) installations; only the documents of the
         clusters on the page are read.
         """
-        found = []
-        skip = offset
+        page: list[tuple[ClusterView, list[str], bool]] = []
+        skip, count = offset, 0
         for view, wanted, stale in self._matching(cluster, bundle, state, now):
             if skip >= len(wanted):
                 skip -= len(wanted)
                 continue
             wanted, skip = wanted[skip:], 0
+            page.append((view, wanted, stale))
+            count += len(wanted)
+            if limit is not None and count >= limit:
+                break
+        # The page's documents, in one request per shard where the cache lacks them.
+        self.prefetch([view for view, _, _ in page])
+        found = []
+        for view, wanted, stale in page:
             items = (self.document(view.name) or {}).get("bundles", {})
             for name in wanted:
                 if name in items:

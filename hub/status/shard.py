@@ -1,22 +1,31 @@
 """One status repository (a shard) and its local bare cache repository: list its status
 branches, fetch the moved ones (protocol v2 when the server speaks it, else libgit2), read each
-moved branch's document straight from the object database."""
+moved branch's summary straight from the object database.
+
+Over protocol v2 a refresh fetches the moved tips only (``deepen 1``: not the heartbeats
+between two refreshes, nor a new hub the whole history of every branch), and where the server
+filters (``filter tree:0``) only their commits: each commit's message carries the summary of
+its document (:func:`agent.api.status.status_summary`), which is all the fleet-wide view
+needs. A document is fetched when a page asks for it (its tree, by id). Commits without a
+summary (agents before it) have their documents fetched at once.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import gc
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pygit2
 
+from agent.api.status import SUMMARY_TRAILER, message_summary
 from agent.errors import PermanentError
 from hub.errors import GitTransportError
 from hub.publish.git import Callbacks
-from hub.publish.pack import PackWriter
+from hub.publish.pack import store_received
 from hub.status import fetch as fetch_v2
 from hub.status.document import StatusDocumentError, parse_status
 from hub.status.view import ClusterView
@@ -34,10 +43,13 @@ class StatusCacheError(PermanentError):
 class StatusShard:
     """One status repository and its local bare cache repository."""
 
-    def __init__(self, index: int, url: str, path: Path) -> None:
+    def __init__(
+        self, index: int, url: str, path: Path, credentials: tuple[str, str] | None = None
+    ) -> None:
         self.index = index
         self.url = url
         self.path = path
+        self.credentials = credentials
         try:
             if (path / "HEAD").is_file():
                 self.repo = pygit2.Repository(str(path))
@@ -54,17 +66,18 @@ class StatusShard:
     ) -> tuple[dict[str, str], dict[str, ClusterView]]:
         """(every branch's tip, the views of the moved ones). Raises GitTransportError.
 
-        A shard the hub knows goes through protocol v2 when the server speaks it
-        (:mod:`hub.status.fetch`: the moved tips only); a cold one, or a v0-only server,
-        through libgit2.
+        Through protocol v2 when the server speaks it (:mod:`hub.status.fetch`: the moved
+        tips only, commits only where the server filters), else through libgit2.
         """
         tips = None
-        if known and self.v2 and fetch_v2.supported(self.url):
+        if self.v2 and fetch_v2.supported(self.url):
             try:
                 tips = self.list_and_fetch_v2(known, credentials)
             except fetch_v2.NotProtocolV2:
                 self.v2 = False
             except GitTransportError:
+                if not known:
+                    raise
                 # v2 commands are separate requests: a branch that moved between the listing
                 # and the fetch is "not our ref" any more. libgit2 lists and fetches in one.
                 tips = None
@@ -77,10 +90,11 @@ class StatusShard:
     def list_and_fetch_v2(
         self, known: Mapping[str, ClusterView], credentials: tuple[str, str] | None
     ) -> dict[str, str]:
-        """Protocol v2: list, then fetch the moved tips against their previous ones (one
-        connection over git://). Raises GitTransportError, NotProtocolV2."""
+        """Protocol v2: list, then fetch the moved tips (one connection over git://): their
+        commits alone where the server filters, and the documents of those whose message
+        carries no summary. Raises GitTransportError, NotProtocolV2."""
         with fetch_v2.Session(self.url, credentials=credentials) as session:
-            tips = session.refs(STATUS_PREFIX)
+            tips = session.refs(STATUS_PREFIX, what="status branches")
             moved = [
                 c
                 for c, tip in tips.items()
@@ -90,15 +104,38 @@ class StatusShard:
             if not moved:
                 return tips
             haves = sorted({known[c].tip for c in moved if c in known})
-            objects = session.fetch(sorted({tips[c] for c in moved}), haves)
-        pack = PackWriter()
-        for kind, data in objects:
-            pack.add(kind, data)
-        try:
-            pack.write(Path(self.repo.path))
-        except OSError as exc:
-            raise StatusCacheError(f"hub status cache {self.repo.path}: {exc}") from exc
+            commits_only = session.filters
+            self._keep(
+                *session.fetch_pack(
+                    sorted({tips[c] for c in moved}), haves, depth=1, commits_only=commits_only
+                )
+            )
+            if commits_only:
+                bare = sorted({tree for c in moved if (tree := self._unsummarised(tips[c]))})
+                if bare:
+                    self._keep(*session.fetch_pack(bare, []))
         return tips
+
+    def _keep(self, pack: bytes, objects: list[tuple[str, bytes, bytes, int, int]]) -> None:
+        """Store a fetched pack as it came (indexed, not compressed again)."""
+        if not objects:
+            return
+        try:
+            store_received(pack, [(oid, at, crc) for _, _, oid, at, crc in objects], self.path)
+        except OSError as exc:
+            raise StatusCacheError(f"hub status cache {self.path}: {exc}") from exc
+
+    def _unsummarised(self, commit_id: str) -> str | None:
+        """The tree of ``commit_id`` when its message carries no summary (else None)."""
+        try:
+            kind, commit = self.odb.read(commit_id)[:2]
+        except (KeyError, ValueError, pygit2.GitError):
+            return None
+        if kind != pygit2.enums.ObjectType.COMMIT or not commit.startswith(b"tree "):
+            return None
+        if message_summary(_message(commit)) is not None:
+            return None
+        return str(commit[5:45].decode())
 
     def list_and_fetch(
         self, known: Mapping[str, str], credentials: tuple[str, str] | None
@@ -135,8 +172,11 @@ class StatusShard:
                 specs = [f"+{STATUS_PREFIX}{c}:{_TRACK_PREFIX}{c}" for c in sorted(missing)]
             else:
                 specs = [f"+{STATUS_PREFIX}*:{_TRACK_PREFIX}*"]
+            # The tips only: not every heartbeat since (a commit each), nor, for a new hub,
+            # the whole history of every branch (libgit2 cannot be shallow on a local path).
+            depth = 1 if "://" in self.url and not self.url.startswith("file:") else 0
             try:
-                remote.fetch(specs, callbacks=Callbacks(credentials))
+                remote.fetch(specs, callbacks=Callbacks(credentials), depth=depth)
             except (pygit2.GitError, OSError) as exc:
                 raise GitTransportError(
                     f"git fetch of status branches from {self.url} failed: {_first_line(exc)}"
@@ -144,29 +184,66 @@ class StatusShard:
         return tips
 
     def document(self, cluster: str, commit_id: str) -> dict[str, Any]:
-        """The checked document in ``commit_id`` of ``cluster``'s branch, read from the odb.
+        """The checked document in ``commit_id`` of ``cluster``'s branch, read from the odb
+        (its tree fetched first when the cache holds the commit alone).
 
-        Raises StatusDocumentError (missing file, bad document, another cluster's) or
-        pygit2.GitError / KeyError (object missing locally).
+        Raises StatusDocumentError (missing file, bad document, another cluster's),
+        GitTransportError (it could not be fetched) or pygit2.GitError / KeyError (object
+        missing locally).
         """
         origin = f"{STATUS_PREFIX}{cluster}:{STATUS_FILE}"
         # Raw reads from the object database: no Python object per commit and tree.
-        kind, commit = self.odb.read(commit_id)[:2]
-        if kind != pygit2.enums.ObjectType.COMMIT or not commit.startswith(b"tree "):
-            raise StatusDocumentError(f"{origin}: the branch tip is not a commit")
-        kind, tree = self.odb.read(commit[5:45].decode())[:2]
+        commit = self._commit(commit_id, origin)
+        tree_id = commit[5:45].decode()
+        if tree_id not in self.odb:
+            self._fetch_objects([tree_id])
+        kind, tree = self.odb.read(tree_id)[:2]
         entry = _tree_entry(tree, STATUS_FILE.encode())
         if entry is None:
             raise StatusDocumentError(f"{origin}: no such file on the branch")
         kind, data = self.odb.read(entry.hex())[:2]
         if kind != pygit2.enums.ObjectType.BLOB:
             raise StatusDocumentError(f"{origin}: {STATUS_FILE} is not a file")
-        doc = parse_status(data, origin=origin)
-        if doc["cluster"] != cluster:
-            raise StatusDocumentError(
-                f"{origin}: cluster: expected {cluster!r}, got {doc['cluster']!r}"
-            )
-        return doc
+        return _checked(parse_status(data, origin=origin), cluster, origin)
+
+    def summary(self, cluster: str, commit_id: str) -> dict[str, Any]:
+        """What the view reads of ``commit_id``: the summary its message carries (a document
+        with a subset of the fields), else its document. Raises what :meth:`document` does."""
+        commit = self._commit(commit_id, f"{STATUS_PREFIX}{cluster}")
+        summary = message_summary(_message(commit))
+        if summary is None:
+            return self.document(cluster, commit_id)
+        origin = f"{STATUS_PREFIX}{cluster}@{commit_id[:12]}: {SUMMARY_TRAILER}"
+        return _checked(parse_status(summary, origin=origin), cluster, origin)
+
+    def prefetch(self, commits: Sequence[str]) -> None:
+        """Fetch the trees (the documents) of ``commits`` the cache lacks, in one request.
+        Raises GitTransportError."""
+        missing = []
+        for commit_id in commits:
+            kind, commit = self.odb.read(commit_id)[:2]
+            tree = commit[5:45].decode()
+            if kind == pygit2.enums.ObjectType.COMMIT and tree not in self.odb:
+                missing.append(tree)
+        if missing:
+            self._fetch_objects(sorted(set(missing)))
+
+    def _commit(self, commit_id: str, origin: str) -> bytes:
+        kind, commit = self.odb.read(commit_id)[:2]
+        if kind != pygit2.enums.ObjectType.COMMIT or not commit.startswith(b"tree "):
+            raise StatusDocumentError(f"{origin}: the branch tip is not a commit")
+        return bytes(commit)
+
+    def _fetch_objects(self, wanted: list[str]) -> None:
+        """Fetch objects by id (protocol v2: any object the server holds). Raises
+        GitTransportError."""
+        if not fetch_v2.supported(self.url):
+            raise GitTransportError(f"{self.url}: cannot fetch {wanted[0]} (protocol v2 only)")
+        try:
+            with fetch_v2.Session(self.url, credentials=self.credentials) as session:
+                self._keep(*session.fetch_pack(wanted, []))
+        except fetch_v2.NotProtocolV2 as exc:
+            raise GitTransportError(f"{self.url}: cannot fetch {wanted[0]}: {exc}") from exc
 
     def read(self, cluster: str, tip: str, known: ClusterView | None) -> ClusterView:
         """The view of one moved branch; a bad document gives a view with ``error`` set (and
@@ -175,8 +252,8 @@ class StatusShard:
         if known is not None:
             base = replace(known, tip=tip, error=None)
         try:
-            doc = self.document(cluster, tip)
-        except (pygit2.GitError, KeyError, ValueError) as exc:
+            doc = self.summary(cluster, tip)
+        except (pygit2.GitError, KeyError, ValueError, GitTransportError) as exc:
             # StatusDocumentError is a ValueError; so is a malformed object id.
             return replace(base, error=str(exc))
         if known is not None and known.sequence is not None and doc["sequence"] < known.sequence:
@@ -187,6 +264,20 @@ class StatusShard:
                 f"{known.sequence}; kept the newer document",
             )
         return base.summarised(doc, tip)
+
+
+def _message(commit: bytes) -> bytes:
+    """A raw commit's message (after its headers)."""
+    at = commit.find(b"\n\n")
+    return commit[at + 2 :] if at >= 0 else b""
+
+
+def _checked(doc: dict[str, Any], cluster: str, origin: str) -> dict[str, Any]:
+    if doc["cluster"] != cluster:
+        raise StatusDocumentError(
+            f"{origin}: cluster: expected {cluster!r}, got {doc['cluster']!r}"
+        )
+    return doc
 
 
 def _tree_entry(tree: bytes, name: bytes) -> bytes | None:
@@ -208,7 +299,7 @@ def cold_refresh(
     """:meth:`_Shard.refresh` of a shard known nothing of, in a worker process; the error
     message instead of raising (exceptions of our own do not always cross processes)."""
     try:
-        return StatusShard(index, url, path).refresh({}, credentials)
+        return StatusShard(index, url, path, credentials).refresh({}, credentials)
     except (GitTransportError, StatusCacheError) as exc:
         return str(exc)
 

@@ -81,6 +81,10 @@ class _GitServer:
         self.log_path = self.workdir / "server.log"
         self.root.mkdir(parents=True, exist_ok=True)
         self.home.mkdir(parents=True, exist_ok=True)
+        # As GitHub, GitLab and Gitea serve: fetches may filter what they take (partial
+        # clones; the hub's status refresh takes commits alone). A repository can say
+        # otherwise with create_bare(config={"uploadpack.allowFilter": "false"}).
+        (self.home / ".gitconfig").write_text("[uploadpack]\n\tallowFilter = true\n")
         self.port = port if port is not None else free_port()
         self.startup_timeout = startup_timeout
         self.startup_seconds: float | None = None
