@@ -385,6 +385,79 @@ def test_a_killed_workers_children_are_killed_and_reaped_not_left_as_zombies(
     assert report["helper"] == "gone", report
 
 
+_STOP = """
+import ctypes, json, pathlib, sys, threading, time
+from agent.runner.launcher import WorkerLauncher
+
+PR_SET_CHILD_SUBREAPER = 36
+assert ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1) == 0
+work = pathlib.Path(sys.argv[1])
+launcher = WorkerLauncher(workdir=work / "w", timeout=300, python=sys.argv[2], stop_grace=2)
+outcome = {}
+
+def run():
+    started = time.monotonic()
+    try:
+        launcher.run("tick", settings={}, progress_interval=1)
+        outcome["raised"] = None
+    except Exception as exc:
+        outcome["raised"] = type(exc).__name__
+    outcome["seconds"] = time.monotonic() - started
+
+thread = threading.Thread(target=run)
+thread.start()
+while not (work / "helper.pid").exists():
+    time.sleep(0.05)
+worker = launcher.running
+launcher.stop()
+thread.join(120)
+pid = int((work / "helper.pid").read_text())
+try:
+    state = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+except FileNotFoundError:
+    state = "gone"
+try:
+    launcher.run("tick", settings={}, progress_interval=1)
+    again = None
+except Exception as exc:
+    again = type(exc).__name__
+print(json.dumps({**outcome, "helper": state, "again": again,
+                  "started_again": (work / "started").read_text().count("x")}))
+"""
+
+
+@pytest.mark.parametrize("answers_sigterm", [True, False])
+def test_stop_ends_the_running_worker_and_its_children_and_starts_no_other(
+    answers_sigterm: bool, tmp_path: Path
+) -> None:
+    # A "worker" that starts a helper (as it would start helm) and then waits; one that
+    # ignores SIGTERM (so does its helper) is killed with SIGKILL after the grace.
+    worker = tmp_path / "worker.sh"
+    worker.write_text(
+        "#!/bin/sh\n"
+        + ("" if answers_sigterm else "trap '' TERM\n")
+        + f"printf x >> {tmp_path}/started\n"
+        "sleep 300 &\n"
+        f"echo $! > {tmp_path}/helper.pid.tmp && mv {tmp_path}/helper.pid.tmp {tmp_path}/helper.pid\n"
+        "wait\n"
+    )
+    worker.chmod(0o755)
+    done = subprocess.run(
+        [sys.executable, "-c", _STOP, str(tmp_path), str(worker)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.splitlines()[-1])
+    # A stop asked for, not a failure; far sooner than the worker's 300 s timeout.
+    assert report["raised"] == "WorkerStoppedError", report
+    assert report["seconds"] < 60, report
+    assert report["helper"] == "gone", report  # killed with the worker and reaped
+    assert report["again"] == "WorkerStoppedError" and report["started_again"] == 1, report
+
+
 def test_a_worker_gets_the_agents_guard_with_its_settings(tmp_path: Path) -> None:
     # The worker rebuilds the settings from the request file: the agent's own objects stay off
     # limits there too, with the bundles a cluster admin allowed.
