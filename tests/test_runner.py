@@ -10,6 +10,10 @@
   group ends wholly on the new revision.
 - kill -9 of the supervisor during a move takes its worker with it (no orphan goes on moving
   the group); a restarted agent finishes the move.
+- SIGTERM to ``agent run`` while its worker hangs (on a frozen API server, or stopped) ends the
+  worker and its process group at once and exits 0 within seconds, not after
+  ``--worker-timeout``; a stop asked for is no failure (no ``WorkerFailed`` anywhere), and a
+  restarted agent finishes the interrupted move.
 
 The faults come from the agent's own fault injection, armed from outside once
 (``FLEETLET_FAILPOINT=[stop:]<step>@FILE``: only while FILE exists, which the first worker to
@@ -335,6 +339,111 @@ def test_kill_9_of_the_supervisor_takes_its_worker_and_a_restart_finishes_the_mo
         _wait(lambda: _ready(kube, upgrades) and _serial(kube, upgrades) == 2, "v2 Ready")
         upgrades.assert_wholly_on(v2, [v1, v2])
         assert not upgrades.intent_exists(namespace)
+
+
+def _group_members(pgid: int) -> list[int]:
+    """The pids of the processes (zombies too) in process group ``pgid``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        if int(stat[stat.rindex(")") + 2 :].split()[2]) == pgid:
+            found.append(int(entry.name))
+    return found
+
+
+def _stuck_worker(agent: Running, *, seconds: float = 3) -> int:
+    """The pid of a worker seen running for ``seconds`` in a row."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        workers = agent.workers()
+        if len(workers) == 1:
+            since = time.monotonic()
+            while agent.workers() == workers and time.monotonic() - since < seconds:
+                time.sleep(0.2)
+            if agent.workers() == workers:
+                return workers[0]
+        time.sleep(0.3)
+    raise AssertionError("no worker stayed stuck")
+
+
+def _status_history(lab: Lab) -> bytes:
+    """Every status document the agent pushed to git (each commit of its status branch)."""
+    import pygit2
+
+    repo = pygit2.Repository(str((lab.status_git or lab.git).root / lab.status_name))
+    ref = repo.references.get("refs/heads/fleetlet/status/edge-1")
+    if ref is None:
+        return b""
+    said = []
+    for commit in repo.walk(ref.target):
+        for entry in commit.tree:
+            if entry.type_str == "blob":
+                said.append(repo[entry.id].data)
+    return b"\n".join(said)
+
+
+@pytest.mark.parametrize("hang", ["api-server-frozen", "worker-stopped"])
+def test_sigterm_stops_agent_run_and_its_hung_worker_at_once_and_reports_no_failure(
+    hang: str, lab: Lab, crds: Cluster, namespace: str, tmp_path: Path
+) -> None:
+    # Found by the 600 s soak: agent run waited for its worker (up to --worker-timeout)
+    # before it exited. A frozen API server: the worker waits on it and dies of the SIGTERM;
+    # a stopped worker (SIGSTOP, at "applied") cannot, and is killed after the grace.
+    kube = KubeClient(kubeconfig=str(crds.kubeconfig))
+    upgrades = Upgrades(lab, kube)
+    armed = tmp_path / "armed"
+    v1, v2 = Version(1), Version(2)
+    upgrades.publish(v1)
+    env = {"FLEETLET_FAILPOINT": f"stop:applied@{armed}"} if hang == "worker-stopped" else {}
+    # Without the fix the worker would hold agent run for minutes: each of its requests to a
+    # frozen API server waits 120 s (a new connection's TLS handshake is bounded by the
+    # connect timeout), and the worker may run 300 s.
+    extra = ["--worker-timeout", "300", "--connect-timeout", "120", "--read-timeout", "120"]
+    workdir = tmp_path / "a"
+    with agent_run(lab, crds, namespace=namespace, workdir=workdir, env=env, extra=extra) as agent:
+        _wait(lambda: _ready(kube, upgrades), "v1 Ready")
+        _wait(lambda: agent.metric("fleetlet_agent_polls_total", outcome="unchanged") >= 1,
+              "an idle poll: the first worker is done")  # fmt: skip
+        frozen = False
+        try:
+            if hang == "worker-stopped":
+                armed.touch()
+                upgrades.publish(v2)
+                _wait(lambda: not armed.exists(), "the worker stopped at 'applied'")
+            else:
+                upgrades.publish(v2)
+                _wait(lambda: agent.workers(), "the worker of v2")
+                crds.freeze_apiserver()
+                frozen = True
+            worker = _stuck_worker(agent)
+            assert agent.metric("fleetlet_agent_worker_failures_total") == 0
+            started = time.monotonic()
+            agent.popen.send_signal(signal.SIGTERM)
+            code = agent.popen.wait(timeout=120)
+            took = time.monotonic() - started
+        finally:
+            if frozen:
+                crds.thaw_apiserver()
+        assert code == 0
+        assert took < 20, f"agent run took {took:.1f} s to stop"
+        assert not _group_members(worker), "the worker's process group outlived agent run"
+        log = agent.log.read_text()
+        assert "was stopped" in log, log[-3000:]
+        assert "WorkerFailed" not in log and "retried with backoff" not in log, log[-3000:]
+        assert b"WorkerFailed" not in _status_history(lab)
+    # The move the stop interrupted is finished by the next agent, and nothing says it failed.
+    with agent_run(lab, crds, namespace=namespace, workdir=workdir, extra=extra):
+        _wait(lambda: _ready(kube, upgrades) and _serial(kube, upgrades) == 2, "v2 Ready")
+        upgrades.assert_wholly_on(v2, [v1, v2])
+        assert not _worker_failed_event(kube, upgrades.web)
+        for bundle in (upgrades.web, upgrades.conf):
+            said = {c.get("reason") for c in conditions(kube, bundle).values()}
+            assert "WorkerFailed" not in said, (bundle, said)
 
 
 _ORPHANS = """
