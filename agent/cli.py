@@ -305,6 +305,9 @@ def _run(args: argparse.Namespace) -> int:
     )
 
     def stop(signum: int, frame: Any) -> None:
+        # The running worker too: the process cannot exit before the job waiting for it ends,
+        # and a worker may run up to --worker-timeout. Killing it is safe at any point.
+        supervisor.stop()
         scheduler.stop(wait=False)
 
     signal.signal(signal.SIGTERM, stop)

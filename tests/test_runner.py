@@ -10,6 +10,10 @@
   group ends wholly on the new revision.
 - kill -9 of the supervisor during a move takes its worker with it (no orphan goes on moving
   the group); a restarted agent finishes the move.
+- SIGTERM to ``agent run`` while its worker hangs (on a frozen API server, or stopped) ends the
+  worker and its process group at once and exits 0 within seconds, not after
+  ``--worker-timeout``; a stop asked for is no failure (no ``WorkerFailed`` anywhere), and a
+  restarted agent finishes the interrupted move.
 
 The faults come from the agent's own fault injection, armed from outside once
 (``FLEETLET_FAILPOINT=[stop:]<step>@FILE``: only while FILE exists, which the first worker to
@@ -337,6 +341,111 @@ def test_kill_9_of_the_supervisor_takes_its_worker_and_a_restart_finishes_the_mo
         assert not upgrades.intent_exists(namespace)
 
 
+def _group_members(pgid: int) -> list[int]:
+    """The pids of the processes (zombies too) in process group ``pgid``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        if int(stat[stat.rindex(")") + 2 :].split()[2]) == pgid:
+            found.append(int(entry.name))
+    return found
+
+
+def _stuck_worker(agent: Running, *, seconds: float = 3) -> int:
+    """The pid of a worker seen running for ``seconds`` in a row."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        workers = agent.workers()
+        if len(workers) == 1:
+            since = time.monotonic()
+            while agent.workers() == workers and time.monotonic() - since < seconds:
+                time.sleep(0.2)
+            if agent.workers() == workers:
+                return workers[0]
+        time.sleep(0.3)
+    raise AssertionError("no worker stayed stuck")
+
+
+def _status_history(lab: Lab) -> bytes:
+    """Every status document the agent pushed to git (each commit of its status branch)."""
+    import pygit2
+
+    repo = pygit2.Repository(str((lab.status_git or lab.git).root / lab.status_name))
+    ref = repo.references.get("refs/heads/fleetlet/status/edge-1")
+    if ref is None:
+        return b""
+    said = []
+    for commit in repo.walk(ref.target):
+        for entry in commit.tree:
+            if entry.type_str == "blob":
+                said.append(repo[entry.id].data)
+    return b"\n".join(said)
+
+
+@pytest.mark.parametrize("hang", ["api-server-frozen", "worker-stopped"])
+def test_sigterm_stops_agent_run_and_its_hung_worker_at_once_and_reports_no_failure(
+    hang: str, lab: Lab, crds: Cluster, namespace: str, tmp_path: Path
+) -> None:
+    # Found by the 600 s soak: agent run waited for its worker (up to --worker-timeout)
+    # before it exited. A frozen API server: the worker waits on it and dies of the SIGTERM;
+    # a stopped worker (SIGSTOP, at "applied") cannot, and is killed after the grace.
+    kube = KubeClient(kubeconfig=str(crds.kubeconfig))
+    upgrades = Upgrades(lab, kube)
+    armed = tmp_path / "armed"
+    v1, v2 = Version(1), Version(2)
+    upgrades.publish(v1)
+    env = {"FLEETLET_FAILPOINT": f"stop:applied@{armed}"} if hang == "worker-stopped" else {}
+    # Without the fix the worker would hold agent run for minutes: each of its requests to a
+    # frozen API server waits 120 s (a new connection's TLS handshake is bounded by the
+    # connect timeout), and the worker may run 300 s.
+    extra = ["--worker-timeout", "300", "--connect-timeout", "120", "--read-timeout", "120"]
+    workdir = tmp_path / "a"
+    with agent_run(lab, crds, namespace=namespace, workdir=workdir, env=env, extra=extra) as agent:
+        _wait(lambda: _ready(kube, upgrades), "v1 Ready")
+        _wait(lambda: agent.metric("fleetlet_agent_polls_total", outcome="unchanged") >= 1,
+              "an idle poll: the first worker is done")  # fmt: skip
+        frozen = False
+        try:
+            if hang == "worker-stopped":
+                armed.touch()
+                upgrades.publish(v2)
+                _wait(lambda: not armed.exists(), "the worker stopped at 'applied'")
+            else:
+                upgrades.publish(v2)
+                _wait(lambda: agent.workers(), "the worker of v2")
+                crds.freeze_apiserver()
+                frozen = True
+            worker = _stuck_worker(agent)
+            assert agent.metric("fleetlet_agent_worker_failures_total") == 0
+            started = time.monotonic()
+            agent.popen.send_signal(signal.SIGTERM)
+            code = agent.popen.wait(timeout=120)
+            took = time.monotonic() - started
+        finally:
+            if frozen:
+                crds.thaw_apiserver()
+        assert code == 0
+        assert took < 20, f"agent run took {took:.1f} s to stop"
+        assert not _group_members(worker), "the worker's process group outlived agent run"
+        log = agent.log.read_text()
+        assert "was stopped" in log, log[-3000:]
+        assert "WorkerFailed" not in log and "retried with backoff" not in log, log[-3000:]
+        assert b"WorkerFailed" not in _status_history(lab)
+    # The move the stop interrupted is finished by the next agent, and nothing says it failed.
+    with agent_run(lab, crds, namespace=namespace, workdir=workdir, extra=extra):
+        _wait(lambda: _ready(kube, upgrades) and _serial(kube, upgrades) == 2, "v2 Ready")
+        upgrades.assert_wholly_on(v2, [v1, v2])
+        assert not _worker_failed_event(kube, upgrades.web)
+        for bundle in (upgrades.web, upgrades.conf):
+            said = {c.get("reason") for c in conditions(kube, bundle).values()}
+            assert "WorkerFailed" not in said, (bundle, said)
+
+
 _ORPHANS = """
 import ctypes, json, os, pathlib, sys
 from agent.runner.launcher import WorkerFailedError, WorkerLauncher
@@ -383,6 +492,79 @@ def test_a_killed_workers_children_are_killed_and_reaped_not_left_as_zombies(
     assert report["cause"] == "signal"
     # Killed with the worker and waited for: neither running nor a zombie of the agent.
     assert report["helper"] == "gone", report
+
+
+_STOP = """
+import ctypes, json, pathlib, sys, threading, time
+from agent.runner.launcher import WorkerLauncher
+
+PR_SET_CHILD_SUBREAPER = 36
+assert ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1) == 0
+work = pathlib.Path(sys.argv[1])
+launcher = WorkerLauncher(workdir=work / "w", timeout=300, python=sys.argv[2], stop_grace=2)
+outcome = {}
+
+def run():
+    started = time.monotonic()
+    try:
+        launcher.run("tick", settings={}, progress_interval=1)
+        outcome["raised"] = None
+    except Exception as exc:
+        outcome["raised"] = type(exc).__name__
+    outcome["seconds"] = time.monotonic() - started
+
+thread = threading.Thread(target=run)
+thread.start()
+while not (work / "helper.pid").exists():
+    time.sleep(0.05)
+worker = launcher.running
+launcher.stop()
+thread.join(120)
+pid = int((work / "helper.pid").read_text())
+try:
+    state = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+except FileNotFoundError:
+    state = "gone"
+try:
+    launcher.run("tick", settings={}, progress_interval=1)
+    again = None
+except Exception as exc:
+    again = type(exc).__name__
+print(json.dumps({**outcome, "helper": state, "again": again,
+                  "started_again": (work / "started").read_text().count("x")}))
+"""
+
+
+@pytest.mark.parametrize("answers_sigterm", [True, False])
+def test_stop_ends_the_running_worker_and_its_children_and_starts_no_other(
+    answers_sigterm: bool, tmp_path: Path
+) -> None:
+    # A "worker" that starts a helper (as it would start helm) and then waits; one that
+    # ignores SIGTERM (so does its helper) is killed with SIGKILL after the grace.
+    worker = tmp_path / "worker.sh"
+    worker.write_text(
+        "#!/bin/sh\n"
+        + ("" if answers_sigterm else "trap '' TERM\n")
+        + f"printf x >> {tmp_path}/started\n"
+        "sleep 300 &\n"
+        f"echo $! > {tmp_path}/helper.pid.tmp && mv {tmp_path}/helper.pid.tmp {tmp_path}/helper.pid\n"
+        "wait\n"
+    )
+    worker.chmod(0o755)
+    done = subprocess.run(
+        [sys.executable, "-c", _STOP, str(tmp_path), str(worker)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.splitlines()[-1])
+    # A stop asked for, not a failure; far sooner than the worker's 300 s timeout.
+    assert report["raised"] == "WorkerStoppedError", report
+    assert report["seconds"] < 60, report
+    assert report["helper"] == "gone", report  # killed with the worker and reaped
+    assert report["again"] == "WorkerStoppedError" and report["started_again"] == 1, report
 
 
 def test_a_worker_gets_the_agents_guard_with_its_settings(tmp_path: Path) -> None:

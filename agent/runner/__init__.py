@@ -19,5 +19,6 @@ after ``--worker-timeout``) is retried with the scheduler's backoff and reported
 metrics, in the status document, and as reason ``WorkerFailed`` on the BundleDeployments
 (written by the next worker before it does anything else). A worker dies with its
 supervisor (``PR_SET_PDEATHSIG``), so a killed supervisor never leaves a move running behind
-the next one.
+the next one; on SIGTERM the supervisor stops its worker itself and exits at once (a stop it
+asked for, not reported as a failure).
 """

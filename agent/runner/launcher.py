@@ -7,6 +7,12 @@ timeout. A worker that does not exit in time is killed with SIGKILL: crash safet
 safe at any point (the next worker resumes or returns the interrupted move). Every way a
 worker can fail without a result (killed by a signal, an exit code, a timeout, an unreadable
 result) raises :class:`WorkerFailedError`, a temporary error: the scheduler backs off.
+
+:meth:`WorkerLauncher.stop` (``agent run`` got SIGTERM or SIGINT) ends the running worker at
+once: SIGTERM to its process group, SIGKILL after :attr:`~WorkerLauncher.stop_grace` seconds
+if it is still there (a worker killed at any point is safe, as above). That worker, and any
+:meth:`~WorkerLauncher.run` after it, raises :class:`WorkerStoppedError`: a stop that was
+asked for, not a failure.
 """
 
 from __future__ import annotations
@@ -23,11 +29,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from agent.errors import TemporaryError
+from agent.errors import FleetletError, TemporaryError
 from agent.runner.protocol import JobRequest, JobResult, write_atomically
 
 FailureCause = Literal["signal", "exit", "timeout", "result"]
 FAILURE_CAUSES: tuple[FailureCause, ...] = ("signal", "exit", "timeout", "result")
+_Ending = Literal["exited", "timeout", "stopped"]
+
+
+class WorkerStoppedError(FleetletError):
+    """The worker was not run, or was ended before it wrote its result, because
+    :meth:`WorkerLauncher.stop` was called: not a failure (nothing to retry or report)."""
+
+    reason = "WorkerStopped"
 
 
 class WorkerFailedError(TemporaryError):
@@ -64,15 +78,22 @@ class WorkerLauncher:
         python: str = sys.executable,
         environ: Mapping[str, str] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        stop_grace: float = 5.0,
     ) -> None:
         """``timeout``: seconds a worker may run; ``environ``: its environment (default: this
-        process's, which carries ``FLEETLET_*``, ``PYTHONPATH`` and credentials' paths)."""
+        process's, which carries ``FLEETLET_*``, ``PYTHONPATH`` and credentials' paths);
+        ``stop_grace``: seconds a worker has after :meth:`stop`'s SIGTERM before SIGKILL."""
         self.workdir = Path(workdir)
         self.timeout = timeout
+        self.stop_grace = stop_grace
         self._python = python
         self._environ = environ
         self._clock = clock
         self._lock = threading.Lock()
+        # Guards ``running`` and ``_stopping`` between run()'s thread and stop(). Reentrant:
+        # stop() runs in a signal handler, which may interrupt the main thread inside stop().
+        self._state = threading.Condition(threading.RLock())
+        self._stopping = False
         self.running: int | None = None
         """The pid of the worker running now (None: none)."""
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -96,8 +117,8 @@ class WorkerLauncher:
     ) -> WorkerRun:
         """Run ``job`` in a new worker and wait for it (at most :attr:`timeout`).
 
-        Raises WorkerFailedError (no result: see the class), OSError (the worker cannot be
-        started).
+        Raises WorkerFailedError (no result: see the class), WorkerStoppedError (:meth:`stop`
+        was called before it started or while it ran), OSError (the worker cannot be started).
         """
         with self._lock:
             request = JobRequest(
@@ -120,46 +141,70 @@ class WorkerLauncher:
             # Settings only, no secret: credentials stay in their files and variables.
             write_atomically(path, request.to_json())
             started = self._clock()
-            worker = subprocess.Popen(
-                [self._python, "-m", "agent.runner.worker", str(path)],
-                stdin=subprocess.DEVNULL,
-                env=dict(self._environ) if self._environ is not None else None,
-                start_new_session=True,
-            )
-            self.running = worker.pid
+            # Started under the state lock: a stop() in between cannot miss this worker.
+            with self._state:
+                if self._stopping:
+                    raise WorkerStoppedError(f"the {job} worker was not started: stopping")
+                worker = subprocess.Popen(
+                    [self._python, "-m", "agent.runner.worker", str(path)],
+                    stdin=subprocess.DEVNULL,
+                    env=dict(self._environ) if self._environ is not None else None,
+                    start_new_session=True,
+                )
+                self.running = worker.pid
             try:
-                status, max_rss, timed_out = self._wait(worker)
+                status, max_rss, ending = self._wait(worker)
             finally:
-                self.running = None
+                with self._state:
+                    self.running = None
                 # What the worker started (helm, kustomize) goes with it.
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(worker.pid, signal.SIGKILL)
                 _reap_group(worker.pid)
             seconds = self._clock() - started
-            return self._outcome(job, request.result, status, max_rss, timed_out, seconds)
+            return self._outcome(job, request.result, status, max_rss, ending, seconds)
 
-    def _wait(self, worker: subprocess.Popen[bytes]) -> tuple[int, int, bool]:
-        """Wait for the worker (reaping it with its rusage); kill it past the timeout.
-        Returns its wait status, its ``ru_maxrss`` in bytes and whether it timed out."""
-        ended = threading.Event()
+    def stop(self) -> None:
+        """End the running worker (SIGTERM to its process group now, SIGKILL after
+        :attr:`stop_grace` seconds, by :meth:`run`'s thread) and start no other. Returns at
+        once: safe in a signal handler. Idempotent."""
+        with self._state:
+            self._stopping = True
+            if self.running is not None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(self.running, signal.SIGTERM)
+            self._state.notify_all()
+
+    def _wait(self, worker: subprocess.Popen[bytes]) -> tuple[int, int, _Ending]:
+        """Wait for the worker (reaping it with its rusage); kill it past the timeout, or
+        past the grace after :meth:`stop`. Returns its wait status, its ``ru_maxrss`` in bytes
+        and how its wait ended."""
         outcome: list[tuple[int, int]] = []
 
         def reap() -> None:
             _pid, status, usage = os.wait4(worker.pid, 0)
-            outcome.append((status, int(usage.ru_maxrss) * 1024))
-            ended.set()
+            with self._state:
+                outcome.append((status, int(usage.ru_maxrss) * 1024))
+                self._state.notify_all()
 
         reaper = threading.Thread(target=reap, name="worker-reaper", daemon=True)
         reaper.start()
-        timed_out = not ended.wait(self.timeout)
-        if timed_out:
+        with self._state:
+            self._state.wait_for(lambda: bool(outcome) or self._stopping, self.timeout)
+            ending: _Ending = "stopped" if self._stopping else "exited"
+            if ending == "stopped" and not outcome:
+                # stop() sent SIGTERM: a worker that ignores it (or is stopped) gets SIGKILL.
+                self._state.wait_for(lambda: bool(outcome), self.stop_grace)
+            elif not outcome:
+                ending = "timeout"
+        if not outcome:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(worker.pid, signal.SIGKILL)
             reaper.join()
         status, max_rss = outcome[0]
         # Reaped here: the Popen object must not wait for it again.
         worker.returncode = os.waitstatus_to_exitcode(status)
-        return status, max_rss, timed_out
+        return status, max_rss, ending
 
     def _outcome(
         self,
@@ -167,11 +212,20 @@ class WorkerLauncher:
         result_path: Path,
         status: int,
         max_rss: int,
-        timed_out: bool,
+        ending: _Ending,
         seconds: float,
     ) -> WorkerRun:
         what = f"the {job} worker"
-        if timed_out:
+        if ending == "stopped":
+            try:
+                # It may have finished just before the stop: then its result counts.
+                result = JobResult.from_json(result_path.read_bytes())
+            except (OSError, ValueError):
+                raise WorkerStoppedError(
+                    f"{what} was stopped after {seconds:.0f} s: the agent is stopping"
+                ) from None
+            return WorkerRun(result=result, seconds=seconds, max_rss=max_rss)
+        if ending == "timeout":
             raise WorkerFailedError(
                 f"{what} did not finish within {self.timeout:g} s and was killed",
                 cause="timeout",
@@ -212,4 +266,11 @@ def _reap_group(pgid: int) -> None:
             return
 
 
-__all__ = ["FAILURE_CAUSES", "FailureCause", "WorkerFailedError", "WorkerLauncher", "WorkerRun"]
+__all__ = [
+    "FAILURE_CAUSES",
+    "FailureCause",
+    "WorkerFailedError",
+    "WorkerLauncher",
+    "WorkerRun",
+    "WorkerStoppedError",
+]

@@ -20,6 +20,9 @@ A worker's errors come back as the same temporary or permanent errors the schedu
 backs off on; a worker that died or hung raises :class:`~agent.runner.launcher.WorkerFailedError`
 (temporary: backoff), is counted in the metrics, said in the status document at once, and on
 the BundleDeployments by the next worker.
+
+:meth:`Supervisor.stop` (``agent run`` got SIGTERM or SIGINT) ends the running worker at once
+and starts no other; a worker stopped that way is not a failure: nothing is counted or said.
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ from agent.report.metrics import Metrics
 from agent.report.push import StatusPusher
 from agent.runner.decisions import changed
 from agent.runner.fingerprint import Fingerprint, take
-from agent.runner.launcher import WorkerFailedError, WorkerLauncher
+from agent.runner.launcher import WorkerFailedError, WorkerLauncher, WorkerStoppedError
 from agent.runner.protocol import Job, JobError, JobResult
 from agent.runner.reader import ClusterReader, ReaderError
 from agent.runner.relay import replay
@@ -192,6 +195,11 @@ class Supervisor:
             # pusher's own clock would skip one whenever the job fires a moment early).
             self.pusher.push()
 
+    def stop(self) -> None:
+        """End the running worker now and start no other (``agent run`` is stopping): the jobs
+        then return at once. Safe in a signal handler."""
+        self._launcher.stop()
+
     # -- workers ------------------------------------------------------------------------------
 
     def _due(self) -> bool:
@@ -222,8 +230,9 @@ class Supervisor:
             log.info("%s: drift check: %s (a worker checks instead)", self.cluster, exc)
             return None
 
-    def _work(self, job: Job, *, before: Fingerprint | None = None) -> JobResult:
-        """Run ``job`` in a worker and take in its result.
+    def _work(self, job: Job, *, before: Fingerprint | None = None) -> JobResult | None:
+        """Run ``job`` in a worker and take in its result (None: :meth:`stop` ended or
+        prevented it).
 
         Raises WorkerFailedError, JobFailedError, JobRefusedError, ConfigurationError (the
         first worker: ``fatal``)."""
@@ -252,6 +261,10 @@ class Supervisor:
             except WorkerFailedError as exc:
                 self._worker_failed(job, exc)
                 raise
+            except WorkerStoppedError as exc:
+                # Asked for: the next agent resumes what it interrupted, as after any kill.
+                log.info("%s: %s", self.cluster, exc)
+                return None
             self._failures, self._failure = 0, None
             result = run.result
             self.metrics.worker_finished(job, run.seconds, max_rss=run.max_rss)
