@@ -159,9 +159,16 @@ class Writer:
             out.setdefault(d.shard, []).append(Update(d.cluster, ref, d.tip, ZERO))
         return out
 
-    def write(self, store: BranchStore, updates: list[Update]) -> CommitBatch:
-        """The commits of ``updates`` (their ``new`` set), in a batch for one pack."""
-        batch = CommitBatch(store)
+    def write(
+        self,
+        store: BranchStore,
+        updates: list[Update],
+        *,
+        entries: dict[bytes, bytes] | None = None,
+    ) -> CommitBatch:
+        """The commits of ``updates`` (their ``new`` set), in a batch for one pack
+        (``entries``: compressed objects shared with other packs, see PackWriter)."""
+        batch = CommitBatch(store, entries=entries)
         shared: dict[str, str] = {}
         if self.signed is not None:
             shared[STATEMENT_FILE] = batch.blob(self.signed.statement_bytes)
@@ -464,11 +471,13 @@ def commit_point(
     moved), AtomicUnsupportedError, PublishError (a pack could not be written).
     """
     started = time.perf_counter()
-    batch = writer.write(store, updates)
+    # Each carried object goes into two packs (its shard's and shard 0's): compressed once.
+    entries: dict[bytes, bytes] = {}
+    batch = writer.write(store, updates, entries=entries)
     trees: dict[int, str] = {}
     packs: dict[int, Carried] = {}
     for shard, (shard_store, shard_updates) in sorted((carried or {}).items()):
-        shard_batch = writer.write(shard_store, shard_updates)
+        shard_batch = writer.write(shard_store, shard_updates, entries=entries)
         trees[shard] = _carry(batch, shard_batch, shard_updates)
         packs[shard] = Carried(pack=shard_batch.write())
     record = ledger.HeadRecord(

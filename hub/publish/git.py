@@ -428,9 +428,9 @@ class BranchStore:
 class CommitBatch:
     """Commits for one push, collected in one pack (see :mod:`hub.publish.pack`)."""
 
-    def __init__(self, store: BranchStore) -> None:
+    def __init__(self, store: BranchStore, *, entries: dict[bytes, bytes] | None = None) -> None:
         self.store = store
-        self.pack = PackWriter()
+        self.pack = PackWriter(entries=entries)
 
     def __len__(self) -> int:
         return len(self.pack)

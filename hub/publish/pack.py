@@ -30,9 +30,12 @@ DeltaOp = tuple[int, int] | bytes
 class PackWriter:
     """Collects objects (deduplicated by id) and writes them as one pack with :meth:`write`."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, entries: dict[bytes, bytes] | None = None) -> None:
         # raw id -> (pack type, body, raw id of the delta base or b"")
         self._objects: dict[bytes, tuple[int, bytes, bytes]] = {}
+        # raw id -> its compressed entry, shared by writers whose packs hold the same objects
+        # (a publication's carried commits: compressed once for two packs).
+        self._entries = entries if entries is not None else {}
 
     def __len__(self) -> int:
         return len(self._objects)
@@ -121,9 +124,14 @@ class PackWriter:
                 out.write(header)
                 pack_sha.update(header)
                 offset = len(header)
+                entries = self._entries
                 for raw in ids:
-                    kind, body, base = self._objects[raw]
-                    entry = _entry_header(kind, len(body)) + base + _deflate(body)
+                    entry = entries.get(raw)
+                    if entry is None:
+                        kind, body, base = self._objects[raw]
+                        entry = entries[raw] = (
+                            _entry_header(kind, len(body)) + base + _deflate(body)
+                        )
                     out.write(entry)
                     pack_sha.update(entry)
                     offsets[raw] = offset
