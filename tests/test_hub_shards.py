@@ -577,9 +577,9 @@ def test_a_branch_moved_by_hand_is_noticed_by_the_hub_that_published_last(
     cluster, other = [n for n in sorted(shard_map.assignment) if shard_map.shard_of(n) == 0][:2]
     # Someone points the cluster's branch at the other's commit, by hand.
     branches = shards.branches(0)
+    ref = f"refs/heads/fleetlet/clusters/{cluster}"
     subprocess.run(
-        ["git", "--git-dir", str(shards.path(0))]
-        + ["update-ref", f"refs/heads/fleetlet/clusters/{cluster}", branches[other]],
+        ["git", "--git-dir", str(shards.path(0)), "update-ref", ref, branches[other]],
         check=True,
         timeout=60,
     )

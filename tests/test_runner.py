@@ -14,6 +14,10 @@
   worker and its process group at once and exits 0 within seconds, not after
   ``--worker-timeout``; a stop asked for is no failure (no ``WorkerFailed`` anywhere), and a
   restarted agent finishes the interrupted move.
+- Whatever a worker started dies with it, also a render tool in a process group of its own
+  (as ``run_tool`` starts helm and kustomize) and that tool's children: at the worker's
+  timeout, on a stop, and when the worker exits leaving one running; no process of its session
+  is left, nor a zombie of the agent's.
 
 The faults come from the agent's own fault injection, armed from outside once
 (``FLEETLET_FAILPOINT=[stop:]<step>@FILE``: only while FILE exists, which the first worker to
@@ -22,6 +26,7 @@ get there removes).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -565,6 +570,116 @@ def test_stop_ends_the_running_worker_and_its_children_and_starts_no_other(
     assert report["seconds"] < 60, report
     assert report["helper"] == "gone", report  # killed with the worker and reaped
     assert report["again"] == "WorkerStoppedError" and report["started_again"] == 1, report
+
+
+_TOOL_WORKER = """#!{python}
+# A stand-in worker: starts a "render tool" as run_tool does (in a process group of its own),
+# which starts a child of its own, then hangs or exits leaving the tool running.
+import json, os, pathlib, subprocess, sys, time
+
+work = pathlib.Path({work!r})
+tool = subprocess.Popen(
+    ["sh", "-c", f"sleep 300 & echo $! > {{work}}/child.pid.tmp && mv {{work}}/child.pid.tmp {{work}}/child.pid; wait"],
+    process_group=0,
+)
+while not (work / "child.pid").exists():
+    time.sleep(0.02)
+pids = {{"worker": os.getpid(), "tool": tool.pid, "tool_group": os.getpgid(tool.pid),
+        "tool_session": os.getsid(tool.pid), "child": int((work / "child.pid").read_text())}}
+(work / "pids.tmp").write_text(json.dumps(pids))
+(work / "pids.tmp").rename(work / "pids.json")
+if {ending!r} == "exit":
+    sys.exit(0)
+time.sleep(600)
+"""
+
+_SESSION = """
+import ctypes, json, os, pathlib, sys, threading, time
+from agent.runner.launcher import WorkerLauncher
+
+work, ending, subreaper = pathlib.Path(sys.argv[1]), sys.argv[3], sys.argv[4] == "1"
+if subreaper:  # as a container's first process: orphans of the worker's session become ours
+    assert ctypes.CDLL(None, use_errno=True).prctl(36, 1) == 0  # PR_SET_CHILD_SUBREAPER
+timeout = 8 if ending == "timeout" else 300
+launcher = WorkerLauncher(workdir=work / "w", timeout=timeout, python=sys.argv[2], stop_grace=2)
+outcome = {}
+
+def run():
+    started = time.monotonic()
+    try:
+        launcher.run("tick", settings={}, progress_interval=1)
+    except Exception as exc:
+        outcome.update(raised=type(exc).__name__, cause=getattr(exc, "cause", None))
+    outcome["seconds"] = time.monotonic() - started
+
+thread = threading.Thread(target=run)
+thread.start()
+if ending == "stop":
+    deadline = time.monotonic() + 60
+    while not (work / "pids.json").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    launcher.stop()
+thread.join(120)
+pids = json.loads((work / "pids.json").read_text())
+left = []  # every process of the worker's session still in /proc, zombies too, with its state
+for entry in pathlib.Path("/proc").iterdir():
+    try:
+        stat = (entry / "stat").read_text() if entry.name.isdigit() else ""
+    except OSError:
+        continue
+    fields = stat[stat.rindex(")") + 2 :].split() if stat else []
+    if fields and int(fields[3]) == pids["worker"]:
+        left.append([int(entry.name), fields[0]])
+(work / "report.json").write_text(json.dumps({**outcome, **pids, "left": left}))
+"""
+
+
+@pytest.mark.parametrize(
+    ("ending", "subreaper"),
+    [("timeout", True), ("stop", True), ("exit", True), ("exit", False)],
+)
+def test_a_render_tool_in_its_own_process_group_dies_with_its_worker(
+    ending: str, subreaper: bool, tmp_path: Path
+) -> None:
+    # run_tool starts helm and kustomize in a process group of their own, which a kill of the
+    # worker's process group missed: a tool outlived a worker killed at its timeout or by a
+    # stop, or one that exited, its own time bound enforced by no one. The worker's whole
+    # session is killed now, and what the agent inherited of it is reaped.
+    worker = tmp_path / "worker.py"
+    worker.write_text(_TOOL_WORKER.format(python=sys.executable, work=str(tmp_path), ending=ending))
+    worker.chmod(0o755)
+    args = [str(tmp_path), str(worker), ending, str(int(subreaper))]
+    # Output to a file, not a pipe: a tool left running would hold a pipe open.
+    with (tmp_path / "driver.log").open("wb") as log:
+        done = subprocess.run(
+            [sys.executable, "-c", _SESSION, *args],
+            cwd=REPO_ROOT,
+            stdout=log,
+            stderr=log,
+            timeout=180,
+        )
+    assert done.returncode == 0, (tmp_path / "driver.log").read_text()
+    report = json.loads((tmp_path / "report.json").read_text())
+    for pid, state in report["left"]:
+        if state not in "ZX":  # a failed run leaves nothing behind
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    # The stand-in is what run_tool makes: the tool leads a group of its own, in the session.
+    assert report["tool_group"] == report["tool"] != report["worker"], report
+    assert report["tool_session"] == report["worker"], report
+    expected = {
+        "timeout": ("WorkerFailedError", "timeout"),
+        "stop": ("WorkerStoppedError", None),
+        "exit": ("WorkerFailedError", "result"),  # it wrote no result
+    }[ending]
+    assert (report["raised"], report["cause"]) == expected, report
+    assert report["seconds"] < 90, report  # not the tool's 300 s
+    if subreaper:
+        # Killed and reaped: neither running nor a zombie of the agent.
+        assert report["left"] == [], report
+    else:
+        # Not ours to reap: dead (a zombie at most, until init reaps it).
+        assert all(state in "ZX" for _pid, state in report["left"]), report
 
 
 def test_a_worker_gets_the_agents_guard_with_its_settings(tmp_path: Path) -> None:

@@ -1,12 +1,13 @@
 """Start a worker process for one job, wait for it (bounded), read what it did.
 
 :meth:`WorkerLauncher.run` writes the :class:`~agent.runner.protocol.JobRequest`, starts
-``python -m agent.runner.worker REQUEST`` in a session of its own (so that the worker and
-whatever it started, helm or kustomize, are killed together) and waits for it up to the
+``python -m agent.runner.worker REQUEST`` in a session of its own and waits for it up to the
 timeout. A worker that does not exit in time is killed with SIGKILL: crash safety makes that
-safe at any point (the next worker resumes or returns the interrupted move). Every way a
-worker can fail without a result (killed by a signal, an exit code, a timeout, an unreadable
-result) raises :class:`WorkerFailedError`, a temporary error: the scheduler backs off.
+safe at any point (the next worker resumes or returns the interrupted move). However it ends,
+what is left of its session (helm, kustomize, a plugin, their children) is killed with it.
+Every way a worker can fail without a result (killed by a signal, an exit code, a timeout, an
+unreadable result) raises :class:`WorkerFailedError`, a temporary error: the scheduler backs
+off.
 
 :meth:`WorkerLauncher.stop` (``agent run`` got SIGTERM or SIGINT) ends the running worker at
 once: SIGTERM to its process group, SIGKILL after :attr:`~WorkerLauncher.stop_grace` seconds
@@ -153,14 +154,15 @@ class WorkerLauncher:
                 )
                 self.running = worker.pid
             try:
-                status, max_rss, ending = self._wait(worker)
+                ending = self._wait(worker)
             finally:
                 with self._state:
                     self.running = None
-                # What the worker started (helm, kustomize) goes with it.
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(worker.pid, signal.SIGKILL)
-                _reap_group(worker.pid)
+                _kill_session(worker.pid)
+                # Reaped here, with its rusage: the Popen object must not wait for it again.
+                _pid, status, usage = os.wait4(worker.pid, 0)
+                worker.returncode = os.waitstatus_to_exitcode(status)
+            max_rss = int(usage.ru_maxrss) * 1024
             seconds = self._clock() - started
             return self._outcome(job, request.result, status, max_rss, ending, seconds)
 
@@ -175,20 +177,21 @@ class WorkerLauncher:
                     os.killpg(self.running, signal.SIGTERM)
             self._state.notify_all()
 
-    def _wait(self, worker: subprocess.Popen[bytes]) -> tuple[int, int, _Ending]:
-        """Wait for the worker (reaping it with its rusage); kill it past the timeout, or
-        past the grace after :meth:`stop`. Returns its wait status, its ``ru_maxrss`` in bytes
-        and how its wait ended."""
-        outcome: list[tuple[int, int]] = []
+    def _wait(self, worker: subprocess.Popen[bytes]) -> _Ending:
+        """Wait until the worker has exited (not reaping it); kill it past the timeout, or past
+        the grace after :meth:`stop`. Returns how its wait ended."""
+        outcome: list[bool] = []
 
-        def reap() -> None:
-            _pid, status, usage = os.wait4(worker.pid, 0)
+        def wait() -> None:
+            # Not reaped: until run() reaps it, its pid (its session's id) is not reused.
+            with contextlib.suppress(ChildProcessError):
+                os.waitid(os.P_PID, worker.pid, os.WEXITED | os.WNOWAIT)
             with self._state:
-                outcome.append((status, int(usage.ru_maxrss) * 1024))
+                outcome.append(True)
                 self._state.notify_all()
 
-        reaper = threading.Thread(target=reap, name="worker-reaper", daemon=True)
-        reaper.start()
+        waiter = threading.Thread(target=wait, name="worker-waiter", daemon=True)
+        waiter.start()
         with self._state:
             self._state.wait_for(lambda: bool(outcome) or self._stopping, self.timeout)
             ending: _Ending = "stopped" if self._stopping else "exited"
@@ -200,11 +203,8 @@ class WorkerLauncher:
         if not outcome:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(worker.pid, signal.SIGKILL)
-            reaper.join()
-        status, max_rss = outcome[0]
-        # Reaped here: the Popen object must not wait for it again.
-        worker.returncode = os.waitstatus_to_exitcode(status)
-        return status, max_rss, ending
+            waiter.join()
+        return ending
 
     def _outcome(
         self,
@@ -253,17 +253,46 @@ class WorkerLauncher:
         return WorkerRun(result=result, seconds=seconds, max_rss=max_rss)
 
 
-def _reap_group(pgid: int) -> None:
-    """Reap what is left of a worker's process group (just killed): as a container's first
-    process the agent inherits what the worker started (a helm), and without a wait they would
-    stay zombies. Only the group's members are waited for, never another child of the agent;
-    they were sent SIGKILL, so the wait is short. Outside a container (not pid 1, not a
-    subreaper) the agent has none of them and this returns at once."""
+def _kill_session(sid: int) -> None:
+    """SIGKILL the worker (pid ``sid``, its session's leader) and every process of its session,
+    and wait until all are dead. Raises OSError only when ``/proc`` cannot be listed.
+
+    Its process group is not enough: ``run_tool`` starts helm, kustomize and plugins in process
+    groups of their own (so that a render timeout kills a tool's children too), and a tool left
+    behind would run on with no one to enforce its time bound. They stay in the worker's
+    session (none of them calls setsid). A process the agent inherited (as its container's
+    first process, or a subreaper) is reaped, else it would stay a zombie; the others are only
+    waited for until they are dead (their parent reaps them). The worker itself must be our
+    child: it is left unreaped, for its caller to reap with its rusage.
+    """
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(sid, signal.SIGKILL)
+    # Once it is dead it forks no more, its children are reparented, and its pid stays reserved.
+    os.waitid(os.P_PID, sid, os.WEXITED | os.WNOWAIT)
+    me = os.getpid()
     while True:
-        try:
-            os.waitpid(-pgid, 0)
-        except ChildProcessError:
+        left = False
+        for name in os.listdir("/proc"):
+            try:
+                if not name.isdigit() or int(name) == sid or os.getsid(int(name)) != sid:
+                    continue
+                stat = Path(f"/proc/{name}/stat").read_text()
+            except OSError:
+                continue  # gone meanwhile
+            pid = int(name)
+            state, parent = stat[stat.rindex(")") + 2 :].split()[:2]
+            ours = int(parent) == me
+            if state in ("Z", "X") and not ours:
+                continue  # dead: its parent reaps it
+            left = True
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            if ours:
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, 0)
+        if not left:
             return
+        time.sleep(0.01)  # the next pass finds the killed dead, or their children reparented
 
 
 __all__ = [
