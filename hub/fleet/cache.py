@@ -76,8 +76,15 @@ class ParsedFiles:
         data["shards"] = {str(count): hints}
         self._write(key, json.dumps(data, separators=(",", ":")))
 
-    def store(self, key: str, rows: Iterable[tuple[str, dict[str, str]]]) -> None:
-        """Cache the clusters of a file that validated (label sets stored once each)."""
+    def store(
+        self,
+        key: str,
+        rows: Iterable[tuple[str, dict[str, str]]],
+        *,
+        shards: tuple[int, list[int]] | None = None,
+    ) -> None:
+        """Cache the clusters of a file that validated (label sets stored once each), and
+        with ``shards`` (count, each cluster's hashed shard) their shards (:meth:`shards`)."""
         indexes: dict[tuple[tuple[str, str], ...], int] = {}
         table: list[dict[str, str]] = []
         clusters: list[tuple[str, int]] = []
@@ -89,6 +96,8 @@ class ParsedFiles:
                 table.append(dict(labels))
             clusters.append((name, index))
         data: dict[str, object] = {"format": _FORMAT, "labels": table, "clusters": clusters}
+        if shards is not None:
+            data["shards"] = {str(shards[0]): shards[1]}
         self._loaded[key] = data
         self._write(key, json.dumps(data, separators=(",", ":")))
 

@@ -401,14 +401,20 @@ def _cluster_file(
         if hints is None or len(hints) != len(rows):
             hints = [shard_of_name(name, shards) for name, _ in rows]
             parsed.store_shards(key, shards, hints)
+        pairs = [(shards, hint) for hint in range(shards)]  # one tuple per shard, shared
         return [
-            Cluster(name=name, labels=labels, file=rel, hashed_shard=(shards, hint))
+            Cluster(name, labels, rel, pairs[hint])
             for (name, labels), hint in zip(rows, hints, strict=True)
         ]
     start = len(problems.items)
     found = _load_cluster_file(path, rel, problems, data=data)
     if len(problems.items) == start:
-        parsed.store(key, ((c.name, dict(c.labels)) for c in found))
+        # Each cluster's hashed shard is computed now, with the file, so that no later run
+        # computes it (a SHA-256 per cluster).
+        hints = [shard_of_name(c.name, shards) for c in found]
+        parsed.store(key, ((c.name, dict(c.labels)) for c in found), shards=(shards, hints))
+        pairs = [(shards, hint) for hint in range(shards)]
+        found = [c._replace(hashed_shard=pairs[hint]) for c, hint in zip(found, hints, strict=True)]
     return found
 
 
