@@ -74,6 +74,24 @@ class PktReader:
             raise PktLineError(f"the git server says: {message}")
         return payload
 
+    def skip_section(self) -> None:
+        """Read past the lines up to the next flush, delimiter or response end, keeping none
+        (a receive-pack advertisement of 100,000 refs the client does not need)."""
+        exactly = self.exactly
+        while True:
+            digits = exactly(4)
+            try:
+                length = int(digits, 16)
+            except ValueError:
+                raise PktLineError(
+                    f"the git server sent a bad pkt-line length {digits!r}"
+                ) from None
+            if length in (0, 1, 2):
+                return
+            if length < 4 or length > MAX_LENGTH:
+                raise PktLineError(f"the git server sent a bad pkt-line length {length}")
+            exactly(length - 4)
+
     def section(self) -> list[bytes]:
         """The lines up to the next flush, delimiter or response end (not included)."""
         lines: list[bytes] = []

@@ -59,24 +59,17 @@ def supported(url: str) -> bool:
     return parts.scheme in SCHEMES and parts.username is None and parts.password is None
 
 
-def parse_advertisement(lines: Sequence[bytes]) -> tuple[dict[str, str], set[str]]:
-    """(ref -> oid, capabilities) of a receive-pack advertisement (``# service`` lines
-    skipped). Raises GitTransportError for a malformed one."""
-    refs: dict[str, str] = {}
-    caps: set[str] = set()
-    for line in lines:
-        if line.startswith(b"# service="):
-            continue
-        body, _, extra = line.rstrip(b"\n").partition(b"\0")
-        if extra:
-            caps.update(extra.decode(errors="replace").split())
-        oid, _, name = body.partition(b" ")
-        if len(oid) != 40 or not name:
-            raise GitTransportError(f"the git server advertised {line[:80]!r}")
-        if name == b"capabilities^{}":
-            continue
-        refs[name.decode()] = oid.decode()
-    return refs, caps
+def capabilities(first: bytes | None) -> set[str]:
+    """The capabilities on the first line of a receive-pack advertisement (the refs that
+    follow are not needed: each update names its own old value). Raises GitTransportError for
+    a line that is no advertisement."""
+    if not first:
+        raise GitTransportError("the git server sent no ref advertisement")
+    body, nul, extra = first.rstrip(b"\n").partition(b"\0")
+    oid, _, name = body.partition(b" ")
+    if not nul or len(oid) != 40 or not name:
+        raise GitTransportError(f"the git server advertised {first[:80]!r}")
+    return set(extra.decode(errors="replace").split())
 
 
 def _commands(updates: Sequence[RefUpdate], caps: set[str], atomic: bool) -> bytes:
@@ -142,10 +135,6 @@ class ReceivePack:
         self.connect_timeout = connect_timeout
         self.io_timeout = io_timeout
 
-    def advertised(self) -> dict[str, str]:
-        """Every ref of the repository and its oid (one listing). Raises GitTransportError."""
-        return self._call(None, None, atomic=False)[0]
-
     def push(
         self,
         updates: Sequence[RefUpdate],
@@ -158,13 +147,11 @@ class ReceivePack:
         fails (then no ref moved, or the report was lost)."""
         if not updates:
             return PushOutcome(refused={})
-        outcome = self._call(updates, pack, atomic=atomic)[1]
-        assert outcome is not None
-        return outcome
+        return self._call(updates, pack, atomic=atomic)
 
     def _call(
-        self, updates: Sequence[RefUpdate] | None, pack: Path | None, *, atomic: bool
-    ) -> tuple[dict[str, str], PushOutcome | None]:
+        self, updates: Sequence[RefUpdate], pack: Path | None, *, atomic: bool
+    ) -> PushOutcome:
         parts = urlsplit(self.url)
         try:
             if parts.scheme == "git":
@@ -180,23 +167,21 @@ class ReceivePack:
         host: str,
         port: int,
         path: str,
-        updates: Sequence[RefUpdate] | None,
+        updates: Sequence[RefUpdate],
         pack: Path | None,
         atomic: bool,
-    ) -> tuple[dict[str, str], PushOutcome | None]:
+    ) -> PushOutcome:
         with socket.create_connection((host, port), timeout=self.connect_timeout) as sock:
             sock.settimeout(self.io_timeout)
             sock.sendall(pkt(f"git-receive-pack {path}\0host={host}\0".encode()))
             stream = sock.makefile("rb", buffering=1 << 16)
             reader = PktReader(stream.read)
-            refs, caps = parse_advertisement(reader.section())
-            if updates is None:
-                sock.sendall(b"0000")
-                return refs, None
+            caps = capabilities(reader.line())
+            reader.skip_section()
             sock.sendall(_commands(updates, caps, atomic))
             if any(u.new != ZERO for u in updates):
                 _send_pack(sock.sendall, pack)
-            return refs, _report(reader, updates)
+            return _report(reader, updates)
 
     def _headers(self) -> dict[str, str]:
         headers = {"User-Agent": "git/fleetlet"}
@@ -214,9 +199,7 @@ class ReceivePack:
         conn.sock.settimeout(self.io_timeout)
         return conn
 
-    def _http(
-        self, updates: Sequence[RefUpdate] | None, pack: Path | None, atomic: bool
-    ) -> tuple[dict[str, str], PushOutcome | None]:
+    def _http(self, updates: Sequence[RefUpdate], pack: Path | None, atomic: bool) -> PushOutcome:
         path = urlsplit(self.url).path.rstrip("/")
         conn = self._connection()
         try:
@@ -226,15 +209,14 @@ class ReceivePack:
             response = conn.getresponse()
             _check_http(response, self.url)
             reader = PktReader(response.read)
-            lines = reader.section()
-            if lines and lines[0].startswith(b"# service="):
-                lines = lines[1:] + reader.section()
-            refs, caps = parse_advertisement(lines)
+            first = reader.line()
+            if first is not None and first.startswith(b"# service="):
+                reader.skip_section()  # the service line's own section
+                first = reader.line()
+            caps = capabilities(first)
             response.read()
         finally:
             conn.close()
-        if updates is None:
-            return refs, None
         commands = _commands(updates, caps, atomic)
         body_pack = pack.stat().st_size if pack is not None else len(_EMPTY_PACK)
         sends_pack = any(u.new != ZERO for u in updates)
@@ -256,7 +238,7 @@ class ReceivePack:
                 _send_pack(conn.send, pack)
             response = conn.getresponse()
             _check_http(response, self.url)
-            return refs, _report(PktReader(response.read), updates)
+            return _report(PktReader(response.read), updates)
         finally:
             conn.close()
 
