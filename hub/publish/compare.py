@@ -198,13 +198,16 @@ def decide(
     changes: list[ClusterChange] = []
     deletions: list[Deletion] = []
     homes = {s: (s,) for s in stores}
-    known = {s: stores[s].known_facts() for s in stores}
+    # The facts of every listed tip; a branch outside its cluster's shard is in ``elsewhere``.
+    known: dict[str, BranchFacts] = {}
+    for shard in sorted(stores):
+        known.update(stores[shard].known_facts())
     digest, digests = cache.digest, cache.digests
+    make = ClusterChange._make
     for name in sorted(plans):
         plan = plans[name]
-        home = assignment[name]
         # The common case, a lookup: a hub commit in the cluster's own shard only, same content.
-        facts = known[home].get(name)
+        facts = known.get(name)
         if (
             facts is not None
             and facts.digest
@@ -215,10 +218,11 @@ def decide(
             and (facts.signed or not signed)
             and name not in elsewhere
         ):
-            changes.append(
-                ClusterChange(name, "unchanged", facts.serial, facts.serial, homes[home], facts.tip)
-            )
+            serial = facts.serial
+            at = homes[assignment[name]]
+            changes.append(make((name, "unchanged", serial, serial, at, facts.tip, "")))
             continue
+        home = assignment[name]
         shards = ([home] if name in stores[home].tips else []) + elsewhere.get(name, [])
         if not shards:
             changes.append(ClusterChange(name, "added", None, 1, homes[home]))
