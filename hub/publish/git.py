@@ -3,8 +3,8 @@ commits without a work tree, push ref updates with the hub's own pack.
 
 Branches are ``fleetlet/clusters/<cluster>`` on the remote. A local bare repository (a cache
 directory, reused between runs) holds the objects this hub wrote and those it fetched. Beside
-it, ``fleetlet-facts.json`` remembers what each branch tip holds (content digest, serial,
-expiry, signed), as the trailers of the hub's commits say: a branch whose tip has not moved
+it, the facts cache (:mod:`hub.publish.facts`) remembers what each branch tip holds (content
+digest, serial, expiry, signed), as the trailers of the hub's commits say: a branch whose tip has not moved
 since costs a dictionary lookup, not a fetch nor a commit read. Only tips this hub does not
 know (another hub published, a cold cache) are fetched, and then only their commits' trailers
 are read.
@@ -18,8 +18,6 @@ showed every old value unchanged.
 
 from __future__ import annotations
 
-import json
-import os
 import re
 import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -30,7 +28,7 @@ from typing import Any, NamedTuple
 import pygit2
 
 from hub.errors import GitTransportError, PublishError
-from hub.fastjson import loads
+from hub.publish.facts import FactsCache
 from hub.publish.pack import DeltaOp, PackWriter
 from hub.publish.sendpack import (
     ZERO,
@@ -44,8 +42,6 @@ from hub.publish.sendpack import (
 BRANCH_PREFIX = "refs/heads/fleetlet/clusters/"
 STATUS_PREFIX = "refs/heads/fleetlet/status/"
 _TRACK_PREFIX = "refs/fleetlet/remote/"
-_FACTS_FILE = "fleetlet-facts.json"
-_FACTS_FORMAT = 2
 _EXPLICIT_REFSPECS = 64
 AUTHOR = "fleetlet hub <hub@fleetlet.invalid>"
 
@@ -84,9 +80,6 @@ class BranchFacts(NamedTuple):
             signed=found.get("Signed") == "true",
             moving_since=found.get("Moving-Since", ""),
         )
-
-
-_NO_FACTS = BranchFacts(tip="", digest="", serial=-1, expires_at="", signed=False)
 
 
 class Callbacks(pygit2.RemoteCallbacks):  # type: ignore[misc]
@@ -142,9 +135,8 @@ class BranchStore:
             raise PublishError(f"hub cache repository {self.cache_dir}: {exc}") from exc
         self.refs: dict[str, str] = {}  # every advertised ref -> oid, as of the last listing
         self.tips: dict[str, str] = {}  # cluster -> tip of its branch
-        self._others: dict[str, str] = {}  # cluster -> tip, for tips without facts
-        self._facts: dict[str, BranchFacts] = self._load_facts()
-        self._dirty = False  # facts learnt since the last save
+        self._cache = FactsCache(self.cache_dir, url, BranchFacts)
+        self._facts = self._cache.facts  # cluster -> facts (of the tip they were read at)
 
     def close(self) -> None:
         if self._tmp is not None:
@@ -185,16 +177,16 @@ class BranchStore:
             if name.startswith(BRANCH_PREFIX):
                 tips[name[cut:]] = refs[name]
         self.refs, self.tips = refs, tips
-        self._dirty = True  # the listing is what save_facts records
+        self._cache.learnt()  # the listing is what save_facts records
         return dict(tips)
 
     def assume_listed(self) -> bool:
         """Take the branches the facts cache recorded at its last save as the remote's, without
         listing them (see :mod:`hub.publish.known`); False when there is no such record."""
-        if not self._loaded:
+        if not self._cache.loaded:
             return False
         self.tips = {name: f.tip for name, f in self._facts.items()}
-        self.tips.update(self._others)
+        self.tips.update(self._cache.others)
         self.refs = {BRANCH_PREFIX + name: tip for name, tip in self.tips.items()}
         return True
 
@@ -275,7 +267,7 @@ class BranchStore:
             message = self.repo[pygit2.Oid(hex=tip)].peel(pygit2.Commit).message
             known = BranchFacts.of(tip, str(message))
             self._facts[cluster] = known
-            self._dirty = True
+            self._cache.learnt()
         return known
 
     def read_file(self, cluster: str, name: str) -> bytes | None:
@@ -300,74 +292,18 @@ class BranchStore:
 
     # --- the facts cache ----------------------------------------------------------------
 
-    def _load_facts(self) -> dict[str, BranchFacts]:
-        # Columns, the repeated values (content digests, expiry times) in tables: 100,000
-        # clusters read in a few hundredths of a second.
-        self._loaded = False
-        try:
-            data = loads((self.cache_dir / _FACTS_FILE).read_bytes())
-            if data.get("format") != _FACTS_FORMAT or data.get("url") != self.url:
-                return {}
-            names, tips, serials = data["names"], data["tips"], data["serials"]
-            digests = map(data["digests"].__getitem__, data["digest"])
-            expiries = map(data["expiries"].__getitem__, data["expiry"])
-            columns = (tips, digests, serials, expiries, data["signed"], data["moving"])
-            facts = dict(
-                zip(names, map(BranchFacts._make, zip(*columns, strict=True)), strict=True)
-            )
-            others = data["others"]
-            if not all(type(t) is str for t in (*names, *tips, *others, *others.values())):
-                return {}
-        except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError):
-            return {}  # a cold cache: trailers are read again
-        self._others = others
-        self._loaded = True
-        return facts
-
     def remember(self, cluster: str, facts: BranchFacts | None) -> None:
         """Record what ``cluster``'s branch now holds (None: the branch is gone)."""
-        self._dirty = True
-        self._others.pop(cluster, None)
+        self._cache.changed(cluster, facts)
         if facts is None:
-            self._facts.pop(cluster, None)
             self.tips.pop(cluster, None)
         else:
-            self._facts[cluster] = facts
             self.tips[cluster] = facts.tip
 
     def save_facts(self) -> None:
-        """Write the facts of the current branches (atomically; a failure costs a cold read)."""
-        if not self._dirty:
-            return
-        tips = self.tips
-        current = [(n, f) for n, f in self._facts.items() if tips.get(n) == f.tip]
-        digests: dict[str, int] = {}
-        expiries: dict[str, int] = {}
-        doc = {
-            "format": _FACTS_FORMAT,
-            "url": self.url,
-            "names": [n for n, _ in current],
-            "tips": [f.tip for _, f in current],
-            "digest": [digests.setdefault(f.digest, len(digests)) for _, f in current],
-            "serials": [f.serial for _, f in current],
-            "expiry": [expiries.setdefault(f.expires_at, len(expiries)) for _, f in current],
-            "signed": [f.signed for _, f in current],
-            "moving": [f.moving_since for _, f in current],
-            "digests": list(digests),
-            "expiries": list(expiries),
-            # Every other branch of the last listing, so that a run may take them as the
-            # remote's (see assume_listed).
-            "others": {n: t for n, t in tips.items() if self._facts.get(n, _NO_FACTS).tip != t},
-        }
-        path = self.cache_dir / _FACTS_FILE
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        try:
-            tmp.write_text(json.dumps(doc, separators=(",", ":")))
-            os.replace(tmp, path)
-        except OSError:
-            tmp.unlink(missing_ok=True)
-            return
-        self._dirty = False
+        """Keep the facts of the current branches for the next run (:mod:`hub.publish.facts`:
+        what changed since the last save; a failure costs a cold read)."""
+        self._cache.save(self.tips)
 
     # --- writing ----------------------------------------------------------------------------
 
