@@ -261,12 +261,20 @@ class ClusterPlan(NamedTuple):
     groups: tuple[str, ...]
 
 
+class Plans(dict[str, ClusterPlan]):
+    """Cluster name -> its plan, and ``shapes``: the names of the clusters of each shape (one
+    evaluation of the fleet's rules; its clusters' plans share their entries and groups
+    objects), for the diff to compare a shape at once (:mod:`hub.publish.compare`)."""
+
+    shapes: dict[tuple[int, int], list[str]]
+
+
 def plan_clusters(
     fleet: Fleet,
     pins: Mapping[SourceRef, Pin],
     *,
     only: Iterable[str] | None = None,
-) -> dict[str, ClusterPlan]:
+) -> Plans:
     """Target every bundle, apply overrides, order groups: cluster name -> ClusterPlan.
 
     Each distinct (bundle, applied overrides) spec is built and validated by the agent's API
@@ -305,7 +313,8 @@ def plan_clusters(
     refs = {b.name: _template_refs(b) for b in fleet.bundles}
     by_name = any("name" in r for r in refs.values())
     problems: list[FieldProblem] = []
-    plans: dict[str, ClusterPlan] = {}
+    plans = Plans()
+    shapes: dict[tuple[int, int], list[str]] = {}
     # Clusters loaded from the parsed-file cache share one labels mapping per label set: the
     # shape is first looked up by that mapping's id (the clusters keep it alive), then by
     # the labels themselves.
@@ -331,10 +340,11 @@ def plan_clusters(
                     groups,
                     missing,
                     all(e is not None for e in chosen),
+                    shapes.setdefault((id(chosen), id(groups)), []),
                 )
             if not by_name:
                 seen[(id(cluster.labels), member)] = shape
-        chosen, groups, missing, complete = shape
+        chosen, groups, missing, complete, members = shape
         if missing:
             problems.append(
                 FieldProblem(
@@ -345,10 +355,12 @@ def plan_clusters(
             )
         elif complete:
             plans[name] = ClusterPlan(cluster, chosen, groups)
+            members.append(name)
     if problems:
         # The same spec problem in several override combinations is reported once.
         unique = list({str(p): p for p in problems}.values())
         raise FleetRepoError(unique, origin=str(fleet.root))
+    plans.shapes = {key: names for key, names in shapes.items() if names}
     return plans
 
 

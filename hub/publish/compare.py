@@ -18,7 +18,8 @@ deleted (see docs/scaling.md, "Moving a cluster to another shard").
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Literal, NamedTuple
@@ -156,14 +157,47 @@ class Deletion:
     tip: str
 
 
-@dataclass(slots=True)
+_TODO: frozenset[Status] = frozenset(("added", "changed", "moved", "refreshed"))
+
+
 class Decisions:
-    changes: list[ClusterChange]
-    deletions: list[Deletion]
+    """What the publication does to every cluster: the record of each cluster it acts on (or
+    finds orphaned), and the names of the unchanged ones, whose records (a lookup of their
+    facts each) are made only when asked for: at 100,000 clusters they are most of a diff.
+    """
+
+    def __init__(
+        self,
+        *,
+        acted: list[ClusterChange],
+        deletions: list[Deletion],
+        unchanged: list[str],
+        record: Callable[[str], ClusterChange],
+    ) -> None:
+        self.acted = acted  # by name, planned clusters first, then the orphaned
+        self.deletions = deletions
+        self.unchanged = unchanged  # sorted
+        self._record = record
+        self._changes: list[ClusterChange] | None = None
 
     @property
     def todo(self) -> list[ClusterChange]:
-        return [c for c in self.changes if c.status in ("added", "changed", "moved", "refreshed")]
+        """The clusters that get a new commit, by name."""
+        return [c for c in self.acted if c.status in _TODO]
+
+    @property
+    def changes(self) -> list[ClusterChange]:
+        """Every cluster's record: the planned ones by name, then the orphaned."""
+        if self._changes is None:
+            by_name = {c.cluster: c for c in self.acted if c.status != "orphaned"}
+            planned = sorted([*by_name, *self.unchanged])
+            self._changes = [by_name.get(n) or self._record(n) for n in planned]
+            self._changes += [c for c in self.acted if c.status == "orphaned"]
+        return self._changes
+
+    def count(self, *statuses: Status) -> int:
+        acted = sum(1 for c in self.acted if c.status in statuses)
+        return acted + (len(self.unchanged) if "unchanged" in statuses else 0)
 
 
 def _fmt(moment: datetime) -> str:
@@ -195,47 +229,81 @@ def decide(
                 elsewhere.setdefault(name, []).append(shard)
     # Times in the trailers' fixed format compare as strings: no parsing per cluster.
     refresh_at = _fmt(now + refresh_before)
-    changes: list[ClusterChange] = []
+    unchanged = _unchanged(plans, stores, refresh_at, signed, cache) - elsewhere.keys()
+    acted: list[ClusterChange] = []
     deletions: list[Deletion] = []
+    judged: dict[str, ClusterChange] = {}  # unchanged clusters the general case judged
     homes = {s: (s,) for s in stores}
-    # The facts of every listed tip; a branch outside its cluster's shard is in ``elsewhere``.
-    known: dict[str, BranchFacts] = {}
-    for shard in sorted(stores):
-        known.update(stores[shard].known_facts())
-    digest, digests = cache.digest, cache.digests
-    make = ClusterChange._make
-    for name in sorted(plans):
+    for name in sorted(plans.keys() - unchanged):
         plan = plans[name]
-        # The common case, a lookup: a hub commit in the cluster's own shard only, same content.
-        facts = known.get(name)
-        if (
-            facts is not None
-            and facts.digest
-            and facts.digest == (digests.get((id(plan.entries), id(plan.groups))) or digest(plan))
-            and facts.serial >= 0
-            and facts.expires_at > refresh_at
-            and not facts.moving_since
-            and (facts.signed or not signed)
-            and name not in elsewhere
-        ):
-            serial = facts.serial
-            at = homes[assignment[name]]
-            changes.append(make((name, "unchanged", serial, serial, at, facts.tip, "")))
-            continue
         home = assignment[name]
         shards = ([home] if name in stores[home].tips else []) + elsewhere.get(name, [])
         if not shards:
-            changes.append(ClusterChange(name, "added", None, 1, homes[home]))
+            acted.append(ClusterChange(name, "added", None, 1, homes[home]))
             continue
         held = {s: f for s in shards if (f := stores[s].facts(name)) is not None}
         change, gone = _decide_one(
             name, plan, home, held, stores, now, refresh_at, move_window, cache, signed
         )
-        changes.append(change)
+        if change.status == "unchanged":
+            unchanged.add(name)
+            judged[name] = change
+        else:
+            acted.append(change)
         deletions += gone
-    for name in sorted(set(elsewhere) - fleet_clusters):
-        changes.append(ClusterChange(name, "orphaned", None, None, tuple(elsewhere[name])))
-    return Decisions(changes=changes, deletions=deletions)
+    for name in sorted(elsewhere.keys() - fleet_clusters):
+        acted.append(ClusterChange(name, "orphaned", None, None, tuple(elsewhere[name])))
+
+    def record(name: str) -> ClusterChange:
+        if name in judged:
+            return judged[name]
+        home = assignment[name]
+        facts = stores[home].facts(name)
+        assert facts is not None  # an unchanged cluster's facts were known for its tip
+        return ClusterChange(name, "unchanged", facts.serial, facts.serial, homes[home], facts.tip)
+
+    return Decisions(acted=acted, deletions=deletions, unchanged=sorted(unchanged), record=record)
+
+
+def _unchanged(
+    plans: Mapping[str, ClusterPlan],
+    stores: Mapping[int, BranchStore],
+    refresh_at: str,
+    signed: bool,
+    cache: ContentCache,
+) -> set[str]:
+    """The planned clusters whose branch holds a hub commit of their content, not moving, not
+    expiring before ``refresh_at`` and signed if the publication is: each shape's clusters
+    against the groups of branches with its digest, by set intersections (clusters of one
+    shape share their plan's entries and groups objects)."""
+    good: dict[str, list[AbstractSet[str]]] = {}
+    for store in stores.values():
+        for (digest, expires, was_signed, moving, usable), held in store.fact_groups().items():
+            fresh = expires > refresh_at and not moving and (was_signed or not signed)
+            if digest and usable and fresh:
+                good.setdefault(digest, []).append(held)
+    if not good:
+        return set()
+    out: set[str] = set()
+    for shape in _shapes(plans):
+        found = good.get(cache.digest(plans[shape[0]]))
+        if found:
+            members = set(shape)
+            for group in found:
+                out |= group & members
+    return out
+
+
+def _shapes(plans: Mapping[str, ClusterPlan]) -> list[list[str]]:
+    """The names of each shape's clusters: from the planner when it grouped them
+    (:class:`~hub.fleet.render.Plans`), else grouped here."""
+    grouped = getattr(plans, "shapes", None)
+    if grouped is not None:
+        return list(grouped.values())
+    by: dict[tuple[int, int], list[str]] = {}
+    for name, plan in plans.items():
+        by.setdefault((id(plan.entries), id(plan.groups)), []).append(name)
+    return list(by.values())
 
 
 def _decide_one(

@@ -5,22 +5,27 @@ serial, expiry, signed, moving: :class:`~hub.publish.git.BranchFacts`), and the 
 no facts (branches of clusters no longer in the fleet): what lets a run diff 100,000 clusters
 without reading a commit, or, when no hub published meanwhile, without listing a shard.
 
-Two files: a *base* with every branch, as columns with the repeated values (digests, expiry
-times) in tables, and a *journal* of the branches a run changed since, a JSON line each. A run
-that moved 1% of the branches appends 1% of the lines; the base is written anew when the
-journal has grown past a fifth of it, or after a listing (many branches may have moved). The
-journal is named after its base's generation, so a base written anew never takes another's
-journal. Every failure to read only costs a cold read (trailers), every failure to write a
-later one: nothing here is raised.
+Branches are kept in *groups* of the same content digest, expiry, signed and moving trailers
+(all but tip and serial): a publication's clusters of one shape share them, so 100,000
+branches are a few hundred groups, and the diff compares a shape with a group by a set
+intersection, not cluster by cluster (:func:`hub.publish.compare.decide`).
+
+Two files: a *base* with every branch, group by group, and a *journal* of the branches a run
+changed since, a JSON line each. A run that moved 1% of the branches appends 1% of the lines;
+the base is written anew when the journal has grown past a fifth of it, or after a listing
+(many branches may have moved). The journal is named after its base's generation, so a base
+written anew never takes another's journal. Every failure to read only costs a cold read
+(trailers), every failure to write a later one: nothing here is raised.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import operator
 import os
 import secrets
-from collections.abc import Mapping
+from collections.abc import Iterator, KeysView, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,19 +34,26 @@ from hub.fastjson import loads
 if TYPE_CHECKING:
     from hub.publish.git import BranchFacts
 
+Key = tuple[str, str, bool, str, bool]
+"""A group's shared facts: content digest, expiry, signed, moving since, and whether its
+serials are usable (a commit whose Serial trailer was not a number is judged by its set)."""
+
 _BASE = "fleetlet-facts.json"
-_FORMAT = 3  # 3: a base and its journal
+_FORMAT = 4  # 4: groups, a base and its journal
 _JOURNAL_SHARE = 5  # the base is written anew past a journal of 1/5 of its rows
+_TIP = operator.itemgetter(0)
 
 
 class FactsCache:
-    """The facts of one repository's branches (``url``) in ``directory``."""
+    """The facts of one repository's branches (``url``) in ``directory``; ``make`` builds a
+    :class:`~hub.publish.git.BranchFacts`."""
 
     def __init__(self, directory: Path, url: str, make: type[BranchFacts]) -> None:
         self.directory = Path(directory)
         self.url = url
         self._make = make
-        self.facts: dict[str, BranchFacts] = {}
+        self.groups: dict[Key, dict[str, tuple[str, int]]] = {}  # key -> name -> (tip, serial)
+        self.where: dict[str, Key] = {}  # name -> its group
         self.others: dict[str, str] = {}  # cluster -> tip, for tips without facts
         self.loaded = False  # a record of every branch was read
         self._generation = ""
@@ -50,45 +62,96 @@ class FactsCache:
         self._rewrite = False
         self._load()
 
+    # --- reading ------------------------------------------------------------------------
+
+    def get(self, name: str) -> BranchFacts | None:
+        key = self.where.get(name)
+        if key is None:
+            return None
+        tip, serial = self.groups[key][name]
+        return self._make(tip, key[0], serial, key[1], key[2], key[3])
+
+    def __len__(self) -> int:
+        return len(self.where)
+
+    def items(self) -> Iterator[tuple[str, BranchFacts]]:
+        for key, members in self.groups.items():
+            for name, (tip, serial) in members.items():
+                yield name, self._make(tip, key[0], serial, key[1], key[2], key[3])
+
+    def tips(self) -> dict[str, str]:
+        """Name -> tip of every branch with facts (built without a loop per branch)."""
+        out: dict[str, str] = {}
+        for members in self.groups.values():
+            out.update(zip(members, map(_TIP, members.values()), strict=True))
+        return out
+
+    def members(self) -> dict[Key, KeysView[str]]:
+        """Each group's names (views: set operations on them run without a loop per name)."""
+        return {key: members.keys() for key, members in self.groups.items()}
+
     # --- what changed -------------------------------------------------------------------
 
-    def learnt(self) -> None:
-        """Facts were read from commits, or the branches listed: the next save writes all."""
+    def learnt(self, name: str | None = None, facts: BranchFacts | None = None) -> None:
+        """Facts were read from a commit (``name``: its branch), or the branches listed:
+        the next save writes everything anew."""
+        if name is not None and facts is not None:
+            self._put(name, facts)
         self._rewrite = True
 
     def changed(self, cluster: str, facts: BranchFacts | None) -> None:
         """``cluster``'s branch now holds ``facts`` (None: it is gone)."""
         self.others.pop(cluster, None)
-        if facts is None:
-            self.facts.pop(cluster, None)
-        else:
-            self.facts[cluster] = facts
+        self._put(cluster, facts)
         self._changed[cluster] = facts
 
     @property
     def dirty(self) -> bool:
         return self._rewrite or bool(self._changed)
 
-    # --- reading ------------------------------------------------------------------------
+    def _put(self, name: str, facts: BranchFacts | None) -> None:
+        old = self.where.pop(name, None)
+        if old is not None:
+            group = self.groups[old]
+            del group[name]
+            if not group:
+                del self.groups[old]
+        if facts is None:
+            return
+        key = (facts.digest, facts.expires_at, facts.signed, facts.moving_since, facts.serial >= 0)
+        self.groups.setdefault(key, {})[name] = (facts.tip, facts.serial)
+        self.where[name] = key
 
     def _load(self) -> None:
         try:
             data = loads((self.directory / _BASE).read_bytes())
             if data.get("format") != _FORMAT or data.get("url") != self.url:
                 return
-            names, tips, serials = data["names"], data["tips"], data["serials"]
-            digests = map(data["digests"].__getitem__, data["digest"])
-            expiries = map(data["expiries"].__getitem__, data["expiry"])
-            columns = (tips, digests, serials, expiries, data["signed"], data["moving"])
-            make = self._make._make
-            facts = dict(zip(names, map(make, zip(*columns, strict=True)), strict=True))
+            groups: dict[Key, dict[str, tuple[str, int]]] = {}
+            where: dict[str, Key] = {}
+            for digest, expires, signed, moving, names, tips, serials in data["groups"]:
+                if not all(type(v) is str for v in (digest, expires, moving, *names, *tips)):
+                    return
+                if not all(type(v) is int for v in serials) or type(signed) is not bool:
+                    return
+                usable = not serials or min(serials) >= 0
+                if not usable:  # (never written by a hub: judged by its set)
+                    for name, tip, serial in zip(names, tips, serials, strict=True):
+                        key = (digest, expires, signed, moving, serial >= 0)
+                        groups.setdefault(key, {})[name] = (tip, serial)
+                        where[name] = key
+                    continue
+                key = (digest, expires, signed, moving, True)
+                groups[key] = dict(zip(names, zip(tips, serials, strict=True), strict=True))
+                where.update(dict.fromkeys(names, key))
             others = data["others"]
             generation = data["generation"]
-            if not all(type(t) is str for t in (*names, *tips, *others, *others.values())):
+            if not all(type(t) is str for t in (*others, *others.values())):
                 return
         except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError):
             return  # a cold cache: trailers are read again
-        self.facts, self.others, self._generation = facts, others, str(generation)
+        self.groups, self.where = groups, where
+        self.others, self._generation = others, str(generation)
         self._replay()
         self.loaded = True
 
@@ -101,16 +164,13 @@ class FactsCache:
             try:
                 row = loads(line)
                 name = row[0]
-                if type(name) is not str:
-                    continue
                 facts = self._make._make(row[1:]) if len(row) == 7 else None
+                if type(name) is not str or (facts is not None and type(facts.tip) is not str):
+                    continue
             except (ValueError, TypeError, IndexError):
                 continue  # a line cut short by a crash: that branch is read again if needed
             self.others.pop(name, None)
-            if facts is None:
-                self.facts.pop(name, None)
-            else:
-                self.facts[name] = facts
+            self._put(name, facts)
             self._journal_rows += 1
 
     def _journal(self) -> Path:
@@ -123,11 +183,10 @@ class FactsCache:
         appended to the journal, or everything anew."""
         if not self.dirty:
             return
-        rows = len(self.facts)
         if (
             self._rewrite
             or not self._generation
-            or (self._journal_rows + len(self._changed)) * _JOURNAL_SHARE > max(rows, 1000)
+            or (self._journal_rows + len(self._changed)) * _JOURNAL_SHARE > max(len(self), 1000)
         ):
             self._write_base(tips)
             return
@@ -144,27 +203,36 @@ class FactsCache:
         self._changed.clear()
 
     def _write_base(self, tips: Mapping[str, str]) -> None:
-        current = [(n, f) for n, f in self.facts.items() if tips.get(n) == f.tip]
-        digests: dict[str, int] = {}
-        expiries: dict[str, int] = {}
+        groups: list[list[Any]] = []
+        for (digest, expires, signed, moving, _), members in self.groups.items():
+            # Only the facts of the listed tips.
+            current = [(n, ts) for n, ts in members.items() if tips.get(n) == ts[0]]
+            if current:
+                names = [n for n, _ in current]
+                groups.append(
+                    [
+                        digest,
+                        expires,
+                        signed,
+                        moving,
+                        names,
+                        [t for _, (t, _) in current],
+                        [s for _, (_, s) in current],
+                    ]
+                )
+        where = self.where
         generation = secrets.token_hex(8)
-        doc: dict[str, Any] = {
+        doc = {
             "format": _FORMAT,
             "url": self.url,
             "generation": generation,
-            "names": [n for n, _ in current],
-            "tips": [f.tip for _, f in current],
-            "digest": [digests.setdefault(f.digest, len(digests)) for _, f in current],
-            "serials": [f.serial for _, f in current],
-            "expiry": [expiries.setdefault(f.expires_at, len(expiries)) for _, f in current],
-            "signed": [f.signed for _, f in current],
-            "moving": [f.moving_since for _, f in current],
-            "digests": list(digests),
-            "expiries": list(expiries),
+            "groups": groups,
             # Every other branch of the last listing, so that a run may take them as the
             # remote's (see BranchStore.assume_listed).
             "others": {
-                n: t for n, t in tips.items() if (f := self.facts.get(n)) is None or f.tip != t
+                n: t
+                for n, t in tips.items()
+                if (k := where.get(n)) is None or self.groups[k][n][0] != t
             },
         }
         path = self.directory / _BASE

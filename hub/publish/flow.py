@@ -56,6 +56,7 @@ from hub.publish.compare import (
     STATUSES,
     ClusterChange,
     ContentCache,
+    Decisions,
     Status,
     decide,
 )
@@ -234,7 +235,7 @@ def render(prepared: Prepared, out: Path, *, issued_at: datetime | None = None) 
 
 @dataclass(frozen=True, slots=True)
 class PublishReport:
-    changes: tuple[ClusterChange, ...]
+    decisions: Decisions
     pushed: tuple[str, ...]
     signed: bool
     issued_at: datetime | None
@@ -247,8 +248,13 @@ class PublishReport:
     publication: str | None = None
     peak_rss_mb: float | None = None
 
+    @property
+    def changes(self) -> tuple[ClusterChange, ...]:
+        """Every cluster's record, by name (orphaned branches last)."""
+        return tuple(self.decisions.changes)
+
     def count(self, *statuses: Status) -> int:
-        return sum(1 for c in self.changes if c.status in statuses)
+        return self.decisions.count(*statuses)
 
     def to_dict(self, *, bundles: int, references: int) -> dict[str, Any]:
         return {
@@ -272,8 +278,7 @@ class PublishReport:
                     "serialAfter": c.serial_after,
                     "shards": list(c.shards),
                 }
-                for c in self.changes
-                if c.status != "unchanged"
+                for c in self.decisions.acted
             ],
             "seconds": {k: round(v, 3) for k, v in self.timings.items()},
         }
@@ -403,7 +408,7 @@ def _publish_once(
         sharded.each(lambda _s, st: st.save_facts())  # what a cold cache learnt
         KnownHead(head=head, listed=listed).save(sharded)
         return PublishReport(
-            changes=tuple(decisions.changes),
+            decisions=decisions,
             pushed=(),
             signed=signer is not None,
             issued_at=None,
@@ -481,7 +486,7 @@ def _publish_once(
         raise PushRejectedError(problems, pushed=[f"{BRANCH_PREFIX}{c}" for c in pushed])
     KnownHead(head=new_head, listed=listed).save(sharded)
     return PublishReport(
-        changes=tuple(decisions.changes),
+        decisions=decisions,
         pushed=tuple(pushed),
         signed=signer is not None,
         issued_at=now if todo else None,

@@ -21,6 +21,7 @@ from __future__ import annotations
 import re
 import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -28,7 +29,7 @@ from typing import Any, NamedTuple
 import pygit2
 
 from hub.errors import GitTransportError, PublishError
-from hub.publish.facts import FactsCache
+from hub.publish.facts import FactsCache, Key
 from hub.publish.pack import DeltaOp, PackWriter
 from hub.publish.sendpack import (
     ZERO,
@@ -135,8 +136,8 @@ class BranchStore:
             raise PublishError(f"hub cache repository {self.cache_dir}: {exc}") from exc
         self.refs: dict[str, str] = {}  # every advertised ref -> oid, as of the last listing
         self.tips: dict[str, str] = {}  # cluster -> tip of its branch
+        self._assumed = False  # tips taken from the facts cache (assume_listed), not listed
         self._cache = FactsCache(self.cache_dir, url, BranchFacts)
-        self._facts = self._cache.facts  # cluster -> facts (of the tip they were read at)
 
     def close(self) -> None:
         if self._tmp is not None:
@@ -177,6 +178,7 @@ class BranchStore:
             if name.startswith(BRANCH_PREFIX):
                 tips[name[cut:]] = refs[name]
         self.refs, self.tips = refs, tips
+        self._assumed = False
         self._cache.learnt()  # the listing is what save_facts records
         return dict(tips)
 
@@ -185,9 +187,10 @@ class BranchStore:
         listing them (see :mod:`hub.publish.known`); False when there is no such record."""
         if not self._cache.loaded:
             return False
-        self.tips = {name: f.tip for name, f in self._facts.items()}
+        self.tips = self._cache.tips()
         self.tips.update(self._cache.others)
-        self.refs = {BRANCH_PREFIX + name: tip for name, tip in self.tips.items()}
+        self.refs = {}  # (not listed: nothing reads them unless the shards are listed)
+        self._assumed = True
         return True
 
     def fetch(self) -> dict[str, str]:
@@ -246,13 +249,20 @@ class BranchStore:
         return oid
 
     def _known(self, cluster: str, tip: str) -> BranchFacts | None:
-        facts = self._facts.get(cluster)
+        facts = self._cache.get(cluster)
         return facts if facts is not None and facts.tip == tip else None
 
-    def known_facts(self) -> dict[str, BranchFacts]:
-        """Cluster -> facts of its listed tip, for the tips whose facts are known."""
+    def fact_groups(self) -> dict[Key, AbstractSet[str]]:
+        """The branches whose facts are known for their listed tip, by group of shared facts
+        (:mod:`hub.publish.facts`): set-like, for the diff's set operations."""
+        members = self._cache.members()
+        if self._assumed:
+            return dict(members)  # the tips are the facts' own
         tips = self.tips
-        return {n: f for n, f in self._facts.items() if tips.get(n) == f.tip}
+        return {
+            key: {n for n in names if tips.get(n) == self._cache.groups[key][n][0]}
+            for key, names in members.items()
+        }
 
     def facts(self, cluster: str) -> BranchFacts | None:
         """What the listed tip of ``cluster``'s branch holds (None: no branch).
@@ -266,8 +276,7 @@ class BranchStore:
         if known is None:
             message = self.repo[pygit2.Oid(hex=tip)].peel(pygit2.Commit).message
             known = BranchFacts.of(tip, str(message))
-            self._facts[cluster] = known
-            self._cache.learnt()
+            self._cache.learnt(cluster, known)
         return known
 
     def read_file(self, cluster: str, name: str) -> bytes | None:
