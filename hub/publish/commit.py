@@ -165,10 +165,11 @@ class Writer:
         updates: list[Update],
         *,
         entries: dict[bytes, bytes] | None = None,
+        compress: bool = True,
     ) -> CommitBatch:
         """The commits of ``updates`` (their ``new`` set), in a batch for one pack
-        (``entries``: compressed objects shared with other packs, see PackWriter)."""
-        batch = CommitBatch(store, entries=entries)
+        (``entries``, ``compress``: see PackWriter)."""
+        batch = CommitBatch(store, entries=entries, compress=compress)
         shared: dict[str, str] = {}
         if self.signed is not None:
             shared[STATEMENT_FILE] = batch.blob(self.signed.statement_bytes)
@@ -473,11 +474,12 @@ def commit_point(
     started = time.perf_counter()
     # Each carried object goes into two packs (its shard's and shard 0's): compressed once.
     entries: dict[bytes, bytes] = {}
-    batch = writer.write(store, updates, entries=entries)
+    small = carried is not None  # carried: at most CARRY_MAX clusters, stored uncompressed
+    batch = writer.write(store, updates, entries=entries, compress=not small)
     trees: dict[int, str] = {}
     packs: dict[int, Carried] = {}
     for shard, (shard_store, shard_updates) in sorted((carried or {}).items()):
-        shard_batch = writer.write(shard_store, shard_updates, entries=entries)
+        shard_batch = writer.write(shard_store, shard_updates, entries=entries, compress=False)
         trees[shard] = _carry(batch, shard_batch, shard_updates)
         packs[shard] = Carried(pack=shard_batch.write())
     record = ledger.HeadRecord(

@@ -373,9 +373,15 @@ class BranchStore:
 class CommitBatch:
     """Commits for one push, collected in one pack (see :mod:`hub.publish.pack`)."""
 
-    def __init__(self, store: BranchStore, *, entries: dict[bytes, bytes] | None = None) -> None:
+    def __init__(
+        self,
+        store: BranchStore,
+        *,
+        entries: dict[bytes, bytes] | None = None,
+        compress: bool = True,
+    ) -> None:
         self.store = store
-        self.pack = PackWriter(entries=entries)
+        self.pack = PackWriter(entries=entries, compress=compress)
 
     def __len__(self) -> int:
         return len(self.pack)
