@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import operator
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -20,7 +21,7 @@ from hub.fastjson import loads
 
 _FORMAT = 1
 
-ClusterRows = list[tuple[str, dict[str, str]]]
+_FIRST, _SECOND = operator.itemgetter(0), operator.itemgetter(1)
 
 
 def content_key(data: bytes) -> str:
@@ -42,9 +43,10 @@ class ParsedFiles:
     def _path(self, key: str) -> Path:
         return self.directory / f"{key}.json"
 
-    def clusters(self, key: str) -> ClusterRows | None:
-        """The clusters of the file whose content hash is ``key``, or None if not cached:
-        (name, labels) in the file's order, clusters with the same labels sharing one dict."""
+    def clusters(self, key: str) -> tuple[list[str], list[dict[str, str]]] | None:
+        """The clusters of the file whose content hash is ``key``, or None if not cached: their
+        names and their labels in the file's order, clusters with the same labels sharing
+        one dict (built without a loop per cluster: 100,000 of them)."""
         try:
             data = loads(self._path(key).read_bytes())
             if data.get("format") != _FORMAT:
@@ -52,14 +54,16 @@ class ParsedFiles:
             table = data["labels"]
             if not all(isinstance(t, dict) for t in table):
                 return None
-            rows = [(name, table[index]) for name, index in data["clusters"]]
-            if not all(type(name) is str for name, _ in rows):
+            rows = data["clusters"]
+            names = list(map(_FIRST, rows))
+            labels = list(map(table.__getitem__, map(_SECOND, rows)))
+            if set(map(type, names)) - {str}:
                 return None
         except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError):
             return None
         self.used.add(key)
         self._loaded[key] = data
-        return rows
+        return names, labels
 
     def shards(self, key: str, count: int) -> list[int] | None:
         """The hashed shard of each cluster of the file (loaded by :meth:`clusters`) among

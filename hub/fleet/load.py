@@ -13,9 +13,11 @@ wrong.
 
 from __future__ import annotations
 
+import functools
 import operator
 import re
 from collections.abc import Mapping
+from itertools import repeat
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -103,6 +105,9 @@ def _found(text: str) -> str:
 
 _MAX_FILE_BYTES = 16 * 1024 * 1024
 _NAME_OF = operator.attrgetter("name")
+# A Cluster from its four fields without a Python call each (tuple.__new__, as
+# namedtuple's _make does, minus its length check: the rows always have four).
+_NEW_CLUSTER = functools.partial(tuple.__new__, Cluster)
 
 
 def _load_yaml(path: Path, rel: str, problems: _Problems, *, data: bytes | None = None) -> Any:
@@ -393,19 +398,19 @@ def _cluster_file(
         problems.add(rel, "", "a readable file", _found(str(exc.strerror or exc)))
         return []
     key = content_key(data)
-    rows = parsed.clusters(key)
-    if rows is not None:
+    cached = parsed.clusters(key)
+    if cached is not None:
         # Clusters with the same labels share one mapping (the cache stores each label set
         # once): memory at a million clusters, and one sort per label set when planning.
+        names, labels = cached
         hints = parsed.shards(key, shards)
-        if hints is None or len(hints) != len(rows):
-            hints = [shard_of_name(name, shards) for name, _ in rows]
+        if hints is None or len(hints) != len(names):
+            hints = [shard_of_name(name, shards) for name in names]
             parsed.store_shards(key, shards, hints)
         pairs = [(shards, hint) for hint in range(shards)]  # one tuple per shard, shared
-        return [
-            Cluster(name, labels, rel, pairs[hint])
-            for (name, labels), hint in zip(rows, hints, strict=True)
-        ]
+        fields = (names, labels, repeat(rel, len(names)), map(pairs.__getitem__, hints))
+        rows = zip(*fields, strict=True)
+        return list(map(_NEW_CLUSTER, rows))
     start = len(problems.items)
     found = _load_cluster_file(path, rel, problems, data=data)
     if len(problems.items) == start:

@@ -18,10 +18,12 @@ deleted (see docs/scaling.md, "Moving a cluster to another shard").
 from __future__ import annotations
 
 import hashlib
+import operator
 from collections.abc import Callable, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from itertools import compress, repeat
 from typing import Literal, NamedTuple
 
 import yaml
@@ -171,12 +173,12 @@ class Decisions:
         *,
         acted: list[ClusterChange],
         deletions: list[Deletion],
-        unchanged: list[str],
+        unchanged: set[str],
         record: Callable[[str], ClusterChange],
     ) -> None:
         self.acted = acted  # by name, planned clusters first, then the orphaned
         self.deletions = deletions
-        self.unchanged = unchanged  # sorted
+        self.unchanged = unchanged
         self._record = record
         self._changes: list[ClusterChange] | None = None
 
@@ -224,9 +226,11 @@ def decide(
     # Branches outside their cluster's shard (moves; clusters no longer in the fleet): rare.
     elsewhere: dict[str, list[int]] = {}
     for shard in sorted(stores):
-        for name in stores[shard].tips:
-            if assignment.get(name) != shard:
-                elsewhere.setdefault(name, []).append(shard)
+        tips = stores[shard].tips
+        # (the branches whose cluster is assigned another shard, without a loop per branch)
+        homes_of = map(assignment.get, tips)
+        for name in compress(tips, map(operator.ne, repeat(shard), homes_of)):
+            elsewhere.setdefault(name, []).append(shard)
     # Times in the trailers' fixed format compare as strings: no parsing per cluster.
     refresh_at = _fmt(now + refresh_before)
     unchanged = _unchanged(plans, stores, refresh_at, signed, cache) - elsewhere.keys()
@@ -262,7 +266,7 @@ def decide(
         assert facts is not None  # an unchanged cluster's facts were known for its tip
         return ClusterChange(name, "unchanged", facts.serial, facts.serial, homes[home], facts.tip)
 
-    return Decisions(acted=acted, deletions=deletions, unchanged=sorted(unchanged), record=record)
+    return Decisions(acted=acted, deletions=deletions, unchanged=unchanged, record=record)
 
 
 def _unchanged(
