@@ -102,7 +102,10 @@ def write_fleet(
             "sources": [
                 {
                     "kind": "image",
-                    "uri": f"registry.example.invalid/fleet/bundle-{b:02d}",
+                    # A loopback port nothing listens on: a publish's look at each pinned
+                    # chart (its dependencies) is refused at once, so that neither a
+                    # registry nor DNS is measured.
+                    "uri": f"127.0.0.1:9/fleet/bundle-{b:02d}",
                     "digest": "sha256:" + f"{b:02x}" * 32,
                 }
             ],
@@ -207,7 +210,8 @@ def docs_section(summary: dict[str, Any]) -> str:
 
 A synthetic fleet of {clusters:,} clusters (one inventory file, labels region/tier) and
 {summary["bundles"]} helm bundles (lockstep pairs, each after the previous pair, a region
-override on each; sources already pinned so that no registry is measured), sharded over
+override on each; sources already pinned, at a loopback port that refuses connections, so
+that neither a registry nor DNS is measured), sharded over
 {shards} repositor{"y" if shards == 1 else "ies"} on a local `git daemon`, published through a
 local mini Sigstore (one signing event per publish). Each publish runs in a process of its own
 (its peak resident memory is its own) with the hub's cache directory kept between runs, as a

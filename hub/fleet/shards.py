@@ -11,6 +11,7 @@ Repository URLs are templates with ``{shard}``, replaced by the shard number in 
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -71,11 +72,30 @@ class ShardMap:
         return {i: shard_url(template, i) for i in range(self.count)}
 
 
+_LABELS = operator.attrgetter("labels")
+_HASHED = operator.attrgetter("hashed_shard")
+_NAME = operator.attrgetter("name")
+_SECOND = operator.itemgetter(1)
+
+
 def assign(sharding: Sharding, clusters: Iterable[Cluster]) -> ShardMap:
     """The shard of every cluster. Raises FleetRepoError naming every cluster whose shard
     label is not a shard number of the fleet."""
     count = sharding.count
     label = sharding.label
+    clusters = list(clusters)
+    # The common case without a loop per cluster: no label set pins a shard, and the
+    # parsed-file cache knew every cluster's hashed shard for this count.
+    every_labels = list(map(_LABELS, clusters))
+    label_sets = dict(zip(map(id, every_labels), every_labels, strict=True))
+    hints = list(map(_HASHED, clusters))
+    if not any(label in labels for labels in label_sets.values()) and (
+        None not in hints and {h[0] for h in set(hints)} == {count}
+    ):
+        return ShardMap(
+            sharding=sharding,
+            assignment=dict(zip(map(_NAME, clusters), map(_SECOND, hints), strict=True)),
+        )
     problems: list[FieldProblem] = []
     assignment: dict[str, int] = {}
     for cluster in clusters:
