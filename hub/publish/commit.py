@@ -38,7 +38,7 @@ from hub.publish.compare import ClusterChange, ContentCache, Decisions
 from hub.publish.compose import SetComposer
 from hub.publish.git import BRANCH_PREFIX, BranchFacts, BranchStore, CommitBatch
 from hub.publish.sendpack import ZERO, AtomicUnsupportedError, RefUpdate
-from hub.publish.shards import PARALLEL, ShardedStore
+from hub.publish.shards import ShardedStore
 from hub.publish.sign import SignedTree
 
 if TYPE_CHECKING:
@@ -337,7 +337,7 @@ def stage_shards(
     if "fork" not in multiprocessing.get_all_start_methods():
         writers = 1
     futures = {}
-    with ThreadPoolExecutor(max_workers=PARALLEL) as pool:
+    with ThreadPoolExecutor(max_workers=sharded.parallel) as pool:
         try:
             if writers > 1:
                 _FORKED = (writer, sharded.stores, plan)

@@ -39,6 +39,7 @@ import pygit2
 
 from agent.api.reasons import SUCCEEDED
 from hub.errors import GitTransportError
+from hub.publish.shards import parallel_for
 from hub.status.document import (
     format_time,
     installation_state,
@@ -54,7 +55,6 @@ from hub.status.view import ClusterView, RefreshResult
 _VIEW_FILE = "view.sqlite"
 _VIEW_FORMAT = 3  # 3: each installation's applied and newest-run serials
 _DOCUMENTS_KEPT = 256
-_PARALLEL = 8
 
 
 class FleetStatus:
@@ -166,7 +166,8 @@ class FleetStatus:
         if len(warm) == 1:
             found[warm[0].index] = work(warm[0])
         elif warm:
-            with ThreadPoolExecutor(max_workers=min(_PARALLEL, len(warm))) as threads:
+            parallel = parallel_for(s.url for s in warm)
+            with ThreadPoolExecutor(max_workers=min(parallel, len(warm))) as threads:
                 for shard, outcome in zip(warm, threads.map(work, warm), strict=True):
                     found[shard.index] = outcome
         return [found[s.index] for s in self._shards]
