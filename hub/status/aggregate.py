@@ -97,6 +97,7 @@ class FleetStatus:
         self.repo = self._shards[0].repo
         self._views: list[dict[str, ClusterView]] = [{} for _ in urls]  # per shard
         self._clusters: dict[str, ClusterView] = {}  # the shown view of each cluster
+        self._ordered: list[ClusterView] | None = None  # _clusters' values by name (cache)
         self._documents: OrderedDict[tuple[int, str], dict[str, Any]] = OrderedDict()
         self.last_refresh: datetime | None = None
         self.version = 0  # grows whenever the view changes
@@ -191,6 +192,13 @@ class FleetStatus:
                 found[index] = outcome
         return found
 
+    def _by_name(self) -> list[ClusterView]:
+        """The shown views sorted by name (under the lock), kept until the view changes: a
+        page of 100 at 100,000 clusters must not sort the fleet."""
+        if self._ordered is None:
+            self._ordered = [self._clusters[n] for n in sorted(self._clusters)]
+        return self._ordered
+
     def _show(self, name: str) -> None:
         """The newest view of ``name`` over the shards (under the lock)."""
         found = [v[name] for v in self._views if name in v]
@@ -198,6 +206,7 @@ class FleetStatus:
             self._clusters[name] = max(found, key=ClusterView.rank)
         else:
             self._clusters.pop(name, None)
+        self._ordered = None
 
     # --- the on-disk cache ---------------------------------------------------------------
 
@@ -312,7 +321,7 @@ class FleetStatus:
         """Every cluster, sorted by name: heartbeat, its age, stale, error, counts."""
         now = now or datetime.now(UTC)
         with self._lock:
-            views = sorted(self._clusters.values(), key=lambda v: v.name)
+            views = self._by_name()
         return [self._cluster_summary(v, now) for v in views]
 
     def cluster(self, name: str, *, now: datetime | None = None) -> dict[str, Any] | None:
@@ -409,7 +418,7 @@ class FleetStatus:
         now = now or datetime.now(UTC)
         with self._lock:
             if cluster is None:
-                views = sorted(self._clusters.values(), key=lambda v: v.name)
+                views = self._by_name()
             else:
                 views = [self._clusters[cluster]] if cluster in self._clusters else []
         for view in views:
@@ -477,7 +486,7 @@ class FleetStatus:
 
     def names(self) -> list[str]:
         with self._lock:
-            return sorted(self._clusters)
+            return [v.name for v in self._by_name()]
 
     def tips(self) -> dict[str, str]:
         """Cluster -> the tip its shown view was read at (changes when the view does)."""

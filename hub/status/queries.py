@@ -232,8 +232,12 @@ class StatusQueries:
     ) -> None:
         self.status = status
         self.opener = opener
+        # Clusters with the same labels share one dict: a label filter is evaluated once per
+        # label set (a few hundred), not once per cluster (100,000).
+        shared: dict[tuple[tuple[str, str], ...], dict[str, str]] = {}
         self.labels: dict[str, dict[str, str]] = {
-            name: dict(items) for name, items in (labels or {}).items()
+            name: shared.setdefault(tuple(sorted(items.items())), dict(items))
+            for name, items in (labels or {}).items()
         }
         self._label_values = _label_values(self.labels)
         self._rows = _Fleet.of({})
@@ -285,7 +289,12 @@ class StatusQueries:
         items = self.status.installations(
             cluster=cluster, bundle=bundle, state=state, offset=offset, limit=page
         )
-        total = self.status.count_installations(cluster=cluster, bundle=bundle, state=state)
+        if cluster is None and bundle is None:
+            # The matrix's counts of the whole fleet are these totals (cached per view).
+            counts = self._fleet().counts
+            total = counts[state] if state is not None else sum(counts.values())
+        else:
+            total = self.status.count_installations(cluster=cluster, bundle=bundle, state=state)
         return {"items": items, "total": total, "offset": offset, "limit": page}
 
     def _missing(self, cluster: str, bundle: str) -> QueryError:

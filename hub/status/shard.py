@@ -60,6 +60,7 @@ class StatusShard:
             raise StatusCacheError(f"hub status cache {path}: {exc}") from exc
         self.odb = self.repo.odb
         self.v2 = True  # the server speaks protocol v2 (until it shows it does not)
+        self._recent: dict[str, bytes] = {}  # commit id -> bytes, fetched by this refresh
 
     def refresh(
         self, known: Mapping[str, ClusterView], credentials: tuple[str, str] | None
@@ -84,8 +85,11 @@ class StatusShard:
         if tips is None:
             tips = self.list_and_fetch({n: v.tip for n, v in known.items()}, credentials)
         moved = [c for c, tip in tips.items() if (v := known.get(c)) is None or v.tip != tip]
-        with no_gc():
-            return tips, {c: self.read(c, tips[c], known.get(c)) for c in moved}
+        try:
+            with no_gc():
+                return tips, {c: self.read(c, tips[c], known.get(c)) for c in moved}
+        finally:
+            self._recent = {}
 
     def list_and_fetch_v2(
         self, known: Mapping[str, ClusterView], credentials: tuple[str, str] | None
@@ -105,11 +109,12 @@ class StatusShard:
                 return tips
             haves = sorted({known[c].tip for c in moved if c in known})
             commits_only = session.filters
-            self._keep(
-                *session.fetch_pack(
-                    sorted({tips[c] for c in moved}), haves, depth=1, commits_only=commits_only
-                )
+            pack, objects = session.fetch_pack(
+                sorted({tips[c] for c in moved}), haves, depth=1, commits_only=commits_only
             )
+            self._keep(pack, objects)
+            # The commits just parsed are read from here, not from the object database.
+            self._recent = {oid.hex(): data for kind, data, oid, *_ in objects if kind == "commit"}
             if commits_only:
                 bare = sorted({tree for c in moved if (tree := self._unsummarised(tips[c]))})
                 if bare:
@@ -128,10 +133,8 @@ class StatusShard:
     def _unsummarised(self, commit_id: str) -> str | None:
         """The tree of ``commit_id`` when its message carries no summary (else None)."""
         try:
-            kind, commit = self.odb.read(commit_id)[:2]
+            commit = self._commit(commit_id, commit_id)
         except (KeyError, ValueError, pygit2.GitError):
-            return None
-        if kind != pygit2.enums.ObjectType.COMMIT or not commit.startswith(b"tree "):
             return None
         if message_summary(_message(commit)) is not None:
             return None
@@ -229,6 +232,9 @@ class StatusShard:
             self._fetch_objects(sorted(set(missing)))
 
     def _commit(self, commit_id: str, origin: str) -> bytes:
+        recent = self._recent.get(commit_id)
+        if recent is not None:
+            return recent
         kind, commit = self.odb.read(commit_id)[:2]
         if kind != pygit2.enums.ObjectType.COMMIT or not commit.startswith(b"tree "):
             raise StatusDocumentError(f"{origin}: the branch tip is not a commit")
