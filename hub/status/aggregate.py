@@ -302,18 +302,28 @@ class FleetStatus:
         return doc
 
     def prefetch(self, views: Sequence[ClusterView]) -> None:
-        """Fetch the documents of ``views`` the cache lacks: one request per shard (a page of
-        100 installations is one round trip, not 100). Best effort: a document that cannot be
-        fetched now is asked for again, and its error shown, when it is read."""
+        """Fetch the documents of ``views`` the cache lacks: one request per shard, the shards
+        in parallel (a page of 100 installations is a round trip, not 100). Best effort: a
+        document that cannot be fetched now is asked for again, and its error shown, when it
+        is read."""
         by_shard: dict[int, list[str]] = {}
         for view in views:
             if view.source is not None:
                 by_shard.setdefault(view.shard, []).append(view.source)
-        for shard, commits in by_shard.items():
+
+        def fetch(shard: int) -> None:
             with contextlib.suppress(
                 GitTransportError, StatusCacheError, pygit2.GitError, KeyError, ValueError
             ):
-                self._shards[shard].prefetch(commits)
+                self._shards[shard].prefetch(by_shard[shard])
+
+        if len(by_shard) <= 1:
+            for shard in by_shard:
+                fetch(shard)
+            return
+        parallel = parallel_for(self._shards[s].url for s in by_shard)
+        with ThreadPoolExecutor(max_workers=min(parallel, len(by_shard))) as threads:
+            list(threads.map(fetch, by_shard))
 
     # --- reading the view ----------------------------------------------------------------
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from hub.fastjson import loads
 from hub.status.document import installation_state, parse_time
 
 
@@ -103,7 +104,7 @@ class ClusterView:
     @classmethod
     def of_row(cls, row: Sequence[Any]) -> ClusterView:
         shard, name, tip, source, error, blob = row
-        data = json.loads(blob)
+        data = loads(blob)
         return cls(
             name=name,
             shard=shard,
