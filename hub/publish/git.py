@@ -4,8 +4,8 @@ commits without a work tree, push ref updates with the hub's own pack.
 Branches are ``fleetlet/clusters/<cluster>`` on the remote. A local bare repository (a cache
 directory, reused between runs) holds the objects this hub wrote and those it fetched. Beside
 it, the facts cache (:mod:`hub.publish.facts`) remembers what each branch tip holds (content
-digest, serial, expiry, signed), as the trailers of the hub's commits say: a branch whose tip has not moved
-since costs a dictionary lookup, not a fetch nor a commit read. Only tips this hub does not
+digest, serial, expiry, signed), as the trailers of the hub's commits say: a branch whose tip
+has not moved since costs a lookup, not a fetch nor a commit read. Only tips this hub does not
 know (another hub published, a cold cache) are fetched, and then only their commits' trailers
 are read.
 
