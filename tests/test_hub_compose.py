@@ -176,7 +176,8 @@ def test_packs_from_git_read_back_with_their_deltas(tmp_path: Path) -> None:
     read as git itself reads it."""
     import hashlib
 
-    from hub.status.fetch import read_pack
+    from hub.publish.pack import store_received
+    from hub.status.fetch import parse_pack
 
     repo = tmp_path / "r.git"
     pygit2.init_repository(str(repo), bare=True)
@@ -203,8 +204,23 @@ def test_packs_from_git_read_back_with_their_deltas(tmp_path: Path) -> None:
                 check=True,
                 timeout=60,
             ).stdout
-            objects = read_pack(pack)
-            got = {hashlib.sha1(f"{k} {len(d)}\0".encode() + d).hexdigest(): d for k, d in objects}
+            objects = parse_pack(pack)
+            got = {
+                hashlib.sha1(f"{k} {len(d)}\0".encode() + d).hexdigest(): d for k, d, *_ in objects
+            }
             assert got == dict(zip(ids, blobs, strict=True))
+            assert {oid.hex() for _, _, oid, _, _ in objects} == set(ids)
+            # Kept as it came, with the index parse_pack's offsets and crcs make: git and
+            # libgit2 read every object from it.
+            kept = tmp_path / f"kept-{flag}-{ofs}.git"
+            pygit2.init_repository(str(kept), bare=True)
+            path = store_received(pack, [(o, at, crc) for _, _, o, at, crc in objects], kept)
+            verified = subprocess.run(
+                ["git", "verify-pack", str(path.with_suffix(".idx"))],
+                capture_output=True,
+                timeout=60,
+            )
+            assert verified.returncode == 0, verified.stderr
+            assert [pygit2.Repository(str(kept))[i].data for i in ids] == blobs
     with pytest.raises(ValueError, match="checksum"):
-        read_pack(pack[:-1] + bytes([pack[-1] ^ 1]))
+        parse_pack(pack[:-1] + bytes([pack[-1] ^ 1]))

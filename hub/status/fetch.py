@@ -144,11 +144,6 @@ class Session:
             for line in self.capabilities
         )
 
-    def fetch(self, wants: list[str], haves: list[str]) -> list[tuple[str, bytes]]:
-        """The objects (kind, data) of the pack the server sends for ``wants`` when it knows
-        we have ``haves``. Raises GitTransportError."""
-        return [(kind, data) for kind, data, *_ in self.fetch_pack(wants, haves)[1]]
-
     def fetch_pack(
         self,
         wants: list[str],
@@ -229,15 +224,6 @@ class Session:
         if response.status != 200:
             raise NotProtocolV2(f"{self.url}: HTTP {response.status}")
         return response.read
-
-
-def read_pack(pack: bytes) -> list[tuple[str, bytes]]:
-    """Every object of a (non-thin) pack as (kind, data), deltas resolved.
-
-    Raises ValueError for a malformed pack (bad header or checksum, a delta whose base is not
-    in the pack) and zlib.error for a damaged entry.
-    """
-    return [(kind, data) for kind, data, _oid, _offset, _crc in parse_pack(pack)]
 
 
 def parse_pack(pack: bytes) -> list[tuple[str, bytes, bytes, int, int]]:
