@@ -138,6 +138,16 @@ class Shards:
         prefix = "refs/heads/fleetlet/clusters/"
         return {r[len(prefix) :]: o for r, o in self.refs(shard).items() if r.startswith(prefix)}
 
+    def fsck(self, shard: int) -> None:
+        """git's own strict check of a shard's repository passes."""
+        done = subprocess.run(
+            ["git", "--git-dir", str(self.path(shard)), "fsck", "--strict"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+
     def files(self, shard: int, cluster: str) -> dict[str, bytes]:
         out = {}
         for name in BRANCH_FILES:
@@ -277,13 +287,7 @@ def test_one_signature_covers_every_shard(shards: Shards) -> None:
         refs = shards.refs(shard)
         assert not [r for r in refs if r.startswith(STAGING_PREFIX)]
         assert (HEAD_REF in refs) == (shard == 0)
-        fsck = subprocess.run(
-            ["git", "--git-dir", str(shards.path(shard)), "fsck", "--strict"],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert fsck.returncode == 0, fsck.stderr
+        shards.fsck(shard)
     assert len(statements) == 1  # the Merkle tree spans the shards
     # The agent, told only its own shard's repository, finds its branch there.
     cluster = "store-03"
@@ -503,13 +507,7 @@ def test_a_committed_publication_is_finished_by_the_next_hub(
             files = shards.files(shard, cluster)
             assert load_set(files["set.yaml"], origin=cluster).serial == 2
             verify_publication(files=files, cluster=cluster, last_serial=1, trust=shards.trust())
-        fsck = subprocess.run(
-            ["git", "--git-dir", str(shards.path(shard)), "fsck", "--strict"],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert fsck.returncode == 0, fsck.stderr
+        shards.fsck(shard)
 
 
 def test_a_publication_never_committed_is_never_seen(

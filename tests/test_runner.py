@@ -37,6 +37,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 import requests
@@ -451,6 +452,26 @@ def test_sigterm_stops_agent_run_and_its_hung_worker_at_once_and_reports_no_fail
             assert "WorkerFailed" not in said, (bundle, said)
 
 
+def _drive(driver: str, tmp_path: Path, worker: Path, *args: str) -> dict[str, Any]:
+    """Run a launcher ``driver`` in a process of its own (it may make itself a subreaper, as
+    a container's first process is) with ``tmp_path``, ``worker`` and ``args``; the JSON
+    report it prints last. Its output goes to a file: a child left running would hold a pipe
+    open."""
+    log = tmp_path / "driver.log"
+    with log.open("wb") as out:
+        done = subprocess.run(
+            [sys.executable, "-c", driver, str(tmp_path), str(worker), *args],
+            cwd=REPO_ROOT,
+            stdout=out,
+            stderr=out,
+            timeout=180,
+        )
+    text = log.read_text()
+    assert done.returncode == 0, text
+    report: dict[str, Any] = json.loads(text.splitlines()[-1])
+    return report
+
+
 _ORPHANS = """
 import ctypes, json, os, pathlib, sys
 from agent.runner.launcher import WorkerFailedError, WorkerLauncher
@@ -485,15 +506,7 @@ def test_a_killed_workers_children_are_killed_and_reaped_not_left_as_zombies(
         "kill -9 $$\n"
     )
     worker.chmod(0o755)
-    done = subprocess.run(
-        [sys.executable, "-c", _ORPHANS, str(tmp_path), str(worker)],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
-    report = json.loads(done.stdout.splitlines()[-1])
+    report = _drive(_ORPHANS, tmp_path, worker)
     assert report["cause"] == "signal"
     # Killed with the worker and waited for: neither running nor a zombie of the agent.
     assert report["helper"] == "gone", report
@@ -556,15 +569,7 @@ def test_stop_ends_the_running_worker_and_its_children_and_starts_no_other(
         "wait\n"
     )
     worker.chmod(0o755)
-    done = subprocess.run(
-        [sys.executable, "-c", _STOP, str(tmp_path), str(worker)],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
-    report = json.loads(done.stdout.splitlines()[-1])
+    report = _drive(_STOP, tmp_path, worker)
     # A stop asked for, not a failure; far sooner than the worker's 300 s timeout.
     assert report["raised"] == "WorkerStoppedError", report
     assert report["seconds"] < 60, report
@@ -630,7 +635,7 @@ for entry in pathlib.Path("/proc").iterdir():
     fields = stat[stat.rindex(")") + 2 :].split() if stat else []
     if fields and int(fields[3]) == pids["worker"]:
         left.append([int(entry.name), fields[0]])
-(work / "report.json").write_text(json.dumps({**outcome, **pids, "left": left}))
+print(json.dumps({**outcome, **pids, "left": left}))
 """
 
 
@@ -648,18 +653,7 @@ def test_a_render_tool_in_its_own_process_group_dies_with_its_worker(
     worker = tmp_path / "worker.py"
     worker.write_text(_TOOL_WORKER.format(python=sys.executable, work=str(tmp_path), ending=ending))
     worker.chmod(0o755)
-    args = [str(tmp_path), str(worker), ending, str(int(subreaper))]
-    # Output to a file, not a pipe: a tool left running would hold a pipe open.
-    with (tmp_path / "driver.log").open("wb") as log:
-        done = subprocess.run(
-            [sys.executable, "-c", _SESSION, *args],
-            cwd=REPO_ROOT,
-            stdout=log,
-            stderr=log,
-            timeout=180,
-        )
-    assert done.returncode == 0, (tmp_path / "driver.log").read_text()
-    report = json.loads((tmp_path / "report.json").read_text())
+    report = _drive(_SESSION, tmp_path, worker, ending, str(int(subreaper)))
     for pid, state in report["left"]:
         if state not in "ZX":  # a failed run leaves nothing behind
             with contextlib.suppress(ProcessLookupError):

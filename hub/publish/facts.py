@@ -25,7 +25,7 @@ import json
 import operator
 import os
 import secrets
-from collections.abc import Iterator, KeysView, Mapping
+from collections.abc import KeysView, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -73,11 +73,6 @@ class FactsCache:
 
     def __len__(self) -> int:
         return len(self.where)
-
-    def items(self) -> Iterator[tuple[str, BranchFacts]]:
-        for key, members in self.groups.items():
-            for name, (tip, serial) in members.items():
-                yield name, self._make(tip, key[0], serial, key[1], key[2], key[3])
 
     def tips(self) -> dict[str, str]:
         """Name -> tip of every branch with facts (built without a loop per branch)."""
