@@ -6,8 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hub.publish.facts import FactsCache
-from hub.publish.git import BranchFacts
+from hub.publish.facts import BranchFacts, FactsCache
 
 URL = "git://git.example/shard-0.git"
 

@@ -26,7 +26,7 @@ from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 import pygit2
 
@@ -36,15 +36,33 @@ from hub.errors import GitTransportError, PublishError, PushRejectedError
 from hub.publish import ledger
 from hub.publish.compare import ClusterChange, ContentCache, Decisions
 from hub.publish.compose import SetComposer
-from hub.publish.git import BRANCH_PREFIX, BranchFacts, BranchStore, CommitBatch
+from hub.publish.facts import BranchFacts
+from hub.publish.git import BRANCH_PREFIX, BranchStore, CommitBatch
+from hub.publish.prepared import Prepared
 from hub.publish.sendpack import ZERO, AtomicUnsupportedError, RefUpdate
 from hub.publish.shards import ShardedStore
 from hub.publish.sign import SignedTree
 
-if TYPE_CHECKING:
-    from hub.publish.flow import Attachment, Prepared
-
 Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True, slots=True)
+class Attachment:
+    """A ref of shard 0 that moves in the same atomic push as the publication's commit point
+    (the rollouts' state follows the publications that carry it out).
+
+    ``old``: its value when read (ZERO: none), checked by the server; ``write(batch,
+    publication, changes)`` writes the commit it moves to (into the publication's pack) and
+    returns its id, given the publication's id and every cluster's change; ``trailer(cluster)``
+    is a line for that cluster's commit message (or None); ``note`` goes into the
+    publication's record (``refs/fleetlet/publication``).
+    """
+
+    ref: str
+    old: str
+    write: Callable[[CommitBatch, str, Sequence[ClusterChange]], str]
+    trailer: Callable[[str], str | None] | None = None
+    note: Mapping[str, Any] | None = None
 
 
 class AttachmentMovedError(TemporaryError):

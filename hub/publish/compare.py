@@ -3,7 +3,7 @@
 Change detection compares the ``bundleDeployments`` and ``groups`` blocks of a branch's
 canonical ``set.yaml`` with those of the new set, through their digest: the hub's commits
 record it as a trailer (``Content-Digest``), so an unchanged cluster costs a lookup in the
-branch facts (:class:`~hub.publish.git.BranchFacts`). A branch written by someone else is read
+branch facts (:class:`~hub.publish.facts.BranchFacts`). A branch written by someone else is read
 and compared block by block. Serial, times and source are not content: a new fleet commit that
 changes nothing for a cluster republishes nothing there.
 
@@ -35,7 +35,8 @@ from agent.verify.publication import BUNDLE_FILE, SET_FILE
 from hub.errors import PublishError
 from hub.fleet.render import ClusterPlan
 from hub.fleet.shards import ShardMap
-from hub.publish.git import BranchFacts, BranchStore
+from hub.publish.facts import BranchFacts
+from hub.publish.git import BranchStore
 
 Status = Literal["added", "changed", "moved", "refreshed", "unchanged", "orphaned"]
 STATUSES: tuple[Status, ...] = ("added", "changed", "moved", "refreshed", "unchanged", "orphaned")

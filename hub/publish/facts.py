@@ -1,7 +1,7 @@
 """The branch facts a hub keeps between runs, in a shard's cache directory.
 
 Per cluster branch the tip and what the hub's commit trailers say it holds (content digest,
-serial, expiry, signed, moving: :class:`~hub.publish.git.BranchFacts`), and the tips that have
+serial, expiry, signed, moving: :class:`BranchFacts`), and the tips that have
 no facts (branches of clusters no longer in the fleet): what lets a run diff 100,000 clusters
 without reading a commit, or, when no hub published meanwhile, without listing a shard.
 
@@ -24,15 +24,50 @@ import contextlib
 import json
 import operator
 import os
+import re
 import secrets
 from collections.abc import KeysView, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, NamedTuple
 
 from hub.fastjson import loads
 
-if TYPE_CHECKING:
-    from hub.publish.git import BranchFacts
+_TRAILER = re.compile(r"^([A-Z][A-Za-z-]*): (\S+)$", re.MULTILINE)
+
+
+def trailers(message: str) -> dict[str, str]:
+    return dict(_TRAILER.findall(message))
+
+
+class BranchFacts(NamedTuple):
+    """What a cluster branch's tip holds, from the hub's commit trailers.
+
+    ``digest`` is the content digest (bundles and groups, see :mod:`hub.publish.flow`), empty
+    when the tip was not written by a hub (then the set itself must be read). ``moving_since``
+    is set on the branches of a cluster moving between shards (see docs/scaling.md). A tuple:
+    the cache holds one per cluster.
+    """
+
+    tip: str
+    digest: str
+    serial: int
+    expires_at: str
+    signed: bool
+    moving_since: str = ""
+
+    @classmethod
+    def of(cls, tip: str, message: str) -> BranchFacts:
+        found = trailers(message)
+        serial = found.get("Serial", "")
+        return cls(
+            tip=tip,
+            digest=found.get("Content-Digest", ""),
+            serial=int(serial) if serial.isdigit() else -1,
+            expires_at=found.get("Expires-At", ""),
+            signed=found.get("Signed") == "true",
+            moving_since=found.get("Moving-Since", ""),
+        )
+
 
 Key = tuple[str, str, bool, str, bool]
 """A group's shared facts: content digest, expiry, signed, moving since, and whether its
@@ -46,7 +81,7 @@ _TIP = operator.itemgetter(0)
 
 class FactsCache:
     """The facts of one repository's branches (``url``) in ``directory``; ``make`` builds a
-    :class:`~hub.publish.git.BranchFacts`."""
+    :class:`BranchFacts`."""
 
     def __init__(self, directory: Path, url: str, make: type[BranchFacts]) -> None:
         self.directory = Path(directory)

@@ -21,7 +21,7 @@ import contextlib
 import gc
 import hashlib
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -37,12 +37,12 @@ from agent.verify import TrustPolicy, verify_publication
 from agent.verify.publication import BUNDLE_FILE, PROOF_FILE, SET_FILE, STATEMENT_FILE
 from hub.errors import FleetRepoError, PublishError, PushRejectedError
 from hub.fleet.load import load_fleet
-from hub.fleet.model import Fleet
-from hub.fleet.render import ClusterPlan, plan_clusters
-from hub.fleet.shards import ShardMap, fleet_shards
-from hub.fleet.source import FleetSource, fleet_source
+from hub.fleet.render import plan_clusters
+from hub.fleet.shards import fleet_shards
+from hub.fleet.source import fleet_source
 from hub.publish import ledger
 from hub.publish.commit import (
+    Attachment,
     AttachmentMovedError,
     LostRace,
     StageClock,
@@ -61,8 +61,9 @@ from hub.publish.compare import (
     decide,
 )
 from hub.publish.compose import SetComposer
-from hub.publish.git import BRANCH_PREFIX, BranchStore, CommitBatch
+from hub.publish.git import BRANCH_PREFIX, BranchStore
 from hub.publish.known import KnownHead
+from hub.publish.prepared import Prepared
 from hub.publish.shards import ShardedStore
 from hub.publish.sign import Leaf, PublicationSigner, SignedTree, sign_leaves
 from hub.resolve import Resolver, ResolveSettings
@@ -73,41 +74,6 @@ ATTEMPTS = 3
 
 class ConcurrentPublishError(TemporaryError):
     """Another hub committed a publication while this one was being made, every attempt."""
-
-
-@dataclass(frozen=True, slots=True)
-class Attachment:
-    """A ref of shard 0 that moves in the same atomic push as the publication's commit point
-    (the rollouts' state follows the publications that carry it out).
-
-    ``old``: its value when read (ZERO: none), checked by the server; ``write(batch,
-    publication, changes)`` writes the commit it moves to (into the publication's pack) and
-    returns its id, given the publication's id and every cluster's change; ``trailer(cluster)``
-    is a line for that cluster's commit message (or None); ``note`` goes into the
-    publication's record (``refs/fleetlet/publication``).
-    """
-
-    ref: str
-    old: str
-    write: Callable[[CommitBatch, str, Sequence[ClusterChange]], str]
-    trailer: Callable[[str], str | None] | None = None
-    note: Mapping[str, Any] | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Prepared:
-    """A loaded, resolved and planned fleet."""
-
-    fleet: Fleet
-    source: FleetSource
-    plans: Mapping[str, ClusterPlan]
-    references: int
-    timings: Mapping[str, float]
-    shards: ShardMap | None = None
-
-    @property
-    def shard_map(self) -> ShardMap:
-        return self.shards if self.shards is not None else fleet_shards(self.fleet)
 
 
 def prepare(

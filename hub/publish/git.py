@@ -18,18 +18,17 @@ showed every old value unchanged.
 
 from __future__ import annotations
 
-import re
 import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import pygit2
 
 from hub.errors import GitTransportError, PublishError
-from hub.publish.facts import FactsCache, Key
+from hub.publish.facts import BranchFacts, FactsCache, Key
 from hub.publish.pack import DeltaOp, PackWriter
 from hub.publish.sendpack import (
     ZERO,
@@ -45,42 +44,6 @@ STATUS_PREFIX = "refs/heads/fleetlet/status/"
 _TRACK_PREFIX = "refs/fleetlet/remote/"
 _EXPLICIT_REFSPECS = 64
 AUTHOR = "fleetlet hub <hub@fleetlet.invalid>"
-
-_TRAILER = re.compile(r"^([A-Z][A-Za-z-]*): (\S+)$", re.MULTILINE)
-
-
-def trailers(message: str) -> dict[str, str]:
-    return dict(_TRAILER.findall(message))
-
-
-class BranchFacts(NamedTuple):
-    """What a cluster branch's tip holds, from the hub's commit trailers.
-
-    ``digest`` is the content digest (bundles and groups, see :mod:`hub.publish.flow`), empty
-    when the tip was not written by a hub (then the set itself must be read). ``moving_since``
-    is set on the branches of a cluster moving between shards (see docs/scaling.md). A tuple:
-    the cache holds one per cluster.
-    """
-
-    tip: str
-    digest: str
-    serial: int
-    expires_at: str
-    signed: bool
-    moving_since: str = ""
-
-    @classmethod
-    def of(cls, tip: str, message: str) -> BranchFacts:
-        found = trailers(message)
-        serial = found.get("Serial", "")
-        return cls(
-            tip=tip,
-            digest=found.get("Content-Digest", ""),
-            serial=int(serial) if serial.isdigit() else -1,
-            expires_at=found.get("Expires-At", ""),
-            signed=found.get("Signed") == "true",
-            moving_since=found.get("Moving-Since", ""),
-        )
 
 
 class Callbacks(pygit2.RemoteCallbacks):  # type: ignore[misc]

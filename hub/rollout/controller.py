@@ -16,7 +16,7 @@ compare-and-swap (:mod:`hub.rollout.state`):
   publishes what it implies.
 
 A publication that carries out rollout decisions moves the state ref in the same atomic push as
-its commit point (:class:`~hub.publish.flow.Attachment`), with the decisions in the
+its commit point (:class:`~hub.publish.commit.Attachment`), with the decisions in the
 publication's record and a ``Rollout:`` line in each affected cluster's commit: the state and
 the branches never disagree, a restarted hub resumes where they are, and of two hubs stepping at
 once one wins and the other reads the new state and starts again (never a double step).
