@@ -46,7 +46,7 @@ from agent.api.status import (
     Refusal,
     RequestReport,
 )
-from agent.approve.gate import WaitingOn
+from agent.approve.approvals import WaitingOn
 from agent.approve.summary import reports
 from agent.errors import FleetletError, TemporaryError
 from agent.inbound import InboundPipeline, SyncResult

@@ -116,8 +116,9 @@ def build_parser(*, agent_only: bool = False) -> argparse.ArgumentParser:
         agent_cli.register(sub)
         return parser
     from hub import cli as hub_cli
+    from hub.rollout.command import register as register_rollout
 
-    hub_cli.register(sub)
+    register_rollout(hub_cli.register(sub))
     agent_cli.register(sub)
     hub_cli.register_installations(sub)
     importer = sub.add_parser(

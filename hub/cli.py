@@ -1,5 +1,6 @@
-"""The hub's subcommands: ``hub render|publish|diff|serve|shards|rollout|agent-key|tokens`` and
-``installations`` (``hub rollout`` lives in :mod:`hub.rollout.command`).
+"""The hub's subcommands: ``hub render|publish|diff|serve|shards|agent-key|tokens`` and
+``installations`` (``hub rollout`` lives in :mod:`hub.rollout.command`, which builds on this
+module's helpers; ``fleetlet.cli`` adds it under ``hub``).
 
 Progress goes to stderr, results (a summary table, or ``-o json|yaml``) to stdout. Every
 failure is raised as a :class:`~agent.errors.FleetletError`; ``fleetlet.cli`` prints it as one
@@ -541,7 +542,9 @@ def _shards(args: argparse.Namespace) -> int:
 # --- the command tree -----------------------------------------------------------------------
 
 
-def register(sub: Any) -> None:
+def register(sub: Any) -> Any:
+    """``fleetlet hub ...`` under ``sub``; returns the hub's subparsers, where ``fleetlet.cli``
+    adds ``hub rollout`` (:func:`hub.rollout.command.register`, which builds on this module)."""
     hub = sub.add_parser(
         "hub",
         help="publish a fleet repo and serve fleet status",
@@ -715,10 +718,6 @@ def register(sub: Any) -> None:
     )
     add_serve_arguments(serve)
 
-    from hub.rollout.command import register as register_rollout
-
-    register_rollout(hub_sub)
-
     agent_key = hub_sub.add_parser(
         "agent-key",
         help="issue a cluster's sealing key for its agent",
@@ -749,6 +748,7 @@ def register(sub: Any) -> None:
     )
     migrate.add_argument("file", metavar="FILE")
     migrate.set_defaults(handler=_tokens_migrate)
+    return hub_sub
 
 
 def _agent_key(args: argparse.Namespace) -> int:

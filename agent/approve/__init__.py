@@ -1,8 +1,9 @@
 """Approvals: a group's next move as a BundleDeploymentRequest with a preview, decided by a
 person or by the cluster's ApprovalPolicy, enforced by the API server (see docs/approvals.md).
 
-- :mod:`agent.approve.gate`: the "request approval" step of a move, and its collaborator
-  :class:`~agent.approve.gate.Approvals`;
+- :mod:`agent.approve.gate`: the "request approval" step of a move;
+  :mod:`agent.approve.approvals` what it works with (:class:`~agent.approve.approvals.Approvals`)
+  and what a waiting group waits on;
 - :mod:`agent.approve.request`: this agent's requests (found by their pins, created,
   superseded, pruned);
 - :mod:`agent.approve.preview`: the preview (per object, bounded diffs), from a live dry run

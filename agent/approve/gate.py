@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from agent.api import set_digest
@@ -36,11 +36,12 @@ from agent.apply import (
     plan_prune,
 )
 from agent.apply.plan import identity
+from agent.approve.approvals import Approvals, WaitingOn
 from agent.approve.decide import decide
-from agent.approve.policy import Policy, has_rules, judge, load, required_by
+from agent.approve.policy import Policy, has_rules, judge, required_by
 from agent.approve.preview import Change, Preview, build_preview, live_changes
-from agent.approve.request import Request, RequestError, Requests, pins_of
-from agent.kube import ForbiddenError, InvalidError, KubeClient, ObjectRef
+from agent.approve.request import Request, RequestError, pins_of
+from agent.kube import ForbiddenError, InvalidError, ObjectRef
 from agent.report import events
 
 if TYPE_CHECKING:
@@ -50,38 +51,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 Manifest = dict[str, Any]
-
-
-@dataclass(frozen=True, kw_only=True)
-class WaitingOn:
-    """What a group whose move awaits a decision waits on, as the pass that decided to wait
-    read it: its BundleDeploymentRequest (name and resourceVersion) and every ApprovalPolicy
-    (name to resourceVersion). Until one of them changes (a decision, an edit, a deletion, a
-    policy added, changed or removed), another pass would decide the same."""
-
-    request: str
-    request_version: str
-    policies: Mapping[str, str] = field(default_factory=dict)
-
-
-class Approvals:
-    """What the approval step works with: this agent's requests and the cluster's
-    ApprovalPolicies (read once per group move)."""
-
-    def __init__(self, *, kube: KubeClient, agent_namespace: str) -> None:
-        self.kube = kube
-        self.agent_namespace = agent_namespace
-        self.requests = Requests(kube=kube, owner=agent_namespace)
-
-    def policies(self) -> list[Policy]:
-        """Raises the KubeClient's errors."""
-        return load(self.kube)
-
-    def approver(self, service_account: str) -> tuple[KubeClient, str]:
-        """A client acting as an approver ServiceAccount of the agent's namespace, and its
-        user name."""
-        user = f"system:serviceaccount:{self.agent_namespace}:{service_account}"
-        return self.kube.impersonating(service_account, self.agent_namespace), user
 
 
 def request_approval(

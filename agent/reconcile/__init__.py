@@ -30,7 +30,7 @@ from agent.apply import Inventory, Key
 from agent.apply.intent import GroupRecords
 from agent.apply.store import RevisionStore
 from agent.apply.verified import VerifiedObjects
-from agent.approve.gate import Approvals, WaitingOn
+from agent.approve.approvals import Approvals, WaitingOn
 from agent.errors import TemporaryError
 from agent.kube import ApiUnavailableError, KubeClient
 from agent.reconcile.context import (
@@ -102,7 +102,7 @@ class PassResult:
 
     @property
     def waiting_on(self) -> tuple[WaitingOn, ...]:
-        """What the groups awaiting approval wait on (see :class:`~agent.approve.gate.WaitingOn`)."""
+        """What the groups awaiting approval wait on (see :class:`~agent.approve.approvals.WaitingOn`)."""
         return tuple(o.waiting_on for o in self.outcomes if o.waiting_on is not None)
 
     @property

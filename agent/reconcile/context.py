@@ -13,13 +13,14 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from agent.api import BundleDeploymentEntry, BundleDeploymentSet, BundleDeploymentSpec, Revision
 from agent.apply import ApplyError, Key
 from agent.apply.intent import GroupRecords
 from agent.apply.store import RevisionStore
 from agent.apply.verified import VerifiedObjects
+from agent.approve.approvals import Approvals, WaitingOn
 from agent.errors import PermanentError, TemporaryError
 from agent.kube import KubeClient
 from agent.report.metrics import Metrics
@@ -27,9 +28,6 @@ from agent.report.outputs import OutputsStage
 from agent.report.runs import RunLog
 from agent.report.view import BundleView, BundleViews
 from agent.settings import ReconcileSettings
-
-if TYPE_CHECKING:
-    from agent.approve.gate import Approvals, WaitingOn
 
 Manifest = dict[str, Any]
 RenderFn = Callable[
