@@ -40,6 +40,6 @@ fi
 
 LONG="slow or soak or image"
 rc=0
-run -n "${FLEETLET_TEST_WORKERS:-4}" --dist loadgroup -m "not ($LONG)" || rc=$?
+run -n "${FLEETLET_TEST_WORKERS:-4}" --dist loadfile -m "not ($LONG)" || rc=$?
 run -m "$LONG" || rc=$?
 exit "$rc"
