@@ -31,6 +31,9 @@ from playwright.sync_api import Page, expect
 from tests.realenv.browser import chromium
 
 ROOT = Path(__file__).resolve().parent.parent
+# The demo's scenarios are the long tier's (scripts/test.sh): each starts three clusters.
+pytestmark = pytest.mark.slow
+
 ARTIFACTS = Path(os.environ.get("FLEETLET_TEST_ARTIFACTS") or ROOT / "test-artifacts") / "demo"
 CLUSTERS = ("store-eu-1", "store-eu-2", "store-us-1")
 BUNDLES = (
