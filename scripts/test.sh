@@ -3,8 +3,8 @@
 # components in two tiers (every test runs in one of them):
 #
 #   default tier  everything not marked slow, soak or image, on FLEETLET_TEST_WORKERS pytest-xdist
-#                 workers (4 by default: the tests mostly wait on control planes, so more
-#                 workers than the two cores of the reference machine win; see README "Tests")
+#                 workers (4 by default: the tests mostly wait on control planes; docs/testing.md
+#                 has what was measured), each test file whole on one worker (--dist loadfile)
 #   long tier     the long scenarios (slow), the soak and the image builds, serially
 #
 # With arguments, runs only `pytest <arguments>` after the checks (one invocation, serial
