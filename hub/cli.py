@@ -854,6 +854,7 @@ def register_installations(sub: Any) -> None:
         lst.set_defaults(
             handler=inst_handlers.runs_list if group == "runs" else inst_handlers.outputs_list
         )
+    inst_handlers.register_explain(sub)
 
 
 __all__ = ["register", "register_installations"]

@@ -113,6 +113,10 @@ def _repo_fetch(args: argparse.Namespace) -> Fetch:
     def fetch(path: str, query: dict[str, str]) -> dict[str, Any]:
         parts = path.strip("/").split("/")
         try:
+            if parts[0] == "explain":
+                from hub.explain import answer
+
+                return answer(queries, parts[1], query.get("bundle"), _rollout_reader(args))
             if parts == ["installations"]:
                 return queries.installations(
                     cluster=query.get("cluster"),
@@ -128,6 +132,21 @@ def _repo_fetch(args: argparse.Namespace) -> Fetch:
             raise InstallationsError(f"{args.repo}: {exc.message}") from exc
 
     return fetch
+
+
+def _rollout_reader(args: argparse.Namespace) -> Callable[[], Any] | None:
+    """The rollout state of ``--cluster-repo`` (shard 0's cluster-branch repository, where
+    it lives), read when called; None without one."""
+    url = getattr(args, "cluster_repo", None)
+    if not url:
+        return None
+    from hub.publish.git import BranchStore
+    from hub.rollout.state import RolloutStore
+
+    url = url.replace("{shard}", "0")
+    cache = Path(args.cache_dir) if getattr(args, "cache_dir", None) else default_cache_dir(url)
+    store = BranchStore(url=url, cache_dir=cache / "rollouts.git", credentials=git_credentials())
+    return RolloutStore(store).read
 
 
 def _source(args: argparse.Namespace) -> Fetch:
@@ -270,6 +289,47 @@ def outputs_list(args: argparse.Namespace) -> int:
         )
 
     return _print(data, args.output, table)
+
+
+def explain(args: argparse.Namespace) -> int:
+    """Handler of ``explain CLUSTER [BUNDLE]``: why it is not running the latest."""
+    from hub.explain import lines
+
+    if getattr(args, "hub", None) and getattr(args, "cluster_repo", None):
+        raise InstallationsError(
+            "--cluster-repo goes with --repo: a hub reads the rollouts of its own --fleet"
+        )
+    query = {"bundle": args.bundle} if args.bundle else {}
+    data = _source(args)(f"/explain/{args.cluster}", query)
+    return _print(data, args.output, lambda d: "\n".join(lines(d)))
+
+
+def register_explain(sub: Any) -> None:
+    """``fleetlet explain CLUSTER [BUNDLE]``."""
+    from agent.options import add_output_option
+
+    p = sub.add_parser(
+        "explain",
+        help="why a cluster (or one of its bundles) is not running the latest",
+        description="Read across the rollout (waves, paused, halted), the approval request, "
+        "dependsOn, the group's last failure and the agent's staleness, and say the first "
+        "thing that blocks in one line, with the details and the command that would unblock "
+        "it beneath (docs/operations.md). From the hub API (--hub) or the status repository "
+        "(--repo; --cluster-repo adds the rollouts).",
+    )
+    p.add_argument("cluster", metavar="CLUSTER")
+    p.add_argument("bundle", metavar="BUNDLE", nargs="?", help="only this bundle and its group")
+    p.add_argument("--hub", metavar="URL")
+    p.add_argument("--repo", metavar="GIT_URL", help="the status repository, read directly")
+    p.add_argument(
+        "--cluster-repo",
+        metavar="GIT_URL",
+        help="with --repo: the cluster-branch repository (shard 0 of a template with {shard}), "
+        "where the rollout state lives",
+    )
+    add_output_option(p)
+    add_source_arguments(p)
+    p.set_defaults(handler=explain)
 
 
 def add_source_arguments(parser: argparse.ArgumentParser) -> None:
