@@ -3,11 +3,13 @@ is not running the latest, in one answer.
 
 The checks, in order; the first that blocks is the answer, the others are the details:
 
-    agent reported -> publication -> rollout -> staleness -> approval -> dependsOn
+    branch -> agent reported -> refusal -> rollout -> staleness -> approval -> dependsOn
         -> failure -> paused -> moving
 
+- *branch* (when read): a cluster without a branch is in no publication; else the serial its
+  branch carries against the one its agent accepted;
 - *agent reported*: a cluster that never pushed a status document says nothing else;
-- *publication*: the agent refused the newest publication (signature, serial, expiry...);
+- *refusal*: the agent refused the newest publication (signature, serial, expiry...);
 - *rollout*: the group's active rollout holds the cluster (its wave not reached, a
   ``pauseBefore`` waiting for a promotion, the rollout paused or halted) or reverted it; the
   rollout state is the hub's, so it is true however old the agent's report is;
@@ -88,9 +90,11 @@ def answer(
     cluster: str,
     bundle: str | None,
     rollouts: Callable[[], State] | None,
+    published: Callable[[str], Published | None] | None = None,
 ) -> dict[str, Any]:
-    """:func:`explain` over a status view and a rollout state reader (None: not read), what
-    the API and ``--repo`` both answer. Raises QueryError (404: a bundle not reported)."""
+    """:func:`explain` over a status view, a rollout state reader and a reader of the
+    cluster's branch (each None: not read), what the API and ``--repo`` both answer. Raises
+    QueryError (404: a bundle not reported, a cluster known nowhere)."""
     summary, details = gather(queries, cluster, bundle)
     active, notes = None, []
     if rollouts is not None:
@@ -98,14 +102,29 @@ def answer(
             active = rollouts().active()
         except FleetletError as exc:
             notes.append(f"rollouts not read: {exc}")
-    known = cluster in queries.labels or any(cluster in r.members for r in active or ())
+    branch: Published | Literal[False] | None = False
+    if published is not None:
+        try:
+            branch = published(cluster)
+        except FleetletError as exc:
+            notes.append(f"cluster branch not read: {exc}")
+    known = (
+        cluster in queries.labels or any(cluster in r.members for r in active or ()) or bool(branch)
+    )
     if summary is None and not known:
         raise QueryError(
             404,
             f"unknown cluster {cluster!r}: it never reported and is in no rollout (nor in the "
             "fleet, when the hub reads one)",
         )
-    found = explain(cluster, bundle, summary=summary, installations=details, rollouts=active)
+    found = explain(
+        cluster,
+        bundle,
+        summary=summary,
+        installations=details,
+        rollouts=active,
+        published=branch,
+    )
     return {**found, **({"notes": notes} if notes else {})}
 
 
@@ -116,16 +135,20 @@ def explain(
     summary: Mapping[str, Any] | None,
     installations: Sequence[Mapping[str, Any]],
     rollouts: Iterable[Rollout] | None,
+    published: Published | Literal[False] | None = False,
 ) -> dict[str, Any]:
     """The answer for ``cluster`` (``bundle``: only that bundle and its group), as a document:
     ``blocked``, the first blocking ``reason`` (None: nothing blocks) and every ``finding``.
-    ``rollouts``: the active rollouts (None: the rollout state was not read)."""
+    ``rollouts``: the active rollouts (None: the rollout state was not read); ``published``:
+    what the cluster's branch carries (None: no branch; False: not read)."""
     by_bundle = {str(i["bundle"]): i for i in installations}
     groups = {str(i.get("group") or i["bundle"]) for i in installations}
     wanted = [by_bundle[bundle]] if bundle is not None and bundle in by_bundle else installations
     if bundle is not None:
         groups = {str(w.get("group") or w["bundle"]) for w in wanted}
     found: list[Finding] = []
+    if published is not False:
+        found += _branch(cluster, published, summary)
     if summary is None:
         found.append(
             Finding(
@@ -139,7 +162,7 @@ def explain(
                 unblock=f"fleetlet agent install --cluster {cluster} ...",
             )
         )
-    else:
+    if summary is not None:
         found += _publication(summary)
     found += _rollouts(cluster, groups, rollouts)
     if summary is not None:
@@ -167,7 +190,51 @@ def explain(
         "reason": first.to_dict() if first is not None else None,
         "findings": [f.to_dict() for f in found],
         "rolloutsRead": rollouts is not None,
+        "branchRead": published is not False,
+        **({"publishedSerial": published.serial} if published else {}),
     }
+
+
+@dataclass(frozen=True, slots=True)
+class Published:
+    """What the cluster's branch carries: the newest publication for it."""
+
+    serial: int
+    expires_at: str
+    repo: str
+
+
+def _branch(
+    cluster: str, published: Published | None, summary: Mapping[str, Any] | None
+) -> list[Finding]:
+    if published is None:
+        return [
+            Finding(
+                check="publication",
+                summary=f"cluster {cluster} is in no publication: no branch "
+                f"fleetlet/clusters/{cluster}",
+                details=(
+                    "a cluster gets a branch when hub publish finds it in the fleet's "
+                    "inventory with a bundle targeting it (a new cluster: publish again)",
+                ),
+                unblock="add it to clusters/ in the fleet repo, or target it, then "
+                "fleetlet hub publish",
+            )
+        ]
+    accepted = summary.get("lastAcceptedSerial") if summary is not None else None
+    where = f"its branch in {published.repo} carries serial {published.serial}"
+    if isinstance(accepted, int) and accepted >= published.serial:
+        text = f"{where}, which the agent accepted"
+    else:
+        text = f"{where}; the agent accepted {accepted if accepted is not None else 'none'} (it takes the new one at its next poll)"
+    return [
+        Finding(
+            check="publication",
+            blocking=False,
+            summary=text,
+            details=(f"valid until {published.expires_at}",) if published.expires_at else (),
+        )
+    ]
 
 
 def _what(bundle: str | None, count: int) -> str:
@@ -471,9 +538,14 @@ def lines(answer: Mapping[str, Any]) -> list[str]:
         for f in others:
             mark = "blocks" if f["blocking"] else "info"
             out.append(f"  [{mark}] {f['summary']}")
+    if not answer.get("branchRead"):
+        out += ["", "(the cluster's branch not read: give --cluster-repo with --repo)"]
     if not answer.get("rolloutsRead"):
-        out += ["", "(rollouts not read: give --cluster-repo, or ask a hub started with --fleet)"]
+        out += [
+            "",
+            "(rollouts not read: give --cluster-repo with --repo, or ask a hub started with --fleet)",
+        ]
     return out
 
 
-__all__ = ["Finding", "answer", "explain", "gather", "lines"]
+__all__ = ["Finding", "Published", "answer", "explain", "gather", "lines"]

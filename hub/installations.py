@@ -116,7 +116,8 @@ def _repo_fetch(args: argparse.Namespace) -> Fetch:
             if parts[0] == "explain":
                 from hub.explain import answer
 
-                return answer(queries, parts[1], query.get("bundle"), _rollout_reader(args))
+                rollouts, published = _cluster_repo_readers(args)
+                return answer(queries, parts[1], query.get("bundle"), rollouts, published)
             if parts == ["installations"]:
                 return queries.installations(
                     cluster=query.get("cluster"),
@@ -134,19 +135,33 @@ def _repo_fetch(args: argparse.Namespace) -> Fetch:
     return fetch
 
 
-def _rollout_reader(args: argparse.Namespace) -> Callable[[], Any] | None:
-    """The rollout state of ``--cluster-repo`` (shard 0's cluster-branch repository, where
-    it lives), read when called; None without one."""
-    url = getattr(args, "cluster_repo", None)
-    if not url:
-        return None
+def _cluster_repo_readers(
+    args: argparse.Namespace,
+) -> tuple[Callable[[], Any] | None, Callable[[str], Any] | None]:
+    """Readers of ``--cluster-repo``: the rollout state (in shard 0's repository, where it
+    lives) and what a cluster's branch carries (a repository of one shard only: with
+    ``{shard}`` the cluster's shard is not known here); (None, None) without one."""
+    template = getattr(args, "cluster_repo", None)
+    if not template:
+        return None, None
+    from hub.explain import Published
     from hub.publish.git import BranchStore
     from hub.rollout.state import RolloutStore
 
-    url = url.replace("{shard}", "0")
+    url = template.replace("{shard}", "0")
     cache = Path(args.cache_dir) if getattr(args, "cache_dir", None) else default_cache_dir(url)
     store = BranchStore(url=url, cache_dir=cache / "rollouts.git", credentials=git_credentials())
-    return RolloutStore(store).read
+
+    def published(cluster: str) -> Published | None:
+        if cluster not in store.list():
+            return None
+        store.ensure([cluster])
+        facts = store.facts(cluster)
+        if facts is None:
+            return None
+        return Published(serial=facts.serial, expires_at=facts.expires_at, repo=url)
+
+    return RolloutStore(store).read, (None if "{shard}" in template else published)
 
 
 def _source(args: argparse.Namespace) -> Fetch:

@@ -13,7 +13,7 @@ import json
 import subprocess
 import sys
 from collections.abc import Callable
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -149,6 +149,9 @@ def test_explain_names_an_approval_a_dependency_and_a_wave_not_reached(
     assert f"fleetlet approve {REQUEST}" in reason["unblock"]
     released = next(f for f in approval["findings"] if f["check"] == "rollout")
     assert released["blocking"] is False and "released the new revision" in released["summary"]
+    branch = next(f for f in approval["findings"] if f["check"] == "publication")
+    assert branch["summary"] == f"its branch in {repo} carries serial 2, which the agent accepted"
+    assert approval["publishedSerial"] == 2
 
     # A canary whose group waits for base, whose own move failed.
     dependency = ok("explain", "store-1", "web", *source)["reason"]
@@ -182,6 +185,15 @@ def test_explain_names_an_approval_a_dependency_and_a_wave_not_reached(
     assert blind.returncode == 0, blind.stderr
     assert blind.stdout.startswith("nothing blocks: all 1 bundles are Ready")
     assert "(rollouts not read: give --cluster-repo" in blind.stdout
+
+    # An agent that reports for a cluster no publication names.
+    agents.agents["store-9"] = Agent()
+    agents.write(datetime.now(UTC), ["store-9"])
+    orphan = ok("explain", "store-9", *source)["reason"]
+    assert (orphan["check"], orphan["summary"]) == (
+        "publication",
+        "cluster store-9 is in no publication: no branch fleetlet/clusters/store-9",
+    )
 
     unknown = fleetlet("explain", "nowhere", *source)
     assert unknown.returncode == 1
