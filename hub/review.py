@@ -102,7 +102,11 @@ def _commit(repo: pygit2.Repository, rev: str, option: str) -> pygit2.Commit:
 
 def checkout(repo: pygit2.Repository, commit: pygit2.Commit, prefix: str, into: Path) -> None:
     """Write the fleet directory (``prefix``) of ``commit`` into ``into``, from git objects
-    only: regular files with their executable bit, links as links, submodules left out."""
+    only: regular files with their executable bit, links as links, submodules left out.
+
+    A pull request's files are the author's: a link leading out of the fleet directory (to
+    the CI job's files or ``/proc``, whose bytes an error message could then quote in the
+    comment) is refused with RevisionError."""
     tree: pygit2.Tree = commit.tree
     if prefix:
         try:
@@ -112,20 +116,30 @@ def checkout(repo: pygit2.Repository, commit: pygit2.Commit, prefix: str, into: 
         if obj.filemode != TREE_MODE:
             raise RevisionError(f"{prefix}: not a directory in commit {commit.id}")
         tree = repo[obj.id].peel(pygit2.Tree)
-    _write_tree(repo, tree, into)
+    _write_tree(repo, tree, into, "", str(commit.id))
 
 
-def _write_tree(repo: pygit2.Repository, tree: pygit2.Tree, into: Path) -> None:
+def _write_tree(
+    repo: pygit2.Repository, tree: pygit2.Tree, into: Path, rel: str, commit: str
+) -> None:
     into.mkdir(parents=True, exist_ok=True)
     for entry in tree:
         name = entry.name or ""
         if name in ("", ".", "..") or "/" in name:
             continue
         target = into / name
+        path = f"{rel}{name}"
         if entry.filemode == TREE_MODE:
-            _write_tree(repo, repo[entry.id].peel(pygit2.Tree), target)
+            _write_tree(repo, repo[entry.id].peel(pygit2.Tree), target, f"{path}/", commit)
         elif entry.filemode == LINK_MODE:
-            os.symlink(repo[entry.id].peel(pygit2.Blob).data.decode("utf-8", "replace"), target)
+            link = repo[entry.id].peel(pygit2.Blob).data.decode("utf-8", "replace")
+            resolved = os.path.normpath(os.path.join(os.path.dirname(path), link))
+            if link.startswith("/") or resolved == ".." or resolved.startswith("../"):
+                raise RevisionError(
+                    f"{path} in commit {commit[:12]}: a link to {link!r}, outside the fleet "
+                    "directory (refused: a pull request's links stay inside it)"
+                )
+            os.symlink(link, target)
         elif entry.filemode != COMMIT_MODE:
             target.write_bytes(repo[entry.id].peel(pygit2.Blob).data)
             if entry.filemode == 0o100755:

@@ -283,3 +283,65 @@ def test_json_names_every_cluster_and_a_bad_revision_is_one_line(
     )
     alone = diff("--base", "main")
     assert alone.returncode == 1 and "--base and --head go together" in alone.stderr
+
+
+def pinned_bundle(replicas: int, *, eu: int | None = None) -> dict[str, Any]:
+    """A bundle whose source is pinned (nothing to resolve), with a per-region override."""
+    return {
+        "name": "api",
+        "sources": [{"kind": "image", "uri": "127.0.0.1:9/fleet/api", "digest": "sha256:" + "ab" * 32}],
+        "format": "helm",
+        "formatOptions": {"values": {"replicas": replicas}},
+        "targets": [{"clusterSelector": {}}],
+        **({"overrides": [{"clusterSelector": {"matchLabels": {"region": "eu"}}, "values": {"replicas": eu}}]} if eu else {}),
+    }  # fmt: skip
+
+
+def test_a_fleet_in_a_subdirectory_groups_identical_changes_and_refuses_links_out(
+    tmp_path: Path,
+) -> None:
+    repo = tmp_path / "ops"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    clusters = [
+        {"name": f"c-{i}", "labels": {"region": "eu" if i < 3 else "us"}} for i in range(10)
+    ]
+    fleet = repo / "fleets" / "prod"
+    write_fleet(fleet, clusters=clusters, bundles=[pinned_bundle(2)])
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "api: 2 replicas")
+    write_fleet(fleet, clusters=clusters, bundles=[pinned_bundle(3, eu=5)])
+    git(repo, "commit", "-q", "-am", "api: 3 replicas, 5 in eu")
+
+    def diff(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "fleetlet", "hub", "diff", str(fleet), "-q", "--no-preview",
+             *args],
+            capture_output=True, text=True, timeout=300, cwd=REPO_ROOT,
+        )  # fmt: skip
+
+    done = diff("--base", "HEAD~1", "--head", "HEAD", "-o", "json")
+    assert done.returncode == 0, done.stderr
+    (api,) = json.loads(done.stdout)["bundles"]
+    changes = {
+        tuple((f["path"], f["before"], f["after"]) for f in c["fields"]): c["names"]
+        for c in api["changes"]
+    }
+    assert changes == {
+        (("formatOptions.values.replicas", 2, 5),): ["c-0", "c-1", "c-2"],
+        (("formatOptions.values.replicas", 2, 3),): [f"c-{i}" for i in range(3, 10)],
+    }
+    assert all("preview" not in c for c in api["changes"])  # --no-preview: nothing fetched
+
+    # A pull request whose fleet links to a file outside the fleet directory.
+    (tmp_path / "secret.txt").write_text("clusters: [{name: leaked}]\n")
+    (fleet / "clusters" / "more.yaml").symlink_to("../../../../secret.txt")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "a link out")
+    refused = diff("--base", "HEAD~1", "--head", "HEAD")
+    assert refused.returncode == 1
+    assert refused.stderr.strip() == (
+        f"fleetlet: clusters/more.yaml in commit {git(repo, 'rev-parse', 'HEAD')[:12]}: a link "
+        "to '../../../../secret.txt', outside the fleet directory (refused: a pull request's "
+        "links stay inside it)"
+    )
