@@ -525,6 +525,8 @@ def _security_cell(summary: BundleSummary) -> str:
 
 
 def _waves_text(summary: BundleSummary) -> str:
+    if all(c.kind == "removed" for c in summary.changes):
+        return "— (removed at once)"
     if summary.waves is None:
         return "at once (no rollout)"
     parts = []
