@@ -12,7 +12,8 @@ removed) make one :class:`Change`, so a change to one bundle over 10,000 cluster
 
 For each change (at most :data:`MAX_RENDERED` of them), its first cluster is rendered at both
 revisions the way the agent renders (:class:`hub.preview.BundleRenderer`, the tools' default
-capabilities), and the two renderings go through the approval preview's code
+capabilities; the bundles before it in its group and in the groups it depends on first, for
+their CRDs' scope), and the two renderings go through the approval preview's code
 (:func:`agent.approve.preview.build_preview`): objects created, changed and deleted, and the
 security summary (RBAC widened, CRDs, webhooks, privileged pods, namespaces). The rollout
 waves come from the head's strategy for the bundle's group over the clusters where that group
@@ -337,19 +338,25 @@ def _render(
     sides = []
     for prepared in (base, head):
         plan = prepared.plans.get(cluster)
-        entries = [e for e in plan.entries if e.group == change.group] if plan else []
-        # The group's earlier bundles are rendered too: their CRDs give their kinds' scope.
-        upto = next((i for i, e in enumerate(entries) if e.name == change.bundle), None)
-        sides.append(entries[: upto + 1] if upto is not None else [])
+        entries = list(plan.entries) if plan else []
+        # The bundles before it in its group and in the groups its group depends on are
+        # rendered too, as the agent applies them first: their CRDs give their kinds' scope.
+        groups = _needed_groups(entries, change.group)
+        kept = [e for e in entries if e.group in groups]
+        upto = next((i for i, e in enumerate(kept) if e.name == change.bundle), None)
+        sides.append(kept[: upto + 1] if upto is not None else [])
     renderer = BundleRenderer(
         cache_dir=cache_dir, tools=tools, plain_http=plain_http_for([*sides[0], *sides[1]])
     )
     try:
-        before = renderer.render(sides[0], serial=1) if sides[0] else {}
-        after = renderer.render(sides[1], serial=2) if sides[1] else {}
-    except FleetletError as exc:
-        change.notes.append(f"not rendered: {exc}")
-        return
+        before, after = _both(renderer, sides)
+    except FleetletError:
+        try:  # a dependency that cannot be rendered here: the bundle's group alone
+            alone = [[e for e in side if e.group == change.group] for side in sides]
+            before, after = _both(renderer, alone)
+        except FleetletError as exc:
+            change.notes.append(f"not rendered: {exc}")
+            return
     built = build_preview(
         rendered_changes(
             {k: v for k, v in before.items() if k == change.bundle},
@@ -362,6 +369,28 @@ def _render(
         built.full_diffs,
         cluster,
     )
+
+
+def _needed_groups(entries: Sequence[BundleDeploymentEntry], group: str) -> set[str]:
+    """``group`` and every group it depends on, transitively (by the entries' dependsOn)."""
+    deps: dict[str, set[str]] = {}
+    for e in entries:
+        deps.setdefault(e.group, set()).update(e.spec.depends_on)
+    found, todo = set(), [group]
+    while todo:
+        g = todo.pop()
+        if g not in found:
+            found.add(g)
+            todo += sorted(deps.get(g, ()))
+    return found
+
+
+def _both(
+    renderer: Any, sides: Sequence[Sequence[BundleDeploymentEntry]]
+) -> tuple[dict[str, list[dict[str, Any]]], dict[str, list[dict[str, Any]]]]:
+    before = renderer.render(sides[0], serial=1) if sides[0] else {}
+    after = renderer.render(sides[1], serial=2) if sides[1] else {}
+    return before, after
 
 
 # --- the run ---------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import threading
@@ -345,3 +346,52 @@ def test_a_fleet_in_a_subdirectory_groups_identical_changes_and_refuses_links_ou
         "to '../../../../secret.txt', outside the fleet directory (refused: a pull request's "
         "links stay inside it)"
     )
+
+
+def test_the_demo_fleets_pull_request_promoting_shop_backend(
+    registry_factory: Any, tmp_path: Path
+) -> None:
+    """fleet-examples/ as a fleet repository whose pull request moves shop-backend to v2 (the
+    content ``fleetlet demo --scenario failed-upgrade`` uses): the documented command's
+    comment names the three stores, the new ConfigMap and the changed image."""
+    from fleetlet.demo import CONTENT, EXAMPLES, PINNED_HOST, REPOSITORY_PREFIX
+    from tests.realenv.oci import OciClient, push_bundle
+
+    registry = registry_factory()
+    client = OciClient(host=registry.host)
+    digests = {
+        (d.name, v.name): push_bundle(client, REPOSITORY_PREFIX + d.name, v, tag=v.name).digest
+        for d in sorted(CONTENT.iterdir())
+        if d.is_dir()
+        for v in sorted(d.iterdir())
+        if v.is_dir()
+    }
+    repo = tmp_path / "retail"
+    shutil.copytree(EXAMPLES, repo, ignore=shutil.ignore_patterns("content"))
+    for path in (repo / "bundles").glob("*.yaml"):
+        path.write_text(path.read_text().replace(PINNED_HOST, registry.host))
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "the example fleet")
+    git(repo, "checkout", "-q", "-b", "shop-backend-v2")
+    backend = repo / "bundles" / "shop-backend.yaml"
+    v1, v2 = digests[("shop-backend", "v1")], digests[("shop-backend", "v2")]
+    assert v1 in backend.read_text()
+    backend.write_text(backend.read_text().replace(v1, v2))
+    git(repo, "commit", "-q", "-am", "shop-backend: v2")
+
+    _, gitlab = documented_jobs()
+    (command,) = [line for line in gitlab["fleet-diff"]["script"] if "hub diff" in line]
+    env = shell_env(tmp_path, CI_MERGE_REQUEST_DIFF_BASE_SHA="main", CI_COMMIT_SHA="HEAD")
+    run_script(command, repo, env)
+    comment = (repo / "fleet-diff.md").read_text()
+    assert "| `shop-backend` | 3 | 1 | 1 / 3 / 0 | none | at once (no rollout) | — |" in comment
+    assert "**changed** on 3 clusters: `store-eu-1`, `store-eu-2`, `store-us-1`" in comment
+    assert f"- `sources[0].digest`: `{v1}` → `{v2}`" in comment
+    assert "  - created ConfigMap shop/search-index" in comment
+    assert (
+        "  - changed Deployment shop/catalog-api: spec.template.spec.containers[0].image" in comment
+    )
+    assert "+        image: registry.example.com/retail/catalog-api:broken" in comment
+    # The Promotion's kind comes from platform-crds, of the group shop depends on: namespaced.
+    assert "  - changed Promotion shop/weekend-sale: spec.discountPercent" in comment
