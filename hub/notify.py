@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from agent.errors import FleetletError, PermanentError
 
@@ -301,7 +301,9 @@ def status_target(
     if not token_file:
         raise NotifyConfigError(f"--commit-status {spec}: give --commit-status-token-file")
     token = _read_secret(token_file, "--commit-status-token-file")
-    return StatusTarget(kind=kind, api=base, repo=repo, token=token, target_url=target_url)  # type: ignore[arg-type]
+    return StatusTarget(
+        kind=cast(StatusKind, kind), api=base, repo=repo, token=token, target_url=target_url
+    )
 
 
 def webhook(spec: str, *, secret_file: str | None) -> Webhook:
@@ -316,7 +318,9 @@ def webhook(spec: str, *, secret_file: str | None) -> Webhook:
     if urllib.parse.urlsplit(url).scheme not in ("http", "https"):
         raise NotifyConfigError(f"--alert-webhook {form}: not an http(s) URL")
     secret = _read_secret(secret_file, "--alert-secret-file").encode() if secret_file else None
-    return Webhook(format=form, url=url, secret=secret if form == "json" else None)  # type: ignore[arg-type]
+    return Webhook(
+        format=cast(AlertFormat, form), url=url, secret=secret if form == "json" else None
+    )
 
 
 # --- sending -------------------------------------------------------------------------------------
