@@ -21,6 +21,7 @@ from typing import Any
 
 from agent.errors import PermanentError
 from agent.options import add_logging_arguments, add_output_option
+from agent.output import OUTPUT_FORMATS
 from agent.output import render as render_output
 from hub import installations as inst_handlers
 from hub.serve import add_serve_arguments
@@ -408,6 +409,10 @@ def _diff(args: argparse.Namespace) -> int:
     from hub.serve import default_cache_dir
 
     progress = Progress(args.quiet)
+    if args.base or args.head:
+        return _review(args, progress)
+    if args.output == "markdown":
+        raise UsageError("-o markdown: only with --base and --head (a pull request's diff)")
     prepared = _prepare(args, progress)
     repo = args.repo or prepared.fleet.settings.shards.repo
     progress(f"fetching cluster branches from {repo}")
@@ -452,6 +457,33 @@ def _diff(args: argparse.Namespace) -> int:
             )
         if d.cluster in previews:
             _print_preview(previews[d.cluster])
+    return 0
+
+
+def _review(args: argparse.Namespace, progress: Progress) -> int:
+    """``hub diff --base REV --head REV``: the fleet at two revisions of its repository."""
+    from hub.review import markdown, review
+
+    if not (args.base and args.head):
+        raise UsageError("--base and --head go together (two revisions of the fleet repo)")
+    if args.cluster or args.repo or args.status_repo:
+        raise UsageError(
+            "--base/--head compare two revisions of the fleet repo: --cluster, --repo and "
+            "--status-repo do not apply"
+        )
+    result = review(
+        args.fleet_dir,
+        base=args.base,
+        head=args.head,
+        render=not args.no_preview,
+        cache_dir=Path(args.cache_dir) if args.cache_dir else None,
+        registry_credentials=_registry_credentials(args.registry_config),
+        progress=progress,
+    )
+    if args.output in ("json", "yaml"):
+        _emit(result.to_dict(), args.output)
+    else:
+        print(markdown(result), end="")
     return 0
 
 
@@ -649,7 +681,10 @@ def register(sub: Any) -> None:
     diff = hub_sub.add_parser(
         "diff",
         help="show what each cluster would receive",
-        description="Compare FLEET_DIR with what each cluster branch of GIT_URL holds: per "
+        description="With --base and --head: what going from one revision of FLEET_DIR's git "
+        "repository to another does to the fleet, per bundle, clusters grouped by identical "
+        "change, with objects, security findings, rollout waves and approvals (docs/"
+        "operations.md). Otherwise: compare FLEET_DIR with what each cluster branch of GIT_URL holds: per "
         "cluster, the bundles added, removed or changed (with the fields that change: source "
         "digests, values...). With --cluster, also each changed group's preview, object by "
         "object, in the shape of an approval request (rendered from the published and the new "
@@ -661,6 +696,13 @@ def register(sub: Any) -> None:
         help="with --cluster: skip fetching and rendering content for the object preview",
     )
     diff.add_argument("fleet_dir", metavar="FLEET_DIR")
+    diff.add_argument(
+        "--base",
+        metavar="REV",
+        help="with --head: compare two revisions of FLEET_DIR's git repository instead of the "
+        "cluster branches (a pull request's check: -o markdown writes the comment to post)",
+    )
+    diff.add_argument("--head", metavar="REV", help="see --base")
     diff.add_argument(
         "--repo",
         metavar="GIT_URL",
@@ -677,7 +719,14 @@ def register(sub: Any) -> None:
         "--repo): each cluster's reported facts (Kubernetes version, served APIs, installed "
         "bundles) are read there so that the preview renders as its agent does",
     )
-    add_output_option(diff)
+    diff.add_argument(
+        "-o",
+        "--output",
+        choices=(*OUTPUT_FORMATS, "markdown"),
+        default="table",
+        help="how to print the result (table; markdown: with --base/--head, a pull request "
+        "comment)",
+    )
     diff.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     diff.add_argument(
         "--registry-config",
@@ -805,6 +854,7 @@ def register_installations(sub: Any) -> None:
         lst.set_defaults(
             handler=inst_handlers.runs_list if group == "runs" else inst_handlers.outputs_list
         )
+    inst_handlers.register_explain(sub)
 
 
 __all__ = ["register", "register_installations"]

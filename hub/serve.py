@@ -250,9 +250,12 @@ def serve(args: argparse.Namespace) -> int:
             rollouts.poke()  # new reports: a rollout may move
 
     loop.on_change = changed
+    notifier = notifier_from_args(args, app.state.queries, rollouts)
     loop.start()
     if rollouts is not None:
         rollouts.start()
+    if notifier is not None:
+        notifier.start()
     try:
         # log_config=None: uvicorn's records go through our handler (format, masking).
         config = uvicorn.Config(
@@ -279,7 +282,44 @@ def serve(args: argparse.Namespace) -> int:
         loop.stop()
         if rollouts is not None:
             rollouts.stop()
+        if notifier is not None:
+            notifier.stop()
     return 0
+
+
+def notifier_from_args(args: argparse.Namespace, queries: Any, rollouts: Any) -> Any:
+    """The commit statuses and alerts of ``--commit-status`` and ``--alert-webhook`` (None:
+    neither given). Raises NotifyConfigError."""
+    from hub.notify import Notifier, status_target, webhook
+
+    specs = getattr(args, "commit_status", None) or []
+    hooks = getattr(args, "alert_webhook", None) or []
+    if not specs and not hooks:
+        return None
+    statuses = [
+        status_target(
+            spec,
+            api=args.commit_status_api,
+            token_file=args.commit_status_token_file,
+            target_url=args.commit_status_url,
+        )
+        for spec in specs
+    ]
+    if statuses and rollouts is None:
+        raise ServeUsageError("--commit-status reports rollouts: it needs --fleet")
+    return Notifier(
+        statuses=statuses,
+        webhooks=[webhook(spec, secret_file=args.alert_secret_file) for spec in hooks],
+        rollouts=(lambda: rollouts.list()["items"]) if rollouts is not None else None,
+        queries=queries,
+        moving=(lambda: _moving(rollouts)) if rollouts is not None else None,
+        interval=parse_duration(getattr(args, "refresh", None) or "10s").total_seconds(),
+    )
+
+
+def _moving(rollouts: Any) -> dict[str, set[str]]:
+    """Group -> the clusters its active rollout still moves (not final: halted included)."""
+    return {r.group: set(r.members) for r in rollouts.state().active() if not r.final}
 
 
 def rollout_service(
@@ -428,6 +468,41 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         help="serve HTTPS with this certificate (PEM, the chain after it); with --tls-key",
     )
     parser.add_argument("--tls-key", metavar="FILE", help="the private key of --tls-cert (PEM)")
+    notify = parser.add_argument_group(
+        "commit statuses and alerts",
+        "where a commit landed, said where operators look (docs/operations.md)",
+    )
+    notify.add_argument(
+        "--commit-status",
+        action="append",
+        metavar="KIND:REPO",
+        help="post each rollout's progress as a commit status on the fleet repo's commit: "
+        "github:OWNER/NAME, gitea:OWNER/NAME or gitlab:GROUP/PROJECT (needs --fleet)",
+    )
+    notify.add_argument(
+        "--commit-status-api",
+        metavar="URL",
+        help="the forge's API (default: https://api.github.com, https://gitlab.com/api/v4; "
+        "Gitea: https://HOST/api/v1)",
+    )
+    notify.add_argument(
+        "--commit-status-token-file", metavar="FILE", help="the token that posts statuses"
+    )
+    notify.add_argument(
+        "--commit-status-url", metavar="URL", help="the link a status carries (the dashboard)"
+    )
+    notify.add_argument(
+        "--alert-webhook",
+        action="append",
+        metavar="FORMAT:URL",
+        help="send alerts (rollout halted, rolled back, approval requested, clusters stale) "
+        "to URL as json, slack or teams (repeatable; FORMAT:@FILE reads the URL from FILE)",
+    )
+    notify.add_argument(
+        "--alert-secret-file",
+        metavar="FILE",
+        help="sign json alerts with HMAC-SHA256 of this secret (header X-Fleetlet-Signature-256)",
+    )
     rollouts = parser.add_argument_group(
         "rollouts",
         "progressive rollouts (docs/rollouts.md): shown with --fleet, stepped when signing",

@@ -36,6 +36,7 @@ from agent.errors import FleetletError, TemporaryError
 from hub.api.metrics import HubMetrics
 from hub.api.openapi import API_PREFIX, openapi_document
 from hub.api.tokens import HubConfigError, Tokens, load_tokens
+from hub.explain import answer as explain_answer
 from hub.status.aggregate import FleetStatus
 from hub.status.queries import (
     DEFAULT_PAGE,
@@ -223,6 +224,17 @@ def create_app(
             guarded(lambda r, a: queries.outputs(*params(r), r.path_params["run"], admin=a)),
         ),
         *(_rollout_routes(rollouts, guarded, caller) if rollouts is not None else []),
+        Route(
+            f"{p}/explain/{{cluster}}",
+            guarded(
+                lambda r, a: explain_answer(
+                    queries,
+                    r.path_params["cluster"],
+                    r.query_params.get("bundle") or None,
+                    rollouts.state if rollouts is not None else None,
+                )
+            ),
+        ),
         Route(
             f"{p}/matrix",
             guarded(

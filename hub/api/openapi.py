@@ -68,6 +68,42 @@ _PAGE_PARAMS = [
 _BUNDLE = _path_param("bundle", "bundle name")
 
 
+_FINDING: dict[str, Any] = {
+    "type": "object",
+    "required": ["check", "blocking", "summary"],
+    "properties": {
+        "check": {
+            "type": "string",
+            "enum": [
+                "agent", "publication", "rollout", "stale", "approval", "dependency",
+                "failure", "paused", "moving", "ok",
+            ],
+        },
+        "blocking": {"type": "boolean"},
+        "summary": {"type": "string", "description": "one line"},
+        "bundle": {"type": "string"},
+        "details": {"type": "array", "items": {"type": "string"}},
+        "unblock": {"type": "string", "description": "the command that would unblock it"},
+    },
+}  # fmt: skip
+_EXPLANATION: dict[str, Any] = {
+    "type": "object",
+    "description": "Why the cluster is not running the latest (docs/operations.md, "
+    '"Why is this not running the latest"): the first blocking finding, and every finding '
+    "in the order checked.",
+    "required": ["cluster", "blocked", "reason", "findings", "rolloutsRead"],
+    "properties": {
+        "cluster": {"type": "string"},
+        "bundle": _nullable("string"),
+        "blocked": {"type": "boolean"},
+        "reason": {"oneOf": [_FINDING, {"type": "null"}]},
+        "findings": {"type": "array", "items": _FINDING},
+        "rolloutsRead": {"type": "boolean", "description": "false: the hub runs no rollouts"},
+        "notes": {"type": "array", "items": {"type": "string"}},
+    },
+}
+
+
 def openapi_document(*, rollouts: bool = False) -> dict[str, Any]:
     """The OpenAPI 3.1 document of this API (``rollouts``: with the rollout endpoints)."""
     installation_props: dict[str, Any] = {
@@ -339,6 +375,14 @@ def openapi_document(*, rollouts: bool = False) -> dict[str, Any]:
             [_CLUSTER, _BUNDLE, _path_param("run", "a run id, or `latest` (newest succeeded)")],
         ),
         f"{p}/matrix": matrix_op,
+        f"{p}/explain/{{cluster}}": op(
+            "Explain cluster",
+            _EXPLANATION,
+            [
+                _CLUSTER,
+                _query_param("bundle", "only this bundle and its group", {"type": "string"}),
+            ],
+        ),
     }
     if rollouts:
         _rollout_api(schemas, paths, op)

@@ -593,11 +593,17 @@ def _flatten(value: Any, path: str, out: dict[str, Any]) -> None:
         out[path] = value
 
 
-def _entry_fields(before: BundleDeploymentEntry, after: BundleDeploymentEntry) -> list[Any]:
+def entry_fields(
+    before: BundleDeploymentEntry | None, after: BundleDeploymentEntry | None
+) -> list[tuple[str, Any, Any]]:
+    """(path, before, after) of every spec field that differs (None: the entry is absent),
+    paths flattened like ``formatOptions.values.replicas``."""
     old: dict[str, Any] = {}
     new: dict[str, Any] = {}
-    _flatten(to_dict(before.spec), "", old)
-    _flatten(to_dict(after.spec), "", new)
+    if before is not None:
+        _flatten(to_dict(before.spec), "", old)
+    if after is not None:
+        _flatten(to_dict(after.spec), "", new)
     return [
         (p, old.get(p), new.get(p)) for p in sorted(set(old) | set(new)) if old.get(p) != new.get(p)
     ]
@@ -658,7 +664,7 @@ def diff(
                 elif bname not in new_entries:
                     bundles.append(BundleDiff(bname, "removed", ()))
                 elif old_entries[bname] != new_entries[bname]:
-                    fields = _entry_fields(old_entries[bname], new_entries[bname])
+                    fields = entry_fields(old_entries[bname], new_entries[bname])
                     bundles.append(BundleDiff(bname, "changed", tuple(fields)))
         if decision.status != "changed":
             old_groups = new_groups
@@ -684,6 +690,7 @@ __all__ = [
     "Prepared",
     "PublishReport",
     "diff",
+    "entry_fields",
     "prepare",
     "publish",
     "render",
