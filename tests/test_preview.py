@@ -323,10 +323,13 @@ ESCALATIONS: list[tuple[str, list[Object], Object, str, str]] = [
             "apiVersion": "apiregistration.k8s.io/v1",
             "kind": "APIService",
             "metadata": {"name": "v1beta1.metrics.k8s.io"},
-            "spec": {"group": "metrics.k8s.io", "version": "v1beta1",
-                     "service": {"namespace": "evil", "name": "api"},
-                     "insecureSkipTLSVerify": True},
-        },  # fmt: skip
+            "spec": {
+                "group": "metrics.k8s.io",
+                "version": "v1beta1",
+                "service": {"namespace": "evil", "name": "api"},
+                "insecureSkipTLSVerify": True,
+            },
+        },
         "webhooks",
         "v1beta1.metrics.k8s.io served by Service evil/api",
     ),
@@ -337,9 +340,12 @@ ESCALATIONS: list[tuple[str, list[Object], Object, str, str]] = [
             "apiVersion": "v1",
             "kind": "Secret",
             "type": "kubernetes.io/service-account-token",
-            "metadata": {"name": "t", "namespace": "kube-system",
-                         "annotations": {"kubernetes.io/service-account.name": "admin"}},
-        },  # fmt: skip
+            "metadata": {
+                "name": "t",
+                "namespace": "kube-system",
+                "annotations": {"kubernetes.io/service-account.name": "admin"},
+            },
+        },
         "rbac",
         "token of ServiceAccount admin",
     ),
@@ -350,9 +356,12 @@ ESCALATIONS: list[tuple[str, list[Object], Object, str, str]] = [
             "apiVersion": "v1",
             "kind": "PersistentVolume",
             "metadata": {"name": "root"},
-            "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
-                     "hostPath": {"path": "/"}},
-        },  # fmt: skip
+            "spec": {
+                "capacity": {"storage": "1Gi"},
+                "accessModes": ["ReadWriteOnce"],
+                "hostPath": {"path": "/"},
+            },
+        },
         "rbac",
         "hostPath /",
     ),
@@ -363,10 +372,20 @@ ESCALATIONS: list[tuple[str, list[Object], Object, str, str]] = [
         "webhooks",
         "Pod Security enforce relaxed: restricted -> privileged",
     ),
-    ("namespace-created-privileged", [], _namespace("privileged"), "webhooks",
-     "Pod Security enforce: privileged"),  # fmt: skip
-    ("namespace-label-removed", [_namespace("baseline")], _namespace(None), "webhooks",
-     "Pod Security enforce label removed (was baseline): the cluster's default applies"),  # fmt: skip
+    (
+        "namespace-created-privileged",
+        [],
+        _namespace("privileged"),
+        "webhooks",
+        "Pod Security enforce: privileged",
+    ),
+    (
+        "namespace-label-removed",
+        [_namespace("baseline")],
+        _namespace(None),
+        "webhooks",
+        "Pod Security enforce label removed (was baseline): the cluster's default applies",
+    ),
 ]
 
 

@@ -19,16 +19,16 @@ import pygit2
 import pytest
 
 from agent.api import BundleDeploymentEntry, from_dict
+from agent.verify.publication import SET_FILE
 from hub.fleet.load import load_fleet
 from hub.publish.flow import prepare
 from hub.publish.git import BranchStore
 from hub.publish.shards import ShardedStore
 from hub.publish.sign import PublicationSigner
+from hub.rollout.content import variant_from_bytes, variant_of
 from hub.rollout.controller import Controller
 from hub.rollout.seal import KEY_ENV
-from agent.verify.publication import SET_FILE
 from hub.rollout.state import ROLLOUT_REF, ForgedRolloutStateError, variant_file
-from hub.rollout.content import variant_from_bytes, variant_of
 from tests.realenv.git_fixtures import GIT_PASSWORD, GIT_USER
 from tests.realenv.sigstore import MiniSigstore
 from tests.rolloutsim import digest_of, inventory, web_bundle
@@ -138,7 +138,9 @@ def _branches(store: BranchStore) -> dict[str, str]:
 def _carried(store: BranchStore, digest: str) -> list[str]:
     """The clusters whose branch's set names ``digest``."""
     store.fetch()
-    return [c for c in sorted(store.tips) if digest.encode() in (store.read_file(c, SET_FILE) or b"")]
+    return [
+        c for c in sorted(store.tips) if digest.encode() in (store.read_file(c, SET_FILE) or b"")
+    ]
 
 
 @pytest.mark.parametrize("copy_seal", [False, True], ids=["unsealed", "seal-copied"])
@@ -167,7 +169,7 @@ def test_forged_rollout_state_pushed_with_an_agent_credential_is_refused(
 
 
 def test_an_older_hub_state_replayed_over_a_newer_one_is_refused(hub: Any) -> None:
-    store, controller, fleet_dir, signer, attacker = hub
+    _store, controller, fleet_dir, signer, attacker = hub
     older = str(attacker.state().id)
     rollout = next(r for r in controller.read().active() if r.group == "web")
     controller.act(rollout.id, "pause", actor="alice")  # a newer sealed state

@@ -545,8 +545,8 @@ def members_of(
 __all__ = [
     "FINAL",
     "ROLLOUT_REF",
-    "ForgedRolloutStateError",
     "Event",
+    "ForgedRolloutStateError",
     "Halt",
     "Member",
     "Phase",

@@ -42,6 +42,8 @@ class PackBoundError(ValueError):
 
 class PackRefusedError(GitTransportError):
     """A fetch whose pack was refused for its inflated size (:class:`PackBoundError`)."""
+
+
 _TYPES = {1: "commit", 2: "tree", 3: "blob", 4: "tag"}
 _OFS_DELTA, _REF_DELTA = 6, 7
 
