@@ -178,3 +178,39 @@ def test_an_older_hub_state_replayed_over_a_newer_one_is_refused(hub: Any) -> No
     attacker.push(older)  # sealed by the hub, but older than what the hub has seen
     with pytest.raises(ForgedRolloutStateError, match="moved back from"):
         controller.step(load_fleet(fleet_dir), signer=signer())
+
+
+def _documented_hook() -> str:
+    """The status repository's pre-receive hook, as docs/operations.md gives it."""
+    text = (Path(__file__).resolve().parent.parent / "docs" / "operations.md").read_text()
+    start = text.index("#!/bin/sh\n# hooks/pre-receive of the status repository")
+    return text[start : text.index("```", start)]
+
+
+def test_the_documented_hook_lets_an_agent_push_its_own_status_branch_only(
+    git_server_factory: Any, tmp_path: Path
+) -> None:
+    """docs/operations.md "Who may push what": the git server refuses a status credential's
+    push of any ref but its own status branch (the agent's user is its cluster's name)."""
+    git = git_server_factory("http")
+    git.create_bare("status.git", hooks={"pre-receive": _documented_hook()})
+    agent = Attacker(git.url_for("status.git"), tmp_path / "agent")
+    signature = pygit2.Signature("agent", "agent@localhost")
+    tree = agent.repo.TreeBuilder().write()
+    commit = str(agent.repo.create_commit(None, signature, signature, "status", tree, []))
+
+    def push(ref: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["git", "--git-dir", agent.repo.path, "push", agent.url, f"{commit}:{ref}"],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+
+    assert push(f"refs/heads/fleetlet/status/{GIT_USER}").returncode == 0
+    for ref in (
+        "refs/heads/fleetlet/status/another",
+        ROLLOUT_REF,
+        "refs/heads/fleetlet/clusters/x",
+    ):
+        refused = push(ref)
+        assert refused.returncode != 0
+        assert f"fleetlet: {GIT_USER} may not push {ref}" in refused.stderr
