@@ -40,7 +40,6 @@ The apply, health and prune stages (the outbound half) consume :class:`SyncResul
 
 from __future__ import annotations
 
-import base64
 import functools
 import logging
 import shutil
@@ -81,7 +80,7 @@ from agent.source.branch import (
     BranchWatcher,
     FetchTooLargeError,
 )
-from agent.source.compose import ContentStore, credentials_from_secret
+from agent.source.compose import ContentStore, source_credentials
 from agent.source.content import (
     LOCAL_STORAGE_ERRNOS,
     ContentRefusedError,
@@ -475,22 +474,29 @@ class InboundPipeline:
             tree=tree,
         )
 
-    def _credentials(self, secret_name: str) -> Credentials:
-        secret = self._kube.get(
-            {
-                "apiVersion": "v1",
-                "kind": "Secret",
-                "metadata": {"name": secret_name, "namespace": self._agent_namespace},
-            }
-        )
-        if secret is None:
-            # An admin can create it without the branch moving: try again later.
-            raise TemporaryError(
-                f"source credentials: no Secret {self._agent_namespace}/{secret_name}",
-                delay=30.0,
-            )
-        data = {k: base64.b64decode(v) for k, v in (secret.get("data") or {}).items()}
-        return credentials_from_secret(data)
+    def _credentials(self, secret_name: str, host: str) -> Credentials:
+        return read_source_credentials(self._kube, self._agent_namespace, secret_name, host)
+
+
+def read_source_credentials(
+    kube: KubeClient, namespace: str, secret_name: str, host: str
+) -> Credentials:
+    """The credentials a bundle source names (Secret ``secret_name`` of the agent's
+    ``namespace``) for ``host``: only from a Secret meant for sources, only for its hosts (see
+    :func:`agent.source.compose.source_credentials`). Raises TemporaryError (no such Secret,
+    not one for sources) and InvalidSourceError."""
+    where = f"{namespace}/{secret_name}"
+    secret = kube.get(
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": secret_name, "namespace": namespace},
+        }
+    )
+    if secret is None:
+        # An admin can create it without the branch moving: try again later.
+        raise TemporaryError(f"source credentials: no Secret {where}", delay=30.0)
+    return source_credentials(secret, host=host, where=where)
 
 
 class _SourceStep:

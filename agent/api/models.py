@@ -134,7 +134,14 @@ class SourceAuth(ApiObject):
     (git over ssh) or ``.dockerconfigjson`` (image).
     """
 
-    secret_ref: SecretReference = api_field("The Secret holding the credentials.")
+    secret_ref: SecretReference = api_field(
+        "The Secret holding the credentials, in the agent's namespace. It must be labelled "
+        '`fleetlet.io/source-credential: "true"` (never the agent\'s own Secrets nor a '
+        "bundle's outputs) and name the hosts it is for in annotation "
+        "`fleetlet.io/source-hosts` (comma-separated `host[:port]`; a `.dockerconfigjson` "
+        "names them in its entries): the credentials are sent to no other host, not after a "
+        "redirect."
+    )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -90,6 +90,14 @@ def config_from_args(args: argparse.Namespace) -> InstallConfig:
         json.loads(trusted_root)
     except ValueError as exc:
         raise InstallConfigError(f"--trusted-root {args.trusted_root}: not JSON ({exc})") from exc
+    shared = bool(getattr(args, "shared_status_repo", False))
+    if (not args.status_repo or args.status_repo == args.repo) and not shared:
+        raise InstallConfigError(
+            "--status-repo GIT_URL is required, a repository other than --repo: with one "
+            "repository a cluster's status credential could push the hub's refs too (see "
+            "docs/operations.md, 'Who may push what'); --shared-status-repo keeps status in "
+            "--repo knowingly"
+        )
     registry = _read("--registry-config", args.registry_config)
     if registry is not None:
         try:
@@ -231,7 +239,17 @@ def add_install_arguments(p: argparse.ArgumentParser) -> None:
         help="Sigstore trusted_root.json the agent verifies against (stored in Secret "
         "fleetlet-trust with the identity and issuer)",
     )
-    p.add_argument("--status-repo", metavar="GIT_URL", help="where status goes (default: --repo)")
+    p.add_argument(
+        "--status-repo",
+        metavar="GIT_URL",
+        help="where status goes: a repository of its own (required unless --shared-status-repo)",
+    )
+    p.add_argument(
+        "--shared-status-repo",
+        action="store_true",
+        help="push status to --repo itself (one repository: the status credential can then "
+        "push every ref of it; the hub refuses rollout state it did not seal)",
+    )
     cred_flags("git", "desired-state repo (read-only credential)")
     cred_flags("status-git", "status repo (write credential)")
     p.add_argument(

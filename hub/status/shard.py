@@ -61,6 +61,7 @@ class StatusShard:
         self.odb = self.repo.odb
         self.v2 = True  # the server speaks protocol v2 (until it shows it does not)
         self._recent: dict[str, bytes] = {}  # commit id -> bytes, fetched by this refresh
+        self._refused: dict[str, str] = {}  # cluster -> why its pack was refused, this refresh
 
     def refresh(
         self, known: Mapping[str, ClusterView], credentials: tuple[str, str] | None
@@ -89,7 +90,7 @@ class StatusShard:
             with no_gc():
                 return tips, {c: self.read(c, tips[c], known.get(c)) for c in moved}
         finally:
-            self._recent = {}
+            self._recent, self._refused = {}, {}
 
     def list_and_fetch_v2(
         self, known: Mapping[str, ClusterView], credentials: tuple[str, str] | None
@@ -109,17 +110,40 @@ class StatusShard:
                 return tips
             haves = sorted({known[c].tip for c in moved if c in known})
             commits_only = session.filters
-            pack, objects = session.fetch_pack(
-                sorted({tips[c] for c in moved}), haves, depth=1, commits_only=commits_only
+            self._fetch_each(
+                session, {c: tips[c] for c in moved}, haves, depth=1, commits_only=commits_only
             )
-            self._keep(pack, objects)
-            # The commits just parsed are read from here, not from the object database.
-            self._recent = {oid.hex(): data for kind, data, oid, *_ in objects if kind == "commit"}
             if commits_only:
-                bare = sorted({tree for c in moved if (tree := self._unsummarised(tips[c]))})
+                bare = {c: tree for c in moved if (tree := self._unsummarised(tips[c]))}
                 if bare:
-                    self._keep(*session.fetch_pack(bare, []))
+                    self._fetch_each(session, bare, [])
         return tips
+
+    def _fetch_each(
+        self, session: fetch_v2.Session, wants: Mapping[str, str], haves: list[str], **how: Any
+    ) -> None:
+        """Fetch and keep the objects ``wants`` names (cluster -> object id) in one pack; when
+        that pack is refused for what it inflates to (a status push built as a zlib bomb),
+        cluster by cluster, so that only the offending branches are refused, each named (their
+        views carry the reason). Raises GitTransportError."""
+        try:
+            self._keep_recent(session.fetch_pack(sorted(set(wants.values())), haves, **how))
+            return
+        except fetch_v2.PackRefusedError:
+            pass
+        for cluster, oid in sorted(wants.items()):
+            try:
+                self._keep_recent(session.fetch_pack([oid], haves, **how))
+            except fetch_v2.PackRefusedError as exc:
+                self._refused[cluster] = f"{STATUS_PREFIX}{cluster}: status refused: {exc}"
+
+    def _keep_recent(self, fetched: tuple[bytes, list[tuple[str, bytes, bytes, int, int]]]) -> None:
+        pack, objects = fetched
+        self._keep(pack, objects)
+        # The commits just parsed are read from here, not from the object database.
+        self._recent.update(
+            {oid.hex(): data for kind, data, oid, *_ in objects if kind == "commit"}
+        )
 
     def _keep(self, pack: bytes, objects: list[tuple[str, bytes, bytes, int, int]]) -> None:
         """Store a fetched pack as it came (indexed, not compressed again)."""
@@ -199,7 +223,10 @@ class StatusShard:
         commit = self._commit(commit_id, origin)
         tree_id = commit[5:45].decode()
         if tree_id not in self.odb:
-            self._fetch_objects([tree_id])
+            try:
+                self._fetch_objects([tree_id])
+            except fetch_v2.PackRefusedError as exc:
+                raise fetch_v2.PackRefusedError(f"{origin}: status refused: {exc}") from exc
         kind, tree = self.odb.read(tree_id)[:2]
         entry = _tree_entry(tree, STATUS_FILE.encode())
         if entry is None:
@@ -257,6 +284,9 @@ class StatusShard:
         base = ClusterView(name=cluster, shard=self.index, tip=tip)
         if known is not None:
             base = replace(known, tip=tip, error=None)
+        refused = self._refused.get(cluster)
+        if refused is not None:
+            return replace(base, error=refused)
         try:
             doc = self.summary(cluster, tip)
         except (pygit2.GitError, KeyError, ValueError, GitTransportError) as exc:
