@@ -382,6 +382,18 @@ def _tokens_add(args: argparse.Namespace) -> int:
     return 0
 
 
+def _channel_token_add(args: argparse.Namespace) -> int:
+    from hub.channel import add_channel_token
+
+    print(add_channel_token(Path(args.file), args.cluster))
+    print(
+        f"channel token of {args.cluster} added to {args.file} (only its SHA-256 is kept): give "
+        "it to that cluster's agent (--notify-token-file); it is not shown again",
+        file=sys.stderr,
+    )
+    return 0
+
+
 def _tokens_migrate(args: argparse.Namespace) -> int:
     from hub.api.tokens import migrate_tokens
 
@@ -798,6 +810,17 @@ def register(sub: Any) -> None:
     )
     migrate.add_argument("file", metavar="FILE")
     migrate.set_defaults(handler=_tokens_migrate)
+    channel = hub_sub.add_parser(
+        "channel-token",
+        help="tokens of the agents' notification channel (one per cluster, stored hashed)",
+        description="The file of `hub serve --channel-tokens`: a channel token opens its "
+        "cluster's notification channel and nothing else.",
+    )
+    channel_sub = channel.add_subparsers(dest="channel_command", metavar="COMMAND", required=True)
+    channel_add = channel_sub.add_parser("add", help="make a cluster's token, print it once")
+    channel_add.add_argument("file", metavar="FILE", help="the channel tokens file")
+    channel_add.add_argument("--cluster", required=True, metavar="NAME")
+    channel_add.set_defaults(handler=_channel_token_add)
 
 
 def _agent_key(args: argparse.Namespace) -> int:

@@ -192,6 +192,7 @@ def serve(args: argparse.Namespace) -> int:
     from agent.report.logs import setup_logging
     from hub.api.app import create_app, load_private_key
     from hub.api.tokens import Tokens, load_tokens
+    from hub.channel import channel_from_args
 
     setup_logging(
         level=getattr(args, "log_level", None) or "info",
@@ -251,15 +252,19 @@ def serve(args: argparse.Namespace) -> int:
 
     loop.on_change = changed
     notifier = notifier_from_args(args, app.state.queries, rollouts)
+    # The agents' channel sits in front of the API app: outside its middleware (timeouts).
+    served, watcher = channel_from_args(args, app, fleet, git_credentials())
     loop.start()
     if rollouts is not None:
         rollouts.start()
     if notifier is not None:
         notifier.start()
+    if watcher is not None:
+        watcher.start()
     try:
         # log_config=None: uvicorn's records go through our handler (format, masking).
         config = uvicorn.Config(
-            app,
+            served,
             host=host,
             port=port,
             log_level="warning",
@@ -284,6 +289,8 @@ def serve(args: argparse.Namespace) -> int:
             rollouts.stop()
         if notifier is not None:
             notifier.stop()
+        if watcher is not None:
+            watcher.stop()
     return 0
 
 
@@ -531,7 +538,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         help="time between two controller steps (also after new reports and actions) (30s)",
     )
     from agent.options import add_logging_arguments
+    from hub.channel import add_channel_arguments
 
+    add_channel_arguments(parser)
     add_logging_arguments(parser, default_level="info")
     parser.set_defaults(handler=serve)
 

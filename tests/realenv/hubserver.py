@@ -30,13 +30,15 @@ def serving_hub(
     refresh: str = "300ms",
     stale_after: str = "5m",
     startup_timeout: float = 60,
+    port: int | None = None,
 ) -> Iterator[str]:
-    """``python -m hub.serve`` over the status repository ``repo``; yields its base URL.
+    """``python -m hub.serve`` over the status repository ``repo``; yields its base URL
+    (``port``: listen there, e.g. to restart a hub where its clients expect it).
 
     Its output goes to ``workdir/hub.log``; it is stopped (SIGTERM, then SIGKILL) at the end.
     Raises RuntimeError (with the log) if it exits or does not listen within the timeout.
     """
-    port = free_port()
+    port = port or free_port()
     log = workdir / "hub.log"
     command = [
         sys.executable,
