@@ -46,6 +46,7 @@ class NotifyChannel:
         initial_backoff: float = 1.0,
         max_backoff: float = 300.0,
         on_change: Callable[[bool], None] | None = None,
+        on_event: Callable[[], None] | None = None,
         rng: Callable[[], float] = random.random,
     ) -> None:
         """``url``: the hub's base URL (http or https); ``silence``: a channel quiet for this
@@ -61,6 +62,7 @@ class NotifyChannel:
         self.connect_timeout = connect_timeout
         self.silence = silence
         self.on_change = on_change
+        self.on_event = on_event
         self._backoff = Backoff(initial=initial_backoff, maximum=max_backoff)
         self._rng = rng
         self._up = False
@@ -147,6 +149,8 @@ class NotifyChannel:
                 elif not text:
                     if event == "look":
                         self.events += 1
+                        if self.on_event is not None:
+                            self.on_event()
                         self.look()
                     event = ""
         finally:

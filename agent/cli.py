@@ -295,7 +295,7 @@ def _run(args: argparse.Namespace) -> int:
         heartbeat_interval=poll.heartbeat,
         max_backoff=poll.max_backoff,
     )
-    channel = _notify_channel(args, settings.repo.cluster, scheduler)
+    channel = _notify_channel(args, settings.repo.cluster, scheduler, supervisor.metrics)
     supervisor.on_fatal = lambda: scheduler.stop(wait=False)
     probe = (
         ProbeServer(
@@ -331,7 +331,9 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _notify_channel(args: argparse.Namespace, cluster: str, scheduler: Any) -> Any:
+def _notify_channel(
+    args: argparse.Namespace, cluster: str, scheduler: Any, metrics: Any = None
+) -> Any:
     """The hub's notification channel of ``--notify-url`` (None without it), wired to the
     scheduler: a notification polls at once; while it is up the poll job slows down to
     ``--notify-poll-interval``. Raises SettingsError."""
@@ -352,6 +354,8 @@ def _notify_channel(args: argparse.Namespace, cluster: str, scheduler: Any) -> A
             look=scheduler.poll_now,
             connect_timeout=args.connect_timeout,
             max_backoff=args.max_backoff,
+            on_change=(lambda up: metrics.channel_up.set(1 if up else 0)) if metrics else None,
+            on_event=metrics.notifications.inc if metrics else None,
         )
     except ValueError as exc:
         raise SettingsError(str(exc)) from None

@@ -22,6 +22,7 @@ import pytest
 import requests
 
 from agent.kube import KubeClient
+from agent.schedule import AgentScheduler
 from hub.api.tokens import write_clear_tokens
 from hub.channel import write_channel_tokens
 from tests.fleetlab import REPO_ROOT, Lab, configmap, live, namespace_manifest
@@ -155,6 +156,45 @@ def test_a_branch_move_is_told_to_that_clusters_channels_only(
     finally:
         one.close()
         two.close()
+
+
+def test_a_flood_of_notifications_gives_one_more_poll_and_the_slow_poll_waits_for_its_time() -> (
+    None
+):
+    """A notification is never trusted: forged, replayed or another cluster's, it can only
+    make the agent poll. Those that arrive while a poll runs collapse into one more poll."""
+    running, release = threading.Event(), threading.Event()
+    polls: list[float] = []
+
+    def poll() -> None:
+        polls.append(time.monotonic())
+        running.set()
+        release.wait(30)
+
+    up = [True]
+    scheduler = AgentScheduler(
+        poll=poll, drift=lambda: None, heartbeat=None, interval=3600,
+        channel_up=lambda: up[0], channel_interval=3600,
+    )  # fmt: skip
+    scheduler.start()  # the first poll is immediate
+    try:
+        _wait(running.is_set, "the first poll")
+        for _ in range(100):
+            scheduler.poll_now()
+        release.set()
+        _wait(lambda: len(polls) == 2, "the poll the notifications asked for")
+        time.sleep(1)
+        assert len(polls) == 2
+        assert scheduler.told == 1
+        # The interval's poll is skipped while the channel is up and the slow poll not due...
+        assert scheduler.run("poll") is None
+        assert len(polls) == 2
+        # ...and runs again at every interval once the channel is down.
+        up[0] = False
+        assert scheduler.run("poll") is not None
+        assert len(polls) == 3
+    finally:
+        scheduler.stop()
 
 
 def _publish(lab: Lab, name: str, ns: str, value: str) -> None:

@@ -199,6 +199,16 @@ class Metrics:
             buckets=_DURATION_BUCKETS,
             registry=r,
         )
+        self.channel_up = Gauge(
+            f"{PREFIX}_notify_channel_up",
+            "1 while the hub's notification channel is held (--notify-url), else 0 (polling only).",
+            registry=r,
+        )
+        self.notifications = Counter(
+            f"{PREFIX}_notifications_total",
+            "Times the notification channel said to look (each gives at most one extra poll).",
+            registry=r,
+        )
         self.worker_max_rss = Gauge(
             f"{PREFIX}_worker_max_resident_bytes",
             "Peak resident memory of the last worker that finished.",
