@@ -163,6 +163,7 @@ def main() -> int:
     parser.add_argument("--watch", default="1s", help="hub serve --channel-watch")
     parser.add_argument("--write-docs", action="store_true")
     args = parser.parse_args()
+    load_start = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="fleetlet-channel-") as tmp:
         work = Path(tmp)
         with GitDaemon(workdir=work / "git") as git:
@@ -190,6 +191,7 @@ def main() -> int:
                         raise RuntimeError(f"hub did not start: {log.read_text()}")
                     time.sleep(0.2)
                 figures = asyncio.run(_fleet(args, port, hub.pid, bare))
+                figures["load_start"], figures["load_end"] = load_start, os.getloadavg()[0]
             finally:
                 hub.terminate()
                 hub.wait(timeout=30)
@@ -205,7 +207,8 @@ def _section(args: argparse.Namespace, f: dict[str, float]) -> str:
     return f"""## Notification channel
 
 `python bench/channel.py --agents {n} --write-docs` on {platform.machine()}, {os.cpu_count()}
-cores shared with other work, Python {platform.python_version()}: one `hub serve` process, a
+cores shared with other work (load average {f["load_start"]:.1f} at the start,
+{f["load_end"]:.1f} at the end), Python {platform.python_version()}: one `hub serve` process, a
 real `git daemon` with {n:,} cluster branches, {n:,} simulated agents in one asyncio process,
 each holding `GET /api/v1/clusters/NAME/events` over its own connection with its own token.
 The hub lists the cluster branches every {args.watch} (`--channel-watch`).

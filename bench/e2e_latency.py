@@ -351,6 +351,8 @@ def main(argv: list[str] | None = None) -> int:
     clusters = sorted(k for k in converged[0] if k not in ("all", "publish")) if converged else []
 
     def row(label: str, values: list[float]) -> str:
+        if not values:  # --rollbacks 0, or no --channel
+            return ""
         return (
             f"| {label} | {statistics.median(values):.1f} | {percentile(values, 0.95):.1f} | "
             f"{min(values):.1f} | {max(values):.1f} | {len(values)} |"
@@ -384,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
         f"\nTime to converge, demo fleet ({len(clusters)} clusters); agents poll every "
         f"{args.interval:g} s + up to {jitter:g} s jitter; {machine}\n"
     )
-    print("\n".join(rows))
+    print("\n".join(r for r in rows if r))
     print(
         json.dumps(
             {

@@ -154,28 +154,43 @@ def _write(path: Path, digests: dict[str, str]) -> None:
 # --- who is listening ------------------------------------------------------------------------
 
 
-class Listeners:
-    """The open channels of this process, by cluster; :meth:`wake` is thread-safe."""
+class _Channel:
+    """One open channel: woken for a ``look`` (``look`` set) or a keepalive."""
+
+    __slots__ = ("event", "look")
 
     def __init__(self) -> None:
-        self._by_cluster: dict[str, set[asyncio.Event]] = {}
+        self.event = asyncio.Event()
+        self.look = False
+
+
+class Listeners:
+    """The open channels of this process, by cluster; :meth:`wake` is thread-safe. One task
+    wakes them all every ``keepalive`` seconds for a ``: ping`` (not a timer per channel)."""
+
+    def __init__(self, keepalive: float = 15.0) -> None:
+        self.keepalive = keepalive
+        self._by_cluster: dict[str, set[_Channel]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._pinger: asyncio.Task[None] | None = None
         self.told = 0
         """Notifications sent (one per open channel woken)."""
 
     def __len__(self) -> int:
         return sum(len(s) for s in self._by_cluster.values())
 
-    def add(self, cluster: str) -> asyncio.Event:
+    def add(self, cluster: str) -> _Channel:
         self._loop = asyncio.get_running_loop()
-        event = asyncio.Event()
-        self._by_cluster.setdefault(cluster, set()).add(event)
-        return event
+        if self._pinger is None or self._pinger.done():
+            self._pinger = self._loop.create_task(self._ping())
+        channel = _Channel()
+        self._by_cluster.setdefault(cluster, set()).add(channel)
+        return channel
 
-    def remove(self, cluster: str, event: asyncio.Event) -> None:
+    def remove(self, cluster: str, channel: _Channel) -> None:
         found = self._by_cluster.get(cluster)
         if found is not None:
-            found.discard(event)
+            found.discard(channel)
             if not found:
                 del self._by_cluster[cluster]
 
@@ -190,8 +205,16 @@ class Listeners:
 
     def _wake(self, clusters: list[str]) -> None:
         for cluster in clusters:
-            for event in self._by_cluster.get(cluster, ()):
-                event.set()
+            for channel in self._by_cluster.get(cluster, ()):
+                channel.look = True
+                channel.event.set()
+
+    async def _ping(self) -> None:
+        while True:
+            await asyncio.sleep(self.keepalive)
+            for channels in list(self._by_cluster.values()):
+                for channel in channels:
+                    channel.event.set()
 
 
 # --- the ASGI layer --------------------------------------------------------------------------
@@ -206,13 +229,11 @@ class ChannelApp:
         *,
         tokens: ChannelTokens,
         listeners: Listeners,
-        keepalive: float = 15.0,
         limit: int = 50_000,
     ) -> None:
         self.inner = inner
         self.tokens = tokens
         self.listeners = listeners
-        self.keepalive = keepalive
         self.limit = limit
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
@@ -238,9 +259,9 @@ class ChannelApp:
         await self._stream(cluster, receive, send)
 
     async def _stream(self, cluster: str, receive: Any, send: Any) -> None:
-        event = self.listeners.add(cluster)
+        channel = self.listeners.add(cluster)
         gone = asyncio.ensure_future(_disconnected(receive))
-        gone.add_done_callback(lambda _: event.set())
+        gone.add_done_callback(lambda _: channel.event.set())
         try:
             await send(
                 {
@@ -257,22 +278,21 @@ class ChannelApp:
             # The first message says the channel is up (the agent polls once: it may have
             # missed a move while it was not connected).
             await send({"type": "http.response.body", "body": PING, "more_body": True})
-            while not gone.done():
-                try:
-                    await asyncio.wait_for(event.wait(), self.keepalive)
-                except TimeoutError:
-                    await send({"type": "http.response.body", "body": PING, "more_body": True})
-                    continue
-                event.clear()
+            while True:
+                await channel.event.wait()
+                channel.event.clear()
                 if gone.done():
                     break
-                await send({"type": "http.response.body", "body": LOOK, "more_body": True})
-                self.listeners.told += 1
+                body = LOOK if channel.look else PING
+                channel.look = False
+                await send({"type": "http.response.body", "body": body, "more_body": True})
+                if body is LOOK:
+                    self.listeners.told += 1
         except OSError:
             pass  # the agent went away mid-send
         finally:
             gone.cancel()
-            self.listeners.remove(cluster, event)
+            self.listeners.remove(cluster, channel)
 
 
 async def _disconnected(receive: Any) -> None:
@@ -441,7 +461,7 @@ def channel_from_args(
             "--channel-tokens needs the cluster-branch repository: --channel-repo, "
             "--cluster-repo or --fleet with shards.repo"
         )
-    listeners = Listeners()
+    listeners = Listeners(keepalive=parse_duration(args.channel_keepalive).total_seconds())
     watcher = BranchWatcher(
         urls=urls,
         moved=listeners.wake,
@@ -452,7 +472,6 @@ def channel_from_args(
         app,
         tokens=tokens,
         listeners=listeners,
-        keepalive=parse_duration(args.channel_keepalive).total_seconds(),
     )
     log.info("channel: %d clusters may connect; watching %s", len(tokens), ", ".join(urls))
     return served, watcher

@@ -104,7 +104,8 @@ def channel_hub(git_daemon: object, tmp_path: Path) -> Iterator[tuple[str, str]]
     write_clear_tokens(tmp_path / "tokens.yaml", {ADMIN: "admin"})
     write_channel_tokens(tmp_path / "channel.yaml", {"edge-1": EDGE1, "edge-2": EDGE2})
     extra = ["--tokens", str(tmp_path / "tokens.yaml"), "--channel-tokens",
-             str(tmp_path / "channel.yaml"), "--channel-repo", url, "--channel-watch", "200ms"]  # fmt: skip
+             str(tmp_path / "channel.yaml"), "--channel-repo", url, "--channel-watch", "200ms",
+             "--channel-keepalive", "300ms"]  # fmt: skip
     with serving_hub(server.url_for(status), tmp_path, extra) as hub:  # type: ignore[attr-defined]
         yield hub, url
 
@@ -146,7 +147,7 @@ def test_a_branch_move_is_told_to_that_clusters_channels_only(
     hub, url = channel_hub
     one, two = Stream(hub, "edge-1", EDGE1), Stream(hub, "edge-2", EDGE2)
     try:
-        _wait(lambda: one.pings and two.pings, "both channels open")
+        _wait(lambda: one.pings >= 3 and two.pings >= 3, "both channels open, kept alive")
         _move(url, "edge-2", tmp_path / "work")  # a new branch: edge-2's first publication
         _wait(lambda: two.events == ["look"], "edge-2 told to look")
         _move(url, "edge-1", tmp_path / "work")
