@@ -159,6 +159,27 @@ def test_a_branch_move_is_told_to_that_clusters_channels_only(
         two.close()
 
 
+def test_each_hub_replica_learns_of_a_move_from_git_itself(
+    channel_hub: tuple[str, str], git_daemon: object, tmp_path: Path
+) -> None:
+    """Two ``hub serve`` processes, nothing shared between them but the git server: an agent
+    is told whichever one it is connected to."""
+    first, url = channel_hub
+    extra = ["--allow-anonymous", "--channel-tokens", str(tmp_path / "channel.yaml"),
+             "--channel-repo", url, "--channel-watch", "200ms"]  # fmt: skip
+    (tmp_path / "second").mkdir()
+    status = git_daemon.url_for(f"status-{tmp_path.name}.git")  # type: ignore[attr-defined]
+    with serving_hub(status, tmp_path / "second", extra) as second:
+        one, two = Stream(first, "edge-1", EDGE1), Stream(second, "edge-1", EDGE1)
+        try:
+            _wait(lambda: one.pings and two.pings, "a channel open on each replica")
+            _move(url, "edge-1", tmp_path / "work")
+            _wait(lambda: one.events == ["look"] and two.events == ["look"], "both told")
+        finally:
+            one.close()
+            two.close()
+
+
 def test_a_flood_of_notifications_gives_one_more_poll_and_the_slow_poll_waits_for_its_time() -> (
     None
 ):
