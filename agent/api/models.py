@@ -21,7 +21,7 @@ import yaml
 from agent.api.depgraph import find_cycle
 from agent.api.reasons import Phase, RunResult
 from agent.api.validation import ApiObject, PinProblem, Rule, api_field, show
-from agent.api.yamlio import SAFE_LOADER
+from agent.api.yamlio import KUBE_LOADER
 from agent.errors import FieldProblem
 
 API_GROUP = "fleetlet.io"
@@ -472,7 +472,7 @@ class Patch(ApiObject):
         """The text is YAML: a list of JSON 6902 operations (with ``target``), or strategic
         merge documents (each naming apiVersion, kind and metadata.name without ``target``)."""
         try:
-            documents = [d for d in yaml.load_all(self.patch, Loader=SAFE_LOADER) if d is not None]
+            documents = [d for d in yaml.load_all(self.patch, Loader=KUBE_LOADER) if d is not None]
         except (yaml.YAMLError, RecursionError) as exc:
             return [_patch_problem("patch", "a YAML or JSON patch", _first_line(exc))]
         if not documents:

@@ -131,6 +131,7 @@ def run_render(
         options=format_options,
         cluster=ClusterFacts(kube_version=options.kube_version),
         tools=tools or ToolSettings(),
+        helm_set=tuple(options.set_values),
     )
     root = render_root(tree, request)
     detected = detect_format(root)

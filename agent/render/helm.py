@@ -144,6 +144,10 @@ class HelmFormat:
                 # On stdin (``--values -``): no file to write and clean up per render.
                 inline = json.dumps(values).encode()
                 argv += ["--values", "-"]
+            for assignment in request.helm_set:
+                # Already in ``values`` (for checking, and for plugin formats); helm applies
+                # it again over them, typed as only helm types it (int64 against float64).
+                argv += ["--set", assignment]
             facts = request.cluster
             if facts.kube_version:
                 argv += ["--kube-version", facts.kube_version]

@@ -80,7 +80,9 @@ class RenderRequest:
     :func:`agent.render.formats.render_bundle` after the format, never by the format itself.
     ``cluster`` is what is known of the cluster (version, served APIs); ``upgrade`` whether the
     bundle is already installed there (helm's ``.Release.IsUpgrade``); ``tools`` where helm
-    and kustomize are.
+    and kustomize are. ``helm_set`` are ``fleetlet render --set`` assignments, given to helm as
+    they were written after the values (so that helm types them itself: an integer there stays
+    an int64, where one in values is a float64).
 
     Every field but ``source``, ``scope``, ``ownership`` and ``tools`` is part of the render
     cache key (:mod:`agent.render.cache`): a field added here changes the key, so it is never
@@ -97,6 +99,7 @@ class RenderRequest:
     cluster: ClusterFacts = field(default_factory=ClusterFacts)
     upgrade: bool = False
     tools: ToolSettings = field(default_factory=ToolSettings)
+    helm_set: Sequence[str] = ()
 
 
 class InvalidManifestsError(InvalidManifestError):

@@ -1,9 +1,12 @@
 """Chart values given on the command line: ``--values FILE`` and ``--set`` as Helm reads them.
 
 ``--set`` follows Helm's syntax: ``a.b=c`` sets a nested key, ``a[0]=x`` a list item,
-``a={x,y}`` a list, several assignments separated by commas, ``\\`` escapes ``.``, ``,``,
-``=``, ``[`` and ``{``. As in Helm, ``true``/``false`` become booleans, ``null`` becomes null
-(which removes a chart default) and decimal integers become numbers; anything else is a string.
+``a={x,y}`` a list (``a={}`` is a list of one empty string, as in Helm), several assignments
+separated by commas, ``\\`` escapes ``.``, ``,``, ``=``, ``[``, ``{`` and ``}``. Values are
+typed as Helm's ``strvals`` types them: ``true``/``false`` in any case become booleans,
+``null`` in any case becomes null (which removes a chart default), a signed decimal integer
+that fits 64 bits and does not start with ``0`` becomes a number (``+5`` is 5, ``007`` and
+``99999999999999999999`` stay strings); anything else (``y``, ``1.5``, ``1e3``) is a string.
 Files and assignments are merged in order: mappings key by key, anything else replaced.
 """
 
@@ -18,7 +21,8 @@ from typing import Any
 from agent.errors import PermanentError
 from agent.render.manifests import InvalidManifestError, load_documents
 
-_INT = re.compile(r"^-?(0|[1-9][0-9]*)$")
+_INT = re.compile(r"[-+]?[0-9]+\Z", re.ASCII)
+_INT64 = 1 << 63
 _MAX_INDEX = 65_536
 
 
@@ -56,11 +60,16 @@ def load_values_file(path: Path) -> dict[str, Any]:
 
 
 def _typed(text: str) -> Any:
-    if text.lower() in ("true", "false"):
-        return text.lower() == "true"
-    if text == "null":
+    """helm's strvals ``typedVal``."""
+    lowered = text.lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    if lowered == "null":
         return None
-    if _INT.match(text):
+    if text == "0":
+        return 0
+    # strconv.ParseInt(text, 10, 64), tried only when the text does not start with 0.
+    if text and text[0] != "0" and _INT.match(text) and -_INT64 <= int(text) < _INT64:
         return int(text)
     return text
 
@@ -68,19 +77,31 @@ def _typed(text: str) -> Any:
 def _split_value(text: str, start: int) -> tuple[Any, int]:
     """The value starting at ``start`` and the index after it (at a ',' or the end)."""
     if text.startswith("{", start):
-        end = text.find("}", start)
-        if end < 0:
-            raise ValuesError(f"--set {text!r}: '{{' without '}}'")
-        inner = text[start + 1 : end]
-        return [_typed(item) for item in inner.split(",")] if inner else [], end + 1
+        items: list[Any] = []
+        i = start + 1
+        while True:
+            item, i = _runes_until(text, i, ",}")
+            if i >= len(text):
+                raise ValuesError(f"--set {text!r}: '{{' without '}}'")
+            items.append(_typed(item))
+            if text[i] == "}":
+                return items, i + 1
+            i += 1
+    value, i = _runes_until(text, start, ",")
+    return _typed(value), i
+
+
+def _runes_until(text: str, start: int, stops: str) -> tuple[str, int]:
+    """helm's ``runesUntil``: the text up to one of ``stops`` (``\\`` escapes the next
+    character) and the index of that stop (or the end)."""
     out: list[str] = []
     i = start
-    while i < len(text) and text[i] != ",":
+    while i < len(text) and text[i] not in stops:
         if text[i] == "\\" and i + 1 < len(text):
             i += 1
         out.append(text[i])
         i += 1
-    return _typed("".join(out)), i
+    return "".join(out), i
 
 
 def _split_key(text: str, start: int) -> tuple[list[str | int], int]:

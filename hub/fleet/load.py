@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from agent.api.pins import is_commit, is_digest, is_sha256_hex
-from agent.api.yamlio import SAFE_LOADER
+from agent.api.yamlio import KUBE_LOADER
 from agent.errors import FieldProblem
 from hub.errors import FleetRepoError
 from hub.fleet.durations import parse_duration
@@ -121,7 +121,7 @@ def _load_yaml(path: Path, rel: str, problems: _Problems, *, data: bytes | None 
         problems.add(rel, "", f"at most {_MAX_FILE_BYTES} bytes", _found(f"{len(data)} bytes"))
         return None
     try:
-        return yaml.load(data, Loader=SAFE_LOADER)
+        return yaml.load(data, Loader=KUBE_LOADER)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark is not None else ""
