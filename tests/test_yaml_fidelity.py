@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import tarfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,7 @@ SCALARS = [
     for line in CORPUS.read_text(encoding="utf-8").splitlines()
     if line.strip() and not line.startswith("#")
 ]
-NO_ANNOTATION = "fleetlet.io/fidelity-none-"
+NOTHING = "fleetlet.io/fidelity-none-"  # removing what no object has
 
 Obj = dict[str, Any]
 
@@ -55,10 +56,9 @@ def corpus_manifest(values: Iterable[str], keys: Iterable[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def kubectl_read(path: Path) -> list[Obj]:
-    """The objects of a manifest file (or stream) as kubectl reads them, offline."""
+def _kubectl_local(verb: str, path: Path) -> list[Obj]:
     done = subprocess.run(
-        [kubectl(), "annotate", "--local", "-f", str(path), "-o", "json", NO_ANNOTATION],
+        [kubectl(), verb, "--local", "-f", str(path), "-o", "json", NOTHING],
         capture_output=True,
         text=True,
         timeout=120,
@@ -74,11 +74,22 @@ def kubectl_read(path: Path) -> list[Obj]:
         at += len(text[at:]) - len(text[at:].lstrip())
         obj, at = decoder.raw_decode(text, at)
         objects.extend(obj["items"] if obj.get("kind") == "List" else [obj])
-    for obj in objects:
-        # Removing an annotation leaves an empty map behind: not part of what was read.
-        if obj["metadata"].get("annotations") == {}:
-            del obj["metadata"]["annotations"]
     return objects
+
+
+def kubectl_read(path: Path) -> list[Obj]:
+    """The objects of a manifest file (or stream) as kubectl reads them, offline.
+
+    Removing an annotation nobody has leaves ``annotations: {}`` on an object that had none,
+    and removing such a label ``labels: {}``: each field is taken from the run that left it
+    alone."""
+    annotated = _kubectl_local("annotate", path)
+    labelled = _kubectl_local("label", path)
+    for obj, other in zip(annotated, labelled, strict=True):
+        obj["metadata"].pop("annotations", None)
+        if "annotations" in other["metadata"]:
+            obj["metadata"]["annotations"] = other["metadata"]["annotations"]
+    return annotated
 
 
 def kubectl_refuses(path: Path) -> bool:
@@ -313,3 +324,50 @@ def test_set_values_are_typed_as_helm_types_them(chart: Path, helm_binary: Path)
     assert corpus["empty"] == [""]
     assert corpus["list"] == [None, 5, "y", "007", "99999999999999999999", "1e3", True]
     assert "million:1000000" in expected["printed"]  # an int64, where a values file has 1e+06
+
+
+# --- a real chart: kube-prometheus-stack --------------------------------------------------------
+
+KPS = (
+    Path(__file__).resolve().parent
+    / "assets"
+    / "charts"
+    / "kube-prometheus-stack"
+    / "kube-prometheus-stack-88.5.3.tgz"
+)
+
+
+def test_kube_prometheus_stack_renders_as_helm_template_renders_it(
+    tmp_path: Path, helm_binary: Path
+) -> None:
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    with tarfile.open(KPS) as archive:
+        archive.extractall(tree, filter="data")
+    flags = ["--namespace", "monitoring", "--include-crds"]
+    done = subprocess.run(
+        [str(helm_binary), "template", "kps", str(tree / "kube-prometheus-stack"), *flags],
+        capture_output=True,
+        timeout=300,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+        check=True,
+    )
+    (tmp_path / "helm.yaml").write_bytes(done.stdout)
+    expected = kubectl_read(tmp_path / "helm.yaml")
+
+    text = run_render(
+        bundle_dir=str(tree),
+        options=RenderOptions(
+            format="helm", release_name="kps", namespace="monitoring", output="json"
+        ),
+    )
+    rendered = json.loads(text)["items"]
+
+    def canonical(objects: list[Obj]) -> list[str]:
+        return [json.dumps(o, sort_keys=True) for o in objects]
+
+    assert len(rendered) == len(expected) > 100
+    assert canonical(rendered) == canonical(expected)
+    crd = next(o for o in rendered if o["kind"] == "CustomResourceDefinition")
+    assert crd["metadata"]["name"] == "alertmanagerconfigs.monitoring.coreos.com"
+    assert '"="' in json.dumps(crd)
