@@ -283,8 +283,11 @@ def test_a_bundle_shipping_what_the_csv_generates_renders_one_of_each(
 def test_a_template_bundle_with_an_unfilled_version_is_refused(tmp_path: Path) -> None:
     bundle = _bundle_copy(tmp_path, WEBHOOK)
     _edit_csv(bundle, lambda csv: csv["spec"].__setitem__("version", "0${VERSION}"))
-    with pytest.raises(RegistryV1Error, match=r"spec.version \"0\$\{VERSION\}\" is not a "
-                       "semantic version") as refused:
+    with pytest.raises(
+        RegistryV1Error,
+        match=r"spec.version \"0\$\{VERSION\}\" is not a "
+        "semantic version",
+    ) as refused:
         render_bundle(bundle, format="registry+v1", request=RenderRequest(namespace="ops"))
     assert refused.value.rule == "InvalidBundle"
 

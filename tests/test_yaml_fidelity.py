@@ -18,7 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
+from agent.api.yamlio import KUBE_LOADER, PURE_KUBE_LOADER
 from agent.render.command import RenderOptions, RenderUsageError, run_render
 from agent.render.formats import render_bundle
 from agent.render.manifests import InvalidManifestError, parse_manifests
@@ -120,6 +122,11 @@ def test_the_corpus_covers_what_readers_disagree_on() -> None:
     # unsigned 64-bit key have no JSON key: what both refuse is checked on its own below.
     assert set(REFUSED_VALUES) == {".inf", "-.Inf", ".NaN"}
     assert {"~", "null", "<<", "18446744073709551615"} <= set(REFUSED_KEYS)
+
+
+def test_the_c_and_the_pure_python_loaders_agree() -> None:
+    text = corpus_manifest(VALUES, KEYS)
+    assert yaml.load(text, Loader=PURE_KUBE_LOADER) == yaml.load(text, Loader=KUBE_LOADER)
 
 
 def test_a_manifest_reads_as_kubectl_reads_it(tmp_path: Path) -> None:
@@ -282,7 +289,8 @@ def test_what_fleetlet_refuses_in_a_values_file_helm_refuses(
 ) -> None:
     accepted = []
     for index, text in enumerate(
-        [values_file([s], []) for s in REFUSED_VALUES] + [values_file([], [s]) for s in REFUSED_KEYS]
+        [values_file([s], []) for s in REFUSED_VALUES]
+        + [values_file([], [s]) for s in REFUSED_KEYS]
     ):
         path = chart.parent / f"refused-{index}.yaml"
         path.write_text(text)

@@ -87,6 +87,8 @@ _GO_INT = re.compile(
     re.ASCII,
 )
 _GO_FLOAT = re.compile(r"[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?\Z", re.ASCII)
+
+
 class DuplicateKeyError(yaml.YAMLError):
     """A mapping names one key twice (as JSON sees keys: ``1`` and ``"1"`` are one key)."""
 
@@ -176,7 +178,7 @@ def _float32_text(value: float) -> str:
     negative = mantissa.startswith("-")
     figures = mantissa.lstrip("-").replace(".", "").rstrip("0") or "0"
     sign = "-" if negative else ""
-    if exponent < -4 or exponent >= 6:  # noqa: PLR2004 (strconv's rule for the shortest form)
+    if exponent < -4 or exponent >= 6:
         head = figures[0] + ("." + figures[1:] if len(figures) > 1 else "")
         return f"{sign}{head}e{'-' if exponent < 0 else '+'}{abs(exponent):02d}"
     if exponent >= 0:
@@ -226,9 +228,7 @@ class _KubeConstructor:
         """An application tag (``!Ref``): dropped, as go-yaml drops it. A tag of YAML's own
         namespace that JSON has no use for (``!!python/object``) is refused."""
         if node.tag.startswith("tag:yaml.org,2002:") and node.tag not in _DROPPED:
-            raise ConstructorError(
-                None, None, f"unsupported tag {node.tag!r}", node.start_mark
-            )
+            raise ConstructorError(None, None, f"unsupported tag {node.tag!r}", node.start_mark)
         if isinstance(node, ScalarNode):
             return node.value
         if isinstance(node, SequenceNode):
@@ -244,7 +244,7 @@ class _KubeConstructor:
                 "a key that is a list or a mapping is not supported",
                 node.start_mark,
             )
-        if node.tag == _NULL or node.tag == _INT and not (-_INT64 <= self._raw(node) < _INT64):
+        if node.tag == _NULL or (node.tag == _INT and not (-_INT64 <= self._raw(node) < _INT64)):
             raise ConstructorError(
                 "while constructing a mapping",
                 None,
@@ -281,18 +281,42 @@ class _KubeConstructor:
     def construct_mapping(self, node: yaml.Node, deep: bool = False) -> dict[str, Any]:
         if not isinstance(node, MappingNode):
             raise ConstructorError(
-                None, None, f"expected a mapping node, but found {node.id}", node.start_mark
+                None,
+                None,
+                f"expected a mapping node, but found {type(node).__name__}",
+                node.start_mark,
             )
+        construct = self.construct_object  # type: ignore[attr-defined]
+        pairs = node.value
+        if id(node) not in self.__dict__["_own"]:
+            # The common case, in one pass: string keys, no merge, each key once.
+            mapping: dict[str, Any] = {}
+            for key_node, value_node in pairs:
+                tag = key_node.tag
+                if tag == _MERGE:
+                    break
+                key = key_node.value if tag == _STR else self.go_key(key_node)
+                mapping[key] = construct(value_node, deep=deep)
+            else:
+                if len(mapping) != len(pairs):
+                    self._refuse_duplicate(pairs)
+                return mapping
         self.flatten_mapping(node)
         pairs = node.value
         merged = len(pairs) - self.__dict__["_own"][id(node)]
-        construct = self.construct_object  # type: ignore[attr-defined]
-        mapping: dict[str, Any] = {}
+        mapping = {}
         for key_node, value_node in pairs[:merged]:
             key = key_node.value if key_node.tag == _STR else self.go_key(key_node)
             mapping[key] = construct(value_node, deep=deep)
-        seen: dict[str, yaml.Node] = {}
+        self._refuse_duplicate(pairs[merged:])
         for key_node, value_node in pairs[merged:]:
+            key = key_node.value if key_node.tag == _STR else self.go_key(key_node)
+            mapping[key] = construct(value_node, deep=deep)
+        return mapping
+
+    def _refuse_duplicate(self, pairs: list[tuple[yaml.Node, yaml.Node]]) -> None:
+        seen: dict[str, yaml.Node] = {}
+        for key_node, _value in pairs:
             key = key_node.value if key_node.tag == _STR else self.go_key(key_node)
             if key in seen:
                 raise DuplicateKeyError(
@@ -300,16 +324,12 @@ class _KubeConstructor:
                     f"{seen[key].start_mark.line + 1} and {key_node.start_mark.line + 1})"
                 )
             seen[key] = key_node
-            mapping[key] = construct(value_node, deep=deep)
-        return mapping
 
 
 def _kube_loader(base: type[yaml.SafeLoader]) -> type[yaml.SafeLoader]:
-    loader = type("KubeLoader", (_KubeConstructor, base), {})
-    loader.yaml_constructors = {  # type: ignore[attr-defined]
-        tag: ctor
-        for tag, ctor in base.yaml_constructors.items()
-        if tag in (_SEQ, _MAP)
+    loader: Any = type("KubeLoader", (_KubeConstructor, base), {})
+    loader.yaml_constructors = {
+        tag: ctor for tag, ctor in base.yaml_constructors.items() if tag in (_SEQ, _MAP)
     }
     for tag in (_STR, _INT, _FLOAT, _BOOL, _NULL, _BINARY, _TIMESTAMP, _MERGE):
         loader.add_constructor(tag, _KubeConstructor.construct_go_scalar)
@@ -317,8 +337,8 @@ def _kube_loader(base: type[yaml.SafeLoader]) -> type[yaml.SafeLoader]:
     loader.add_constructor("tag:yaml.org,2002:pairs", _KubeConstructor.construct_untagged)
     loader.add_constructor("tag:yaml.org,2002:set", _KubeConstructor.construct_untagged)
     loader.add_constructor(None, _KubeConstructor.construct_untagged)
-    loader.yaml_path_resolvers = {}  # type: ignore[attr-defined]
-    return loader
+    loader.yaml_path_resolvers = {}
+    return loader  # type: ignore[no-any-return]
 
 
 KUBE_LOADER: type[yaml.SafeLoader] = _kube_loader(SAFE_LOADER)
@@ -330,12 +350,12 @@ PURE_KUBE_LOADER: type[yaml.SafeLoader] = _kube_loader(yaml.SafeLoader)
 def load_kube(text: str | bytes) -> Any:
     """One YAML document read as Kubernetes reads it (no bounds: for small local files such as
     a kubeconfig; content goes through :func:`agent.render.manifests.load_documents`)."""
-    return yaml.load(text, Loader=KUBE_LOADER)  # noqa: S506 (a safe loader)
+    return yaml.load(text, Loader=KUBE_LOADER)
 
 
 def load_kube_all(text: str | bytes) -> list[Any]:
     """Every document of a YAML stream, read as Kubernetes reads it (no bounds)."""
-    return list(yaml.load_all(text, Loader=KUBE_LOADER))  # noqa: S506 (a safe loader)
+    return list(yaml.load_all(text, Loader=KUBE_LOADER))
 
 
 __all__ = [
