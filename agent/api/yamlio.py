@@ -162,6 +162,20 @@ def json_number(value: int | float) -> int | float:
     return value
 
 
+def go_text(value: object) -> str:
+    """The text sigs.k8s.io/yaml gives a scalar read into a Go ``string`` field (a label, a
+    Fleet ``fleet.yaml`` field): ``version: 1.28`` is ``"1.28"``, ``on`` is ``"true"``."""
+    if isinstance(value, str):
+        return value
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return _float32_text(value)
+    return str(value)
+
+
 def _float32_text(value: float) -> str:
     """``strconv.FormatFloat(value, 'g', -1, 32)``: how sigs.k8s.io/yaml writes a float key."""
     if math.isnan(value):
@@ -364,6 +378,7 @@ __all__ = [
     "SAFE_DUMPER",
     "SAFE_LOADER",
     "DuplicateKeyError",
+    "go_text",
     "json_number",
     "load_kube",
     "load_kube_all",

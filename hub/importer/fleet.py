@@ -5,8 +5,9 @@ Fleet's rules, as its ``fleet.yaml`` reference documents them, and what each bec
 
 - **Bundles.** Every directory of the GitRepo's ``paths`` (default: the root) holding a
   ``fleet.yaml`` is a bundle; a path without any is one bundle of its own files. Its name is
-  Fleet's: ``<gitrepo>-<path with / as ->`` (the root: ``<gitrepo>``), lower-cased, other
-  characters as ``-``. Its content is the directory in the same git repository: a ``git``
+  Fleet's (:func:`fleet_name`, Fleet's ``HelmReleaseName``): ``<gitrepo>-<path with / as ->``,
+  cleaned into a DNS label, a name over 53 characters cut and given a hash of the whole, so two
+  long paths never share a name (two that still would are refused). Its content is the directory in the same git repository: a ``git``
   source with ``directory`` (``--source-url``, and ``--commit`` or ``--branch``).
 - **Format.** ``kustomize.dir`` or a kustomization file: ``kustomize`` (``path`` = the dir);
   ``helm.chart`` or a ``Chart.yaml``: ``helm`` (a local chart: ``path``; ``repo`` + ``chart``:
@@ -33,6 +34,13 @@ Fleet's rules, as its ``fleet.yaml`` reference documents them, and what each bec
 - **Targets** come from the GitRepo (``--gitrepo FILE``: its ``spec.targets``, ``paths``,
   ``repo``, ``branch``/``revision``): ``clusterSelector`` and ``clusterName``; without a
   GitRepo, every cluster.
+- **Labels** (the inventory's, and the values of cluster selectors) are strings, as Fleet reads
+  them into Go strings: ``version: 1.28`` is ``"1.28"``.
+- **Checked before success** (:mod:`hub.importer.check`): every bundle is rendered from the
+  checkout (its ``path`` and each override's); one that does not render is not written and is
+  listed as not converted; the written fleet repo is loaded as the hub loads it. Clusters a
+  target names are written into an inventory given by no ``--clusters`` (without labels,
+  listed).
 - ``dependsOn`` (by bundle name) becomes ``dependsOn`` on the depended bundle's group;
   ``paused``; ``keepResources: true`` becomes ``deletionPolicy: Orphan``.
 
@@ -45,7 +53,9 @@ the result's ``notes``: nothing is dropped silently.
 from __future__ import annotations
 
 import copy
+import hashlib
 import os
+import posixpath
 import re
 import subprocess
 from collections.abc import Iterable, Mapping, Sequence
@@ -55,15 +65,20 @@ from typing import Any
 
 import yaml
 
+from agent.api.yamlio import go_text
 from agent.errors import FieldProblem, PermanentError
 from agent.render.detect import CHART_FILE, KUSTOMIZATION_FILES
 from agent.render.manifests import InvalidManifestError, ParseLimits, load_documents
 from agent.render.values import merge
 from hub.fleet.selectors import parse_selector
+from hub.importer.check import check_loads, keep_rendering
 
 FLEET_FILE = "fleet.yaml"
 _FLEET_LIMITS = ParseLimits(max_file_bytes=4 * 1024 * 1024)
-_DNS = re.compile(r"[^a-z0-9-]+")
+_DISALLOWED = re.compile(r"[^a-zA-Z0-9-]+")
+_HELM_RELEASE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z")
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?\Z")
+_MAX_NAME = 53  # Helm's release names, so Fleet's bundle names
 _FLEET_NAME = re.compile(r"\$\{\s*\.ClusterName\s*\}")
 _FLEET_LABEL = re.compile(r"\$\{\s*\.ClusterLabels\.([A-Za-z0-9./_-]+)\s*\}")
 _FLEET_TEMPLATE = re.compile(r"\$\{[^}]*\}")
@@ -153,15 +168,39 @@ def load_clusters(path: Path) -> list[dict[str, Any]]:
         if not isinstance(doc, dict):
             raise FleetImportError(f"--clusters {path}: a document is not a mapping")
         if isinstance(doc.get("clusters"), list):
-            found += [dict(c) for c in doc["clusters"] if isinstance(c, dict)]
+            found += [
+                {**c, "labels": _labels(c.get("labels"))} if "labels" in c else dict(c)
+                for c in doc["clusters"]
+                if isinstance(c, dict)
+            ]
         elif doc.get("kind") == "Cluster" and isinstance(doc.get("metadata"), dict):
             meta = doc["metadata"]
-            found.append({"name": meta.get("name"), "labels": dict(meta.get("labels") or {})})
+            found.append({"name": meta.get("name"), "labels": _labels(meta.get("labels"))})
         elif "name" in doc:
-            found.append({"name": doc["name"], "labels": dict(doc.get("labels") or {})})
+            found.append({"name": doc["name"], "labels": _labels(doc.get("labels"))})
         else:
             raise FleetImportError(f"--clusters {path}: expected clusters, a cluster or Clusters")
     return found
+
+
+def _labels(raw: object) -> dict[str, str]:
+    """Labels as Kubernetes and Fleet hold them, strings: ``version: 1.28`` is ``"1.28"``."""
+    return {str(k): go_text(v) for k, v in _dict(raw).items()}
+
+
+def _selector(raw: object) -> dict[str, Any]:
+    """A label selector with its values as strings (as Fleet reads it into Go strings)."""
+    selector = dict(_dict(raw))
+    if "matchLabels" in selector:
+        selector["matchLabels"] = _labels(selector["matchLabels"])
+    if isinstance(selector.get("matchExpressions"), list):
+        selector["matchExpressions"] = [
+            {**e, "values": [go_text(v) for v in e["values"]]}
+            if isinstance(e, dict) and isinstance(e.get("values"), list)
+            else e
+            for e in selector["matchExpressions"]
+        ]
+    return selector
 
 
 def bundle_directories(root: Path, paths: Iterable[str]) -> list[Path]:
@@ -185,10 +224,27 @@ def _hidden(directory: Path, base: Path) -> bool:
 
 
 def fleet_name(prefix: str, relative: str) -> str:
-    """Fleet's bundle name: ``<gitrepo>-<path with / as ->``, as a DNS label."""
-    text = prefix if relative in ("", ".") else f"{prefix}-{relative.replace('/', '-')}"
-    name = _DNS.sub("-", text.lower()).strip("-")
-    return name[:53].rstrip("-") or "bundle"
+    """Fleet's bundle name (``names.HelmReleaseName`` of ``<gitrepo>/<path>``): ``/`` as
+    ``-``; an upper-case letter or another character than ``[a-zA-Z0-9-]`` adds 8 characters
+    of the MD5 of the name before it is lower-cased and cleaned; longer than 53, it is cut to
+    47 and given 5 characters of the MD5 of the whole (so long paths do not collide)."""
+    joined = prefix if relative in ("", ".") else posixpath.join(prefix, relative)
+    text = posixpath.normpath(joined).replace("/", "-")
+    if text != text.lower() or _DISALLOWED.search(text):
+        text = f"{text}-{_md5(text)[:8]}"
+    text = _DISALLOWED.sub("-", text.lower())
+    text = re.sub("-+", "-", text).strip("-")
+    if not _HELM_RELEASE.match(text) or not _DNS_LABEL.match(text):
+        return _md5(joined)[:24]
+    if len(text) <= _MAX_NAME:
+        return text
+    keep = _MAX_NAME - 6
+    separator = "" if text[keep - 1] == "-" else "-"
+    return f"{text[:keep]}{separator}{_md5(text)[:5]}"
+
+
+def _md5(text: str) -> str:
+    return hashlib.md5(text.encode(), usedforsecurity=False).hexdigest()
 
 
 # --- converting ------------------------------------------------------------------------------
@@ -235,10 +291,32 @@ class _Importer:
     def run(self) -> ImportResult:
         directories = bundle_directories(self.root, self.paths)
         names = {d: fleet_name(self.settings.name, self._relative(d)) for d in directories}
+        seen: dict[str, Path] = {}
+        for directory, name in names.items():
+            if name in seen:
+                raise FleetImportError(
+                    f"{self._relative(seen[name])} and {self._relative(directory)} are both "
+                    f"bundle {name!r} in Fleet's naming: rename one of the directories"
+                )
+            seen[name] = directory
         for directory in directories:
             self.result.bundles.append(self._bundle(directory, names[directory], names))
         if self.settings.clusters is not None:
             self.result.clusters = [dict(c) for c in self.settings.clusters]
+        else:
+            # Clusters named by a target or customization must exist for the fleet to load.
+            named = sorted(
+                {
+                    str(c)
+                    for b in self.result.bundles
+                    for entry in [*b["targets"], *b.get("overrides", [])]
+                    for c in entry.get("clusters") or []
+                }
+            )
+            self.result.clusters = [{"name": n} for n in named]
+            for n in named:
+                self.note("", "clusters", f"cluster {n!r} is named by a target: written into "
+                          "the inventory without labels (give --clusters for the real ones)")  # fmt: skip
         return self.result
 
     def _relative(self, directory: Path) -> str:
@@ -383,7 +461,7 @@ class _Importer:
         for i, t in enumerate(self.targets_spec):
             entry: dict[str, Any] = {}
             if isinstance(t.get("clusterSelector"), dict):
-                entry["clusterSelector"] = t["clusterSelector"]
+                entry["clusterSelector"] = _selector(t["clusterSelector"])
             if t.get("clusterName"):
                 entry["clusters"] = [t["clusterName"]]
             for key in ("clusterGroup", "clusterGroupSelector"):
@@ -489,7 +567,7 @@ class _Importer:
 def _fleet_target(c: Mapping[str, Any]) -> dict[str, Any]:
     target: dict[str, Any] = {}
     if isinstance(c.get("clusterSelector"), dict):
-        target["clusterSelector"] = c["clusterSelector"]
+        target["clusterSelector"] = _selector(c["clusterSelector"])
     if c.get("clusterName"):
         target["clusters"] = [c["clusterName"]]
     return target
@@ -528,19 +606,27 @@ def _origin(root: Path) -> str | None:
     return done.stdout.strip() or None if done.returncode == 0 else None
 
 
-def import_fleet(root: Path, settings: ImportSettings) -> ImportResult:
-    """Convert the Fleet GitRepo content at ``root`` (see the module doc).
+def import_fleet(root: Path, settings: ImportSettings, *, check: bool = True) -> ImportResult:
+    """Convert the Fleet GitRepo content at ``root`` (see the module doc); with ``check``,
+    only bundles that render are kept (:func:`hub.importer.check.keep_rendering`).
 
     Raises FleetImportError.
     """
     if not root.is_dir():
         raise FleetImportError(f"{root}: not a directory")
-    return _Importer(root.resolve(), settings).run()
+    importer = _Importer(root.resolve(), settings)
+    result = importer.run()
+    if check:
+        result.bundles = keep_rendering(
+            result.bundles, importer.root, str(importer.source_url), importer.note
+        )
+    return result
 
 
 def write_fleet_repo(result: ImportResult, out: Path) -> list[Path]:
     """Write ``fleet.yaml``, ``clusters/inventory.yaml`` and ``bundles/<name>.yaml`` into
-    ``out`` (which must not hold a fleet repo already). Raises FleetImportError."""
+    ``out`` (which must not hold a fleet repo already), then load it as the hub does.
+    Raises FleetImportError."""
     if (out / "fleet.yaml").exists() or (out / "bundles").exists():
         raise FleetImportError(f"--out {out}: already holds a fleet repo; choose a new directory")
     written: list[Path] = []
@@ -559,6 +645,10 @@ def write_fleet_repo(result: ImportResult, out: Path) -> list[Path]:
             write(f"bundles/{bundle['name']}.yaml", bundle)
     except OSError as exc:
         raise FleetImportError(f"--out {out}: cannot write: {exc}") from exc
+    try:
+        check_loads(out)
+    except PermanentError as exc:
+        raise FleetImportError(str(exc)) from exc
     return written
 
 
