@@ -359,3 +359,59 @@ def test_long_names_unquoted_labels_and_broken_bundles_import_into_a_fleet_that_
     assert inventory["clusters"][0]["labels"] == {"version": "1.28"}
     versioned = yaml.safe_load((out / "bundles" / "fleet-examples-versioned.yaml").read_text())
     assert versioned["overrides"][0]["clusters"] == ["edge-1"]
+
+
+def test_overlays_kustomize_customizations_and_go_getter_charts(tmp_path: Path) -> None:
+    from hub.importer.fleet import ImportSettings, import_fleet, write_fleet_repo
+
+    root = tmp_path / "repo"
+    configmap = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: %s}\ndata: {a: b}\n"
+    # Fleet overlays: files replacing the bundle's per customization.
+    (root / "overlaid" / "overlays" / "prod").mkdir(parents=True)
+    (root / "overlaid" / "cm.yaml").write_text(configmap % "web")
+    (root / "overlaid" / "overlays" / "prod" / "cm.yaml").write_text(configmap % "web")
+    (root / "overlaid" / "fleet.yaml").write_text(
+        "targetCustomizations:\n- name: prod\n  clusterSelector: {matchLabels: {env: prod}}\n"
+        "  yaml:\n    overlays: [prod]\n"
+    )
+    # kustomize dirs named only by customizations (no kustomization at the root).
+    for env in ("prod", "dev"):
+        (root / "kust" / "overlays" / env).mkdir(parents=True)
+        (root / "kust" / "overlays" / env / "cm.yaml").write_text(configmap % env)
+        (root / "kust" / "overlays" / env / "kustomization.yaml").write_text(
+            "resources:\n- cm.yaml\n"
+        )
+    (root / "kust" / "fleet.yaml").write_text(
+        "targetCustomizations:\n"
+        "- name: prod\n  clusterSelector: {matchLabels: {env: prod}}\n"
+        "  kustomize: {dir: overlays/prod}\n"
+        "- name: dev\n  clusterSelector: {matchLabels: {env: dev}}\n"
+        "  kustomize: {dir: overlays/dev}\n"
+    )
+    # A chart given as a go-getter address.
+    (root / "getter").mkdir()
+    (root / "getter" / "fleet.yaml").write_text(
+        "helm:\n  chart: git::https://github.com/rancher/fleet-examples//single-cluster/helm"
+        "?ref=v0.9.0\n"
+    )
+    clusters = [{"name": "p", "labels": {"env": "prod"}}, {"name": "d", "labels": {"env": "dev"}}]
+    result = import_fleet(
+        root,
+        ImportSettings(name="x", source_url="https://git.example.com/x.git", clusters=clusters),
+    )
+    bundles = {b["name"]: b for b in result.bundles}
+    assert "x-overlaid" not in bundles
+    assert any(n.bundle == "x-overlaid" and "not converted" in n.message for n in result.notes)
+    kust = bundles["x-kust"]
+    assert kust["format"] == "kustomize"
+    assert kust["formatOptions"]["path"] == "overlays/prod"
+    assert {"clusters": ["d"], "path": "overlays/dev"} in kust["overrides"]
+    assert bundles["x-getter"]["sources"] == [
+        {
+            "kind": "git",
+            "uri": "https://github.com/rancher/fleet-examples",
+            "tag": "v0.9.0",
+            "directory": "single-cluster/helm",
+        }
+    ]
+    write_fleet_repo(result, tmp_path / "fleet")  # loads what it wrote

@@ -11,8 +11,11 @@ Fleet's rules, as its ``fleet.yaml`` reference documents them, and what each bec
   source with ``directory`` (``--source-url``, and ``--commit`` or ``--branch``).
 - **Format.** ``kustomize.dir`` or a kustomization file: ``kustomize`` (``path`` = the dir);
   ``helm.chart`` or a ``Chart.yaml``: ``helm`` (a local chart: ``path``; ``repo`` + ``chart``:
-  a ``helm`` source; ``oci://``: an ``image`` source; an archive URL: an ``http`` source);
-  else ``plain``.
+  a ``helm`` source; ``oci://``: an ``image`` source; an archive URL: an ``http`` source; a
+  go-getter git address ``git::https://host/repo//dir?ref=v1``: a ``git`` source with that
+  directory and ref); ``kustomize.dir`` given only by targetCustomizations: ``kustomize``, the
+  first of them the default path (listed); else ``plain``. A plain bundle with Fleet's
+  ``overlays/`` is not converted (listed, not written).
 - **Namespaces.** ``namespace`` (Fleet forces it) or ``defaultNamespace`` (Fleet's default:
   ``default``) becomes ``formatOptions.targetNamespace``, which is also helm's release
   namespace, as in Fleet. fleetlet only gives it to objects that name none: a forced
@@ -83,6 +86,9 @@ _FLEET_NAME = re.compile(r"\$\{\s*\.ClusterName\s*\}")
 _FLEET_LABEL = re.compile(r"\$\{\s*\.ClusterLabels\.([A-Za-z0-9./_-]+)\s*\}")
 _FLEET_TEMPLATE = re.compile(r"\$\{[^}]*\}")
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
+# go-getter's forced getters (``git::``) and its detectors' forms (``github.com/...``, ``//``
+# for a subdirectory, ``?ref=``).
+_GO_GETTER = re.compile(r"^[a-z0-9]+::|^(github\.com|gitlab\.com|bitbucket\.org)/|\?ref=|[^:]//")
 # fleet.yaml fields the importer expresses (others are listed as notes).
 _HANDLED = {
     "namespace", "defaultNamespace", "kustomize", "helm", "targetCustomizations", "dependsOn",
@@ -300,6 +306,12 @@ class _Importer:
                 )
             seen[name] = directory
         for directory in directories:
+            if self._fleet_overlays(directory):
+                self.note(names[directory], "overlays/", "not converted, not written: Fleet's "
+                          "overlays/ (files replacing or patching the bundle's per "
+                          "targetCustomizations[].yaml.overlays) have no fleetlet equivalent; "
+                          "turn them into a kustomize overlay per cluster group")  # fmt: skip
+                continue
             self.result.bundles.append(self._bundle(directory, names[directory], names))
         if self.settings.clusters is not None:
             self.result.clusters = [dict(c) for c in self.settings.clusters]
@@ -318,6 +330,17 @@ class _Importer:
                 self.note("", "clusters", f"cluster {n!r} is named by a target: written into "
                           "the inventory without labels (give --clusters for the real ones)")  # fmt: skip
         return self.result
+
+    def _fleet_overlays(self, directory: Path) -> bool:
+        """Fleet's ``overlays/`` in a bundle of plain files (a kustomize or helm bundle's
+        ``overlays/`` is its own business)."""
+        if not (directory / "overlays").is_dir() or _kustomized(directory):
+            return False
+        fleet_file = directory / FLEET_FILE
+        fy = _dict(_read_yaml(fleet_file, self.root)) if fleet_file.is_file() else {}
+        helm = _dict(fy.get("helm")).get("chart") or (directory / CHART_FILE).is_file()
+        kustomize = _dict(fy.get("kustomize")).get("dir") or _customized_dirs(fy)
+        return not helm and not kustomize
 
     def _relative(self, directory: Path) -> str:
         return directory.resolve().relative_to(self.root.resolve()).as_posix()
@@ -350,10 +373,17 @@ class _Importer:
             if kustomize_dir or has_kustomization:
                 self.note(name, "kustomize", "Fleet post-renders the chart with kustomize; "
                           "fleetlet renders the chart only")  # fmt: skip
-        elif kustomize_dir or has_kustomization:
+        elif kustomize_dir or has_kustomization or _customized_dirs(fy):
             bundle["format"] = "kustomize"
             if kustomize_dir and kustomize_dir != ".":
                 options["path"] = str(kustomize_dir)
+            elif not has_kustomization:
+                # Only targetCustomizations name kustomize dirs: the first is the default.
+                first = _customized_dirs(fy)[0]
+                options["path"] = first
+                self.note(name, "kustomize.dir", f"none for clusters no customization matches "
+                          f"(Fleet deploys the directory's files as they are there); fleetlet "
+                          f"renders {first!r} for them")  # fmt: skip
         else:
             bundle["format"] = "plain"
             nested = [d for d in names if d != directory and directory in d.parents]
@@ -414,6 +444,13 @@ class _Importer:
             if not version:
                 self.note(name, "helm.version", "no version for an OCI chart: tag 'latest'")
             chart_dir = chart.rstrip("/").rsplit("/", 1)[-1]
+        elif _GO_GETTER.search(chart):
+            remote = _go_getter_source(chart)
+            if remote is None:
+                self.note(name, "helm.chart", f"{chart!r}: a go-getter address fleetlet cannot "
+                          "pin; give the chart as a git source")  # fmt: skip
+                remote = {"kind": "git", "uri": chart}
+            chart_dir = ""
         elif chart.startswith(("http://", "https://")):
             remote = {"kind": "http", "uri": chart}
             chart_dir = ""
@@ -589,6 +626,44 @@ def _selects(target: Mapping[str, Any], cluster: Mapping[str, Any]) -> bool:
             raise FleetImportError(f"clusterSelector {raw!r}: {'; '.join(map(str, problems))}")
         return selector.matches(_dict(cluster.get("labels")))
     return True
+
+
+def _kustomized(directory: Path) -> bool:
+    return any((directory / f).is_file() for f in KUSTOMIZATION_FILES)
+
+
+def _customized_dirs(fy: Mapping[str, Any]) -> list[str]:
+    """The ``kustomize.dir`` of each targetCustomization that names one, in order."""
+    return [
+        str(_dict(c.get("kustomize")).get("dir"))
+        for c in fy.get("targetCustomizations") or []
+        if isinstance(c, dict) and _dict(c.get("kustomize")).get("dir")
+    ]
+
+
+def _go_getter_source(chart: str) -> dict[str, Any] | None:
+    """A go-getter git address (``git::https://host/repo//sub/dir?ref=v1``,
+    ``github.com/org/repo//dir?ref=v1``) as a git source with its directory; None when it
+    names no ref (fleetlet pins every source) or another getter."""
+    text = chart.removeprefix("git::")
+    if "::" in text:
+        return None
+    url, _, query = text.partition("?")
+    ref = next((v for k, _, v in (p.partition("=") for p in query.split("&")) if k == "ref"), "")
+    if not ref:
+        return None
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        scheme, rest = "https", url
+    repo, _, directory = rest.partition("//")
+    source: dict[str, Any] = {"kind": "git", "uri": f"{scheme}://{repo}"}
+    if _COMMIT.match(ref):
+        source["commit"] = ref
+    else:  # go-getter does not say which: a version is a tag, anything else a branch
+        source["tag" if re.match(r"v?[0-9]", ref) else "branch"] = ref
+    if directory:
+        source["directory"] = directory.strip("/")
+    return source
 
 
 def _dict(value: object) -> dict[str, Any]:
