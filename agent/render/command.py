@@ -26,9 +26,10 @@ import yaml
 from agent.api import FormatOptions, from_dict
 from agent.api.yamlio import SAFE_DUMPER
 from agent.errors import PermanentError, ValidationError
-from agent.render.detect import detect_format
+from agent.render.detect import archive_hint, detect_format, kustomize_hint
 from agent.render.facts import ClusterFacts
 from agent.render.formats import render_bundle
+from agent.render.manifests import InvalidManifestError
 from agent.render.plain import RenderRequest, render_root
 from agent.render.scope import builtin_scope
 from agent.render.tools import ToolSettings
@@ -147,7 +148,17 @@ def run_render(
                 f"rendering it as {format}, as asked"
             )
     _check_applies(format, format_options)
-    objects = render_bundle(tree, format=format, request=request)
+    guessed = options.format is None and format == "plain"
+    try:
+        objects = render_bundle(tree, format=format, request=request)
+    except InvalidManifestError as exc:
+        hint = kustomize_hint(root) if guessed else None
+        if hint:
+            raise RenderUsageError(hint) from exc
+        raise
+    hint = archive_hint(root) if guessed and not objects else None
+    if hint:
+        raise RenderUsageError(hint)
     if options.output == "json":
         listed = {"apiVersion": "v1", "kind": "List", "items": objects}
         return json.dumps(listed, indent=2) + "\n"
