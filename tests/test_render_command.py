@@ -313,3 +313,27 @@ def test_a_chart_archive_alone_or_a_tree_of_kustomize_overlays_says_what_to_pass
     done = _fleetlet("render", str(tree), "--path", "overlays/prod")
     assert done.returncode == 0, done.stderr
     assert "size: large" in done.stdout
+
+
+def test_a_duplicate_names_the_file_of_each_copy(tmp_path: Path) -> None:
+    plain = _write(tmp_path / "plain", {"one.yaml": _cm("x"), "a/two.yaml": _cm("x")})
+    done = _fleetlet("render", str(plain))
+    assert done.returncode != 0
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"fleetlet: {plain}: one.yaml: ConfigMap x appears twice: in a/two.yaml and in one.yaml "
+        "(rule DuplicateObject)"
+    )
+    chart = _write(
+        tmp_path / "chart",
+        {
+            "Chart.yaml": "apiVersion: v2\nname: c\nversion: 0.1.0\n",
+            "templates/a.yaml": _cm("x"),
+            "templates/b.yaml": "# the same object again\n" + _cm("x"),
+        },
+    )
+    done = _fleetlet("render", str(chart))
+    assert done.returncode != 0
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"fleetlet: {chart}: c/templates/b.yaml: ConfigMap x appears twice: in "
+        "c/templates/a.yaml and in c/templates/b.yaml (rule DuplicateObject)"
+    )

@@ -379,3 +379,33 @@ def test_kube_prometheus_stack_renders_as_helm_template_renders_it(
     crd = next(o for o in rendered if o["kind"] == "CustomResourceDefinition")
     assert crd["metadata"]["name"] == "alertmanagerconfigs.monitoring.coreos.com"
     assert '"="' in json.dumps(crd)
+
+
+def test_set_string_json_and_file_as_helm_applies_them(chart: Path, helm_binary: Path) -> None:
+    text = chart.parent / "motd.txt"
+    text.write_text("hello, world\nkey: value = 1\n")
+    given = {
+        "set_json_values": ['corpus.json={"a": [1, 2.5, null], "b": "x"}', "corpus.order=1"],
+        "set_values": ["corpus.order=2,corpus.n=+5"],
+        "set_string_values": ["corpus.order=3,corpus.s=+5", "corpus.list={1,true}"],
+        "set_file_values": [f"corpus.file={text}"],
+    }
+    flags = [
+        *[a for v in given["set_json_values"] for a in ("--set-json", v)],
+        *[a for v in given["set_values"] for a in ("--set", v)],
+        *[a for v in given["set_string_values"] for a in ("--set-string", v)],
+        *[a for v in given["set_file_values"] for a in ("--set-file", v)],
+    ]
+    # The flags in another order: helm applies them in its own (json, set, string, file).
+    expected = helm_data(helm_binary, chart, *reversed_pairs(flags))
+    assert fleetlet_data(chart, **given) == expected
+    corpus = json.loads(expected["json"])
+    assert corpus["order"] == "3"
+    assert corpus["s"] == "+5"
+    assert corpus["list"] == ["1", "true"]
+    assert corpus["file"] == text.read_text()
+
+
+def reversed_pairs(flags: list[str]) -> list[str]:
+    pairs = [flags[i : i + 2] for i in range(0, len(flags), 2)]
+    return [arg for pair in reversed(pairs) for arg in pair]

@@ -33,13 +33,20 @@ from agent.render.manifests import InvalidManifestError
 from agent.render.plain import RenderRequest, render_root
 from agent.render.scope import builtin_scope
 from agent.render.tools import ToolSettings
-from agent.render.values import load_values_file, merge, parse_set
+from agent.render.values import (
+    file_assignments,
+    load_values_file,
+    merge,
+    parse_set,
+    parse_set_file,
+    parse_set_json,
+)
 
 _Dumper: type[Any] = SAFE_DUMPER
 
 # Which formats take which options (the API's rule: plugins take every option).
 _ONLY = {
-    "values": ("--values/--set", ("plain", "kustomize", "registry+v1"), "helm"),
+    "values": ("--values/--set*", ("plain", "kustomize", "registry+v1"), "helm"),
     "releaseName": ("--release-name", ("plain", "kustomize", "registry+v1"), "helm"),
     "installNamespace": ("--install-namespace", ("plain", "kustomize", "helm"), "registry+v1"),
     "watchNamespace": ("--watch-namespace", ("plain", "kustomize", "helm"), "registry+v1"),
@@ -65,6 +72,9 @@ class RenderOptions:
     namespace: str | None = None
     values_files: Sequence[str] = ()
     set_values: Sequence[str] = ()
+    set_string_values: Sequence[str] = ()
+    set_json_values: Sequence[str] = ()
+    set_file_values: Sequence[str] = ()
     release_name: str | None = None
     install_namespace: str | None = None
     watch_namespace: str | None = None
@@ -75,11 +85,17 @@ class RenderOptions:
 def _format_options(options: RenderOptions) -> dict[str, Any]:
     """The ``formatOptions`` the flags stand for, checked by the API's own validation."""
     values: dict[str, Any] | None = None
-    if options.values_files or options.set_values:
+    sets = _helm_sets(options)
+    if options.values_files or sets:
         values = {}
         for name in options.values_files:
             values = merge(values, load_values_file(Path(name)))
+        # helm's order, whatever the order of the flags: --set-json, --set, --set-string,
+        # --set-file.
+        values = merge(values, parse_set_json(options.set_json_values))
         values = merge(values, parse_set(options.set_values))
+        values = merge(values, parse_set(options.set_string_values, strings=True))
+        values = merge(values, parse_set_file(options.set_file_values))
     checked = {
         "path": options.path,
         "targetNamespace": options.namespace,
@@ -95,6 +111,21 @@ def _format_options(options: RenderOptions) -> dict[str, Any]:
     if options.release_name is not None:
         checked["releaseName"] = options.release_name
     return checked
+
+
+def _helm_sets(options: RenderOptions) -> tuple[str, ...]:
+    """The ``--set*`` flags as given to helm (a file's content as ``--set-literal``: helm
+    reads no file of the user's)."""
+    flags: list[str] = []
+    for flag, given in (
+        ("--set-json", options.set_json_values),
+        ("--set", options.set_values),
+        ("--set-string", options.set_string_values),
+    ):
+        flags += [f"{flag}={assignment}" for assignment in given]
+    for key, text in file_assignments(options.set_file_values):
+        flags.append(f"--set-literal={key}={text}")
+    return tuple(flags)
 
 
 def _check_applies(format: str, format_options: dict[str, Any]) -> None:
@@ -132,7 +163,7 @@ def run_render(
         options=format_options,
         cluster=ClusterFacts(kube_version=options.kube_version),
         tools=tools or ToolSettings(),
-        helm_set=tuple(options.set_values),
+        helm_set=_helm_sets(options),
     )
     root = render_root(tree, request)
     detected = detect_format(root)

@@ -57,7 +57,7 @@ from agent.render.manifests import (
     load_documents,
     parse_manifests,
 )
-from agent.render.plain import RenderRequest
+from agent.render.plain import RenderRequest, refuse_duplicates
 
 DEFAULT_TIMEOUT = 60.0
 """Seconds one ``helm template`` may take."""
@@ -144,10 +144,9 @@ class HelmFormat:
                 # On stdin (``--values -``): no file to write and clean up per render.
                 inline = json.dumps(values).encode()
                 argv += ["--values", "-"]
-            for assignment in request.helm_set:
-                # Already in ``values`` (for checking, and for plugin formats); helm applies
-                # it again over them, typed as only helm types it (int64 against float64).
-                argv += ["--set", assignment]
+            # Already in ``values`` (for checking, and for plugin formats); helm applies them
+            # again over them, typed as only helm types them (int64 against float64).
+            argv += list(request.helm_set)
             facts = request.cluster
             if facts.kube_version:
                 argv += ["--kube-version", facts.kube_version]
@@ -475,14 +474,35 @@ def parse_output(output: bytes, *, source: str, limits: ParseLimits) -> list[Man
         max_depth=limits.max_depth,
     )
     try:
-        return parse_manifests(output, source=source, file="helm template output", limits=whole)
+        objects = parse_manifests(output, source=source, file="helm template output", limits=whole)
     except InvalidManifestError:
-        text = output.decode("utf-8", "replace")
-        for chunk in _DOCUMENT_START.split(text):
-            match = _SOURCE_LINE.search(chunk)
-            name = match.group(1).strip() if match else "helm template output"
-            parse_manifests(chunk.encode(), source=source, file=name, limits=limits)
+        _by_template(output, source=source, limits=limits)
         raise
+    try:
+        refuse_duplicates(objects, ["helm template output"] * len(objects), source=source)
+    except InvalidManifestError:
+        # Again with each object's template, to say where each copy came from.
+        found, origins = _by_template(output, source=source, limits=limits)
+        refuse_duplicates(found, origins, source=source)
+        raise
+    return objects
+
+
+def _by_template(
+    output: bytes, *, source: str, limits: ParseLimits
+) -> tuple[list[Manifest], list[str]]:
+    """The objects of helm's output and the template each came from (its ``# Source:``)."""
+    text = output.decode("utf-8", "replace")
+    objects: list[Manifest] = []
+    origins: list[str] = []
+    name = "helm template output"
+    for chunk in _DOCUMENT_START.split(text):
+        match = _SOURCE_LINE.search(chunk)
+        name = match.group(1).strip() if match else name
+        found = parse_manifests(chunk.encode(), source=source, file=name, limits=limits)
+        objects += found
+        origins += [name] * len(found)
+    return objects, origins
 
 
 # helm's whole environment: no cluster, no network, and no state. Its home and every ``HELM_*``

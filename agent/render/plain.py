@@ -80,8 +80,8 @@ class RenderRequest:
     :func:`agent.render.formats.render_bundle` after the format, never by the format itself.
     ``cluster`` is what is known of the cluster (version, served APIs); ``upgrade`` whether the
     bundle is already installed there (helm's ``.Release.IsUpgrade``); ``tools`` where helm
-    and kustomize are. ``helm_set`` are ``fleetlet render --set`` assignments, given to helm as
-    they were written after the values (so that helm types them itself: an integer there stays
+    and kustomize are. ``helm_set`` are ``fleetlet render``'s ``--set*`` flags (``--set=a=1``), given to helm
+    as they were written after the values (so that helm types them itself: an integer there stays
     an int64, where one in values is a float64).
 
     Every field but ``source``, ``scope``, ``ownership`` and ``tools`` is part of the render
@@ -206,6 +206,7 @@ def load_tree(tree: Path, request: RenderRequest) -> list[Manifest]:
     """
     limits = request.limits
     objects: list[Manifest] = []
+    origins: list[str] = []
     refused: list[InvalidManifestError] = []
     total = 0
     for relative in manifest_files(tree, source=request.source, limits=limits):
@@ -228,11 +229,12 @@ def load_tree(tree: Path, request: RenderRequest) -> list[Manifest]:
             )
         data = _guard_read(path.read_bytes, relative, request.source)
         try:
-            objects.extend(
-                parse_manifests(data, source=request.source, file=relative, limits=limits.parse)
-            )
+            found = parse_manifests(data, source=request.source, file=relative, limits=limits.parse)
         except InvalidManifestError as exc:
             refused.append(exc)
+        else:
+            objects.extend(found)
+            origins.extend([relative] * len(found))
         if len(objects) > limits.max_objects:
             raise InvalidManifestError(
                 f"more than {limits.max_objects} objects",
@@ -244,6 +246,7 @@ def load_tree(tree: Path, request: RenderRequest) -> list[Manifest]:
         raise refused[0]
     if refused:
         raise InvalidManifestsError(refused, source=request.source)
+    refuse_duplicates(objects, origins, source=request.source)
     return objects
 
 
@@ -279,6 +282,29 @@ def _identity(obj: Manifest, index: int) -> tuple[str, str, str, str]:
     # A hook known by generateName gets its name from the API server: never a duplicate.
     name = meta.get("name") or f"{meta.get('generateName')}<generated #{index + 1}>"
     return (group, str(obj["kind"]), str(meta.get("namespace") or ""), str(name))
+
+
+def refuse_duplicates(objects: Sequence[Manifest], origins: Sequence[str], *, source: str) -> None:
+    """Refuse an object written twice, naming where each copy came from (``origins``: the file
+    of each object, parallel to ``objects``). Namespaces as written: :func:`finish` catches
+    what defaulting makes equal.
+
+    Raises InvalidManifestError (DuplicateObject).
+    """
+    seen: dict[tuple[str, str, str, str], str] = {}
+    for index, (obj, origin) in enumerate(zip(objects, origins, strict=True)):
+        identity = _identity(obj, index)
+        if identity in seen:
+            group, kind, namespace, name = identity
+            where = f"{namespace}/{name}" if namespace else name
+            raise InvalidManifestError(
+                f"{kind}{'.' + group if group else ''} {where} appears twice: in {seen[identity]} "
+                f"and in {origin}",
+                source=source,
+                file=origin,
+                rule="DuplicateObject",
+            )
+        seen[identity] = origin
 
 
 def finish(objects: list[Manifest], request: RenderRequest) -> list[Manifest]:

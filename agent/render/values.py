@@ -13,6 +13,7 @@ Files and assignments are merged in order: mappings key by key, anything else re
 from __future__ import annotations
 
 import itertools
+import json
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -59,8 +60,10 @@ def load_values_file(path: Path) -> dict[str, Any]:
     return documents[0]
 
 
-def _typed(text: str) -> Any:
-    """helm's strvals ``typedVal``."""
+def _typed(text: str, strings: bool = False) -> Any:
+    """helm's strvals ``typedVal`` (``strings``: ``--set-string``, everything a string)."""
+    if strings:
+        return text
     lowered = text.lower()
     if lowered in ("true", "false"):
         return lowered == "true"
@@ -74,7 +77,7 @@ def _typed(text: str) -> Any:
     return text
 
 
-def _split_value(text: str, start: int) -> tuple[Any, int]:
+def _split_value(text: str, start: int, strings: bool = False) -> tuple[Any, int]:
     """The value starting at ``start`` and the index after it (at a ',' or the end)."""
     if text.startswith("{", start):
         items: list[Any] = []
@@ -83,12 +86,12 @@ def _split_value(text: str, start: int) -> tuple[Any, int]:
             item, i = _runes_until(text, i, ",}")
             if i >= len(text):
                 raise ValuesError(f"--set {text!r}: '{{' without '}}'")
-            items.append(_typed(item))
+            items.append(_typed(item, strings))
             if text[i] == "}":
                 return items, i + 1
             i += 1
     value, i = _runes_until(text, start, ",")
-    return _typed(value), i
+    return _typed(value, strings), i
 
 
 def _runes_until(text: str, start: int, stops: str) -> tuple[str, int]:
@@ -170,8 +173,9 @@ def _put(node: Any, key: str | int, value: Any) -> None:
     node[key] = value
 
 
-def parse_set(assignments: Iterable[str]) -> dict[str, Any]:
-    """The values of ``--set`` assignments, in order (later ones win).
+def parse_set(assignments: Iterable[str], *, strings: bool = False) -> dict[str, Any]:
+    """The values of ``--set`` assignments (``strings``: ``--set-string``), in order (later
+    ones win).
 
     Raises ValuesError naming the assignment.
     """
@@ -182,7 +186,59 @@ def parse_set(assignments: Iterable[str]) -> dict[str, Any]:
             path, equals = _split_key(text, i)
             if isinstance(path[0], int):
                 raise ValuesError(f"--set {text!r}: a key starts with a name")
-            value, i = _split_value(text, equals + 1)
+            value, i = _split_value(text, equals + 1, strings)
             _assign(values, path, value)
             i += 1  # the ',' between assignments
+    return values
+
+
+def _one_assignment(text: str, flag: str) -> tuple[list[str | int], str]:
+    """The key path and the raw rest of ``key=rest`` (one assignment: the rest is not split)."""
+    path, equals = _split_key(text, 0)
+    if isinstance(path[0], int):
+        raise ValuesError(f"{flag} {text!r}: a key starts with a name")
+    return path, text[equals + 1 :]
+
+
+def parse_set_json(assignments: Iterable[str]) -> dict[str, Any]:
+    """The values of ``--set-json`` assignments (``key=<JSON>``, one per flag), in order.
+
+    Raises ValuesError naming the assignment.
+    """
+    values: dict[str, Any] = {}
+    for text in assignments:
+        path, raw = _one_assignment(text, "--set-json")
+        try:
+            value = json.loads(raw)
+        except ValueError as exc:
+            raise ValuesError(f"--set-json {text!r}: not JSON: {exc}") from None
+        _assign(values, path, value)
+    return values
+
+
+def file_assignments(assignments: Iterable[str]) -> list[tuple[str, str]]:
+    """``--set-file`` assignments (``key=FILE``) as (the key as written, the file's text).
+
+    Raises ValuesError (a bad key, an unreadable file, not UTF-8).
+    """
+    out: list[tuple[str, str]] = []
+    for text in assignments:
+        _path, equals = _split_key(text, 0)
+        name = text[equals + 1 :]
+        try:
+            out.append((text[:equals], Path(name).read_text(encoding="utf-8")))
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValuesError(f"--set-file {text!r}: cannot read {name}: {exc}") from None
+    return out
+
+
+def parse_set_file(assignments: Iterable[str]) -> dict[str, Any]:
+    """The values of ``--set-file`` assignments: each file's text, a string.
+
+    Raises ValuesError.
+    """
+    values: dict[str, Any] = {}
+    for key, content in file_assignments(assignments):
+        path, _ = _one_assignment(f"{key}=", "--set-file")
+        _assign(values, path, content)
     return values
