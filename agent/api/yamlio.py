@@ -99,6 +99,8 @@ def _go_int(text: str) -> int | None:
     if match is None:
         return None
     sign, hexa, octal, binary, zero, decimal = match.groups()
+    if len(text) > 70:  # longer than any 64-bit integer, however written
+        return None
     if hexa is not None:
         value = int(hexa, 16)
     elif octal is not None:

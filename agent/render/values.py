@@ -72,7 +72,13 @@ def _typed(text: str, strings: bool = False) -> Any:
     if text == "0":
         return 0
     # strconv.ParseInt(text, 10, 64), tried only when the text does not start with 0.
-    if text and text[0] != "0" and _INT.match(text) and -_INT64 <= int(text) < _INT64:
+    if (
+        text
+        and text[0] != "0"
+        and len(text) <= 20  # a sign and 19 digits at most fit 64 bits
+        and _INT.match(text)
+        and -_INT64 <= int(text) < _INT64
+    ):
         return int(text)
     return text
 
