@@ -409,3 +409,10 @@ def test_set_string_json_and_file_as_helm_applies_them(chart: Path, helm_binary:
 def reversed_pairs(flags: list[str]) -> list[str]:
     pairs = [flags[i : i + 2] for i in range(0, len(flags), 2)]
     return [arg for pair in reversed(pairs) for arg in pair]
+
+
+def test_a_number_longer_than_any_integer_is_text() -> None:
+    digits = "1" * 5000
+    (read,) = parse_manifests(corpus_manifest([digits], []).encode(), source="c", file="c.yaml")
+    assert read["spec"]["values"] == [digits]  # as Go: too big for a float, so a string
+    assert parse_set([f"a={digits}"]) == {"a": digits}
