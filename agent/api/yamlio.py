@@ -27,6 +27,8 @@
   The C parser (libyaml, which go-yaml is a port of) is used when PyYAML has it. Bounds on
   what is read (sizes, aliases, depth) belong to the callers: see
   :mod:`agent.render.manifests`.
+- :data:`KUBE_DUMPER` writes YAML that reads back the same that way: a string go-yaml would
+  read as something else (``y``, ``1e3``, ``0o17``) is quoted.
 - :data:`SAFE_LOADER` / :data:`SAFE_DUMPER`: PyYAML's safe loader and dumper (in C when libyaml
   is there), for fleetlet's own files whose format fleetlet defines (``set.yaml``: see
   :mod:`agent.api.canonical`).
@@ -357,6 +359,19 @@ def _kube_loader(base: type[yaml.SafeLoader]) -> type[yaml.SafeLoader]:
     return loader  # type: ignore[no-any-return]
 
 
+class _KubeResolver:
+    """The dumper's side: a string go-yaml would read as something else (``y``, ``1e3``,
+    ``0o17``) is quoted, so what fleetlet writes Kubernetes reads back the same."""
+
+    def resolve(self, kind: type, value: str, implicit: tuple[bool, bool]) -> str:
+        if kind is ScalarNode:
+            return plain_scalar(value)[0] if implicit[0] else _STR
+        return _SEQ if kind is SequenceNode else _MAP
+
+
+KUBE_DUMPER: type[yaml.SafeDumper] = type("KubeDumper", (_KubeResolver, SAFE_DUMPER), {})
+"""PyYAML's safe dumper (C when libyaml is there), quoting what Kubernetes would misread."""
+
 KUBE_LOADER: type[yaml.SafeLoader] = _kube_loader(SAFE_LOADER)
 """Reads YAML as Kubernetes does (see the module's docstring); C when libyaml is there."""
 PURE_KUBE_LOADER: type[yaml.SafeLoader] = _kube_loader(yaml.SafeLoader)
@@ -375,6 +390,7 @@ def load_kube_all(text: str | bytes) -> list[Any]:
 
 
 __all__ = [
+    "KUBE_DUMPER",
     "KUBE_LOADER",
     "PURE_KUBE_LOADER",
     "SAFE_DUMPER",

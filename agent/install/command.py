@@ -176,7 +176,9 @@ def _dump(objects: list[dict[str, Any]], output: str) -> str:
         return json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}, indent=2) + "\n"
     import yaml
 
-    return yaml.safe_dump_all(objects, sort_keys=False, default_flow_style=False)
+    from agent.api.yamlio import KUBE_DUMPER
+
+    return yaml.dump_all(objects, Dumper=KUBE_DUMPER, sort_keys=False, default_flow_style=False)
 
 
 def _dump_changes(changes: list[Any], output: str) -> str:

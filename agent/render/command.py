@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 
 from agent.api import FormatOptions, from_dict
-from agent.api.yamlio import SAFE_DUMPER
+from agent.api.yamlio import KUBE_DUMPER
 from agent.errors import PermanentError, ValidationError
 from agent.render.detect import archive_hint, detect_format, kustomize_hint
 from agent.render.facts import ClusterFacts
@@ -42,7 +42,7 @@ from agent.render.values import (
     parse_set_json,
 )
 
-_Dumper: type[Any] = SAFE_DUMPER
+_Dumper: type[Any] = KUBE_DUMPER
 
 # Which formats take which options (the API's rule: plugins take every option).
 _ONLY = {

@@ -68,7 +68,7 @@ from typing import Any
 
 import yaml
 
-from agent.api.yamlio import go_text
+from agent.api.yamlio import KUBE_DUMPER, go_text
 from agent.errors import FieldProblem, PermanentError
 from agent.render.detect import CHART_FILE, KUSTOMIZATION_FILES
 from agent.render.manifests import InvalidManifestError, ParseLimits, load_documents
@@ -709,7 +709,9 @@ def write_fleet_repo(result: ImportResult, out: Path) -> list[Path]:
     def write(relative: str, data: Any) -> None:
         path = out / relative
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(yaml.safe_dump(data, sort_keys=False, default_flow_style=False))
+        path.write_text(
+            yaml.dump(data, Dumper=KUBE_DUMPER, sort_keys=False, default_flow_style=False)
+        )
         written.append(path)
 
     try:
