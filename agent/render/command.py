@@ -46,7 +46,7 @@ _Dumper: type[Any] = KUBE_DUMPER
 
 # Which formats take which options (the API's rule: plugins take every option).
 _ONLY = {
-    "values": ("--values/--set*", ("plain", "kustomize", "registry+v1"), "helm"),
+    "values": ("--values/--set", ("plain", "kustomize", "registry+v1"), "helm"),
     "releaseName": ("--release-name", ("plain", "kustomize", "registry+v1"), "helm"),
     "installNamespace": ("--install-namespace", ("plain", "kustomize", "helm"), "registry+v1"),
     "watchNamespace": ("--watch-namespace", ("plain", "kustomize", "helm"), "registry+v1"),
