@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -20,6 +21,7 @@ import pytest
 from agent.kube import KubeClient
 from agent.render import formats
 from agent.render.formats import render_bundle
+from agent.render.confine import CONFINED_HINT, support
 from agent.render.plain import RenderRequest
 from agent.render.plugins import (
     PluginError,
@@ -29,6 +31,7 @@ from agent.render.plugins import (
     PluginTimeoutError,
 )
 from agent.render.tools import ToolSettings
+from tests.hostile import renderers as hostile
 from tests.fleetlab import REPO_ROOT, Lab, conditions, live
 from tests.realenv.kube import Cluster
 from tests.test_crds import crds as crds  # the fixture: the CRDs installed
@@ -91,6 +94,25 @@ class Future:
     def render(self, tree, request):
         return []
 
+class Snoop:
+    # Tries what options["try"] says, the way a hostile bundle's plugin (or a plugin fooled
+    # by its bundle) would.
+    name = "snoop"
+    def render(self, tree, request):
+        import socket
+        what, target = request.options["try"], request.options.get("target")
+        if what == "read":
+            data = open(target).read()
+        elif what == "write":
+            data = open(target, "w").write("x")
+        elif what == "socket":
+            data = socket.create_connection(("127.0.0.1", int(target)), timeout=5).recv(10)
+        elif what == "udp":
+            data = socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b"x", ("127.0.0.1", 9))
+        elif what == "tree":
+            data = (tree / "main.txt").read_text()
+        return [dict(_cm("snooped"), data={"got": str(data)})]
+
 class Patcher:
     name = "patcher"
     applies_patches = True
@@ -100,7 +122,7 @@ class Patcher:
 raise_on_import = None
 """
 NAMES = ["raises", "refuses", "flaky", "hangs", "eats", "crashes", "chatty", "nonsense",
-         "future", "patcher"]  # fmt: skip
+         "future", "patcher", "snoop"]  # fmt: skip
 
 
 @pytest.fixture
@@ -181,6 +203,48 @@ def test_prints_go_to_stderr_and_patches_are_left_to_a_plugin_that_applies_them(
     (patched,) = _render(tmp_path, "patcher", patches=(patch,))
     assert patched["data"] == {"patches": "1"}
     assert "labels" not in patched["metadata"]  # fleetlet did not apply it again
+
+
+@pytest.mark.usefixtures("bad_plugins")
+def test_nothing_in_the_bundle_tree_can_stand_in_for_fleetlet_or_the_plugin(
+    tmp_path: Path,
+) -> None:
+    # Issue 28, 1: the worker ran as `python -m ...` in the tree, so these were imported first.
+    tree = hostile.shadowing_tree(tmp_path / "bundle", plugin_module="fleetlet_bad")
+
+    assert [o["metadata"] for o in _render(tree, "chatty")] == [{"name": "chatty"}]
+    assert not list(tree.rglob("HIJACKED")), "a module of the tree ran"
+
+
+@pytest.mark.usefixtures("bad_plugins")
+@pytest.mark.skipif(not support().confined, reason="the kernel has no Landlock")
+@pytest.mark.parametrize("attempt", ["read", "token", "write", "socket", "udp"])
+def test_a_plugin_reaches_nothing_outside_its_tree(tmp_path: Path, attempt: str) -> None:
+    tree = _write(tmp_path / "bundle", {"main.txt": "ours\n"})
+    secret = _write(tmp_path / "agent-state", {"token": "the agent's token\n"}) / "token"
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        target = {
+            "read": str(secret),
+            "token": "/var/run/secrets/kubernetes.io/serviceaccount/token",
+            "write": str(tmp_path / "planted"),
+            "socket": str(server.getsockname()[1]),
+            "udp": "",
+        }[attempt]
+        if attempt == "token" and not Path(target).exists():
+            target = str(secret)  # not in a pod: the same refusal on a stand-in
+
+        with pytest.raises(PluginError) as refused:
+            how = "read" if attempt == "token" else attempt
+            _render(tree, "snoop", options={"try": how, "target": target})
+
+    message = str(refused.value)
+    assert refused.value.rule == "PluginFailed"
+    assert "PermissionError" in message and "Permission denied" in message
+    assert CONFINED_HINT in message
+    assert not (tmp_path / "planted").exists()
+    # What it may do: read its own tree.
+    (ok,) = _render(tree, "snoop", options={"try": "tree"})
+    assert ok["data"] == {"got": "ours\n"}
 
 
 def _jsonnet_installed() -> None:

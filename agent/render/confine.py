@@ -38,6 +38,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import functools
+import logging
 import os
 import platform
 import struct
@@ -246,6 +247,8 @@ def run_confined(confinement: Confinement | None, start: Callable[[], _T]) -> _T
     if confinement is None:
         return start()
     found = support()
+    if not found.confined:
+        _warn_once(found)
     ruleset = _ruleset(confinement, found.landlock_abi) if found.confined else None
     outcome: list[object] = []
 
@@ -267,6 +270,12 @@ def run_confined(confinement: Confinement | None, start: Callable[[], _T]) -> _T
     if isinstance(result, BaseException):
         raise result
     return result  # type: ignore[return-value]
+
+
+@functools.cache
+def _warn_once(found: Support) -> None:
+    # The agent says it at start; `fleetlet render` and `hub diff` say it at their first render.
+    logging.getLogger("agent.render").warning("%s", found.describe())
 
 
 def _check(result: int, what: str) -> int:

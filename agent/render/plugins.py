@@ -281,6 +281,8 @@ class PluginFormat:
                 source=request.source,
                 rule="BadPluginOutput",
             )
+        # A refused access (the confinement) says so: the plugin's own message is errno's.
+        text = confine.explain_refusal(text) or text
         return PluginError(f"{what} failed: {text}", source=request.source, rule="PluginFailed")
 
 
