@@ -20,8 +20,8 @@ import pytest
 
 from agent.kube import KubeClient
 from agent.render import formats
-from agent.render.formats import render_bundle
 from agent.render.confine import CONFINED_HINT, support
+from agent.render.formats import render_bundle
 from agent.render.plain import RenderRequest
 from agent.render.plugins import (
     PluginError,
@@ -31,8 +31,8 @@ from agent.render.plugins import (
     PluginTimeoutError,
 )
 from agent.render.tools import ToolSettings
-from tests.hostile import renderers as hostile
 from tests.fleetlab import REPO_ROOT, Lab, conditions, live
+from tests.hostile import renderers as hostile
 from tests.realenv.kube import Cluster
 from tests.test_crds import crds as crds  # the fixture: the CRDs installed
 
