@@ -164,8 +164,8 @@ def _visit(walk: _Walk, directory: Path, configs: bool) -> None:
     if len(documents) != 1 or not isinstance(documents[0], dict):
         raise walk.refuse(where, "a kustomization is one YAML object", "InvalidKustomization")
     kustomization: dict[str, Any] = documents[0]
-    for name, entry in _references(kustomization):
-        _check_reference(walk, directory, where, name, entry, configs)
+    for name, reference in _references(kustomization):
+        _check_reference(walk, directory, where, name, reference, configs)
     charts = kustomization.get("helmCharts")
     _check_helm(walk, directory, where, "helmCharts", charts, kustomization.get("helmGlobals"))
     legacy = kustomization.get("helmChartInflationGenerator")
