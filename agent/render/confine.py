@@ -132,7 +132,9 @@ def for_python(*, tree: Path | None, scratch: Path | None, path: Iterable[str]) 
     read = [Path(p) for p in path]
     for key in ("stdlib", "platstdlib"):
         read.append(Path(sysconfig.get_path(key)))
-    read += [Path(p) for p in _SYSTEM_LIBRARIES]
+    libdir = sysconfig.get_config_var("LIBDIR")  # libpython, when it is a shared library
+    libraries = [Path(p) for p in _SYSTEM_LIBRARIES] + ([Path(libdir)] if libdir else [])
+    read += libraries
     read.append(Path("/etc/ld.so.cache"))
     if tree is not None:
         read.append(tree)
@@ -142,7 +144,7 @@ def for_python(*, tree: Path | None, scratch: Path | None, path: Iterable[str]) 
         execute=(
             Path(sys.executable),
             Path(os.path.realpath(sys.executable)),
-            *(Path(p) for p in _SYSTEM_LIBRARIES),  # the loader and libraries are "executed"
+            *libraries,  # the loader and shared libraries are "executed"
         ),
     )
 
