@@ -210,16 +210,16 @@ class Support:
         )
 
 
-_libc: ctypes.CDLL | None = None
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    libc.prctl.restype = ctypes.c_int
+    return libc
 
 
-def _syscall() -> Callable[..., int]:
-    global _libc
-    if _libc is None:
-        _libc = ctypes.CDLL(None, use_errno=True)
-        _libc.syscall.restype = ctypes.c_long
-        _libc.prctl.restype = ctypes.c_int
-    return _libc.syscall  # type: ignore[no-any-return]
+def _syscall(*args: object) -> int:
+    return int(_libc().syscall(*args))
 
 
 @functools.cache
@@ -228,7 +228,7 @@ def support() -> Support:
     seccomp = platform.machine() in _SECCOMP_ARCH and sys.platform == "linux"
     if sys.platform != "linux":
         return Support(0, False, f"{sys.platform} has no Landlock")
-    abi = _syscall()(_SYS_CREATE_RULESET, None, ctypes.c_size_t(0), _CREATE_RULESET_VERSION)
+    abi = _syscall(_SYS_CREATE_RULESET, None, ctypes.c_size_t(0), _CREATE_RULESET_VERSION)
     if abi < 0:
         code = ctypes.get_errno()
         why = {
@@ -251,6 +251,8 @@ def run_confined(confinement: Confinement | None, start: Callable[[], _T]) -> _T
     found = support()
     if not found.confined:
         _warn_once(found)
+        if sys.platform != "linux":
+            return start()  # no prctl, no seccomp: the other bounds only
     ruleset = _ruleset(confinement, found.landlock_abi) if found.confined else None
     outcome: list[object] = []
 
@@ -289,7 +291,6 @@ def _check(result: int, what: str) -> int:
 
 def _ruleset(confinement: Confinement, abi: int) -> int:
     """A Landlock ruleset fd for ``confinement`` (closed by the caller)."""
-    syscall = _syscall()
     handled = (1 << 13) - 1  # EXECUTE .. MAKE_SYM (ABI 1)
     if abi >= 2:
         handled |= 1 << 13  # REFER
@@ -303,7 +304,7 @@ def _ruleset(confinement: Confinement, abi: int) -> int:
     if abi >= 6:
         fields.append(_SCOPE_ABSTRACT_UNIX_SOCKET | _SCOPE_SIGNAL)
     attr = ctypes.create_string_buffer(struct.pack(f"={len(fields)}Q", *fields))
-    fd = _check(syscall(_SYS_CREATE_RULESET, attr, ctypes.c_size_t(len(attr.raw)), 0), "ruleset")
+    fd = _check(_syscall(_SYS_CREATE_RULESET, attr, ctypes.c_size_t(len(attr.raw)), 0), "ruleset")
     try:
         reading = _READ_FILE | _READ_DIR
         writing = handled & ~_EXECUTE & ~(1 << 6) & ~(1 << 11)  # no exec, no devices
@@ -331,11 +332,12 @@ def _add_rule(ruleset: int, path: Path, rights: int) -> None:
         if not os.path.isdir(f"/proc/self/fd/{target}"):
             rights &= _FILE_RIGHTS
         attr = ctypes.create_string_buffer(struct.pack("=Qi", rights, target))
-        _check(_syscall()(_SYS_ADD_RULE, ruleset, _RULE_PATH_BENEATH, attr, 0), f"rule {path}")
+        _check(_syscall(_SYS_ADD_RULE, ruleset, _RULE_PATH_BENEATH, attr, 0), f"rule {path}")
     finally:
         os.close(target)
 
 
+@functools.cache
 def _seccomp_program() -> bytes:
     """A classic BPF program failing socket(2) and io_uring_setup(2) with EACCES, and every
     system call of a foreign ABI (x32, i386 on x86_64)."""
@@ -366,12 +368,7 @@ def _seccomp_program() -> bytes:
 def _restrict_thread(ruleset: int | None, found: Support) -> None:
     """Bind the calling thread (and what it starts) by no_new_privs, the socket filter and
     the Landlock ruleset. Raises ConfinementError."""
-    libc = _libc
-    assert libc is not None or (not found.seccomp and ruleset is None)
-    if libc is None:
-        _syscall()
-        libc = _libc
-        assert libc is not None
+    libc = _libc()
     _check(libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
     if found.seccomp:
         program = _seccomp_program()
@@ -380,7 +377,7 @@ def _restrict_thread(ruleset: int | None, found: Support) -> None:
         fprog_buffer = ctypes.create_string_buffer(fprog)
         _check(libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, fprog_buffer, 0, 0), "seccomp")
     if ruleset is not None:
-        _check(_syscall()(_SYS_RESTRICT_SELF, ruleset, 0), "landlock_restrict_self")
+        _check(_syscall(_SYS_RESTRICT_SELF, ruleset, 0), "landlock_restrict_self")
 
 
 CONFINED_HINT = (
