@@ -716,3 +716,18 @@ def test_kustomize_reads_nothing_outside_its_tree(tmp_path: Path) -> None:
     message = str(refused.value)
     assert "permission denied" in message.lower() and "stolen" not in message
     assert CONFINED_HINT in message
+
+
+def test_a_local_path_that_only_looks_like_a_host_renders(
+    kustomize_binary: Path, tmp_path: Path
+) -> None:
+    # kustomize reads these from the tree (it fetches only URLs, git and github.com/... forms).
+    tree = _write(
+        tmp_path,
+        {
+            "kustomization.yaml": "resources: [config.d/cm.yaml, v1.2/cm.yaml]\n",
+            "config.d/cm.yaml": "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: a}\n",
+            "v1.2/cm.yaml": "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: b}\n",
+        },
+    )
+    assert _ids(_kustomize(tree)) == [("ConfigMap", "a"), ("ConfigMap", "b")]

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import tempfile
 from collections import deque
 from collections.abc import Iterator
@@ -61,6 +62,8 @@ _MAX_KUSTOMIZATIONS = 1_000
 _HELM_DEFAULT_HOME = "charts"
 _HELM_GENERATOR = "HelmChartInflationGenerator"
 _REMOTE_PREFIXES = ("git@", "git::", "gh:", "ssh:", "file:")
+_FETCHED_PREFIXES = ("http://", "https://", "ssh://", "file://", "github.com/", "github.com:")
+_SCP_STYLE = re.compile(r"^[a-z][a-z0-9-]*@[^/:]*[/:].")
 
 
 class KustomizeError(InvalidManifestError):
@@ -314,16 +317,26 @@ def _references(k: dict[str, Any]) -> Iterator[tuple[str, tuple[str, str]]]:
             yield f"helmCharts[{i}].additionalValuesFiles[{j}]", ("file", entry)
 
 
-def _looks_remote(entry: str) -> bool:
-    """Whether kustomize would fetch ``entry`` (it tries a URL or a git repository before a
-    local path of the same name, so a same-named directory in the tree does not help)."""
+def _fetched(entry: str) -> bool:
+    """Whether kustomize fetches ``entry`` whatever the tree holds: it tries an
+    ``http(s)://`` file, and a git repository (``git::``, ``ssh://``, ``https://``,
+    ``file://``, ``github.com/...``, ``user@host:repo``; ``git.NewRepoSpecFromURL``), before a
+    local path of the same name."""
     lowered = entry.strip().lower()
-    if "://" in lowered or lowered.startswith(_REMOTE_PREFIXES) or "?ref=" in lowered:
+    lowered = lowered.removeprefix("git::")
+    return lowered.startswith(_FETCHED_PREFIXES) or bool(_SCP_STYLE.match(lowered))
+
+
+def _looks_remote(entry: str) -> bool:
+    """Whether a missing ``entry`` was meant as a remote reference (the advice to pin it)."""
+    lowered = entry.strip().lower()
+    if _fetched(lowered) or "://" in lowered or lowered.startswith(_REMOTE_PREFIXES):
         return True
-    # github.com/org/repo, example.com/x//sub, user@host:repo (scp style): a host name
-    # first, a user, or a go-getter '//' subdir.
+    if "?ref=" in lowered:
+        return True
+    # example.com/x, example.com/x//sub: a host name first, or a go-getter '//' subdir.
     first = lowered.split("/", 1)[0]
-    return ("." in first.strip(".") and "/" in lowered) or "//" in lowered or "@" in first
+    return ("." in first.strip(".") and "/" in lowered) or "//" in lowered
 
 
 def _check_reference(
@@ -336,7 +349,7 @@ def _check_reference(
 ) -> None:
     kind, entry = reference
     field_where = f"{where}: {name}"
-    if _looks_remote(entry):
+    if _fetched(entry) or (_looks_remote(entry) and not (directory / entry).exists()):
         raise walk.refuse(
             field_where,
             f"{entry!r} is remote: a render never fetches; add it to the bundle as a pinned "
