@@ -38,6 +38,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import functools
+import gc
 import logging
 import os
 import platform
@@ -263,11 +264,17 @@ def run_confined(confinement: Confinement | None, start: Callable[[], _T]) -> _T
         except BaseException as exc:  # carried to the caller's thread
             outcome.append(exc)
 
+    # No cyclic garbage collection while the confined thread runs Python: a finalizer it ran
+    # (another object's temporary directory) would find itself confined too.
+    collecting = gc.isenabled()
+    gc.disable()
     try:
         thread = threading.Thread(target=confined, name="fleetlet-confined-start", daemon=True)
         thread.start()
         thread.join()
     finally:
+        if collecting:
+            gc.enable()
         if ruleset is not None:
             os.close(ruleset)
     result = outcome[0]
