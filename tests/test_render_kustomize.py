@@ -17,11 +17,12 @@ from agent.render.cache import RenderCache, tree_digest
 from agent.render.confine import CONFINED_HINT, support
 from agent.render.facts import ClusterFacts
 from agent.render.formats import render_bundle
-from agent.render.kustomize import KustomizationPlan, KustomizeError, KustomizeFormat
+from agent.render.kustomize import KustomizeError, KustomizeFormat
 from agent.render.manifests import InvalidManifestError
 from agent.render.patches import PatchFailedError
 from agent.render.plain import RenderRequest
 from agent.render.tools import ToolSettings
+from tests.hostile import renderers as hostile
 from tests.realenv.tool_fixtures import ToolCounter
 
 ASSETS = Path(__file__).parent / "assets"
@@ -558,14 +559,16 @@ HCIG = "apiVersion: builtin\nkind: HelmChartInflationGenerator\nmetadata: {name:
             {"kustomization.yaml": "generators:\n- |\n"
              + "".join(f"  {line}\n" for line in (HCIG + "name: greeter\nconfigHome: h\n")
                        .splitlines())},
-            "UnsafeHelm", "kustomization.yaml: generators[0]", "configHome 'h'",
+            "UnsafeHelm", "kustomization.yaml: generators[0]: HelmChartInflationGenerator configHome",
+            "configHome 'h'",
             id="inline-generator-confighome",
         ),
         pytest.param(
             {"kustomization.yaml": "generators: [gens]\n",
              "gens/kustomization.yaml": "resources: [hcig.yaml]\n",
              "gens/hcig.yaml": HCIG + "name: greeter\nchartHome: ..\nconfigHome: /tmp/h\n"},
-            "UnsafeHelm", "gens/hcig.yaml", "configHome", id="generator-kustomization",
+            "UnsafeHelm", "gens/hcig.yaml: HelmChartInflationGenerator configHome", "configHome",
+            id="generator-kustomization",
         ),
         pytest.param(
             {"kustomization.yaml": "transformers: [t.yaml]\n",
@@ -699,23 +702,22 @@ def test_a_remote_path_in_a_generator_or_transformer_file_is_refused(
 
 
 @pytest.mark.skipif(not support().confined, reason="the kernel has no Landlock")
-def test_kustomize_reads_nothing_outside_its_tree(tmp_path: Path) -> None:
-    # The checks above refuse such a link; the confinement stops kustomize even without them.
-    secret = tmp_path / "agent-state" / "token.yaml"
+def test_kustomize_and_its_helm_read_nothing_outside_the_tree(tmp_path: Path) -> None:
+    # A chart in the tree passes the checks; its .Files.Get follows a link to a file of the
+    # machine. kustomize's helm is confined as kustomize is: the read is refused.
+    secret = tmp_path / "agent-state" / "token"
     secret.parent.mkdir()
-    secret.write_text("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: stolen}\n")
-    tree = _write(tmp_path / "bundle", {"kustomization.yaml": "resources: [leak.yaml]\n"})
-    (tree / "leak.yaml").symlink_to(secret)
-    request = RenderRequest(source="bundle", tools=ToolSettings.from_env())
+    secret.write_text("the agent's token\n")
+    tree = _write(tmp_path / "bundle", {"kustomization.yaml": "helmCharts: [{name: leaky}]\n"})
+    hostile.escaping_link_chart(tree / "charts" / "leaky", outside=secret)
 
     with pytest.raises(KustomizeError) as refused:
-        KustomizeFormat()._build(  # past check_kustomization, which refuses the link first
-            tree, ".", KustomizationPlan(), request, where=".", work=tmp_path / "bundle"
-        )
+        _kustomize(tree)
 
     message = str(refused.value)
-    assert "permission denied" in message.lower() and "stolen" not in message
+    assert "permission denied" in message.lower() and "files/leak" in message
     assert CONFINED_HINT in message
+    assert "the agent's token" not in message
 
 
 def test_a_local_path_that_only_looks_like_a_host_renders(

@@ -81,6 +81,7 @@ def escaping_link_chart(root: Path, *, outside: Path) -> Path:
         root,
         {
             "Chart.yaml": "apiVersion: v2\nname: leaky\nversion: 1.0.0\n",
+            "values.yaml": "{}\n",
             "templates/leak.yaml": """
                 apiVersion: v1
                 kind: ConfigMap
