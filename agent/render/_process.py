@@ -19,6 +19,10 @@ space limit bounds nothing useful; reserved, inaccessible mappings do not count 
 about 96 MiB of it). A failure becomes one of our errors with the
 tail of the tool's own message, so a broken chart reads as helm's reason, not as a traceback.
 
+The child is started confined when the caller says how (``confine``: :mod:`agent.render.confine`,
+the tree to read, a scratch directory to write, no network); a refused access then reads as the
+tool's own error with the confinement named.
+
 Every error here is permanent: the same tree and options render the same way, so retrying a
 timeout or an out-of-memory would only burn the agent's CPU again (``reason`` says which).
 """

@@ -16,6 +16,8 @@ with:
   ``--api-versions``), ``.Release.IsUpgrade`` from the request (``--is-upgrade``);
 - ``--include-crds``: the chart's ``crds/`` come out first and, being CRDs, go to the CRD stage
   and are kept when the bundle is removed unless it sets ``keepCRDs: false``;
+- confinement (:mod:`agent.render.confine`): helm reads the tree (and the scratch copy below)
+  and nothing else, writes nothing, opens no socket;
 - no network and no state: ``HOME`` and the ``HELM_*`` directories under ``/dev/null``, where
   nothing can exist (no repositories, no registry logins, no plugins, so no post-renderer), no
   kubeconfig, and proxies pointing at a closed local port, so any attempt to reach out fails
@@ -27,6 +29,7 @@ with:
   chart in the scratch directory (the tree, signed and cached, is never changed); the path must
   stay inside the bundle tree, hold a chart of the dependency's name whose version satisfies
   the dependency's constraint, and its own ``file://`` dependencies are placed the same way;
+  a link in the copy points at the same file of the tree (one leading outside is refused);
 - dependencies whose repository is a local repository name (``@stable``, ``alias:stable``:
   a user's ``repositories.yaml``, which fleetlet never reads) are refused: use the full URL.
 

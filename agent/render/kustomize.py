@@ -5,15 +5,20 @@ anywhere in the same tree. Before kustomize runs, every kustomization reachable 
 (:func:`check_kustomization`) and every reference it makes is checked to be a file or directory
 inside the bundle tree: kustomize fetches a reference it cannot find locally (a git URL, an
 ``https://`` file, ``github.com/org/repo//dir?ref=v1``), and a render must never reach the
-network, so such references are refused with the advice to pin them as sources. A
-``helmCharts`` entry works when its chart is in the tree (kustomize's ``chartHome``, default
-``charts/<name>``); it is inflated by the pinned helm (``--enable-helm --helm-command``), never
-pulled. The deprecated ``bases:`` field is read like ``resources:``, as kustomize does.
-kustomize's own restrictions stay on (``LoadRestrictionsRootOnly``; no plugins, exec or
-container functions, which need flags fleetlet never passes).
+network, so such references are refused with the advice to pin them as sources (and
+always, for the forms kustomize fetches before it looks for a local path of the same name).
+A chart kustomize inflates (``helmCharts``, the legacy ``helmChartInflationGenerator``, a
+``HelmChartInflationGenerator`` config under ``generators``) works when it is in the tree
+(kustomize's ``chartHome``, default ``charts/<name>``); it is inflated by the pinned helm
+(``--enable-helm --helm-command``, passed only when every such chart passed the checks), never
+pulled, and never with a ``configHome`` (helm's plugins). The deprecated ``bases:`` field is
+read like ``resources:``, as kustomize does. kustomize's own restrictions stay on
+(``LoadRestrictionsRootOnly``; no plugins, exec or container functions, which need flags
+fleetlet never passes).
 
-kustomize runs as a child process with a time and memory bound; its output is parsed with
-the same bounded parser as plain manifests.
+kustomize runs as a child process with a time and memory bound, confined with the helm it runs
+(:mod:`agent.render.confine`: the tree to read, a scratch directory to write, no network); its
+output is parsed with the same bounded parser as plain manifests.
 """
 
 from __future__ import annotations
