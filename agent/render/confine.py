@@ -104,6 +104,8 @@ class Confinement:
     read: tuple[Path, ...] = ()
     write: tuple[Path, ...] = ()
     execute: tuple[Path, ...] = ()
+    listable: tuple[Path, ...] = ()
+    """Directories whose entries (names, not contents) may be listed, beneath them too."""
 
     def plus(
         self, *, read: Iterable[Path] = (), write: Iterable[Path] = (),
@@ -114,6 +116,7 @@ class Confinement:
             read=self.read + tuple(read),
             write=self.write + tuple(write),
             execute=self.execute + tuple(execute),
+            listable=self.listable,
         )
 
 
@@ -127,10 +130,16 @@ def for_tool(binary: Path, *, tree: Path, scratch: Path | None = None,
     )
 
 
-def for_python(*, tree: Path | None, scratch: Path | None, path: Iterable[str]) -> Confinement:
+def for_python(
+    *, tree: Path | None, scratch: Path | None, path: Iterable[str], code: Path
+) -> Confinement:
     """This interpreter (its program, standard library and the system's shared libraries)
-    running with ``sys.path`` = ``path``, reading ``tree`` and writing ``scratch``."""
-    read = [Path(p) for p in path]
+    running with ``sys.path`` = ``[code, *path]``, reading ``tree`` and writing ``scratch``.
+
+    ``code`` is fleetlet's code root: its entries may be listed (the import system needs that)
+    but only its ``agent`` package read, so a root that is a source checkout or a home
+    directory gives away nothing else."""
+    read = [Path(p) for p in path] + [code / "agent"]
     for key in ("stdlib", "platstdlib"):
         read.append(Path(sysconfig.get_path(key)))
     libdir = sysconfig.get_config_var("LIBDIR")  # libpython, when it is a shared library
@@ -141,6 +150,7 @@ def for_python(*, tree: Path | None, scratch: Path | None, path: Iterable[str]) 
         read.append(tree)
     return Confinement(
         read=tuple(read),
+        listable=(code,),
         write=(scratch,) if scratch is not None else (),
         execute=(
             Path(sys.executable),
@@ -315,7 +325,8 @@ def _ruleset(confinement: Confinement, abi: int) -> int:
     try:
         reading = _READ_FILE | _READ_DIR
         writing = handled & ~_EXECUTE & ~(1 << 6) & ~(1 << 11)  # no exec, no devices
-        rules = [(p, reading) for p in confinement.read]
+        rules = [(p, _READ_DIR) for p in confinement.listable]
+        rules += [(p, reading) for p in confinement.read]
         rules += [(p, writing) for p in confinement.write]
         rules += [(p, reading | _EXECUTE) for p in confinement.execute]
         rules += [(Path("/dev/null"), _READ_FILE | _WRITE_FILE | (handled & _TRUNCATE))]

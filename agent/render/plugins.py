@@ -124,17 +124,22 @@ def fleetlet_root() -> Path:
 def worker_path(tree: Path | None) -> list[str]:
     """The plugin worker's ``sys.path``: fleetlet's code root, then this process's own
     ``sys.path`` (the standard library and the installed distributions, plugins included),
-    without any entry that is relative (the working directory), or is, or lies in, the bundle
-    tree."""
+    without any entry that is relative, is the working directory or the home directory (what
+    ``python -m`` in a project or ``~`` adds; a plugin is an installed distribution), or is, or
+    lies in, the bundle tree."""
+    root = fleetlet_root()
     bounds = [os.path.realpath(tree)] if tree is not None else []
-    found = [str(fleetlet_root())]
+    dropped = {os.path.realpath(os.getcwd()), os.path.realpath(Path.home()), str(root)}
+    found = [str(root)]
     for entry in sys.path:
-        if not entry or not os.path.isabs(entry) or entry in found:
+        if not entry or not os.path.isabs(entry):
             continue
         real = os.path.realpath(entry)
+        if real in dropped or real in found:
+            continue
         if any(real == b or real.startswith(b + os.sep) for b in bounds):
             continue
-        found.append(entry)
+        found.append(real)
     return found
 
 
@@ -205,7 +210,9 @@ class PluginFormat:
                     max_memory=tools.plugin_max_memory,
                     input=json.dumps(job).encode(),
                     env=_environment(scratch),
-                    confine=confine.for_python(tree=tree, scratch=scratch, path=path),
+                    confine=confine.for_python(
+                        tree=tree, scratch=scratch, path=path[1:], code=fleetlet_root()
+                    ),
                 )
         except ToolTimeoutError:
             raise PluginTimeoutError(
