@@ -42,6 +42,7 @@ import gc
 import logging
 import os
 import platform
+import stat
 import struct
 import sys
 import sysconfig
@@ -347,7 +348,7 @@ def _add_rule(ruleset: int, path: Path, rights: int) -> None:
     except OSError as exc:
         raise ConfinementError(f"cannot confine the renderer: {path}: {exc.strerror}") from exc
     try:
-        if not os.path.isdir(f"/proc/self/fd/{target}"):
+        if not stat.S_ISDIR(os.fstat(target).st_mode):
             rights &= _FILE_RIGHTS
         attr = ctypes.create_string_buffer(struct.pack("=Qi", rights, target))
         _check(_syscall(_SYS_ADD_RULE, ruleset, _RULE_PATH_BENEATH, attr, 0), f"rule {path}")
