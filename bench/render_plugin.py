@@ -112,9 +112,10 @@ def main() -> int:
             f"{platform.python_version()}, `python -m bench.render_plugin --repeat "
             f"{args.repeat} --write`). The child process (start, imports, JSON both ways) is "
             "the price of an agent that survives a plugin that hangs or eats memory; the "
-            "render cache pays it once per bundle revision. Its confinement (Landlock, the "
-            "socket filter, an isolated interpreter with an explicit `sys.path`) costs "
-            f"{confined - open_:+.2f} ms ({confined / open_:.3f}x the unconfined child).",
+            "render cache pays it once per bundle revision. Its confinement (Landlock and the "
+            "socket filter; both children run the isolated interpreter) costs "
+            f"{confined - open_:+.2f} ms ({confined / open_:.3f}x the unconfined child), within "
+            "the noise of this shared machine (the set-up alone: see Render: helm).",
             "",
             "| render | median | vs in-process |",
             "| --- | --- | --- |",
