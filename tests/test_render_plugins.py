@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from agent.kube import KubeClient
-from agent.render import formats
+from agent.render import confine, formats
 from agent.render.confine import CONFINED_HINT, support
 from agent.render.formats import render_bundle
 from agent.render.plain import RenderRequest
@@ -29,6 +29,8 @@ from agent.render.plugins import (
     PluginMemoryError,
     PluginTemporaryError,
     PluginTimeoutError,
+    fleetlet_root,
+    worker_path,
 )
 from agent.render.tools import ToolSettings
 from tests.fleetlab import REPO_ROOT, Lab, conditions, live
@@ -245,6 +247,33 @@ def test_a_plugin_reaches_nothing_outside_its_tree(tmp_path: Path, attempt: str)
     # What it may do: read its own tree.
     (ok,) = _render(tree, "snoop", options={"try": "tree"})
     assert ok["data"] == {"got": "ours\n"}
+
+
+def test_no_renderer_may_read_the_token_the_state_or_credentials(tmp_path: Path) -> None:
+    # What every renderer's confinement names (the kernel enforces it where Landlock exists):
+    # the bundle tree, scratch, programs and libraries, none of which holds a credential.
+    tree, scratch = tmp_path / "tree", tmp_path / "scratch"
+    python = confine.for_python(
+        tree=tree, scratch=scratch, path=worker_path(tree)[1:], code=fleetlet_root()
+    )
+    helm = confine.for_tool(Path("/usr/local/bin/helm"), tree=tree)
+    kustomize = confine.for_tool(
+        Path("/usr/local/bin/kustomize"), tree=tree, scratch=scratch,
+        also_execute=[Path("/usr/local/bin/helm")],
+    )  # fmt: skip
+    secrets = [
+        Path("/var/run/secrets/kubernetes.io/serviceaccount/token"),
+        Path.home() / ".git-credentials",
+        Path.home() / ".kube" / "config",
+        tmp_path / "agent-cache" / "state.json",
+        Path("/proc/1/environ"),
+        Path("/etc/shadow"),
+    ]
+    for confinement in (python, helm, kustomize):
+        assert confinement.readable(tree / "Chart.yaml")
+        assert [s for s in secrets if confinement.readable(s)] == []
+    assert python.readable(fleetlet_root() / "agent" / "errors.py")
+    assert not python.readable(fleetlet_root() / ".git" / "config")
 
 
 def _jsonnet_installed() -> None:

@@ -108,6 +108,16 @@ class Confinement:
     listable: tuple[Path, ...] = ()
     """Directories whose entries (names, not contents) may be listed, beneath them too."""
 
+    def readable(self, path: Path) -> bool:
+        """Whether a file at ``path`` could be read under this confinement (is, or lies
+        beneath, a path it may read, write or execute)."""
+        real = os.path.realpath(path)
+        for allowed in (*self.read, *self.write, *self.execute):
+            base = os.path.realpath(allowed)
+            if real == base or real.startswith(base.rstrip(os.sep) + os.sep):
+                return True
+        return False
+
     def plus(
         self, *, read: Iterable[Path] = (), write: Iterable[Path] = (),
         execute: Iterable[Path] = ()
