@@ -218,6 +218,23 @@ def test_nothing_in_the_bundle_tree_can_stand_in_for_fleetlet_or_the_plugin(
     assert not list(tree.rglob("HIJACKED")), "a module of the tree ran"
 
 
+def test_fleetlet_render_on_the_operators_machine_imports_nothing_from_the_tree(
+    tmp_path: Path, bad_plugins: dict[str, str]
+) -> None:
+    tree = hostile.shadowing_tree(tmp_path / "bundle", plugin_module="fleetlet_bad")
+
+    shown = subprocess.run(
+        [sys.executable, "-m", "fleetlet", "render", str(tree), "--format", "chatty",
+         "-o", "json"],
+        capture_output=True, text=True, timeout=120, cwd=REPO_ROOT,
+        env={**os.environ, **bad_plugins},
+    )  # fmt: skip
+
+    assert shown.returncode == 0, shown.stderr
+    assert '"chatty"' in shown.stdout
+    assert not list(tree.rglob("HIJACKED")), "a module of the tree ran"
+
+
 @pytest.mark.usefixtures("bad_plugins")
 @pytest.mark.skipif(not support().confined, reason="the kernel has no Landlock")
 @pytest.mark.parametrize("attempt", ["read", "token", "write", "socket", "udp"])
