@@ -3,6 +3,7 @@ process they run in (time, memory, output), with the real pinned binaries."""
 
 from __future__ import annotations
 
+import gc
 import os
 import stat
 import time
@@ -217,3 +218,4 @@ def test_a_confined_tool_reads_its_tree_only_and_its_starter_stays_free(tmp_path
     assert confine.CONFINED_HINT in str(refused.value)
     # The thread that started it was confined, not this one.
     assert (tmp_path / "theirs.txt").read_text() == "the agent's\n"
+    assert gc.isenabled()  # paused while the confined thread ran, and back

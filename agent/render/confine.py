@@ -35,6 +35,7 @@ fails the render (closed).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import functools
@@ -47,7 +48,7 @@ import struct
 import sys
 import sysconfig
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
@@ -285,23 +286,43 @@ def run_confined(confinement: Confinement | None, start: Callable[[], _T]) -> _T
         except BaseException as exc:  # carried to the caller's thread
             outcome.append(exc)
 
-    # No cyclic garbage collection while the confined thread runs Python: a finalizer it ran
-    # (another object's temporary directory) would find itself confined too.
-    collecting = gc.isenabled()
-    gc.disable()
     try:
-        thread = threading.Thread(target=confined, name="fleetlet-confined-start", daemon=True)
-        thread.start()
-        thread.join()
+        with _no_collection():
+            thread = threading.Thread(target=confined, name="fleetlet-confined-start")
+            thread.start()
+            thread.join()
     finally:
-        if collecting:
-            gc.enable()
         if ruleset is not None:
             os.close(ruleset)
     result = outcome[0]
     if isinstance(result, BaseException):
         raise result
     return result  # type: ignore[return-value]
+
+
+_collection = threading.Lock()
+_collection_holds = 0
+_collection_was_on = False
+
+
+@contextlib.contextmanager
+def _no_collection() -> Iterator[None]:
+    """No cyclic garbage collection while a confined thread runs Python: a finalizer it ran
+    (another object's temporary directory) would find itself confined too. Counted, so that
+    renders started at once from several threads restore it once, as it was."""
+    global _collection_holds, _collection_was_on
+    with _collection:
+        if _collection_holds == 0:
+            _collection_was_on = gc.isenabled()
+            gc.disable()
+        _collection_holds += 1
+    try:
+        yield
+    finally:
+        with _collection:
+            _collection_holds -= 1
+            if _collection_holds == 0 and _collection_was_on:
+                gc.enable()
 
 
 @functools.cache
