@@ -356,12 +356,19 @@ class Agent:
 
     def reported_facts(self, document: ClusterStatus) -> ReportedFacts | None:
         """What ``hub diff`` needs to render as this agent does: the facts of its last render
-        and the bundles with a healthy revision (an upgrade next time); None before the first
-        render since the start (the pusher keeps what it reported before)."""
+        and the bundles with a healthy revision (an upgrade next time); and the public halves of
+        the cluster's age keys (``hub recipients``); None before the first render since the
+        start (the pusher keeps what it reported before)."""
         if self.pipeline.facts is None:
             return None
         installed = frozenset(b.name for b in document.bundles if b.last_healthy_revision)
-        return ReportedFacts(cluster=self.cluster, facts=self.pipeline.facts, installed=installed)
+        keyring = self.pipeline.keyring
+        return ReportedFacts(
+            cluster=self.cluster,
+            facts=self.pipeline.facts,
+            installed=installed,
+            age_recipients=keyring.recipients if keyring is not None else (),
+        )
 
     def _report(self, state: AgentState) -> None:
         if self.pusher is None:

@@ -18,7 +18,9 @@ What is kept is the output of :func:`~agent.render.formats.render_objects` (vali
 patched), as compressed JSON: each hit decodes a fresh copy, so callers may change it. The
 cache is bounded in memory (bytes, least recently used first out) and, given a directory, also
 kept on disk (bounded in files) so a restarted agent does not run the tools again either.
-Failures are not cached.
+Failures are not cached. A render that opened SOPS files (:mod:`agent.secrets.tree`, between
+composing the tree and rendering it) is kept in memory only: decrypted values are never
+written to the cache's directory.
 """
 
 from __future__ import annotations
@@ -39,9 +41,10 @@ from agent import __version__
 from agent.render.formats import get_format, render_objects
 from agent.render.manifests import Manifest
 from agent.render.plain import RenderRequest, finish
+from agent.secrets.tree import open_tree
 
 # RenderRequest fields applied after the cache (see the module doc).
-_NOT_IN_KEY = frozenset({"source", "scope", "ownership", "tools"})
+_NOT_IN_KEY = frozenset({"source", "scope", "ownership", "tools", "keyring"})
 
 
 def _plain(value: Any) -> Any:
@@ -156,11 +159,12 @@ class RenderCache:
         self.hits += 1
         return objects
 
-    def put(self, key: str, objects: list[Manifest]) -> None:
-        """Keep a copy of ``objects`` under ``key``."""
+    def put(self, key: str, objects: list[Manifest], *, disk: bool = True) -> None:
+        """Keep a copy of ``objects`` under ``key`` (in memory only when not ``disk``)."""
         blob = zlib.compress(json.dumps(objects, separators=(",", ":")).encode(), 1)
         self._remember(key, blob)
-        self._write(key, blob)
+        if disk:
+            self._write(key, blob)
 
     def render(
         self,
@@ -179,8 +183,13 @@ class RenderCache:
         key = render_key(format=format, content=content, request=request)
         objects = self.get(key)
         if objects is None:
-            objects = render_objects(tree(), format=format, request=request)
-            self.put(key, objects)
+            root = tree()
+            secrets = open_tree(
+                root, request.keyring, source=request.source, limits=request.limits.parse
+            )
+            objects = render_objects(root, format=format, request=request)
+            # What SOPS files rendered to is kept in memory only, never on disk.
+            self.put(key, objects, disk=not (secrets.files and secrets.opened))
         return finish(objects, request)
 
     # -- memory ------------------------------------------------------------------------------

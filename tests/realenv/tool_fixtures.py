@@ -59,3 +59,15 @@ def counted_kustomize(
     counter = ToolCounter(kustomize_binary, tmp_path / "counted-kustomize")
     monkeypatch.setenv("FLEETLET_KUSTOMIZE", str(counter.path))
     return counter
+
+
+@pytest.fixture(scope="session")
+def sops_binary() -> Path:
+    """The pinned ``sops`` the tests encrypt with (built into the cache when missing, like
+    the control plane: ``python3 -m tests.realenv.binaries sops``)."""
+    from tests.realenv.binaries import BinaryError, ensure_tools
+
+    try:
+        return ensure_tools(["sops"])["sops"]
+    except BinaryError as exc:
+        pytest.fail(str(exc))
