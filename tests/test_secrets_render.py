@@ -1,0 +1,125 @@
+"""SOPS files rendered by every format, through the render cache as the agent renders them:
+a Secret manifest of a plain tree, a helm values file (real helm), a Secret manifest kustomize
+lists as a resource and a file its generator reads (real kustomize). With the cluster's key the
+output holds the plaintext, and the cache directory does not; without one (the hub's preview)
+the values stay encrypted.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+from pathlib import Path
+
+import pytest
+
+from agent.render.cache import RenderCache, tree_digest
+from agent.render.manifests import Manifest
+from agent.render.plain import RenderRequest
+from agent.render.tools import ToolSettings
+from agent.secrets.keys import Keyring
+from agent.secrets.sops import SopsError
+from tests.realenv.helm import copy_chart, helm_binary
+from tests.test_secrets_sops import PASSWORD, SECRET, encrypt, make_key
+
+
+def _render(
+    tree: Path, format: str, keyring: Keyring | None, cache: RenderCache, **options: object
+) -> list[Manifest]:
+    request = RenderRequest(
+        source="shop",
+        namespace="shop",
+        options=options,
+        tools=ToolSettings.from_env(),
+        keyring=keyring,
+    )
+    return cache.render(
+        format=format, content=tree_digest(tree), request=request, tree=lambda: tree
+    )
+
+
+def _copy(tree: Path, to: Path) -> Path:
+    """A fresh copy of the tree for each render (the agent composes one per render)."""
+    import shutil
+
+    shutil.copytree(tree, to)
+    return to
+
+
+def _no_plaintext_under(root: Path) -> None:
+    for directory, _dirs, files in os.walk(root):
+        for name in files:
+            data = (Path(directory) / name).read_bytes()
+            assert PASSWORD.encode() not in data, name
+
+
+def test_a_helm_values_file_encrypted_with_sops_renders_decrypted_in_the_agent_only(
+    sops_binary: Path, tmp_path: Path
+) -> None:
+    helm_binary()
+    keyring, _ = make_key(tmp_path, "edge-1")
+    source = tmp_path / "source"
+    source.mkdir()
+    copy_chart("greeter", source)
+    encrypt(sops_binary, source / "greeter", "values-secret.yaml", f"audience: {PASSWORD}\n",
+            "--age", keyring.current)  # fmt: skip
+    options = {"valuesFiles": ["greeter/values-secret.yaml"]}
+
+    hub = RenderCache(directory=tmp_path / "hub-renders")
+    previewed = _render(_copy(source, tmp_path / "t1"), "helm", None, hub, **options)
+    message = next(o for o in previewed if o["kind"] == "ConfigMap")["data"]["message"]
+    assert "ENC[AES256_GCM," in message and PASSWORD not in message
+
+    agent = RenderCache(directory=tmp_path / "agent-renders")
+    rendered = _render(_copy(source, tmp_path / "t2"), "helm", keyring, agent, **options)
+    message = next(o for o in rendered if o["kind"] == "ConfigMap")["data"]["message"]
+    assert message == f"hello, {PASSWORD}!"
+    _no_plaintext_under(tmp_path / "agent-renders")
+    # Kept in memory: the next reconcile renders nothing.
+    again = _render(_copy(source, tmp_path / "t3"), "helm", keyring, agent, **options)
+    assert again == rendered and agent.hits == 1
+    # A restarted agent finds nothing on disk, and renders again.
+    restarted = RenderCache(directory=tmp_path / "agent-renders")
+    assert _render(_copy(source, tmp_path / "t4"), "helm", keyring, restarted, **options) == (
+        rendered
+    )
+    assert restarted.hits == 0
+
+
+def test_kustomize_reads_a_sops_secret_resource_and_a_generator_file_decrypted(
+    sops_binary: Path, tmp_path: Path
+) -> None:
+    keyring, _ = make_key(tmp_path, "edge-1")
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    encrypt(sops_binary, tree, "secret.yaml", SECRET, "--age", keyring.current,
+            "--encrypted-regex", "^(data|stringData)$")  # fmt: skip
+    encrypt(sops_binary, tree, "app.json", f'{{"dsn": "postgres://app:{PASSWORD}@db"}}',
+            "--age", keyring.current)  # fmt: skip
+    (tree / "kustomization.yaml").write_text(
+        "resources: [secret.yaml]\n"
+        "secretGenerator:\n"
+        "  - name: app\n"
+        "    files: [app.json]\n"
+        "generatorOptions: {disableNameSuffixHash: true}\n"
+    )
+    objects = _render(tree, "kustomize", keyring, RenderCache())
+    secrets = {o["metadata"]["name"]: o for o in objects if o["kind"] == "Secret"}
+    assert secrets["db"]["stringData"]["password"] == PASSWORD and "sops" not in secrets["db"]
+    generated = base64.b64decode(secrets["app"]["data"]["app.json"]).decode()
+    assert PASSWORD in generated and "sops" not in generated
+
+
+def test_a_plain_secret_for_another_cluster_fails_the_render_naming_the_file(
+    sops_binary: Path, tmp_path: Path
+) -> None:
+    theirs, _ = make_key(tmp_path, "edge-1")
+    mine, _ = make_key(tmp_path, "edge-3")
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    encrypt(sops_binary, tree, "secret.yaml", SECRET, "--age", theirs.current)
+    with pytest.raises(SopsError) as caught:
+        _render(tree, "plain", mine, RenderCache(directory=tmp_path / "renders"))
+    assert caught.value.rule == "NotARecipient"
+    assert str(caught.value).startswith("shop: secret.yaml: not encrypted to this cluster")
+    assert list((tmp_path / "renders").glob("*")) == []  # failures are not cached
