@@ -45,11 +45,39 @@ PASSWORD = "pa55-Zebra-7781"  # what tests.test_secrets_sops.SECRET holds
 TOKEN = "tok-42"  # its base64 `data.token`
 
 
+API_KEY = "k3y-Marmot-5120"
+GREET_SECRET = """\
+apiVersion: v1
+kind: Secret
+metadata:
+  name: greet
+stringData:
+  password: {{ .Values.password | quote }}
+  apiKey: {{ .Values.apiKey | quote }}
+"""
+
+
+def _publish(lab: Lab, fleet: Path) -> None:
+    """``hub publish`` of the fleet directory, as :meth:`Lab.publish` does."""
+    from hub.publish.flow import prepare, publish
+    from hub.publish.git import BranchStore
+    from hub.publish.sign import PublicationSigner
+
+    signer = PublicationSigner.from_trust_config(
+        trust_config=lab.sigstore.trust_config_path, token=lab.sigstore.mint_token()
+    )
+    with BranchStore(url=lab.url, cache_dir=lab.tmp / "hub-cache") as store:
+        publish(prepare(fleet), store, signer=signer)
+
+
 def _needles() -> list[bytes]:
     return [
+        API_KEY.encode(),
+        base64.b64encode(API_KEY.encode()),
         PASSWORD.encode(),
         base64.b64encode(PASSWORD.encode()),
         TOKEN.encode(),
+        base64.b64encode(TOKEN.encode()),
         PASSWORD.encode("utf-16-le"),
     ]
 
@@ -112,7 +140,8 @@ def test_a_sops_secret_reaches_its_two_recipients_only_and_its_plaintext_nothing
         for n in names
     }
     web_ns, shop_ns = lab.name("web"), lab.name("shop")
-    web, creds = lab.name("web"), lab.name("creds")
+    web, creds, greet = lab.name("web"), lab.name("creds"), lab.name("greet")
+    greet_ns = lab.name("greet")
     digest = lab.push(
         "web",
         {"01.yaml": namespace_manifest(web_ns), "02.yaml": configmap("c", web_ns, {"v": "1"})},
@@ -161,7 +190,36 @@ def test_a_sops_secret_reaches_its_two_recipients_only_and_its_plaintext_nothing
         tag="one",
     )
     creds_bundle = {"name": creds, "sources": [lab.source("creds", creds_digest)]}
-    lab.publish([web_bundle, creds_bundle])
+
+    # A chart with an encrypted values file, and the bundle's encrypted values in the fleet repo.
+    (work / "values-secret.yaml").write_text(f"apiKey: {API_KEY}\n")
+    (work / "greet.yaml").write_text(f"password: {PASSWORD}\n")
+    chart_values, fleet_values = (
+        sops(sops_binary, "--encrypt", "--age", recipients, name, cwd=work)
+        for name in ("values-secret.yaml", "greet.yaml")
+    )
+    greet_digest = lab.push(
+        "greet",
+        {
+            "Chart.yaml": "apiVersion: v2\nname: greet\nversion: 0.1.0\n",
+            "values.yaml": "password: none\napiKey: none\n",
+            "values-secret.yaml": chart_values,
+            "templates/secret.yaml": GREET_SECRET,
+        },
+        tag="one",
+    )
+    greet_bundle = {
+        "name": greet,
+        "sources": [lab.source("greet", greet_digest)],
+        "format": "helm",
+        "formatOptions": {"targetNamespace": greet_ns, "valuesFiles": ["values-secret.yaml"]},
+        "createNamespace": True,
+        "encryptedValues": "secrets/greet.yaml",
+    }
+    fleet = lab.fleet_dir([web_bundle, creds_bundle, greet_bundle])
+    (fleet / "secrets").mkdir()
+    (fleet / "secrets" / "greet.yaml").write_text(fleet_values)
+    _publish(lab, fleet)
     for name in names:
         agents[name].tick()
 
@@ -172,6 +230,10 @@ def test_a_sops_secret_reaches_its_two_recipients_only_and_its_plaintext_nothing
         assert base64.b64decode(secret["data"]["token"]).decode() == TOKEN
         assert "sops" not in secret
         assert conditions(kubes[name], creds)["Ready"]["status"] == "True"
+        rendered = live(kubes[name], "v1", "Secret", "greet", greet_ns)
+        assert rendered is not None, f"{name}: the chart's Secret was not applied"
+        data = {k: base64.b64decode(v).decode() for k, v in rendered["data"].items()}
+        assert data == {"password": PASSWORD, "apiKey": API_KEY}
 
     # edge-3 is no recipient: that group fails with the file and the recipients named,
     # nothing of it is applied, the other group keeps running.
@@ -182,6 +244,10 @@ def test_a_sops_secret_reaches_its_two_recipients_only_and_its_plaintext_nothing
     assert keys["edge-1"].current in failed["message"]
     assert live(kubes["edge-3"], "v1", "Secret", "db", shop_ns) is None
     assert live(kubes["edge-3"], "v1", "Namespace", shop_ns) is None
+    failed = conditions(kubes["edge-3"], greet)["Ready"]
+    assert failed["reason"] == "RenderFailed", failed
+    assert "values-secret.yaml: not encrypted to this cluster" in failed["message"], failed
+    assert live(kubes["edge-3"], "v1", "Namespace", greet_ns) is None
     assert conditions(kubes["edge-3"], web)["Ready"]["status"] == "True"
     assert live(kubes["edge-3"], "v1", "ConfigMap", "c", web_ns) is not None
 
@@ -202,7 +268,7 @@ def test_a_sops_secret_reaches_its_two_recipients_only_and_its_plaintext_nothing
             api = "fleetlet.io/v1alpha1" if kind == "BundleDeployment" else "v1"
             for obj in kubes[name].list(api, kind):
                 text = yaml.safe_dump(obj)
-                assert PASSWORD not in text and TOKEN not in text, f"{name}: {kind}"
+                assert not any(n.decode() in text for n in _needles()[:-1]), f"{name}: {kind}"
 
 
 def test_a_rotated_key_opens_old_and_new_files_until_the_old_one_is_retired(

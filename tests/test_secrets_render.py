@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from agent.api import to_dict
 from agent.render.cache import RenderCache, tree_digest
 from agent.render.manifests import Manifest
 from agent.render.plain import RenderRequest
@@ -123,3 +124,75 @@ def test_a_plain_secret_for_another_cluster_fails_the_render_naming_the_file(
     assert caught.value.rule == "NotARecipient"
     assert str(caught.value).startswith("shop: secret.yaml: not encrypted to this cluster")
     assert list((tmp_path / "renders").glob("*")) == []  # failures are not cached
+
+
+# --- a bundle's encrypted values from the fleet repo ------------------------------------------
+
+
+def test_encrypted_values_travel_whole_from_the_fleet_repo_and_open_only_in_the_agent(
+    sops_binary: Path, tmp_path: Path
+) -> None:
+    from hub.errors import FleetRepoError
+    from hub.fleet.load import load_fleet
+    from hub.fleet.render import plan_clusters
+    from hub.publish.flow import _entry_fields
+    from tests.test_hub_fleet import CLUSTERS, image_bundle, write_fleet
+
+    eu, _ = make_key(tmp_path, "eu")
+    us, _ = make_key(tmp_path, "us")
+    bundle = image_bundle(
+        "greeter",
+        format="helm",
+        formatOptions={"values": {"greeting": "hi", "audience": "inline"}},
+        encryptedValues="secrets/greeter.yaml",
+        overrides=[{"clusterSelector": {"matchLabels": {"region": "us"}},
+                    "encryptedValues": "secrets/greeter-us.yaml"}],
+    )  # fmt: skip
+    root = write_fleet(tmp_path / "fleet", clusters=CLUSTERS, bundles=[bundle])
+    (root / "secrets").mkdir()
+    encrypt(sops_binary, root / "secrets", "greeter.yaml", f"audience: {PASSWORD}\n",
+            "--age", eu.current)  # fmt: skip
+    encrypt(sops_binary, root / "secrets", "greeter-us.yaml", "audience: us-only\n",
+            "--age", us.current)  # fmt: skip
+    fleet = load_fleet(root)
+    plans = plan_clusters(fleet, {s: s.ref for s in fleet.bundles[0].all_sources})
+    eu_spec = plans["eu-edge-1"].entries[0].spec
+    us_spec = plans["us-edge-1"].entries[0].spec
+    assert eu_spec.format_options.encrypted_values is not None
+    assert PASSWORD not in str(eu_spec) and "ENC[AES256_GCM," in str(eu_spec)
+    assert us_spec.format_options.encrypted_values != eu_spec.format_options.encrypted_values
+    # hub diff: opaque.
+    fields = _entry_fields(plans["eu-edge-1"].entries[0], plans["us-edge-1"].entries[0])
+    assert ("formatOptions.encryptedValues", "encrypted", "encrypted, changed") in fields
+
+    helm_binary()
+    source = tmp_path / "source"
+    source.mkdir()
+    copy_chart("greeter", source)
+
+    def message(keyring: Keyring | None) -> str:
+        request = RenderRequest(
+            source="greeter",
+            namespace="shop",
+            options=dict(to_dict(eu_spec.format_options)),
+            tools=ToolSettings.from_env(),
+            keyring=keyring,
+        )
+        objects = RenderCache(directory=tmp_path / "renders").render(
+            format="helm", content="x", request=request, tree=lambda: source
+        )
+        return str(next(o for o in objects if o["kind"] == "ConfigMap")["data"]["message"])
+
+    assert message(eu) == f"hi, {PASSWORD}!"  # over the inline values
+    _no_plaintext_under(tmp_path / "renders")
+    assert "ENC[AES256_GCM," in message(None)  # the hub's preview
+    with pytest.raises(SopsError) as caught:
+        message(us)
+    assert caught.value.rule == "NotARecipient"
+    assert "formatOptions.encryptedValues" in str(caught.value)
+
+    (root / "secrets" / "greeter.yaml").write_text(f"audience: {PASSWORD}\n")
+    with pytest.raises(FleetRepoError) as refused:
+        load_fleet(root)
+    assert "bundles/greeter.yaml: encryptedValues" in str(refused.value)
+    assert "encrypted with sops" in str(refused.value)

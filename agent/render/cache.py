@@ -19,8 +19,9 @@ patched), as compressed JSON: each hit decodes a fresh copy, so callers may chan
 cache is bounded in memory (bytes, least recently used first out) and, given a directory, also
 kept on disk (bounded in files) so a restarted agent does not run the tools again either.
 Failures are not cached. A render that opened SOPS files (:mod:`agent.secrets.tree`, between
-composing the tree and rendering it) is kept in memory only: decrypted values are never
-written to the cache's directory.
+composing the tree and rendering it) or decrypted a bundle's encrypted values
+(:mod:`agent.secrets.values`) is kept in memory only: decrypted values are never written to
+the cache's directory.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from agent.render.formats import get_format, render_objects
 from agent.render.manifests import Manifest
 from agent.render.plain import RenderRequest, finish
 from agent.secrets.tree import open_tree
+from agent.secrets.values import open_values
 
 # RenderRequest fields applied after the cache (see the module doc).
 _NOT_IN_KEY = frozenset({"source", "scope", "ownership", "tools", "keyring"})
@@ -187,9 +189,10 @@ class RenderCache:
             secrets = open_tree(
                 root, request.keyring, source=request.source, limits=request.limits.parse
             )
-            objects = render_objects(root, format=format, request=request)
+            opened, values = open_values(request)
+            objects = render_objects(root, format=format, request=opened)
             # What SOPS files rendered to is kept in memory only, never on disk.
-            self.put(key, objects, disk=not (secrets.files and secrets.opened))
+            self.put(key, objects, disk=not (secrets.files and secrets.opened) and not values)
         return finish(objects, request)
 
     # -- memory ------------------------------------------------------------------------------
