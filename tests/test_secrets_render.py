@@ -87,7 +87,7 @@ def test_a_helm_values_file_encrypted_with_sops_renders_decrypted_in_the_agent_o
     assert restarted.hits == 0
 
 
-def test_kustomize_reads_a_sops_secret_resource_and_a_generator_file_decrypted(
+def test_kustomize_reads_a_sops_secret_resource_and_generator_files_decrypted(
     sops_binary: Path, tmp_path: Path
 ) -> None:
     keyring, _ = make_key(tmp_path, "edge-1")
@@ -97,11 +97,15 @@ def test_kustomize_reads_a_sops_secret_resource_and_a_generator_file_decrypted(
             "--encrypted-regex", "^(data|stringData)$")  # fmt: skip
     encrypt(sops_binary, tree, "app.json", f'{{"dsn": "postgres://app:{PASSWORD}@db"}}',
             "--age", keyring.current)  # fmt: skip
+    encrypt(sops_binary, tree, "db.env", f"DB_PASSWORD={PASSWORD}\nDB_USER=app\n",
+            "--age", keyring.current)  # fmt: skip
     (tree / "kustomization.yaml").write_text(
         "resources: [secret.yaml]\n"
         "secretGenerator:\n"
         "  - name: app\n"
         "    files: [app.json]\n"
+        "  - name: env\n"
+        "    envs: [db.env]\n"
         "generatorOptions: {disableNameSuffixHash: true}\n"
     )
     objects = _render(tree, "kustomize", keyring, RenderCache())
@@ -109,6 +113,8 @@ def test_kustomize_reads_a_sops_secret_resource_and_a_generator_file_decrypted(
     assert secrets["db"]["stringData"]["password"] == PASSWORD and "sops" not in secrets["db"]
     generated = base64.b64decode(secrets["app"]["data"]["app.json"]).decode()
     assert PASSWORD in generated and "sops" not in generated
+    env = {k: base64.b64decode(v).decode() for k, v in secrets["env"]["data"].items()}
+    assert env == {"DB_PASSWORD": PASSWORD, "DB_USER": "app"}
 
 
 def test_a_plain_secret_for_another_cluster_fails_the_render_naming_the_file(

@@ -287,3 +287,25 @@ def test_a_cluster_without_a_usable_key_fails_the_file_naming_why(
         open_tree(tree, broken, source="shop")
     assert caught.value.rule == "NoClusterKey" and "secret.yaml" in str(caught.value)
     assert "no keys" in str(caught.value)
+
+
+def test_a_dotenv_file_opens_to_what_sops_decrypts_and_refuses_tampering(
+    sops_binary: Path, tmp_path: Path
+) -> None:
+    keyring, key_file = make_key(tmp_path, "edge-1")
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    text = f"# the database\nDB_PASSWORD={PASSWORD}\nDB_USER=app\nMULTI=one\\ntwo\n"
+    path = encrypt(sops_binary, tree, "db.env", text, "--age", keyring.current)
+    assert PASSWORD not in path.read_text()
+    expected = sops(sops_binary, "--decrypt", "db.env", cwd=tree, key_file=key_file)
+    assert open_tree(tree, None, source="shop").files == {"db.env": 3}
+    assert open_tree(tree, keyring, source="shop").files == {"db.env": 3}
+    opened_lines = [line for line in path.read_text().splitlines() if line]
+    assert opened_lines == [line for line in expected.splitlines() if line and line[0] != "#"]
+
+    again = encrypt(sops_binary, tree, "db.env", text, "--age", keyring.current)
+    _tampered(again, "DB_USER=", "DB_ADMIN=")
+    with pytest.raises(SopsError) as caught:
+        open_tree(tree, keyring, source="shop")
+    assert caught.value.rule == "MacMismatch" and "db.env" in str(caught.value)

@@ -5,7 +5,8 @@ Secret encrypted as Flux users write them), a helm values file, a file a kustomi
 reads.
 
 A file is a SOPS file when it ends in ``.yaml``, ``.yml`` or ``.json`` and its one document is
-a mapping with a ``sops`` block (:func:`agent.secrets.sops.is_sops_document`). With a
+a mapping with a ``sops`` block (:func:`agent.secrets.sops.is_sops_document`), or ends in
+``.env`` and carries sops' flattened ``sops_...`` lines (:mod:`agent.secrets.dotenv`). With a
 :class:`~agent.secrets.keys.Keyring` (the agent) each is decrypted, its MAC verified, and
 written back over itself in the tree, which is the agent's private copy composed for this
 render and deleted after it (``<cache-dir>/trees/<serial>/``): plaintext lives on the agent's
@@ -28,12 +29,13 @@ from pathlib import Path
 import yaml
 
 from agent.render.manifests import InvalidManifestError, ParseLimits, load_documents
+from agent.secrets import dotenv
 from agent.secrets.keys import Keyring
 from agent.secrets.sops import SopsError, count_encrypted, is_sops_document, open_document
 
-_SUFFIXES = (".yaml", ".yml", ".json")
-# A cheap look before parsing: a top-level `sops:` key (YAML) or `"sops":` (JSON).
-_HINT = re.compile(rb'(?m)^sops:|"sops"\s*:')
+_SUFFIXES = (".yaml", ".yml", ".json", ".env")
+# A cheap look before parsing: a top-level `sops:` key (YAML), `"sops":` (JSON), `sops_mac=`.
+_HINT = re.compile(rb'(?m)^sops:|"sops"\s*:|^sops_mac=')
 
 
 @dataclass
@@ -66,6 +68,9 @@ def open_tree(
         relative = path.relative_to(root).as_posix()
         data = path.read_bytes()
         if not _HINT.search(data):
+            continue
+        if path.name.endswith(".env"):
+            _dotenv(path, relative, data, keyring, found, source=source)
             continue
         try:
             documents = load_documents(data, source=source, file=relative, limits=limits)
@@ -104,6 +109,35 @@ def open_tree(
     return found
 
 
+def _dotenv(
+    path: Path, relative: str, data: bytes, keyring: Keyring | None, found: Secrets, *, source: str
+) -> None:
+    """One dotenv file (``KEY=value`` lines, what kustomize's ``envs:`` reads)."""
+    try:
+        text = data.decode("utf-8")
+        if not dotenv.is_sops_dotenv(text):
+            return
+        document = dotenv.parse(text)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise SopsError(f"a SOPS dotenv file that does not read: {exc}", source=source,
+                        file=relative, rule="SopsFormat") from None  # fmt: skip
+    if keyring is None:
+        found.files[relative] = count_encrypted(document)
+        return
+    if not keyring.identities:
+        raise SopsError(
+            f"this cluster's age key could not be read: {keyring.problem}",
+            source=source,
+            file=relative,
+            rule="NoClusterKey",
+        )
+    opened = open_document(
+        document, keyring.identities, recipients=keyring.recipients, source=source, file=relative
+    )
+    found.files[relative] = opened.values
+    _replace(path, dotenv.dump(opened.document))
+
+
 def _candidates(root: Path) -> list[Path]:
     """Regular files (not links) of the tree with a YAML/JSON name, hidden ones included."""
     out = []
@@ -121,6 +155,10 @@ def _write_over(path: Path, document: object) -> None:
         text = json.dumps(document, indent=2) + "\n"
     else:
         text = yaml.safe_dump(document, sort_keys=False, allow_unicode=True)
+    _replace(path, text)
+
+
+def _replace(path: Path, text: str) -> None:
     temporary = path.with_name(f".{path.name}.opened")
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as handle:
