@@ -721,7 +721,13 @@ def register(sub: Any) -> None:
         "a comma-separated list for `sops --encrypt --age`, or a table, or JSON. Fails when a "
         "selected cluster has not reported one yet. See docs/secrets.md.",
     )
-    recipients.add_argument("fleet_dir", metavar="FLEET_DIR")
+    recipients.add_argument(
+        "fleet_dir",
+        metavar="FLEET_DIR",
+        nargs="?",
+        default=".",
+        help="the fleet repo (default: the current directory)",
+    )
     recipients.add_argument(
         "--selector",
         "-l",
