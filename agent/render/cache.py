@@ -10,7 +10,8 @@ The key (:func:`render_key`) is a sha256 over:
   and fleetlet's version;
 - every field of the :class:`~agent.render.plain.RenderRequest` that shapes the output: the
   format options, patches, target namespace, limits, cluster facts (Kubernetes version and
-  APIs), and any field added later. Only ``source`` (a name in messages), ``scope`` and
+  APIs), and any field added later; of the cluster's age keyring, its public keys (whether
+  SOPS files are opened, and with which keys). Only ``source`` (a name in messages), ``scope`` and
   ``ownership`` are left out: they are applied by :func:`~agent.render.plain.finish` after the
   cache, on every call (cheap, and the scope is the live cluster's).
 
@@ -88,6 +89,9 @@ def render_key(*, format: str, content: str, request: RenderRequest) -> str:
         "patcher": file_identity(request.tools.find("kustomize")) if request.patches else None,
         "content": content,
         "request": fields,
+        # Whether SOPS content is opened, and with which keys (public halves): a preview
+        # without keys never answers for an agent, and a rotated keyring renders again.
+        "recipients": list(request.keyring.recipients) if request.keyring is not None else None,
     }
     encoded = json.dumps(key, sort_keys=True, separators=(",", ":"), default=_plain)
     return hashlib.sha256(encoded.encode()).hexdigest()
