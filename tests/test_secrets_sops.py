@@ -309,3 +309,26 @@ def test_a_dotenv_file_opens_to_what_sops_decrypts_and_refuses_tampering(
     with pytest.raises(SopsError) as caught:
         open_tree(tree, keyring, source="shop")
     assert caught.value.rule == "MacMismatch" and "db.env" in str(caught.value)
+
+
+def test_a_preview_shows_which_encrypted_values_changed_never_a_value(
+    sops_binary: Path, tmp_path: Path
+) -> None:
+    """What ``hub diff --cluster`` shows of a SOPS Secret it cannot open: ``sops set`` keeps
+    the ciphertext of the values it does not change."""
+    from agent.approve.diff import ENCRYPTED, ENCRYPTED_CHANGED, redacted, unified
+
+    keyring, key_file = make_key(tmp_path, "edge-1")
+    path = encrypt(sops_binary, tmp_path, "secret.yaml", SECRET, "--age", keyring.current,
+                   "--encrypted-regex", "^(data|stringData)$")  # fmt: skip
+    before = load_documents(path.read_bytes(), source="b", file="secret.yaml")[0]
+    sops(sops_binary, "set", "secret.yaml", '["stringData"]["password"]', '"n3w-Otter-9"',
+         cwd=tmp_path, key_file=key_file)  # fmt: skip
+    after = load_documents(path.read_bytes(), source="b", file="secret.yaml")[0]
+    assert isinstance(before, dict) and isinstance(after, dict)
+    old, new = redacted(before, after)
+    assert old is not None and new is not None and "sops" not in new and "sops" not in old
+    assert new["stringData"] == {"password": ENCRYPTED_CHANGED, "port": ENCRYPTED}
+    assert new["data"] == {"token": ENCRYPTED} and new["metadata"] == before["metadata"]
+    shown = unified(old, new, old="published", new="new")
+    assert "<encrypted: changed>" in shown and "ENC[" not in shown and "n3w-Otter-9" not in shown

@@ -150,4 +150,13 @@ def unified(before: Object | None, after: Object | None, *, old: str, new: str) 
     return "".join(difflib.unified_diff(_yaml(before), _yaml(after), fromfile=old, tofile=new))
 
 
-__all__ = ["REDACTED", "REDACTED_CHANGED", "changed_paths", "cleaned", "redacted", "unified"]
+__all__ = [
+    "ENCRYPTED",
+    "ENCRYPTED_CHANGED",
+    "REDACTED",
+    "REDACTED_CHANGED",
+    "changed_paths",
+    "cleaned",
+    "redacted",
+    "unified",
+]
