@@ -56,6 +56,7 @@ from agent.reconcile.context import Manifest
 from agent.report.bundles import ConditionSpec
 from agent.report.metrics import Metrics
 from agent.report.push import StatusPusher
+from agent.secrets.keys import Keyring
 from agent.state import AgentState, ClusterState
 
 log = logging.getLogger(__name__)
@@ -362,7 +363,12 @@ class Agent:
         if self.pipeline.facts is None:
             return None
         installed = frozenset(b.name for b in document.bundles if b.last_healthy_revision)
-        keyring = self.pipeline.keyring
+        try:
+            # Read at each report, so a rotation an admin asked for is done and reported
+            # without waiting for a render.
+            keyring: Keyring | None = self.pipeline.read_keyring()
+        except FleetletError:
+            keyring = self.pipeline.keyring  # the API server is away: the last one read
         return ReportedFacts(
             cluster=self.cluster,
             facts=self.pipeline.facts,
