@@ -271,6 +271,30 @@ def test_a_sops_secret_reaches_its_two_recipients_only_and_its_plaintext_nothing
                 text = yaml.safe_dump(obj)
                 assert not any(n.decode() in text for n in _needles()[:-1]), f"{name}: {kind}"
 
+    # A rotation asked on edge-1's key Secret: its agent makes the new key and reports both;
+    # `hub recipients` gives the new one, the old one stays listed (and opening) until retired.
+    kubes["edge-1"].patch(
+        {"apiVersion": "v1", "kind": "Secret",
+         "metadata": {"name": KEY_SECRET, "namespace": agent_ns}},
+        {"metadata": {"annotations": {ROTATE_ANNOTATION: "one"}}},
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while True:
+        agents["edge-1"].tick()
+        shown = _recipients(fleet, lab, "--selector", "region=eu", "-o", "json")
+        assert shown.returncode == 0, shown.stderr
+        edge_1 = next(
+            c for c in yaml.safe_load(shown.stdout)["clusters"] if c["cluster"] == "edge-1"
+        )
+        if edge_1["older"]:
+            break
+        assert time.monotonic() < deadline, shown.stdout
+        time.sleep(1)
+    assert edge_1["older"] == [keys["edge-1"].current]
+    assert edge_1["recipient"] not in (keys["edge-1"].current, None)
+    assert live(kubes["edge-1"], "v1", "Secret", "db", shop_ns) is not None
+    assert conditions(kubes["edge-1"], creds)["Ready"]["status"] == "True"
+
 
 def test_a_rotated_key_opens_old_and_new_files_until_the_old_one_is_retired(
     crds: Cluster, namespace: str, sops_binary: Path, tmp_path: Path
