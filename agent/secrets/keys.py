@@ -9,8 +9,8 @@ writes, so ``sops`` and ``age`` read it as it is), newest key first::
     # public key: age1...
     AGE-SECRET-KEY-1...
 
-The agent makes it the first time it starts (``create``: two agents racing keep the first
-one). Every key in the file opens files; the first is the one operators encrypt to.
+The agent makes it the first time it renders a set (``create``: two agents racing keep the
+first one). Every key in the file opens files; the first is the one operators encrypt to.
 
 Rotation, asked by a cluster admin on the Secret, done by the agent (so a private key is only
 ever made inside the cluster):
