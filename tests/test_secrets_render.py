@@ -202,3 +202,19 @@ def test_encrypted_values_travel_whole_from_the_fleet_repo_and_open_only_in_the_
         load_fleet(root)
     assert "bundles/greeter.yaml: encryptedValues" in str(refused.value)
     assert "encrypted with sops" in str(refused.value)
+
+
+def test_fleetlet_render_shows_the_values_encrypted_and_says_how_many(
+    sops_binary: Path, tmp_path: Path
+) -> None:
+    from agent.render.command import RenderOptions, run_render
+
+    keyring, _ = make_key(tmp_path, "edge-1")
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    encrypt(sops_binary, tree, "secret.yaml", SECRET, "--age", keyring.current,
+            "--encrypted-regex", "^(data|stringData)$")  # fmt: skip
+    notes: list[str] = []
+    out = run_render(bundle_dir=str(tree), options=RenderOptions(), note=notes.append)
+    assert PASSWORD not in out and "ENC[AES256_GCM," in out
+    assert any("3 values in 1 SOPS files stay encrypted here (secret.yaml (3))" in n for n in notes)
