@@ -9,7 +9,7 @@ a mapping with a ``sops`` block (:func:`agent.secrets.sops.is_sops_document`), o
 ``.env`` and carries sops' flattened ``sops_...`` lines (:mod:`agent.secrets.dotenv`). With a
 :class:`~agent.secrets.keys.Keyring` (the agent) each is decrypted, its MAC verified, and
 written back over itself in the tree, which is the agent's private copy composed for this
-render and deleted after it (``<cache-dir>/trees/<serial>/``): plaintext lives on the agent's
+render and deleted after it (``<cache-dir>/work/trees/<serial>/``): plaintext lives on the agent's
 own disk for the length of a render, and goes nowhere else but the API server. Without one
 (``hub diff``, ``fleetlet render``: no key opens them there) the files are left as they are
 and only counted, so a preview shows the encrypted values as encrypted.
