@@ -516,6 +516,33 @@ def _reported_facts(
     return out
 
 
+def _recipients(args: argparse.Namespace) -> int:
+    from hub.facts import reported_facts
+    from hub.fleet.shards import fleet_shards
+    from hub.recipients import print_recipients, recipients
+
+    def facts_of(fleet: Any, names: list[str]) -> dict[str, Any]:
+        settings = fleet.settings.shards
+        template = args.status_repo or settings.status_repo or args.repo or settings.repo
+        if not template:
+            raise UsageError("--status-repo is required (or shards.statusRepo in fleet.yaml)")
+        shard_map = fleet_shards(fleet)
+        urls = shard_map.urls(template)
+        by_shard: dict[int, list[str]] = {}
+        for name in names:
+            by_shard.setdefault(shard_map.shard_of(name), []).append(name)
+        out: dict[str, Any] = {}
+        for shard, chosen in sorted(by_shard.items()):
+            out.update(
+                reported_facts(url=urls[shard], clusters=chosen, credentials=_git_credentials())
+            )
+        return out
+
+    found = recipients(args.fleet_dir, selector=args.selector, facts_of=facts_of)
+    print_recipients(found, args.output)
+    return 0
+
+
 def _print_preview(preview: Any) -> None:
     """A cluster's previews, group by group, as an approval request shows them."""
     from agent.approve.command import preview_lines
@@ -734,6 +761,36 @@ def register(sub: Any) -> None:
         help="docker config JSON with registry credentials for resolving tags",
     )
     diff.set_defaults(handler=_diff)
+
+    recipients = hub_sub.add_parser(
+        "recipients",
+        help="print the age recipients of the fleet's clusters (for sops --age)",
+        description="The age public key each selected cluster's agent reported (made in the "
+        "cluster; the hub holds no private key), read from the status repository: by default "
+        "a comma-separated list for `sops --encrypt --age`, or a table, or JSON. Fails when a "
+        "selected cluster has not reported one yet. See docs/secrets.md.",
+    )
+    recipients.add_argument(
+        "fleet_dir",
+        metavar="FLEET_DIR",
+        nargs="?",
+        default=".",
+        help="the fleet repo (default: the current directory)",
+    )
+    recipients.add_argument(
+        "--selector",
+        "-l",
+        metavar="SELECTOR",
+        help="a label selector (region=eu,tier!=edge; default: every cluster)",
+    )
+    recipients.add_argument(
+        "--status-repo",
+        metavar="GIT_URL",
+        help="where agents push their status (default: shards.statusRepo, else --repo)",
+    )
+    recipients.add_argument("--repo", metavar="GIT_URL", help="as for hub publish")
+    add_output_option(recipients, default=None)
+    recipients.set_defaults(handler=_recipients)
 
     shards = hub_sub.add_parser(
         "shards",

@@ -357,6 +357,14 @@ class FormatOptions(ApiObject):
         default=None,
         free_form=True,
     )
+    encrypted_values: Mapping[str, Any] | None = api_field(
+        "`helm` (and plugin formats): values encrypted with SOPS to the cluster's age key, as "
+        "sops wrote the file (the hub carries it from the fleet repo's `encryptedValues`). "
+        "The agent decrypts it at render, verifies its MAC and merges the values over "
+        "`values`; nothing else can open it (docs/secrets.md).",
+        default=None,
+        free_form=True,
+    )
     values_files: tuple[str, ...] = api_field(
         "`helm`: values files inside the bundle tree (paths from the tree's root), applied in "
         "order over the chart's own `values.yaml` and under `values`.",
@@ -690,6 +698,12 @@ class BundleDeploymentSpec(ApiObject):
     RULES: ClassVar[tuple[Rule, ...]] = (
         _format_option_only(
             "values", "values", ("plain", "kustomize", "registry+v1"), "helm or a plugin format"
+        ),
+        _format_option_only(
+            "encryptedValues",
+            "encrypted_values",
+            ("plain", "kustomize", "registry+v1"),
+            "helm or a plugin format",
         ),
         _format_option_only(
             "installNamespace",

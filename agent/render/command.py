@@ -33,6 +33,7 @@ from agent.render.plain import RenderRequest, render_root
 from agent.render.scope import builtin_scope
 from agent.render.tools import ToolSettings
 from agent.render.values import load_values_file, merge, parse_set
+from agent.secrets.tree import open_tree
 
 _Dumper: type[Any] = SAFE_DUMPER
 
@@ -146,6 +147,13 @@ def run_render(
                 f"rendering it as {format}, as asked"
             )
     _check_applies(format, format_options)
+    sealed = open_tree(tree, None, source=bundle_dir)
+    if sealed.files:
+        files = ", ".join(f"{name} ({count})" for name, count in sealed.files.items())
+        note(
+            f"{shown}: {sealed.values} values in {len(sealed.files)} SOPS files stay encrypted "
+            f"here ({files}): a cluster's agent decrypts them with its own age key"
+        )
     objects = render_bundle(tree, format=format, request=request)
     if options.output == "json":
         listed = {"apiVersion": "v1", "kind": "List", "items": objects}

@@ -18,7 +18,7 @@ import operator
 import re
 from collections.abc import Mapping
 from itertools import repeat
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 import yaml
@@ -69,9 +69,18 @@ _CHART = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$")
 _SOURCE_PASSTHROUGH = ("directory", "destination", "auth")
 # Keys of a bundle file the hub consumes itself; every other key is passed to the
 # BundleDeployment spec unchanged (the agent's API validates it).
-_BUNDLE_OWN_KEYS = ("name", "sources", "targets", "overrides", "rollout")
+_BUNDLE_OWN_KEYS = ("name", "sources", "targets", "overrides", "rollout", "encryptedValues")
 # What an override changes (it needs one at least), and every key it may have.
-_OVERRIDE_FIELDS = ("sources", "values", "paused", "approval", "namespace", "path", "patches")
+_OVERRIDE_FIELDS = (
+    "sources",
+    "values",
+    "encryptedValues",
+    "paused",
+    "approval",
+    "namespace",
+    "path",
+    "patches",
+)
 _OVERRIDE_KEYS = ("clusters", "clusterSelector", *_OVERRIDE_FIELDS)
 
 
@@ -480,10 +489,12 @@ def _load_bundle_file(
         problems.add(rel, "", "a bundle mapping", raw)
         return None
     start = len(problems.items)
+    root = path.parents[len(PurePosixPath(rel).parts) - 1]
     name = raw.get("name")
     if not isinstance(name, str) or not _NAME.match(name):
         problems.add(rel, "name", "a lowercase DNS label (bundle name)", name)
     sources = _load_sources(raw.get("sources"), rel, problems)
+    encrypted = _encrypted_values(root, raw, "encryptedValues", rel, problems)
     targets_raw = raw.get("targets")
     targets: list[Target] = []
     if not isinstance(targets_raw, list) or not targets_raw:
@@ -506,7 +517,7 @@ def _load_bundle_file(
         problems.add(rel, "overrides", "a list of overrides", overrides_raw)
         overrides_raw = []
     for i, o in enumerate(overrides_raw):
-        ov = _load_override(o, i, rel, clusters, problems)
+        ov = _load_override(o, i, rel, clusters, problems, root=root)
         if ov is not None:
             overrides.append(ov)
     spec = {k: v for k, v in raw.items() if k not in _BUNDLE_OWN_KEYS}
@@ -525,6 +536,22 @@ def _load_bundle_file(
         targets=tuple(targets),
         overrides=tuple(overrides),
         rollout=rollout,
+        encrypted_values=encrypted,
+    )
+
+
+def _encrypted_values(
+    root: Path, raw: Mapping[str, Any], key: str, rel: str, problems: _Problems
+) -> Mapping[str, Any] | None:
+    """The SOPS document ``raw[key]`` names (None when absent, or after a problem)."""
+    from hub.fleet.secrets import load_encrypted_values
+
+    if key not in raw:
+        return None
+    return load_encrypted_values(
+        root,
+        raw[key],
+        add=lambda expected, found: problems.add(rel, key, expected, found),
     )
 
 
@@ -683,13 +710,21 @@ def _load_target(
 
 
 def _load_override(
-    raw: Any, index: int, rel: str, clusters: Mapping[str, Cluster], problems: _Problems
+    raw: Any,
+    index: int,
+    rel: str,
+    clusters: Mapping[str, Cluster],
+    problems: _Problems,
+    *,
+    root: Path,
 ) -> Override | None:
     where = f"overrides[{index}]"
     target = _load_target(raw, where, _OVERRIDE_KEYS, rel, clusters, problems)
     if target is None or not isinstance(raw, dict):
         return None
-    ok = True
+    start = len(problems.items)
+    encrypted = _encrypted_values(root, raw, "encryptedValues", f"{rel}: {where}", problems)
+    ok = len(problems.items) == start
     values = raw.get("values")
     if values is not None and not isinstance(values, dict):
         problems.add(rel, f"{where}.values", "a mapping (merged into the bundle's values)", values)
@@ -736,4 +771,5 @@ def _load_override(
         sources=sources,
         path=path,
         patches=tuple(patches) if patches is not None else None,
+        encrypted_values=encrypted,
     )

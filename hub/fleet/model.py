@@ -173,6 +173,8 @@ class Override:
     """Replaces ``formatOptions.path`` (Rancher Fleet's per-target ``kustomize.dir``)."""
     patches: tuple[Mapping[str, Any], ...] | None = None
     """Appended to the bundle's ``patches`` (checked by the agent's API when rendered)."""
+    encrypted_values: Mapping[str, Any] | None = None
+    """Replaces the bundle's encrypted values (a SOPS document, :mod:`hub.fleet.secrets`)."""
 
     @property
     def by_name(self) -> bool:
@@ -189,6 +191,9 @@ class Bundle:
     overrides: tuple[Override, ...]
     rollout: Strategy | str | None = None
     """Its group's rollout strategy; ``"none"``: published at once; None: not said here."""
+    encrypted_values: Mapping[str, Any] | None = None
+    """The SOPS document its ``encryptedValues`` names (:mod:`hub.fleet.secrets`): carried
+    whole to ``formatOptions.encryptedValues``, opened only by the cluster's agent."""
 
     @property
     def group(self) -> str:

@@ -582,8 +582,14 @@ class ClusterDiff:
         }
 
 
+ENCRYPTED_VALUES = "formatOptions.encryptedValues"
+"""Shown whole, as ``encrypted`` or ``encrypted, changed``: the hub cannot open it."""
+
+
 def _flatten(value: Any, path: str, out: dict[str, Any]) -> None:
-    if isinstance(value, Mapping) and value:
+    if path == ENCRYPTED_VALUES and value is not None:
+        out[path] = value  # opaque: compared whole, never listed value by value
+    elif isinstance(value, Mapping) and value:
         for k in sorted(value):
             _flatten(value[k], f"{path}.{k}" if path else str(k), out)
     elif isinstance(value, list | tuple) and value:
@@ -605,8 +611,21 @@ def entry_fields(
     if after is not None:
         _flatten(to_dict(after.spec), "", new)
     return [
-        (p, old.get(p), new.get(p)) for p in sorted(set(old) | set(new)) if old.get(p) != new.get(p)
+        (p, *_opaque(p, old.get(p), new.get(p)))
+        for p in sorted(set(old) | set(new))
+        if old.get(p) != new.get(p)
     ]
+
+
+def _opaque(path: str, before: Any, after: Any) -> tuple[Any, Any]:
+    """Encrypted values as what can be said of them (sops keeps a value's ciphertext while its
+    plaintext stays, so a changed document means changed values or a re-encryption)."""
+    if path != ENCRYPTED_VALUES:
+        return before, after
+    return (
+        "encrypted" if before is not None else None,
+        "encrypted, changed" if after is not None else None,
+    )
 
 
 def diff(

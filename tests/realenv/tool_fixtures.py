@@ -72,3 +72,15 @@ def counted_kustomize(
     for module in (kustomize, patches):
         monkeypatch.setattr(module, "run_tool", counter.counting(module.run_tool))
     return counter
+
+
+@pytest.fixture(scope="session")
+def sops_binary() -> Path:
+    """The pinned ``sops`` the tests encrypt with (built into the cache when missing, like
+    the control plane: ``python3 -m tests.realenv.binaries sops``)."""
+    from tests.realenv.binaries import BinaryError, ensure_tools
+
+    try:
+        return ensure_tools(["sops"])["sops"]
+    except BinaryError as exc:
+        pytest.fail(str(exc))
