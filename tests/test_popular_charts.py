@@ -55,6 +55,16 @@ VALUES: dict[str, dict[str, Any]] = {
 }
 """Values other than the defaults, the same for both installs."""
 
+DIFFERENT = {
+    "metrics-server": (
+        "helm's --wait (kstatus) takes the APIService v1beta1.metrics.k8s.io as ready whatever "
+        "its Available condition; fleetlet's health check waits for Available, and on this "
+        "control plane no real metrics-server answers behind it (kwok pods serve nothing)"
+    ),
+}
+"""Charts that do not install as Helm installs them here, and why (strict xfail: a change
+either way is noticed)."""
+
 Made = set[tuple[str, str | None, str]]
 """What an install made: (kind, namespace or None, name)."""
 
@@ -158,11 +168,19 @@ def bundle(repo: StaticFiles, name: str, release: str) -> dict[str, Any]:
         "format": "helm",
         "createNamespace": True,
         "formatOptions": {"targetNamespace": release, "values": VALUES.get(name, {})},
-        "healthChecks": {"timeoutSeconds": 240},
+        "healthChecks": {"timeoutSeconds": 60 if name in DIFFERENT else 240},
     }
 
 
-@pytest.mark.parametrize("name", list(CHARTS))
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(n, marks=[pytest.mark.xfail(strict=True, reason=DIFFERENT[n])])
+        if n in DIFFERENT
+        else n
+        for n in CHARTS
+    ],
+)
 def test_chart_installs_through_hub_and_agent_as_helm_installs_it(
     name: str,
     lab: Lab,
