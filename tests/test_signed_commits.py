@@ -24,15 +24,21 @@ from typing import Any
 import pytest
 import yaml
 
+from agent.api import load_set
+from agent.kube import KubeClient
+from agent.report.bundles import SIGNED_BY_ANNOTATION, BundleDeployments
 from agent.verify import IdentityPolicy, TrustPolicy, verify_publication
 from hub.errors import FleetRepoError
 from hub.fleet.commits import CommitPolicy, load_commit_policy
-from hub.publish.flow import UnsignedCommitError, prepare, publish
+from hub.publish.flow import UnsignedCommitError, prepare, publish, render
 from hub.publish.git import BranchStore
 from hub.publish.sign import PublicationSigner
+from tests.realenv.binaries import kubectl
 from tests.realenv.gitserver import GitDaemon
+from tests.realenv.kube import Cluster
 from tests.realenv.sigstore import MiniSigstore
 from tests.realenv.sigstore.mini import DEFAULT_IDENTITY
+from tests.test_crds import crds as crds  # the fixture: the CRDs installed
 from tests.test_hub_fleet import write_fleet
 from tests.test_hub_publish import branch_files, server_refs
 
@@ -289,3 +295,40 @@ def test_policy_mistakes_name_the_field(fleet: Fleet) -> None:
     text = str(found.value)
     assert "fleet.yaml: commitSigning.signers[0].principal" in text
     assert "fleet.yaml: commitSigning.signers[0].key" in text
+
+
+def test_the_cluster_shows_who_signed_on_each_bundledeployment(
+    fleet: Fleet, crds: Cluster, namespace: str, tmp_path: Path
+) -> None:
+    """What ``kubectl get bundledeployments -o yaml`` shows a cluster admin."""
+    commit = fleet.commit("shown", fleet.keys["alice"])
+    prepared = prepare(fleet.dir, commit_policy=fleet.trusted())
+    (written,) = [p for p in render(prepared, tmp_path / "sets") if p.stem == "eu-1"]
+    deployment_set = load_set(written.read_bytes(), origin=str(written))
+    kube = KubeClient(kubeconfig=str(crds.kubeconfig))
+    bundles = BundleDeployments(kube=kube, owner=namespace)
+    bundles.publish(deployment_set)
+    try:
+        shown = subprocess.run(
+            [
+                kubectl(),
+                "--kubeconfig",
+                str(crds.kubeconfig),
+                "get",
+                "bundledeployment",
+                "web",
+                "-o",
+                "yaml",
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=60,
+        ).stdout
+        annotations = yaml.safe_load(shown)["metadata"]["annotations"]
+        assert annotations[SIGNED_BY_ANNOTATION] == (
+            f"alice@example.com {fleet.keys['alice'].fingerprint} commit {commit} "
+            f"policy {fleet.trusted().digest()}"
+        )
+    finally:
+        bundles.delete("web")
