@@ -185,6 +185,25 @@ def test_signed_commit_publishes_and_the_sets_name_the_signer(
         timeout=60,
     ).stdout
     assert "principal: alice@example.com" in text
+    # The publication's record and the branch commit say it too, for the operator.
+    record = json.loads(git_show(repo, "refs/fleetlet/publication:publication.json"))
+    assert record["source"]["commit"] == commit
+    assert record["source"]["signedBy"] == {
+        "principal": "alice@example.com",
+        "key": fleet.keys["alice"].fingerprint,
+    }
+    message = git_show(repo, "-s", "--format=%B", "fleetlet/clusters/us-1")
+    assert f"Source-Signed-By: alice@example.com {fleet.keys['alice'].fingerprint}" in message
+
+
+def git_show(repo: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", "--git-dir", str(repo), "show", *args],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
 
 
 @pytest.mark.parametrize(
