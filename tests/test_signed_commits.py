@@ -351,3 +351,23 @@ def test_the_cluster_shows_who_signed_on_each_bundledeployment(
         )
     finally:
         bundles.delete("web")
+
+
+def test_an_edited_fleet_directory_is_not_a_signed_commit(fleet: Fleet) -> None:
+    commit = fleet.commit("base", fleet.keys["alice"])
+    (fleet.dir / "clusters" / "inventory.yaml").write_text(yaml.safe_dump({"clusters": CLUSTERS}))
+    verdict = prepare(fleet.dir, commit_policy=fleet.trusted()).commit
+    assert verdict is not None and not verdict.ok
+    assert verdict.commit != commit  # a digest of the files, not the signed commit
+    assert "the fleet directory has uncommitted changes" in verdict.refusal()
+
+
+def test_the_hubs_policy_file_is_checked_like_fleet_yaml(tmp_path: Path) -> None:
+    bad = tmp_path / "policy.yaml"
+    bad.write_text(yaml.safe_dump({"signers": [{"principal": "ops@example.com"}], "extra": 1}))
+    with pytest.raises(FleetRepoError) as found:
+        load_commit_policy(bad)
+    text = str(found.value)
+    assert str(bad) in text
+    assert "signers[0].key" in text
+    assert "extra" in text
