@@ -130,20 +130,23 @@ class CommitPolicy:
 
 def parse_commit_policy(raw: Any, where: str, problems: list[FieldProblem]) -> CommitPolicy | None:
     """``raw`` (``{signers: [{principal, key, validAfter?, validBefore?}]}``) as a policy;
-    each problem is added to ``problems`` with its path under ``where``."""
+    each problem is added to ``problems`` with its path under ``where`` ("": top level)."""
     start = len(problems)
+    prefix = f"{where}." if where else ""
     if not isinstance(raw, dict):
         problems.append(
-            FieldProblem(path=where, expected="a mapping with signers", found=_brief(raw))
+            FieldProblem(
+                path=where or "(document)", expected="a mapping with signers", found=_brief(raw)
+            )
         )
         return None
     for key in sorted(set(raw) - {"signers"}, key=str):
-        problems.append(FieldProblem(path=f"{where}.{key}", expected="signers", found="unknown"))
+        problems.append(FieldProblem(path=f"{prefix}{key}", expected="signers", found="unknown"))
     entries = raw.get("signers")
     if not isinstance(entries, list) or not entries:
         problems.append(
             FieldProblem(
-                path=f"{where}.signers",
+                path=f"{prefix}signers",
                 expected="a non-empty list of {principal, key, validAfter?, validBefore?}",
                 found=_brief(entries),
             )
@@ -151,7 +154,7 @@ def parse_commit_policy(raw: Any, where: str, problems: list[FieldProblem]) -> C
         return None
     signers: list[AllowedSigner] = []
     for i, entry in enumerate(entries):
-        at = f"{where}.signers[{i}]"
+        at = f"{prefix}signers[{i}]"
         if not isinstance(entry, dict):
             problems.append(FieldProblem(path=at, expected="a mapping", found=_brief(entry)))
             continue
@@ -390,7 +393,7 @@ def load_commit_policy(path: Path) -> CommitPolicy:
         problem = FieldProblem(path=where, expected="valid YAML", found=str(exc).splitlines()[0])
         raise FleetRepoError([problem]) from exc
     problems: list[FieldProblem] = []
-    policy = parse_commit_policy(raw, "commit policy", problems)
+    policy = parse_commit_policy(raw, "", problems)
     if policy is None:
         raise FleetRepoError(problems, origin=where)
     return policy
