@@ -28,6 +28,7 @@ from hub.serve import add_serve_arguments
 
 TOKEN_ENV = "SIGSTORE_ID_TOKEN"
 TRUST_CONFIG_ENV = "FLEETLET_TRUST_CONFIG"
+COMMIT_POLICY_ENV = "FLEETLET_COMMIT_POLICY"
 GIT_USERNAME_ENV = "FLEETLET_GIT_USERNAME"
 GIT_PASSWORD_ENV = "FLEETLET_GIT_PASSWORD"
 
@@ -145,6 +146,12 @@ def _prepare(args: argparse.Namespace, progress: Progress) -> Any:
 
     progress(f"loading fleet {args.fleet_dir}")
     cache = getattr(args, "cache_dir", None)
+    policy_file = getattr(args, "commit_policy", None)
+    commit_policy = None
+    if policy_file:
+        from hub.fleet.commits import load_commit_policy
+
+        commit_policy = load_commit_policy(Path(policy_file))
     prepared = prepare(
         args.fleet_dir,
         only=args.cluster or None,
@@ -153,7 +160,15 @@ def _prepare(args: argparse.Namespace, progress: Progress) -> Any:
         # Parsed fleet files are kept with the git cache: an unchanged inventory is not
         # parsed again.
         cache_dir=Path(cache) / "fleet-files" if cache else None,
+        commit_policy=commit_policy,
     )
+    if prepared.commit is not None:
+        verdict = prepared.commit
+        progress(
+            f"fleet commit {verdict.commit[:12]}: {verdict.reason}"
+            if verdict.ok
+            else f"fleet commit {verdict.commit[:12]} REFUSED by the commit policy: {verdict.reason}"
+        )
     if not prepared.source.committed:
         progress(
             "note: the fleet directory is not a clean git checkout; source.commit is a digest "
@@ -326,6 +341,8 @@ def _publish(args: argparse.Namespace) -> int:
         _write_metrics(metrics, args.metrics_file)
     data["seconds"]["total"] = round(seconds, 3)
     data["source"] = {"repo": prepared.source.repo, "commit": prepared.source.commit}
+    if prepared.commit is not None:
+        data["source"]["signedBy"] = prepared.commit.signed_by()
     data["repo"] = args.repo or prepared.fleet.settings.shards.repo
     data["rollouts"] = [{"rollout": rid, **event.to_dict()} for rid, event in result.events]
     if args.output != "table":
@@ -433,6 +450,7 @@ def _diff(args: argparse.Namespace) -> int:
                 facts=_reported_facts(args, progress, prepared, args.cluster),
                 progress=progress,
             )
+    verdict = prepared.commit
     if args.output != "table":
         clusters = []
         for d in diffs:
@@ -440,8 +458,17 @@ def _diff(args: argparse.Namespace) -> int:
             if d.cluster in previews:
                 item["preview"] = previews[d.cluster].to_dict()
             clusters.append(item)
-        _emit({"clusters": clusters}, args.output)
+        data: dict[str, Any] = {"clusters": clusters}
+        if verdict is not None:
+            data["commit"] = _verdict_dict(verdict)
+        _emit(data, args.output)
         return 0
+    if verdict is not None:
+        print(
+            f"fleet commit {verdict.commit}: {verdict.reason}"
+            if verdict.ok
+            else f"fleet commit: {verdict.refusal()}: hub publish would refuse it"
+        )
     for d in diffs:
         serial = f" (serial {d.serial_before})" if d.serial_before is not None else ""
         print(f"{d.cluster}: {d.status}{serial}")
@@ -458,6 +485,17 @@ def _diff(args: argparse.Namespace) -> int:
         if d.cluster in previews:
             _print_preview(previews[d.cluster])
     return 0
+
+
+def _verdict_dict(verdict: Any) -> dict[str, Any]:
+    return {
+        "commit": verdict.commit,
+        "signed": verdict.ok,
+        "signedBy": verdict.signed_by(),
+        "reason": verdict.reason,
+        "policy": verdict.policy,
+        "wanted": verdict.wanted,
+    }
 
 
 def _review(args: argparse.Namespace, progress: Progress) -> int:
@@ -702,6 +740,14 @@ def register(sub: Any) -> None:
         help="write this publication's Prometheus metrics to FILE (for node-exporter's "
         "textfile collector: name it *.prom)",
     )
+    publish.add_argument(
+        "--commit-policy",
+        metavar="FILE",
+        default=os.environ.get(COMMIT_POLICY_ENV) or None,
+        help="the hub's trusted commit policy (YAML: signers: [{principal, key, validAfter, "
+        "validBefore}]; $" + COMMIT_POLICY_ENV + "): the fleet commit must be signed by one of "
+        "them (fleet.yaml: commitSigning must be the same policy; docs/fleet-repo.md)",
+    )
     add_logging_arguments(publish, default_level="warning")
     publish.set_defaults(handler=_publish)
 
@@ -759,6 +805,14 @@ def register(sub: Any) -> None:
         "--registry-config",
         metavar="FILE",
         help="docker config JSON with registry credentials for resolving tags",
+    )
+    diff.add_argument(
+        "--commit-policy",
+        metavar="FILE",
+        default=os.environ.get(COMMIT_POLICY_ENV) or None,
+        help="the hub's trusted commit policy (YAML: signers: [{principal, key, validAfter, "
+        "validBefore}]; $" + COMMIT_POLICY_ENV + "): the fleet commit must be signed by one of "
+        "them (fleet.yaml: commitSigning must be the same policy; docs/fleet-repo.md)",
     )
     diff.set_defaults(handler=_diff)
 

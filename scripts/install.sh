@@ -14,6 +14,8 @@ command -v docker-registry >/dev/null || need_apt+=(docker-registry)
 command -v htpasswd >/dev/null || need_apt+=(apache2-utils)
 command -v git >/dev/null || need_apt+=(git)
 [ -x /usr/lib/git-core/git-http-backend ] || need_apt+=(git)
+# Signed fleet commits are checked with ssh-keygen -Y (tests/test_signed_commits.py).
+command -v ssh-keygen >/dev/null || need_apt+=(openssh-client)
 # The dashboard's browser tests drive Debian's chromium (Playwright never downloads one).
 [ -x /usr/bin/chromium ] || need_apt+=(chromium)
 # The image tests build the agent image on a Debian base and run it (tests/test_image.py).

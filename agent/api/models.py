@@ -1023,6 +1023,32 @@ class BundleOutputsSpec(ApiObject):
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class CommitSignature(ApiObject):
+    """Who signed the fleet commit, as the hub verified it against its commit policy before
+    publishing (`fleet.yaml: commitSigning`)."""
+
+    format: Literal["ssh"] = api_field("`ssh`: an SSH signature (git's `gpg.format=ssh`).")
+    principal: str = api_field(
+        "The signer, as the policy names it (e.g. alice@example.com).",
+        pattern=NO_WHITESPACE,
+        expected="an identity without whitespace",
+        max_length=253,
+    )
+    key: str = api_field(
+        "The signing key's fingerprint (`SHA256:...`, as `ssh-keygen -l` prints it).",
+        pattern=r"^SHA256:[A-Za-z0-9+/]{43}$",
+        expected="SHA256:<43 base64 characters>",
+        max_length=50,
+    )
+    policy: str = api_field(
+        "Digest of the commit policy the signature was verified against.",
+        pattern=DIGEST,
+        expected=DIGEST_TEXT,
+        max_length=71,
+    )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class SetSource(ApiObject):
     """The fleet repository commit a set was rendered from."""
 
@@ -1034,6 +1060,9 @@ class SetSource(ApiObject):
     )
     commit: str = api_field(
         "The fleet repository's commit.", pattern=COMMIT, expected=COMMIT_TEXT, max_length=40
+    )
+    signed_by: CommitSignature | None = api_field(
+        "Who signed the commit, verified by the hub (absent: no commit policy).", default=None
     )
 
 
@@ -1185,6 +1214,7 @@ __all__ = [
     "BundleDeploymentSpec",
     "BundleDeploymentStatus",
     "BundleOutputsSpec",
+    "CommitSignature",
     "Condition",
     "ConditionCheck",
     "FieldExpression",

@@ -27,6 +27,7 @@ from agent.api.pins import is_commit, is_digest, is_sha256_hex
 from agent.api.yamlio import SAFE_LOADER
 from agent.errors import FieldProblem
 from hub.errors import FleetRepoError
+from hub.fleet.commits import CommitPolicy, parse_commit_policy
 from hub.fleet.durations import parse_duration
 from hub.fleet.jump import shard_of_name
 from hub.fleet.model import (
@@ -275,6 +276,7 @@ def _load_settings(root: Path, problems: _Problems) -> Settings | None:
         "insecureRegistries",
         "shards",
         "rollout",
+        "commitSigning",
     }
     for key in sorted(set(raw) - known, key=str):
         problems.add(rel, str(key), "one of " + ", ".join(sorted(known)), _found("unknown field"))
@@ -348,7 +350,17 @@ def _load_settings(root: Path, problems: _Problems) -> Settings | None:
         insecure_registries=tuple(sorted(insecure)),
         shards=_load_sharding(raw.get("shards"), rel, problems),
         rollout=_default_rollout(raw.get("rollout"), rel, problems),
+        commit_signing=_commit_signing(raw.get("commitSigning"), rel, problems),
     )
+
+
+def _commit_signing(raw: Any, rel: str, problems: _Problems) -> CommitPolicy | None:
+    if raw is None:
+        return None
+    found: list[FieldProblem] = []
+    policy = parse_commit_policy(raw, "commitSigning", found)
+    problems.extend(rel, found)
+    return policy
 
 
 def _default_rollout(raw: Any, rel: str, problems: _Problems) -> Strategy | None:

@@ -16,7 +16,7 @@ from hub.fleet.selectors import LabelSelector
 from hub.rollout.model import Strategy
 
 if TYPE_CHECKING:
-    pass
+    from hub.fleet.commits import CommitPolicy
 
 SOURCE_KINDS = ("image", "git", "http", "helm")
 APPROVALS = ("none", "manual")
@@ -56,6 +56,9 @@ class Settings:
     shards: Sharding = field(default_factory=Sharding)
     rollout: Strategy | None = None
     """The rollout strategy of every group whose bundles name none (docs/rollouts.md)."""
+    commit_signing: CommitPolicy | None = None
+    """``commitSigning``: who must have signed the fleet commit (the hub's trusted copy
+    decides, see :mod:`hub.fleet.commits`)."""
 
 
 class Cluster(NamedTuple):

@@ -31,6 +31,7 @@ from agent.api import (
     BundleDeploymentEntry,
     BundleDeploymentSet,
     BundleDeploymentSpec,
+    CommitSignature,
     SetSource,
     from_dict,
 )
@@ -56,6 +57,7 @@ class Header:
     expires_at: datetime
     source_repo: str
     source_commit: str
+    source_signed_by: CommitSignature | None = None
 
 
 def group_of(bundle: Bundle) -> str:
@@ -460,7 +462,11 @@ def build_set(plan: ClusterPlan, header: Header) -> BundleDeploymentSet:
         serial=header.serial,
         issued_at=header.issued_at,
         expires_at=header.expires_at,
-        source=SetSource(repo=header.source_repo, commit=header.source_commit),
+        source=SetSource(
+            repo=header.source_repo,
+            commit=header.source_commit,
+            signed_by=header.source_signed_by,
+        ),
         bundle_deployments=plan.entries,
         groups=plan.groups,
     )
