@@ -191,6 +191,7 @@ def serve(args: argparse.Namespace) -> int:
 
     from agent.report.logs import setup_logging
     from hub.api.app import create_app, load_private_key
+    from hub.api.http import with_header_timeout
     from hub.api.tokens import Tokens, load_tokens
 
     setup_logging(
@@ -198,6 +199,7 @@ def serve(args: argparse.Namespace) -> int:
         format=getattr(args, "log_format", None) or "text",
     )
     host, port = parse_listen(args.listen)
+    bounds, header_timeout = load_bounds(args)
     tls = tls_files(getattr(args, "tls_cert", None), getattr(args, "tls_key", None))
     tokens = load_tokens(Path(args.tokens)) if getattr(args, "tokens", None) else Tokens(())
     anonymous = bool(getattr(args, "allow_anonymous", False))
@@ -239,6 +241,7 @@ def serve(args: argparse.Namespace) -> int:
         labels=labels,
         metrics=metrics,
         rollouts=rollouts,
+        bounds=bounds,
     )
     loop.tick()
     # The matrix's cells before the first request, and again after each refresh that moved.
@@ -264,6 +267,10 @@ def serve(args: argparse.Namespace) -> int:
             log_config=None,
             # SIGTERM: open connections get a few seconds, then the process exits.
             timeout_graceful_shutdown=5,
+            # A request's headers within --header-timeout (slow clients cut off); an idle
+            # keep-alive connection closed after 5 s.
+            http=with_header_timeout(header_timeout),
+            timeout_keep_alive=5,
             ssl_certfile=str(tls[0]) if tls else None,
             ssl_keyfile=str(tls[1]) if tls else None,
         )
@@ -359,6 +366,25 @@ def rollout_service(
     )
 
 
+def load_bounds(args: argparse.Namespace) -> tuple[Any, float]:
+    """(the API's :class:`~hub.api.app.Bounds`, the header timeout in seconds) of ``hub
+    serve``'s options. Raises ServeUsageError."""
+    from hub.api.app import Bounds
+
+    concurrency = getattr(args, "concurrency", None) or 16
+    queue = getattr(args, "queue", None)
+    queue = 64 if queue is None else queue
+    if concurrency < 1 or queue < 0:
+        raise ServeUsageError("--concurrency must be at least 1 and --queue at least 0")
+    timeouts = []
+    for flag, default in (("request_timeout", "30s"), ("header_timeout", "10s")):
+        seconds = parse_duration(getattr(args, flag, None) or default).total_seconds()
+        if seconds <= 0:
+            raise ServeUsageError(f"--{flag.replace('_', '-')} must be more than 0")
+        timeouts.append(seconds)
+    return Bounds(concurrency=concurrency, queue=queue, request_timeout=timeouts[0]), timeouts[1]
+
+
 def tls_files(cert: str | None, key: str | None) -> tuple[Path, Path] | None:
     """The TLS certificate and key files, both or neither. Raises ServeUsageError."""
     if not cert and not key:
@@ -428,6 +454,35 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         help="serve HTTPS with this certificate (PEM, the chain after it); with --tls-key",
     )
     parser.add_argument("--tls-key", metavar="FILE", help="the private key of --tls-cert (PEM)")
+    load = parser.add_argument_group(
+        "load", 'bounds on the work taken on at once (docs/operations.md, "The hub under load")'
+    )
+    load.add_argument(
+        "--concurrency",
+        type=int,
+        default=16,
+        metavar="N",
+        help="API requests worked on at once (16)",
+    )
+    load.add_argument(
+        "--queue",
+        type=int,
+        default=64,
+        metavar="N",
+        help="API requests that may wait for one of those; past them: 503 with Retry-After (64)",
+    )
+    load.add_argument(
+        "--request-timeout",
+        default="30s",
+        metavar="DURATION",
+        help="an API request not answered by then gets 503 with Retry-After (30s)",
+    )
+    load.add_argument(
+        "--header-timeout",
+        default="10s",
+        metavar="DURATION",
+        help="a connection must send a request's headers within this; else 408 and closed (10s)",
+    )
     rollouts = parser.add_argument_group(
         "rollouts",
         "progressive rollouts (docs/rollouts.md): shown with --fleet, stepped when signing",

@@ -35,8 +35,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import pygit2
-
 from agent.api.reasons import SUCCEEDED
 from hub.errors import GitTransportError
 from hub.publish.shards import parallel_for
@@ -45,6 +43,7 @@ from hub.status.document import (
     installation_state,
 )
 from hub.status.shard import (
+    DocumentsUnavailable,
     StatusCacheError,
     StatusShard,
     cold_refresh,
@@ -281,49 +280,50 @@ class FleetStatus:
 
     def document(self, name: str) -> dict[str, Any] | None:
         """The last good status document of ``name`` (None: none), read from the cache
-        repository (recent ones kept in memory)."""
+        repository (recent ones kept in memory). Raises DocumentsUnavailable when it has to
+        be fetched and cannot be."""
         with self._lock:
             view = self._clusters.get(name)
-            if view is None or view.source is None:
-                return None
-            key = (view.shard, view.source)
-            doc = self._documents.get(key)
-            if doc is not None:
-                self._documents.move_to_end(key)
-                return doc
-        try:
-            doc = self._shards[view.shard].document(name, view.source)
-        except (pygit2.GitError, KeyError, ValueError):
-            return None
+        return None if view is None else self.documents([view]).get(name)
+
+    def documents(self, views: Sequence[ClusterView]) -> dict[str, dict[str, Any] | None]:
+        """Cluster -> the last good document of each of ``views`` (None: none). Recent ones
+        come from memory; the others from the cache repositories, the shards in parallel,
+        fetched where the cache lacks them (one request per shard for a page, shared with
+        the pages asking at the same time). Raises DocumentsUnavailable."""
+        found: dict[str, dict[str, Any] | None] = {}
+        wanted: dict[int, dict[str, str]] = {}
         with self._lock:
-            self._documents[key] = doc
-            while len(self._documents) > _DOCUMENTS_KEPT:
-                self._documents.popitem(last=False)
-        return doc
-
-    def prefetch(self, views: Sequence[ClusterView]) -> None:
-        """Fetch the documents of ``views`` the cache lacks: one request per shard, the shards
-        in parallel (a page of 100 installations is a round trip, not 100). Best effort: a
-        document that cannot be fetched now is asked for again, and its error shown, when it
-        is read."""
-        by_shard: dict[int, list[str]] = {}
-        for view in views:
-            if view.source is not None:
-                by_shard.setdefault(view.shard, []).append(view.source)
-
-        def fetch(shard: int) -> None:
-            with contextlib.suppress(
-                GitTransportError, StatusCacheError, pygit2.GitError, KeyError, ValueError
-            ):
-                self._shards[shard].prefetch(by_shard[shard])
-
-        if len(by_shard) <= 1:
-            for shard in by_shard:
-                fetch(shard)
-            return
-        parallel = parallel_for(self._shards[s].url for s in by_shard)
-        with ThreadPoolExecutor(max_workers=min(parallel, len(by_shard))) as threads:
-            list(threads.map(fetch, by_shard))
+            for view in views:
+                if view.source is None:
+                    found[view.name] = None
+                    continue
+                doc = self._documents.get((view.shard, view.source))
+                if doc is not None:
+                    self._documents.move_to_end((view.shard, view.source))
+                    found[view.name] = doc
+                else:
+                    wanted.setdefault(view.shard, {})[view.name] = view.source
+        if not wanted:
+            return found
+        futures = {shard: self._shards[shard].documents(w) for shard, w in wanted.items()}
+        failure: DocumentsUnavailable | None = None
+        for shard, future in futures.items():
+            try:
+                read = future.result()
+            except DocumentsUnavailable as exc:
+                failure = failure or exc
+                continue
+            with self._lock:
+                for name, doc in read.items():
+                    found[name] = doc
+                    if doc is not None:
+                        self._documents[(shard, wanted[shard][name])] = doc
+                while len(self._documents) > _DOCUMENTS_KEPT:
+                    self._documents.popitem(last=False)
+        if failure is not None:
+            raise failure
+        return found
 
     # --- reading the view ----------------------------------------------------------------
 
@@ -392,10 +392,10 @@ class FleetStatus:
             if limit is not None and count >= limit:
                 break
         # The page's documents, in one request per shard where the cache lacks them.
-        self.prefetch([view for view, _, _ in page])
+        documents = self.documents([view for view, _, _ in page])
         found = []
         for view, wanted, stale in page:
-            items = (self.document(view.name) or {}).get("bundles", {})
+            items = (documents.get(view.name) or {}).get("bundles", {})
             for name in wanted:
                 if name in items:
                     found.append(

@@ -36,7 +36,15 @@ from hub.status.document import STATES
 
 SENSITIVE = "<sensitive>"
 DEFAULT_PAGE = 100
+"""Items per page of every list of the API when the request gives no ``limit``."""
 MAX_PAGE = 500
+"""The largest ``limit`` the API accepts (a larger one is a 400)."""
+MAX_SELECTOR_LENGTH = 1024
+"""Characters of a label selector (``label=`` of the matrix); a longer one is a 400."""
+MAX_REQUIREMENTS = 20
+"""Requirements of a label selector; more is a 400 (each costs a pass over the label sets)."""
+MAX_NAME_FILTER = 253
+"""Characters of the matrix's ``name`` filter (a cluster name is at most 253)."""
 
 Labels = Mapping[str, Mapping[str, str]]
 
@@ -110,12 +118,14 @@ def present_outputs(
 
 
 class QueryError(Exception):
-    """A query the view cannot answer: ``status`` is the HTTP status (400, 404)."""
+    """A query the view cannot answer: ``status`` is the HTTP status (400, 404; 503 with
+    ``retry_after`` seconds, when known)."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, *, retry_after: float | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.retry_after = retry_after
 
 
 # One requirement of a label selector in its string form: ``key=value``, ``key==value``,
@@ -130,9 +140,15 @@ _REQUIREMENT = re.compile(
 def parse_label_filter(text: str) -> LabelSelector:
     """A label selector in Kubernetes' string form, e.g. ``region=eu,tier!=edge,gpu``.
 
-    Requirements are separated by commas (outside parentheses) and must all hold. Raises
-    QueryError (400) naming the requirement that does not parse.
+    Requirements are separated by commas (outside parentheses) and must all hold; at most
+    :data:`MAX_SELECTOR_LENGTH` characters and :data:`MAX_REQUIREMENTS` requirements. Raises
+    QueryError (400) naming the requirement that does not parse, or the limit passed.
     """
+    if len(text) > MAX_SELECTOR_LENGTH:
+        raise QueryError(
+            400,
+            f"label filter: {len(text)} characters, at most {MAX_SELECTOR_LENGTH} are accepted",
+        )
     parts, depth, start = [], 0, 0
     for i, char in enumerate(text):
         depth += {"(": 1, ")": -1}.get(char, 0)
@@ -140,10 +156,13 @@ def parse_label_filter(text: str) -> LabelSelector:
             parts.append(text[start:i])
             start = i + 1
     parts.append(text[start:])
-    requirements = []
-    for part in (p.strip() for p in parts):
-        if part:
-            requirements.append(_requirement(part))
+    parts = [p.strip() for p in parts if p.strip()]
+    if len(parts) > MAX_REQUIREMENTS:
+        raise QueryError(
+            400,
+            f"label filter: {len(parts)} requirements, at most {MAX_REQUIREMENTS} are accepted",
+        )
+    requirements = [_requirement(part) for part in parts]
     return LabelSelector(tuple(requirements))
 
 
@@ -430,6 +449,8 @@ class StatusQueries:
             raise QueryError(400, f"state must be one of {', '.join(STATES)}, got {state!r}")
         if offset < 0 or not 1 <= limit <= MAX_PAGE:
             raise QueryError(400, f"offset must be >= 0 and limit between 1 and {MAX_PAGE}")
+        if name is not None and len(name) > MAX_NAME_FILTER:
+            raise QueryError(400, f"name filter: at most {MAX_NAME_FILTER} characters")
         selector = parse_label_filter(label) if label else None
         needle = name.lower() if name else None
         fleet = self._fleet()
