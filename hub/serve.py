@@ -12,6 +12,7 @@ a thread of its own (:mod:`hub.rollout.service`, docs/rollouts.md).
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import re
@@ -180,8 +181,19 @@ class RefreshLoop:
             self.tick()
 
 
+SERVE_ENV = "FLEETLET_HUB_SERVE"
+"""The options of ``hub serve`` (JSON) for its worker processes (``--workers``)."""
+FOLLOW_EVERY = timedelta(seconds=1)
+"""How often a worker process reads what the refreshing process wrote into the shared view."""
+
+
 def serve(args: argparse.Namespace) -> int:
     """Handler of ``fleetlet hub serve``.
+
+    With ``--workers N`` (more than 1) this process refreshes the status from git into the
+    shared view file (SQLite, WAL), runs the rollout controller, and supervises N uvicorn
+    worker processes on the same socket (uvicorn's own supervisor: a dead worker is
+    replaced); each worker serves the API from the view file (:func:`worker_app`).
 
     Raises FleetletError on bad settings (ServeUsageError, HubConfigError, FleetRepoError for
     a bad ``--fleet`` repo, StatusCacheError).
@@ -190,103 +202,168 @@ def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from agent.report.logs import setup_logging
-    from hub.api.app import create_app, load_private_key
-    from hub.api.http import with_header_timeout
-    from hub.api.tokens import Tokens, load_tokens
 
     setup_logging(
         level=getattr(args, "log_level", None) or "info",
         format=getattr(args, "log_format", None) or "text",
     )
     host, port = parse_listen(args.listen)
-    bounds, header_timeout = load_bounds(args)
     tls = tls_files(getattr(args, "tls_cert", None), getattr(args, "tls_key", None))
-    tokens = load_tokens(Path(args.tokens)) if getattr(args, "tokens", None) else Tokens(())
-    anonymous = bool(getattr(args, "allow_anonymous", False))
-    if not tokens and not anonymous:
-        raise ServeUsageError("hub serve needs --tokens FILE (or --allow-anonymous)")
-    key_file = getattr(args, "hub_key", None)
-    private_key = load_private_key(Path(key_file)) if key_file else None
-    fleet_dir = getattr(args, "fleet", None)
-    fleet = load_fleet_for_serve(Path(fleet_dir)) if fleet_dir else None
-    labels = {c.name: dict(c.labels) for c in fleet.clusters} if fleet is not None else None
-    urls = status_urls(
-        list(args.repo or []),
-        shards=getattr(args, "shards", None) or (fleet.settings.shards.count if fleet else None),
-        template=fleet.settings.shards.status_repo if fleet is not None else None,
-    )
-    cache = getattr(args, "cache_dir", None)
-    status = FleetStatus(
-        repo_url=urls,
-        credentials=git_credentials(),
-        cache_dir=Path(cache) if cache else default_cache_dir(" ".join(urls)),
-        stale_after=parse_duration(getattr(args, "stale_after", None) or "5m"),
-    )
-    metrics = HubMetrics()
-    loop = RefreshLoop(
-        status=status,
-        interval=parse_duration(getattr(args, "refresh", None) or "10s"),
-        metrics=metrics,
-    )
-    rollouts = (
-        rollout_service(args, Path(fleet_dir), fleet, status, status.cache_dir)
-        if fleet is not None and fleet_dir
-        else None
-    )
-    app = create_app(
-        status=status,
-        tokens=tokens,
-        private_key=private_key,
-        allow_anonymous=anonymous,
-        labels=labels,
-        metrics=metrics,
-        rollouts=rollouts,
-        bounds=bounds,
-    )
+    _, header_timeout = load_bounds(args)
+    workers = getattr(args, "workers", None) or 1
+    if workers < 1:
+        raise ServeUsageError("--workers must be at least 1")
+    parts = _Parts(args, follow=False, app=workers == 1)
+    loop = parts.loop
     loop.tick()
-    # The matrix's cells before the first request, and again after each refresh that moved.
-    app.state.queries.warm()
-
-    def changed() -> None:
-        app.state.queries.warm()
-        if rollouts is not None:
-            rollouts.poke()  # new reports: a rollout may move
-
-    loop.on_change = changed
+    if parts.app is not None:
+        # The matrix's cells before the first request, and again after each refresh that moved.
+        parts.app.state.queries.warm()
     loop.start()
-    if rollouts is not None:
-        rollouts.start()
+    if parts.rollouts is not None:
+        parts.rollouts.start()
     try:
-        # log_config=None: uvicorn's records go through our handler (format, masking).
         config = uvicorn.Config(
-            app,
+            parts.app if parts.app is not None else "hub.serve:worker_app",
+            factory=parts.app is None,
+            workers=workers,
             host=host,
             port=port,
             log_level="warning",
             access_log=False,
+            # log_config=None: uvicorn's records go through our handler (format, masking).
             log_config=None,
             # SIGTERM: open connections get a few seconds, then the process exits.
             timeout_graceful_shutdown=5,
             # A request's headers within --header-timeout (slow clients cut off); an idle
-            # keep-alive connection closed after 5 s.
-            http=with_header_timeout(header_timeout),
+            # keep-alive connection closed after 5 s. By name: the workers import it.
+            http="hub.api.http:HeaderTimeoutProtocol",
             timeout_keep_alive=5,
             ssl_certfile=str(tls[0]) if tls else None,
             ssl_keyfile=str(tls[1]) if tls else None,
         )
+        from hub.api.http import HeaderTimeoutProtocol
+
+        HeaderTimeoutProtocol.header_timeout = header_timeout
         shown = f"[{host}]" if ":" in host else host
         scheme = "https" if tls else "http"
         log.info(
             "fleetlet hub serving on %s://%s:%s/ (dashboard; API at %s://%s:%s/api/v1; "
-            "metrics at /metrics)",
+            "metrics at /metrics)%s",
             scheme, shown, port, scheme, shown, port,
+            f" with {workers} worker processes" if workers > 1 else "",
         )  # fmt: skip
-        uvicorn.Server(config).run()
+        if workers == 1:
+            uvicorn.Server(config).run()
+        else:
+            from uvicorn.supervisors import Multiprocess
+
+            options = {k: v for k, v in vars(args).items() if _plain(v)}
+            os.environ[SERVE_ENV] = json.dumps(options)
+            Multiprocess(config, sockets=[config.bind_socket()]).run()
     finally:
         loop.stop()
-        if rollouts is not None:
-            rollouts.stop()
+        if parts.rollouts is not None:
+            parts.rollouts.stop()
     return 0
+
+
+def _plain(value: Any) -> bool:
+    return (
+        value is None
+        or isinstance(value, str | int | float | bool)
+        or (isinstance(value, list) and all(isinstance(v, str) for v in value))
+    )
+
+
+def worker_app() -> Any:
+    """The app of one worker process of ``hub serve --workers``: the API over the shared view
+    file, read again every :data:`FOLLOW_EVERY` (uvicorn calls this in the worker)."""
+    from agent.report.logs import setup_logging
+    from hub.api.http import HeaderTimeoutProtocol
+
+    args = argparse.Namespace(**json.loads(os.environ[SERVE_ENV]))
+    setup_logging(
+        level=getattr(args, "log_level", None) or "info",
+        format=getattr(args, "log_format", None) or "text",
+    )
+    HeaderTimeoutProtocol.header_timeout = load_bounds(args)[1]
+    parts = _Parts(args, follow=True, app=True)
+    assert parts.app is not None
+    parts.loop.tick()
+    parts.app.state.queries.warm()
+    parts.loop.start()
+    return parts.app
+
+
+class _Parts:
+    """What ``hub serve`` assembles from its options: the status view (refreshed from git,
+    or following the shared view file), its refresh loop, the rollouts, the app (``app``)."""
+
+    def __init__(self, args: argparse.Namespace, *, follow: bool, app: bool) -> None:
+        from hub.api.app import create_app, load_private_key
+        from hub.api.tokens import Tokens, load_tokens
+
+        bounds, _ = load_bounds(args)
+        tokens = load_tokens(Path(args.tokens)) if getattr(args, "tokens", None) else Tokens(())
+        anonymous = bool(getattr(args, "allow_anonymous", False))
+        if not tokens and not anonymous:
+            raise ServeUsageError("hub serve needs --tokens FILE (or --allow-anonymous)")
+        key_file = getattr(args, "hub_key", None)
+        private_key = load_private_key(Path(key_file)) if key_file else None
+        fleet_dir = getattr(args, "fleet", None)
+        fleet = load_fleet_for_serve(Path(fleet_dir)) if fleet_dir else None
+        labels = {c.name: dict(c.labels) for c in fleet.clusters} if fleet is not None else None
+        urls = status_urls(
+            list(args.repo or []),
+            shards=getattr(args, "shards", None)
+            or (fleet.settings.shards.count if fleet else None),
+            template=fleet.settings.shards.status_repo if fleet is not None else None,
+        )
+        cache = getattr(args, "cache_dir", None)
+        self.status = status = FleetStatus(
+            repo_url=urls,
+            credentials=git_credentials(),
+            cache_dir=Path(cache) if cache else default_cache_dir(" ".join(urls)),
+            stale_after=parse_duration(getattr(args, "stale_after", None) or "5m"),
+            follow=follow,
+        )
+        metrics = HubMetrics()
+        self.loop = loop = RefreshLoop(
+            status=status,
+            interval=FOLLOW_EVERY
+            if follow
+            else parse_duration(getattr(args, "refresh", None) or "10s"),
+            metrics=metrics,
+        )
+        self.rollouts = (
+            rollout_service(args, Path(fleet_dir), fleet, status, status.cache_dir)
+            if fleet is not None and fleet_dir
+            else None
+        )
+        self.app = (
+            create_app(
+                status=status,
+                tokens=tokens,
+                private_key=private_key,
+                allow_anonymous=anonymous,
+                labels=labels,
+                metrics=metrics,
+                rollouts=self.rollouts,
+                bounds=bounds,
+            )
+            if app
+            else None
+        )
+        rollouts, served = self.rollouts, self.app
+
+        def changed() -> None:
+            if served is not None:
+                served.state.queries.warm()
+            if rollouts is not None and not follow:
+                rollouts.poke()  # new reports: a rollout may move
+
+        loop.on_change = changed
 
 
 def rollout_service(
@@ -454,6 +531,14 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         help="serve HTTPS with this certificate (PEM, the chain after it); with --tls-key",
     )
     parser.add_argument("--tls-key", metavar="FILE", help="the private key of --tls-cert (PEM)")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="processes serving the API (1); with more, this one refreshes the status into a "
+        "view file they share (SQLite) and supervises them",
+    )
     load = parser.add_argument_group(
         "load", 'bounds on the work taken on at once (docs/operations.md, "The hub under load")'
     )

@@ -79,10 +79,14 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GitDaemon]:
         yield server  # type: ignore[misc]
 
 
-def test_many_threads_load_pages_while_status_moves(daemon: GitDaemon, tmp_path: Path) -> None:
+@pytest.mark.parametrize("workers", [1, 2])
+def test_many_threads_load_pages_while_status_moves(
+    daemon: GitDaemon, tmp_path: Path, workers: int
+) -> None:
     fleet = _fleet(daemon, tmp_path, "load")
     names = sorted(fleet.states)
-    with serving_hub(fleet.repo, tmp_path, ["--tokens", str(fleet.tokens)], refresh="200ms") as url:
+    extra = ["--tokens", str(fleet.tokens), "--workers", str(workers)]
+    with serving_hub(fleet.repo, tmp_path, extra, refresh="200ms") as url:
         stop = threading.Event()
         answers: Counter[int] = Counter()
         problems: list[str] = []
@@ -301,3 +305,59 @@ def test_documents_that_cannot_be_fetched_give_503_with_retry_after(
             time.sleep(0.1)
         assert answer.status_code == 200 and answer.json()["items"]
     assert "Traceback" not in (tmp_path / "hub.log").read_text()
+
+
+def _processes_of(port: int) -> list[str]:
+    """The command lines of the hub serving ``port`` and of its children."""
+    found: dict[int, tuple[int, str]] = {}  # pid -> (parent, command line)
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except (OSError, ValueError, IndexError):
+                continue
+            found[int(entry.name)] = (parent, command)
+    hub = next(
+        pid for pid, (_, cmd) in found.items() if "hub.serve" in cmd and f"127.0.0.1:{port}" in cmd
+    )
+    return [found[hub][1]] + [cmd for parent, cmd in found.values() if parent == hub]
+
+
+def test_worker_processes_serve_one_shared_view(daemon: GitDaemon, tmp_path: Path) -> None:
+    fleet = _fleet(daemon, tmp_path, "workers")
+    names = sorted(fleet.states)
+    (tmp_path / "multi").mkdir()
+    (tmp_path / "single").mkdir()
+    extra = ["--tokens", str(fleet.tokens)]
+    with (
+        serving_hub(fleet.repo, tmp_path / "multi", [*extra, "--workers", "2"]) as multi,
+        serving_hub(fleet.repo, tmp_path / "single", extra) as single,
+    ):
+        commands = _processes_of(int(multi.rsplit(":", 1)[1]))
+        assert sum("multiprocessing" in c and "spawn" in c for c in commands) >= 2, commands
+        # Status moves: every worker shows it (each request a new connection: any worker).
+        moved = names[:4]
+        fleet.move(moved)
+        for _ in range(300):
+            seen = [_get(multi, f"/api/v1/clusters/{n}").json()["sequence"] for n in moved * 3]
+            if seen == [2] * 12:
+                break
+            time.sleep(0.1)
+        assert seen == [2] * 12
+        for _ in range(300):
+            if _get(single, f"/api/v1/clusters/{moved[-1]}").json()["sequence"] == 2:
+                break
+            time.sleep(0.1)
+        # ... and they answer as one hub does.
+        for path, params in [
+            ("/api/v1/matrix", {"limit": 500}),
+            ("/api/v1/installations", {"limit": 500}),
+            (f"/api/v1/installations/{moved[0]}/shop-frontend", {}),
+        ]:
+            answers = [_get(url, path, **params) for url in (multi, multi, single)]
+            assert [a.status_code for a in answers] == [200] * 3
+            assert _without_ages(answers[0].json()) == _without_ages(answers[2].json()), path
+            assert _without_ages(answers[1].json()) == _without_ages(answers[2].json()), path
+    log = (tmp_path / "multi" / "hub.log").read_text()
+    assert "Traceback" not in log, log[-3000:]

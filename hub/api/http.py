@@ -7,7 +7,8 @@ there is no timer before the first byte, and each byte stops the keep-alive time
 connection has :attr:`HeaderTimeoutProtocol.header_timeout` seconds, from the moment it opens
 (or its previous answer was sent), to complete a request's headers, however slowly they come;
 past it the server answers 408 and closes the connection, as nginx's ``client_header_timeout``
-does. Given to uvicorn as ``Config(http=...)``.
+does. Given to uvicorn by name, ``Config(http="hub.api.http:HeaderTimeoutProtocol")`` (worker
+processes import it); ``hub serve --header-timeout`` sets the class's ``header_timeout``.
 """
 
 from __future__ import annotations
@@ -70,7 +71,3 @@ class HeaderTimeoutProtocol(H11Protocol):
             self.transport.write(_TIMED_OUT)
             self.transport.close()
 
-
-def with_header_timeout(seconds: float) -> type[HeaderTimeoutProtocol]:
-    """The protocol class with ``seconds`` for a request's headers."""
-    return type("HeaderTimeoutProtocol", (HeaderTimeoutProtocol,), {"header_timeout": seconds})

@@ -52,7 +52,7 @@ from hub.status.shard import (
 from hub.status.view import ClusterView, RefreshResult
 
 _VIEW_FILE = "view.sqlite"
-_VIEW_FORMAT = 3  # 3: each installation's applied and newest-run serials
+_VIEW_FORMAT = 4  # 3: each installation's applied and newest-run serials; 4: generations
 _DOCUMENTS_KEPT = 256
 
 
@@ -73,6 +73,7 @@ class FleetStatus:
         credentials: tuple[str, str] | None = None,
         cache_dir: Path,
         stale_after: timedelta = timedelta(minutes=5),
+        follow: bool = False,
     ) -> None:
         urls = [repo_url] if isinstance(repo_url, str) else list(repo_url)
         if not urls:
@@ -100,6 +101,10 @@ class FleetStatus:
         self._documents: OrderedDict[tuple[int, str], dict[str, Any]] = OrderedDict()
         self.last_refresh: datetime | None = None
         self.version = 0  # grows whenever the view changes
+        # With follow, refresh() reads what another process (the one refreshing from git)
+        # wrote into the shared view file, from the generation seen last.
+        self.follow = follow
+        self._generation = 0
         self._load_view()
 
     # --- refresh -------------------------------------------------------------------------
@@ -109,8 +114,11 @@ class FleetStatus:
         documents.
 
         Raises GitTransportError if a server cannot be listed or fetched; the view then
-        stays as it was (clusters grow stale by the clock, not by an error).
+        stays as it was (clusters grow stale by the clock, not by an error). A following
+        view (``follow``) reads the shared view file instead (:meth:`_follow`).
         """
+        if self.follow:
+            return self._follow()
         started = datetime.now(UTC)
         with self._refresh_lock:
             with self._lock:
@@ -210,17 +218,35 @@ class FleetStatus:
     # --- the on-disk cache ---------------------------------------------------------------
 
     def _db(self) -> sqlite3.Connection:
+        """The shared view file (SQLite in WAL mode: the processes of ``hub serve --workers``
+        read it while the one refreshing writes). A file of another format is started
+        anew. Raises StatusCacheError."""
         try:
             self.cache_dir.mkdir(parents=True, exist_ok=True)
-            db = sqlite3.connect(self.cache_dir / _VIEW_FILE)
-            db.execute(
-                "CREATE TABLE IF NOT EXISTS shards (shard INTEGER PRIMARY KEY, url TEXT, "
-                "format INTEGER)"
-            )
-            db.execute(
-                "CREATE TABLE IF NOT EXISTS views (shard INTEGER, name TEXT, tip TEXT, "
-                "source TEXT, error TEXT, data TEXT, PRIMARY KEY (shard, name))"
-            )
+            db = sqlite3.connect(self.cache_dir / _VIEW_FILE, timeout=30)
+            db.execute("PRAGMA journal_mode=WAL")
+            if db.execute("PRAGMA user_version").fetchone()[0] != _VIEW_FORMAT:
+                with db:
+                    for table in ("shards", "views", "removed", "generation"):
+                        db.execute(f"DROP TABLE IF EXISTS {table}")
+                    db.execute(
+                        "CREATE TABLE shards (shard INTEGER PRIMARY KEY, url TEXT, format INTEGER)"
+                    )
+                    # Each row says in which generation it was written; a removed branch
+                    # leaves a row in "removed" (until it comes back), so a follower reads
+                    # only what changed since the generation it saw.
+                    db.execute(
+                        "CREATE TABLE views (shard INTEGER, name TEXT, tip TEXT, source TEXT, "
+                        "error TEXT, data TEXT, generation INTEGER, PRIMARY KEY (shard, name))"
+                    )
+                    db.execute("CREATE INDEX views_generation ON views (generation)")
+                    db.execute(
+                        "CREATE TABLE removed (shard INTEGER, name TEXT, generation INTEGER, "
+                        "PRIMARY KEY (shard, name))"
+                    )
+                    db.execute("CREATE TABLE generation (n INTEGER)")
+                    db.execute("INSERT INTO generation VALUES (0)")
+                    db.execute(f"PRAGMA user_version = {_VIEW_FORMAT}")
             return db
         except (sqlite3.Error, OSError) as exc:
             raise StatusCacheError(
@@ -235,6 +261,7 @@ class FleetStatus:
         # Only what moved is written: a 1% refresh of 100,000 clusters writes 1,000 rows.
         try:
             with contextlib.closing(self._db()) as db, db:
+                generation = db.execute("SELECT n FROM generation").fetchone()[0] + 1
                 for shard, (tips, updates) in zip(self._shards, results, strict=True):
                     db.execute(
                         "INSERT OR REPLACE INTO shards VALUES (?, ?, ?)",
@@ -243,9 +270,19 @@ class FleetStatus:
                     gone = [(shard.index, n) for n in set(known[shard.index]) - set(tips)]
                     db.executemany("DELETE FROM views WHERE shard = ? AND name = ?", gone)
                     db.executemany(
-                        "INSERT OR REPLACE INTO views VALUES (?, ?, ?, ?, ?, ?)",
-                        [v.row() for v in updates.values()],
+                        "INSERT OR REPLACE INTO removed VALUES (?, ?, ?)",
+                        [(i, n, generation) for i, n in gone],
                     )
+                    db.executemany(
+                        "DELETE FROM removed WHERE shard = ? AND name = ?",
+                        [(shard.index, n) for n in updates],
+                    )
+                    db.executemany(
+                        "INSERT OR REPLACE INTO views VALUES (?, ?, ?, ?, ?, ?, ?)",
+                        [(*v.row(), generation) for v in updates.values()],
+                    )
+                db.execute("UPDATE generation SET n = ?", (generation,))
+                self._generation = generation
         except sqlite3.Error as exc:
             raise StatusCacheError(f"cannot write the hub status cache: {exc}") from exc
 
@@ -255,26 +292,66 @@ class FleetStatus:
         if not path.is_file():
             return
         try:
-            with contextlib.closing(self._db()) as db:
-                shards = {
-                    shard: url
-                    for shard, url, fmt in db.execute("SELECT shard, url, format FROM shards")
-                    if fmt == _VIEW_FORMAT
-                }
+            with contextlib.closing(self._db()) as db, db:  # the generation, then rows as new
+                self._generation = db.execute("SELECT n FROM generation").fetchone()[0]
+                shards = self._known_shards(db)
                 with no_gc():
                     for row in db.execute("SELECT * FROM views"):
-                        shard = row[0]
-                        if (
-                            shard < len(self._shards)
-                            and shards.get(shard) == self._shards[shard].url
-                        ):
-                            view = ClusterView.of_row(row)
-                            self._views[shard][view.name] = view
+                        if row[0] in shards:
+                            view = ClusterView.of_row(row[:6])
+                            self._views[row[0]][view.name] = view
         except (sqlite3.Error, StatusCacheError, ValueError, KeyError, TypeError):
             self._views = [{} for _ in self._shards]
             return
         for name in {n for views in self._views for n in views}:
             self._show(name)
+
+    def _known_shards(self, db: sqlite3.Connection) -> dict[int, str]:
+        """Shard -> URL of the shards in the view file that are this view's shards (same
+        index, same URL)."""
+        return {
+            shard: url
+            for shard, url, fmt in db.execute("SELECT shard, url, format FROM shards")
+            if fmt == _VIEW_FORMAT and shard < len(self._shards) and self._shards[shard].url == url
+        }
+
+    def _follow(self) -> RefreshResult:
+        """Read what changed in the shared view file since the generation seen last.
+        Raises StatusCacheError."""
+        started = datetime.now(UTC)
+        result = RefreshResult(listed=0)
+        try:
+            with contextlib.closing(self._db()) as db, db:  # the generation, then rows as new
+                generation = db.execute("SELECT n FROM generation").fetchone()[0]
+                if generation != self._generation:
+                    shards = self._known_shards(db)
+                    since = self._generation
+                    rows = db.execute("SELECT * FROM views WHERE generation > ?", (since,))
+                    moved = [ClusterView.of_row(row[:6]) for row in rows if row[0] in shards]
+                    removed = db.execute(
+                        "SELECT shard, name FROM removed WHERE generation > ?", (since,)
+                    ).fetchall()
+        except (sqlite3.Error, ValueError, KeyError, TypeError) as exc:
+            raise StatusCacheError(f"cannot read the hub status cache: {exc}") from exc
+        if generation != self._generation:
+            with self._lock:
+                for shard, name in removed:
+                    if shard < len(self._views) and self._views[shard].pop(name, None):
+                        result.removed.append(name)
+                for view in moved:
+                    self._views[view.shard][view.name] = view
+                    result.moved.append(view.name)
+                for name in {*result.moved, *result.removed}:
+                    self._show(name)
+                self.version += 1
+            self._generation = generation
+        with self._lock:
+            result.listed = len(self._clusters)
+            self.last_refresh = started
+        result.moved.sort()
+        result.removed.sort()
+        result.seconds = (datetime.now(UTC) - started).total_seconds()
+        return result
 
     # --- documents, on demand -----------------------------------------------------------
 
