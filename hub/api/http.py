@@ -70,4 +70,3 @@ class HeaderTimeoutProtocol(H11Protocol):
         if not self.transport.is_closing():
             self.transport.write(_TIMED_OUT)
             self.transport.close()
-
