@@ -204,7 +204,8 @@ def measure(
                     continue
                 with lock:
                     cell.statuses[status] += 1
-                    cell.latencies.append(took)
+                    if status == 200:  # the latency of answers (a 503 comes at once)
+                        cell.latencies.append(took)
                 done += 1
             if time.perf_counter() - began > seconds:
                 break
@@ -273,6 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--endpoints", default=",".join(ENDPOINTS))
     parser.add_argument("--serve-args", default="", help="more `hub serve` options")
+    parser.add_argument("--label", default="", help="the section's heading ends with this")
     parser.add_argument("--no-docs", action="store_true", help="do not write docs/benchmarks.md")
     args = parser.parse_args(argv)
     counts = [int(c) for c in args.clients.split(",")]
@@ -368,7 +370,7 @@ def report(
     crashed: bool,
 ) -> str:
     header = (
-        "| measurement | requests | req/s | p50 ms | p99 ms | 503 (Retry-After) | other "
+        "| measurement | requests | req/s | p50 ms (200s) | p99 ms (200s) | 503 (Retry-After) | other "
         "errors | hub MB (peak) |\n|---|---|---|---|---|---|---|---|"
     )
     rows = [cell.row(f"{phase}, {endpoint}, {n} clients") for phase, endpoint, n, cell in results]
@@ -378,15 +380,16 @@ def report(
         for c in [*(c for *_, c in results), alone, beside, costly]
     )
     matrix50 = [c for phase, e, n, c in results if (phase, e, n) == ("pushes", "matrix", 50)]
-    return f"""{SECTION}
+    return f"""{SECTION}{": " + args.label if args.label else ""}
 
 `python -m bench.hub_load --clusters {args.clusters} --bundles {args.bundles} --runs {args.runs}
 --shards {args.shards} --seconds {args.seconds:g} --max-requests {args.max_requests} --moved
 {args.moved:g} --every {args.every:g} --costly {args.costly}{
         " --serve-args '" + args.serve_args + "'" if args.serve_args else ""
     }` on {platform.machine()}, {os.cpu_count()} cores shared with
-other work, Python {platform.python_version()}. `hub serve` (one process, its defaults:
-`--concurrency 16 --queue 64 --request-timeout 30s --header-timeout 10s`, refresh every 10 s)
+other work, Python {platform.python_version()}. `hub serve` (its defaults unless given
+above: one process, `--concurrency 16 --queue 64 --request-timeout 30s --header-timeout 10s`;
+`--refresh 10s`; the labels from `--fleet`)
 over a local `git daemon`; the clients are threads of the bench's process on loopback, each
 with its own keep-alive connection (so the clients share the 2 cores with the hub). A
 measurement lasts {args.seconds:g} s or {args.max_requests} requests per client. "pushes": {

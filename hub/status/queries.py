@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 import threading
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -45,6 +45,7 @@ MAX_REQUIREMENTS = 20
 """Requirements of a label selector; more is a 400 (each costs a pass over the label sets)."""
 MAX_NAME_FILTER = 253
 """Characters of the matrix's ``name`` filter (a cluster name is at most 253)."""
+_FILTERS_KEPT = 32
 
 Labels = Mapping[str, Mapping[str, str]]
 
@@ -261,6 +262,12 @@ class StatusQueries:
         self._label_values = _label_values(self.labels)
         self._rows = _Fleet.of({})
         self._fleet_lock = threading.Lock()
+        # The rows and counts of recent filters, for the rows they were computed over: the
+        # dashboard asks the same filter page after page.
+        self._filtered: tuple[_Fleet, OrderedDict[Any, tuple[list[_Row], Counter[str]]]] = (
+            self._rows,
+            OrderedDict(),
+        )
         self._version = -1
         self._next_flip = datetime.min.replace(tzinfo=UTC)
 
@@ -458,40 +465,7 @@ class StatusQueries:
         if selector is None and needle is None and bundle is None and state is None:
             matching, counts = fleet.ordered, fleet.counts
         else:
-            matching, counts = [], Counter()
-            matched: dict[int, bool] = {}  # label sets are shared: one evaluation each
-            candidates = fleet.ordered
-            if state is not None and state != "Stale" and bundle is None:
-                candidates = fleet.by_state.get(state, [])
-            no_labels: dict[str, str] = {}
-            for row in candidates:
-                cluster = row.summary["name"]
-                if needle is not None and needle not in cluster.lower():
-                    continue
-                if selector is not None:
-                    labels = self.labels.get(cluster, no_labels)
-                    hit = matched.get(id(labels))
-                    if hit is None:
-                        hit = matched[id(labels)] = selector.matches(labels)
-                    if not hit:
-                        continue
-                if bundle is not None:
-                    if bundle not in row.cells:
-                        continue
-                    shown = Counter([row.cells[bundle]])
-                    if state is not None and not shown[state]:
-                        continue
-                    matching.append(row)
-                    counts.update(shown)
-                    continue
-                quiet = state == "Stale" and row.stale and not row.cells
-                if state is not None and not row.counts[state] and not quiet:
-                    continue
-                matching.append(row)
-            if bundle is None:
-                # Column sums in C: one Counter update per row would cost more than the filter.
-                sums = [sum(column) for column in zip(*(r.tally for r in matching), strict=False)]
-                counts = Counter(dict(zip(STATES, sums, strict=False)))
+            matching, counts = self._filter(fleet, selector, needle, bundle, state)
         items = []
         for row in matching[offset : offset + limit]:
             # A fresh summary for the rows shown: the heartbeat's age is now, not cached.
@@ -513,6 +487,79 @@ class StatusQueries:
             "states": {s: counts[s] for s in STATES},
             "items": items,
         }
+
+    def _filter(
+        self,
+        fleet: _Fleet,
+        selector: LabelSelector | None,
+        needle: str | None,
+        bundle: str | None,
+        state: str | None,
+    ) -> tuple[list[_Row], Counter[str]]:
+        """The rows of ``fleet`` the filters keep, and their shown cells' counts; the last
+        :data:`_FILTERS_KEPT` filters' answers are kept until the rows change."""
+        key = (selector, needle, bundle, state)
+        with self._fleet_lock:
+            rows, kept = self._filtered
+            if rows is not fleet:
+                kept = OrderedDict()
+                self._filtered = (fleet, kept)
+            found = kept.get(key)
+            if found is not None:
+                kept.move_to_end(key)
+                return found
+        found = self._filter_rows(fleet, selector, needle, bundle, state)
+        with self._fleet_lock:
+            if self._filtered[0] is fleet:
+                kept[key] = found
+                while len(kept) > _FILTERS_KEPT:
+                    kept.popitem(last=False)
+        return found
+
+    def _filter_rows(
+        self,
+        fleet: _Fleet,
+        selector: LabelSelector | None,
+        needle: str | None,
+        bundle: str | None,
+        state: str | None,
+    ) -> tuple[list[_Row], Counter[str]]:
+        matching: list[_Row] = []
+        counts: Counter[str] = Counter()
+        matched: dict[int, bool] = {}  # label sets are shared: one evaluation each
+        candidates = fleet.ordered
+        if state is not None and state != "Stale" and bundle is None:
+            candidates = fleet.by_state.get(state, [])
+        no_labels: dict[str, str] = {}
+        for row in candidates:
+            cluster = row.summary["name"]
+            if needle is not None and needle not in cluster.lower():
+                continue
+            if selector is not None:
+                labels = self.labels.get(cluster, no_labels)
+                hit = matched.get(id(labels))
+                if hit is None:
+                    hit = matched[id(labels)] = selector.matches(labels)
+                if not hit:
+                    continue
+            if bundle is not None:
+                if bundle not in row.cells:
+                    continue
+                shown = Counter([row.cells[bundle]])
+                if state is not None and not shown[state]:
+                    continue
+                matching.append(row)
+                counts.update(shown)
+                continue
+            quiet = state == "Stale" and row.stale and not row.cells
+            if state is not None and not row.counts[state] and not quiet:
+                continue
+            matching.append(row)
+        if bundle is None:
+            # Column sums in C: one Counter update per row would cost more than the filter.
+            sums = [sum(column) for column in zip(*(r.tally for r in matching), strict=False)]
+            counts = Counter(dict(zip(STATES, sums, strict=False)))
+        return matching, counts
 
     def _run_view(
         self, run: Mapping[str, Any], *, admin: bool, cluster: str, bundle: str
