@@ -361,3 +361,29 @@ def test_worker_processes_serve_one_shared_view(daemon: GitDaemon, tmp_path: Pat
             assert _without_ages(answers[1].json()) == _without_ages(answers[2].json()), path
     log = (tmp_path / "multi" / "hub.log").read_text()
     assert "Traceback" not in log, log[-3000:]
+
+
+def test_a_following_view_reads_moves_and_removals_from_the_shared_file(
+    daemon: GitDaemon, tmp_path: Path
+) -> None:
+    from hub.status.aggregate import FleetStatus
+
+    fleet = _fleet(daemon, tmp_path, "follow")
+    names = sorted(fleet.states)
+    writer = FleetStatus(repo_url=fleet.repo, cache_dir=tmp_path / "cache")
+    writer.refresh()
+    reader = FleetStatus(repo_url=fleet.repo, cache_dir=tmp_path / "cache", follow=True)
+    assert reader.names() == names
+    assert reader.refresh().moved == []  # nothing new since it loaded the file
+    fleet.move(names[:3])
+    fleet.pusher.repo.remotes.create_anonymous(fleet.repo).push(
+        [f":refs/heads/fleetlet/status/{names[-1]}"]
+    )
+    writer.refresh()
+    result = reader.refresh()
+    assert (result.moved, result.removed) == (names[:3], [names[-1]])
+    assert reader.names() == writer.names() == names[:-1]
+    assert [reader.view(n) for n in names[:3]] == [writer.view(n) for n in names[:3]]
+    # A document is read by the follower from the shared cache (fetched there if missing).
+    assert reader.document(names[0]) == writer.document(names[0])
+    assert reader.document(names[0])["sequence"] == 2
