@@ -9,6 +9,11 @@ Every API request needs a bearer token from the tokens file (role ``admin`` or `
 anonymous read access was explicitly enabled. Sensitive outputs arrive sealed to the hub's
 X25519 key: they are opened only for admin tokens; others see ``<sensitive>``.
 
+Bounded (:class:`Bounds`): every list is paged (100 by default, at most 500), at most
+``concurrency`` API requests are worked on at once and ``queue`` more wait; past that, and for
+a request that runs out of time or whose status documents cannot be fetched, the answer is 503
+with ``Retry-After``.
+
 The dashboard (``/`` and ``/ui/...``) is static files from ``hub/api/dashboard`` (no build
 step, nothing from another origin): the shell is public, its data comes from the API above
 with the token the user gives it. See ``docs/dashboard.md``.
