@@ -39,9 +39,12 @@ _TRACK_PREFIX = "refs/fleetlet/status/"
 _EXPLICIT_REFSPECS = 64
 
 
+READERS = 8
+"""Threads of one hub process reading one shard's documents for pages, each with a libgit2
+Repository of its own (no libgit2 object is shared between threads)."""
 FETCH_CONNECTIONS = 2
 """Connections at once from one hub process to one shard's server for the documents pages
-ask for (the threads that read them: each has a Repository of its own)."""
+ask for; what readers ask meanwhile waits and goes in the next fetch, whole."""
 FETCH_TIMEOUT = 20.0
 """Seconds a fetch of documents for a page may wait on the server."""
 RETRY_AFTER = 5
@@ -84,6 +87,9 @@ class StatusShard:
         self._local = threading.local()
         self._flights_lock = threading.Lock()
         self._flights: dict[str, Future[None]] = {}  # tree id -> the fetch bringing it
+        self._queued: list[str] = []  # trees of the next fetch, not started yet
+        self._next: Future[None] | None = None  # ... and its future
+        self._fetching = 0  # fetches in flight (at most FETCH_CONNECTIONS)
         self._failed: tuple[float, str] | None = None  # (until when, why) after a failure
 
     def refresh(
@@ -229,15 +235,15 @@ class StatusShard:
 
     def documents(self, wanted: Mapping[str, str]) -> Future[dict[str, dict[str, Any] | None]]:
         """Cluster -> its document at the commit ``wanted`` gives (None: not readable: bad
-        document, object missing), as a future: read by one of this shard's
-        :data:`FETCH_CONNECTIONS` reader threads, each with a Repository of its own (libgit2
-        objects are not shared across threads), fetching the trees the cache lacks (one fetch
-        in flight per tree: pages asking at once wait for it and share it). The future raises
-        DocumentsUnavailable when they cannot be fetched."""
+        document, object missing), as a future: read by one of this shard's :data:`READERS`
+        reader threads, each with a Repository of its own (libgit2 objects are not shared
+        across threads), fetching the trees the cache lacks (:meth:`_fetch_shared`: at most
+        :data:`FETCH_CONNECTIONS` fetches at once, each tree fetched once for every page that
+        asks for it). The future raises DocumentsUnavailable when they cannot be fetched."""
         with self._flights_lock:
             if self._readers is None:
                 self._readers = ThreadPoolExecutor(
-                    max_workers=FETCH_CONNECTIONS, thread_name_prefix=f"status-{self.index}-docs"
+                    max_workers=READERS, thread_name_prefix=f"status-{self.index}-docs"
                 )
             readers = self._readers
         return readers.submit(self._read_documents, dict(wanted))
@@ -278,41 +284,68 @@ class StatusShard:
         return found
 
     def _fetch_shared(self, trees: list[str]) -> None:
-        """Fetch ``trees``, or wait for the fetch already in flight for each. After a failure
-        the next ones fail at once for :data:`RETRY_AFTER` seconds (no connection per page to
-        a server that is down). Raises DocumentsUnavailable."""
-        mine: list[str] = []
-        theirs: set[Future[None]] = set()
+        """Fetch ``trees``, sharing fetches with the readers asking at the same time: a tree
+        already asked for is waited for; the others join the next batch, which the first
+        connection free (at most :data:`FETCH_CONNECTIONS`) fetches whole, every tree queued
+        meanwhile in one request. After a failure the next ones fail at once for
+        :data:`RETRY_AFTER` seconds (no connection per page to a server that is down).
+        Raises DocumentsUnavailable."""
+        waits: set[Future[None]] = set()
         with self._flights_lock:
-            failed = self._failed
-            if failed is not None and time.monotonic() < failed[0]:
-                raise DocumentsUnavailable(failed[1], delay=RETRY_AFTER)
+            self._check_failed()
             for tree in trees:
                 flight = self._flights.get(tree)
                 if flight is None:
-                    mine.append(tree)
-                else:
-                    theirs.add(flight)
-            flight = Future()
-            for tree in mine:
-                self._flights[tree] = flight
-        if mine:
+                    if self._next is None:
+                        self._next = Future()
+                    flight = self._flights[tree] = self._next
+                    self._queued.append(tree)
+                waits.add(flight)
+        self._drive()
+        for flight in waits:
+            flight.result()
+
+    def _check_failed(self) -> None:
+        """Raises DocumentsUnavailable within :data:`RETRY_AFTER` of a failed fetch (under
+        the lock)."""
+        failed = self._failed
+        if failed is not None and time.monotonic() < failed[0]:
+            raise DocumentsUnavailable(failed[1], delay=RETRY_AFTER)
+
+    def _drive(self) -> None:
+        """Fetch the queued batch if a connection is free, then each batch queued meanwhile;
+        return when none is left (or every connection is taken: its fetcher takes it)."""
+        with self._flights_lock:
+            if not self._queued or self._fetching >= FETCH_CONNECTIONS:
+                return
+            self._fetching += 1
+            batch, flight = self._queued, self._next
+            self._queued, self._next = [], None
+        while True:
+            assert flight is not None
             try:
-                self._fetch_objects(mine, timeout=FETCH_TIMEOUT)
-            except (GitTransportError, StatusCacheError) as exc:
+                with self._flights_lock:
+                    self._check_failed()
+                self._fetch_objects(sorted(set(batch)), timeout=FETCH_TIMEOUT)
+            except DocumentsUnavailable as exc:
+                flight.set_exception(exc)
+            except Exception as exc:  # GitTransportError, StatusCacheError; or a bug: the
+                # readers waiting for this batch must not wait forever.
                 message = f"status documents of {self.url} cannot be fetched now: {exc}"
                 with self._flights_lock:
                     self._failed = (time.monotonic() + RETRY_AFTER, message)
                 flight.set_exception(DocumentsUnavailable(message, delay=RETRY_AFTER))
             else:
                 flight.set_result(None)
-            finally:
-                with self._flights_lock:
-                    for tree in mine:
-                        self._flights.pop(tree, None)
-            flight.result()
-        for other in theirs:
-            other.result()
+            with self._flights_lock:
+                for tree in batch:
+                    if self._flights.get(tree) is flight:
+                        del self._flights[tree]
+                if not self._queued:
+                    self._fetching -= 1
+                    return
+                batch, flight = self._queued, self._next
+                self._queued, self._next = [], None
 
     def summary(self, cluster: str, commit_id: str) -> dict[str, Any]:
         """What the view reads of ``commit_id``: the summary its message carries (a document
