@@ -10,7 +10,8 @@ anonymous read access was explicitly enabled. Sensitive outputs arrive sealed to
 X25519 key: they are opened only for admin tokens; others see ``<sensitive>``.
 
 Bounded (:class:`Bounds`): every list is paged (100 by default, at most 500), at most
-``concurrency`` API requests are worked on at once and ``queue`` more wait; past that, and for
+``concurrency`` API requests are worked on at once (``large`` of them asking for larger
+pages) and ``queue`` more wait; past that, and for
 a request that runs out of time or whose status documents cannot be fetched, the answer is 503
 with ``Retry-After``.
 
@@ -85,6 +86,8 @@ class Bounds:
     concurrency: int = 16
     queue: int = 64
     request_timeout: float = 30.0
+    large: int = 2
+    """Of the requests worked on, how many may ask for pages larger than the default."""
 
 
 BUSY_RETRY_AFTER = 1
@@ -112,6 +115,12 @@ def _int_param(request: Request, name: str, default: int) -> int:
         return int(text)
     except ValueError:
         raise QueryError(400, f"{name} must be a whole number, got {text!r}") from None
+
+
+def _large(request: Request) -> bool:
+    """Whether ``request`` asks for a page larger than the default."""
+    text = request.query_params.get("limit") or ""
+    return text.isdigit() and int(text) > DEFAULT_PAGE
 
 
 class _Threads:
@@ -235,6 +244,10 @@ def create_app(
                 )
             if not limiter:
                 limiter.append(anyio.CapacityLimiter(bounds.concurrency))
+                limiter.append(anyio.CapacityLimiter(bounds.large))
+            # Pages larger than the default take one of a few places of their own: a handful
+            # of them must not take the CPU from every other client.
+            lane = limiter[1] if _large(request) else limiter[0]
             pending += 1
             try:
                 with anyio.fail_after(bounds.request_timeout):
@@ -246,7 +259,7 @@ def create_app(
                         handler,
                         request,
                         role == "admin",
-                        limiter=limiter[0],
+                        limiter=lane,
                         abandon_on_cancel=True,
                     )
             except TimeoutError:
