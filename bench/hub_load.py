@@ -302,7 +302,11 @@ def main(argv: list[str] | None = None) -> int:
             template = daemon.url_for("status-{shard}.git")
             results: list[tuple[str, str, int, Cell]] = []
             started = time.perf_counter()
-            with serving_hub(template, tmp, extra, refresh="10s", startup_timeout=900) as url:
+            # --stale-after 1h: only the moving 1% heartbeat here; after 5 minutes every
+            # other cluster would go stale in the middle of the run.
+            with serving_hub(
+                template, tmp, extra, refresh="10s", stale_after="1h", startup_timeout=900
+            ) as url:
                 port = int(url.rsplit(":", 1)[1])
                 pid = hub_pid(port)
                 cold = time.perf_counter() - started
@@ -389,7 +393,8 @@ def report(
     }` on {platform.machine()}, {os.cpu_count()} cores shared with
 other work, Python {platform.python_version()}. `hub serve` (its defaults unless given
 above: one process, `--concurrency 16 --queue 64 --request-timeout 30s --header-timeout 10s`;
-`--refresh 10s`; the labels from `--fleet`)
+`--refresh 10s`, `--stale-after 1h`: no cluster goes stale during the run; the labels from
+`--fleet`)
 over a local `git daemon`; the clients are threads of the bench's process on loopback, each
 with its own keep-alive connection (so the clients share the 2 cores with the hub). A
 measurement lasts {args.seconds:g} s or {args.max_requests} requests per client. "pushes": {

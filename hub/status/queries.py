@@ -17,7 +17,7 @@ import threading
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +46,8 @@ MAX_REQUIREMENTS = 20
 MAX_NAME_FILTER = 253
 """Characters of the matrix's ``name`` filter (a cluster name is at most 253)."""
 _FILTERS_KEPT = 32
+_FLIPS_EVERY = timedelta(seconds=1)
+"""The matrix's rows follow clusters going stale (or fresh) by the clock at most this late."""
 
 Labels = Mapping[str, Mapping[str, str]]
 
@@ -403,14 +405,20 @@ class StatusQueries:
                     rows[name] = fresh
             if changed:
                 self._rows = _Fleet.of(rows)
-            # The next moment a row's staleness flips: when the freshest-ending row goes stale.
-            self._next_flip = min(
-                (
-                    r.heartbeat + stale_after
-                    for r in self._rows.ordered
-                    if not r.stale and r.heartbeat
+            # The next moment a row's staleness flips: when the freshest-ending row goes stale;
+            # not sooner than a second from now: when thousands of clusters go stale one after
+            # the other (a hub cut off from its agents), each request would pass over the
+            # fleet again (at 10,000 clusters the matrix fell to 16 answers per second).
+            self._next_flip = max(
+                now + _FLIPS_EVERY,
+                min(
+                    (
+                        r.heartbeat + stale_after
+                        for r in self._rows.ordered
+                        if not r.stale and r.heartbeat
+                    ),
+                    default=datetime.max.replace(tzinfo=UTC),
                 ),
-                default=datetime.max.replace(tzinfo=UTC),
             )
             self._version = version
             return self._rows
