@@ -334,7 +334,9 @@ class _Parts:
             interval=FOLLOW_EVERY
             if follow
             else parse_duration(getattr(args, "refresh", None) or "10s"),
-            metrics=metrics,
+            # A process that serves no /metrics (the refreshing one of --workers) does not
+            # count the fleet's states after each refresh: a pass over every installation.
+            metrics=metrics if app else None,
         )
         self.rollouts = (
             rollout_service(args, Path(fleet_dir), fleet, status, status.cache_dir)
