@@ -231,7 +231,9 @@ def serve(args: argparse.Namespace) -> int:
         if fleet is not None and fleet_dir
         else None
     )
+    enrollment = enrollment_from_args(args, labels)
     app = create_app(
+        enrollment=enrollment,
         status=status,
         tokens=tokens,
         private_key=private_key,
@@ -285,6 +287,16 @@ def serve(args: argparse.Namespace) -> int:
         if notifier is not None:
             notifier.stop()
     return 0
+
+
+def enrollment_from_args(args: argparse.Namespace, labels: dict[str, Any] | None) -> Any:
+    """The enrollment service of ``--enroll DIR`` (None: not given). Raises HubConfigError."""
+    directory = getattr(args, "enroll", None)
+    if not directory:
+        return None
+    from hub.enroll.service import Enrollment
+
+    return Enrollment(Path(directory), known=labels)
 
 
 def notifier_from_args(args: argparse.Namespace, queries: Any, rollouts: Any) -> Any:
@@ -468,6 +480,11 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         help="serve HTTPS with this certificate (PEM, the chain after it); with --tls-key",
     )
     parser.add_argument("--tls-key", metavar="FILE", help="the private key of --tls-cert (PEM)")
+    parser.add_argument(
+        "--enroll",
+        metavar="ENROLL_DIR",
+        help="accept enrollment requests (tokens.yaml, config.yaml; docs/operations.md)",
+    )
     notify = parser.add_argument_group(
         "commit statuses and alerts",
         "where a commit landed, said where operators look (docs/operations.md)",
