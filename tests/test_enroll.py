@@ -226,7 +226,7 @@ def test_a_token_enrolls_a_cluster_the_next_publication_serves_and_its_agent_con
         )
         with BranchStore(url=lab.url, cache_dir=tmp_path / "hub-cache") as store:
             report = publish(prepare(hub.fleet), store, signer=signer)
-        assert name in {c.cluster for c in report.clusters}
+        assert {c.cluster: c.serial_after for c in report.changes}[name] == 1
         # ...and the agent, configured as the hub answered, converges.
         agent = lab.agent(
             name, fresh_cluster, namespace="fleetlet-system", workdir=tmp_path / "agent"
