@@ -353,3 +353,84 @@ def test_manual_acceptance_and_denial_through_the_cli(
     )
     again = fleetlet("hub", "clusters", "accept", "store-8", *admin, check=False)
     assert again.returncode == 1 and "cluster 'store-8' is already denied" in again.stderr
+
+
+STATUS_HOOK = """#!/bin/sh
+while read -r old new ref; do
+  [ "$ref" = "refs/heads/fleetlet/status/$REMOTE_USER" ] && continue
+  echo "fleetlet: $REMOTE_USER may not push $ref" >&2
+  exit 1
+done
+"""
+
+
+def test_accepted_credentials_push_only_the_clusters_own_status(
+    lab: Lab, git_server_factory: Any, tmp_path: Path
+) -> None:
+    """The hub's credentialsCommand issues a user per cluster on the git server; the hooks of
+    docs/operations.md ("Who may push what") keep each one to its own status branch."""
+    from tests.realenv.git_fixtures import GIT_USER
+
+    git = git_server_factory("http")
+    git.create_bare("status.git", hooks={"pre-receive": STATUS_HOOK})
+    git.create_bare(
+        "fleet.git",
+        hooks={"pre-receive": f'#!/bin/sh\n[ "$REMOTE_USER" = {GIT_USER} ] || exit 1\n'},
+    )
+    made = Hub(lab, tmp_path / "hub")
+    config = yaml.safe_load((made.dir / "config.yaml").read_text())
+    config |= {
+        "repo": git.url_for("fleet.git"),
+        "statusRepo": git.url_for("status.git"),
+        "credentialsCommand": [
+            sys.executable,
+            "-m",
+            "tests.realenv.git_issuer",
+            str(git.users_file),
+        ],
+    }
+    (made.dir / "config.yaml").write_text(yaml.safe_dump(config))
+    token = made.token("shops", "--max-clusters", "2").read_text()
+    work = tmp_path / "serve"
+    work.mkdir()
+    issued: dict[str, dict[str, str]] = {}
+    with serving_hub(
+        lab.status_url, work, ["--tokens", str(made.api_tokens), "--enroll", str(made.dir)]
+    ) as url:
+        made.url = url
+        for name in ("shop-a", "shop-b"):
+            key = nacl.public.PrivateKey.generate()
+            body = request_body(name) | {
+                "publicKey": base64.b64encode(bytes(key.public_key)).decode()
+            }
+            answer = made.enroll(body, token).json()
+            assert answer["state"] == "accepted", answer
+            sealed = base64.b64decode(answer["sealedCredentials"])
+            issued[name] = json.loads(nacl.public.SealedBox(key).decrypt(sealed))["statusGit"]
+            # Only the cluster's key opens them: the hub keeps none in clear.
+            assert issued[name]["password"] not in (made.dir / "requests.json").read_text()
+
+    a = issued["shop-a"]
+    repo = tmp_path / "local"
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    subprocess.run(
+        ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q",
+         "--allow-empty", "-m", "status"],
+        check=True,
+    )  # fmt: skip
+
+    def push(
+        repository: str, ref: str, password: str = a["password"]
+    ) -> subprocess.CompletedProcess[str]:
+        where = git.url_for(repository).replace("http://", f"http://shop-a:{password}@")
+        return subprocess.run(
+            ["git", "-C", str(repo), "push", where, f"HEAD:{ref}"],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+
+    assert push("status.git", "refs/heads/fleetlet/status/shop-a").returncode == 0
+    refused = push("status.git", "refs/heads/fleetlet/status/shop-b")
+    assert refused.returncode != 0
+    assert "fleetlet: shop-a may not push refs/heads/fleetlet/status/shop-b" in refused.stderr
+    assert push("fleet.git", "refs/heads/fleetlet/clusters/shop-a").returncode != 0
+    assert push("status.git", "refs/heads/fleetlet/status/shop-a", "wrong").returncode != 0
