@@ -199,7 +199,7 @@ def test_a_token_enrolls_a_cluster_the_next_publication_serves_and_its_agent_con
         assert secret is not None
         private = base64.b64decode(secret["data"]["private-key"]).decode()
         public = base64.b64decode(secret["data"]["public-key"]).decode()
-        stored = (hub.dir / "requests.json").read_text()
+        stored = (hub.dir / "requests" / f"{name}.json").read_text()
         assert public in stored and private not in stored
         config = kube.get({"apiVersion": "v1", "kind": "ConfigMap",
                            "metadata": {"name": "fleetlet-agent", "namespace": "fleetlet-system"}})  # fmt: skip
@@ -408,7 +408,8 @@ def test_accepted_credentials_push_only_the_clusters_own_status(
             sealed = base64.b64decode(answer["sealedCredentials"])
             issued[name] = json.loads(nacl.public.SealedBox(key).decrypt(sealed))["statusGit"]
             # Only the cluster's key opens them: the hub keeps none in clear.
-            assert issued[name]["password"] not in (made.dir / "requests.json").read_text()
+            stored = (made.dir / "requests" / f"{name}.json").read_text()
+            assert issued[name]["password"] not in stored
 
     a = issued["shop-a"]
     repo = tmp_path / "local"

@@ -13,7 +13,8 @@ file lock so that several hub processes share it safely:
 - ``tokens.yaml``: the operator's tokens (:mod:`hub.enroll.tokens`), never written here;
 - ``config.yaml``: what an accepted cluster is told (repositories, signer identity, trusted
   root, the hub's public key), where the inventory file is, how credentials are issued;
-- ``requests.json``: every request and its decision (the hub's own state).
+- ``requests/<cluster>.json`` and ``used.json``: every request, its decision, how many
+  clusters each token enrolled (the hub's own state).
 
 A refusal raises :class:`EnrollRefused` with an HTTP status and a one-line reason.
 """
@@ -43,7 +44,7 @@ from hub.enroll.tokens import EnrollToken, EnrollTokens
 from hub.fleet.selectors import label_key_ok, label_value_ok
 
 CONFIG_FILE = "config.yaml"
-REQUESTS_FILE = "requests.json"
+REQUESTS_DIR = "requests"
 STATES = ("pending", "accepted", "denied")
 MAX_FACTS_BYTES = 64 * 1024
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -132,26 +133,17 @@ class Enrollment:
         self.tokens = EnrollTokens(self.directory)
         # Clusters the fleet repo already names (hub serve --fleet): never enrolled over.
         self.known = frozenset(known or ())
-        self._requests = self.directory / REQUESTS_FILE
+        self._requests = self.directory / REQUESTS_DIR
 
     # --- state ---------------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def _locked(self) -> Iterator[dict[str, dict[str, Any]]]:
-        """The requests, under the directory's lock; written back when the block ends."""
+    def _locked(self) -> Iterator[_State]:
+        """The requests, under the directory's lock."""
         with open(self.directory / ".lock", "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
-                try:
-                    requests = json.loads(self._requests.read_text())
-                except FileNotFoundError:
-                    requests = {}
-                before = json.dumps(requests, sort_keys=True)
-                yield requests
-                if json.dumps(requests, sort_keys=True) != before:
-                    tmp = self._requests.with_name(f".{REQUESTS_FILE}.tmp")
-                    tmp.write_text(json.dumps(requests, indent=1, sort_keys=True))
-                    os.replace(tmp, self._requests)
+                yield _State(self._requests)
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
@@ -159,7 +151,7 @@ class Enrollment:
         if state is not None and state not in STATES:
             raise EnrollRefused(400, f"state must be one of {', '.join(STATES)}, got {state!r}")
         with self._locked() as requests:
-            items = [_public(r) for _, r in sorted(requests.items())]
+            items = [_public(r) for r in requests.all()]
         return {"items": [r for r in items if state is None or r["state"] == state]}
 
     # --- the agent's side ----------------------------------------------------------------
@@ -170,20 +162,21 @@ class Enrollment:
         entry = self.check_token(token)
         cluster, claimed, facts, key = check_request(body)
         with self._locked() as requests:
-            if cluster in requests or cluster in self.known:
-                state = requests.get(cluster, {}).get("state", "accepted")
+            taken = requests.get(cluster)
+            if taken is not None or cluster in self.known:
+                state = taken["state"] if taken is not None else "accepted"
                 raise EnrollRefused(
                     409, f"cluster {cluster!r} is already {state}: pick another name"
                 )
             labels = in_scope(entry, claimed)
-            used = sum(r["token"] == entry.id and r["state"] != "denied" for r in requests.values())
+            used = requests.used(entry.id)
             if entry.max_clusters and used >= entry.max_clusters:
                 raise EnrollRefused(
                     403,
                     f"enrollment token {entry.id!r} is exhausted "
                     f"({used} of {entry.max_clusters} clusters)",
                 )
-            requests[cluster] = {
+            record = {
                 "cluster": cluster,
                 "token": entry.id,
                 "labels": labels,
@@ -193,14 +186,17 @@ class Enrollment:
                 "requestedAt": _now(),
             }
             if entry.approve == "auto":
-                self._accept(requests, cluster, by=f"token:{entry.id}")
-            return self._answer(requests[cluster])
+                self._accept(record, by=f"token:{entry.id}")
+            requests.put(record, count=+1)
+            return self._answer(record)
 
     def poll(self, token: str, cluster: str) -> dict[str, Any]:
         """The request's state for the token that made it. Raises EnrollRefused."""
         entry = self.tokens.check(token)
         if entry is None or entry.revoked:
             raise EnrollRefused(401, "unknown or revoked enrollment token")
+        if not _NAME.match(cluster):
+            raise EnrollRefused(404, f"no enrollment request {cluster!r} by this token")
         with self._locked() as requests:
             found = requests.get(cluster)
             if found is None or found["token"] != entry.id:
@@ -224,6 +220,8 @@ class Enrollment:
 
     def decide(self, cluster: str, verdict: str, *, by: str, reason: str = "") -> dict[str, Any]:
         """``accept`` or ``deny`` a pending request. Raises EnrollRefused (404, 409)."""
+        if not _NAME.match(cluster):
+            raise EnrollRefused(404, f"no enrollment request {cluster!r}")
         with self._locked() as requests:
             found = requests.get(cluster)
             if found is None:
@@ -231,18 +229,18 @@ class Enrollment:
             if found["state"] != "pending":
                 raise EnrollRefused(409, f"cluster {cluster!r} is already {found['state']}")
             if verdict == "accept":
-                self._accept(requests, cluster, by=by)
+                self._accept(found, by=by)
+                requests.put(found)
             else:
                 found |= {"state": "denied", "decidedAt": _now(), "decidedBy": by, "reason": reason}
+                requests.put(found, count=-1)  # a denied request does not use up the token
             return _public(found)
 
     # --- acceptance ----------------------------------------------------------------------
 
-    def _accept(self, requests: dict[str, dict[str, Any]], cluster: str, *, by: str) -> None:
-        found = requests[cluster]
-        accepted = {n: r for n, r in requests.items() if r["state"] == "accepted"}
-        accepted[cluster] = found
-        self._write_inventory(accepted, cluster)
+    def _accept(self, found: dict[str, Any], *, by: str) -> None:
+        cluster = found["cluster"]
+        self._write_inventory(cluster, found["labels"])
         secrets = self._credentials(cluster)
         box = nacl.public.SealedBox(nacl.public.PublicKey(base64.b64decode(found["publicKey"])))
         found |= {
@@ -255,19 +253,19 @@ class Enrollment:
             ).decode(),
         }
 
-    def _write_inventory(self, accepted: Mapping[str, Mapping[str, Any]], cluster: str) -> None:
+    def _write_inventory(self, cluster: str, labels: Mapping[str, str]) -> None:
+        """Add ``cluster`` to the inventory file: its text so far plus one entry (label keys
+        and values are checked label strings, so a JSON flow mapping is their YAML), written
+        atomically: no parse, no sort, a copy of the bytes."""
         path = self.config.inventory
-        body = {
-            "clusters": [
-                {"name": n, "labels": dict(r["labels"])} for n, r in sorted(accepted.items())
-            ]
-        }
         path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            text = path.read_text()
+        except FileNotFoundError:
+            text = "# written by the fleetlet hub (enrollment): every accepted cluster; do not edit\nclusters:\n"
+        entry = f"- name: {cluster}\n  labels: {json.dumps(dict(labels), sort_keys=True)}\n"
         tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(
-            "# written by the fleetlet hub (enrollment): every accepted cluster; do not edit\n"
-            + yaml.safe_dump(body, sort_keys=False)
-        )
+        tmp.write_text(text + entry)
         os.replace(tmp, path)
         if self.config.commit:
             git = ["git", "-C", str(path.parent)]
@@ -324,6 +322,52 @@ class Enrollment:
             }
             answer["sealedCredentials"] = record["sealedCredentials"]
         return answer
+
+
+class _State:
+    """The requests of an enrollment directory, one file each (``requests/<cluster>.json``),
+    and how many clusters each token enrolled (``used.json``): a request costs the same
+    whatever the number enrolled before it. Used under the directory's lock only."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self._used = directory.parent / "used.json"
+
+    def get(self, cluster: str) -> dict[str, Any] | None:
+        try:
+            found: dict[str, Any] = json.loads((self.directory / f"{cluster}.json").read_text())
+            return found
+        except FileNotFoundError:
+            return None
+
+    def all(self) -> list[dict[str, Any]]:
+        if not self.directory.is_dir():
+            return []
+        return [json.loads(p.read_text()) for p in sorted(self.directory.glob("*.json"))]
+
+    def used(self, token: str) -> int:
+        return int(self._counts().get(token, 0))
+
+    def put(self, record: Mapping[str, Any], *, count: int = 0) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        if count:
+            counts = self._counts()
+            counts[record["token"]] = counts.get(record["token"], 0) + count
+            _write(self._used, json.dumps(counts))
+        _write(self.directory / f"{record['cluster']}.json", json.dumps(record))
+
+    def _counts(self) -> dict[str, int]:
+        try:
+            found: dict[str, int] = json.loads(self._used.read_text())
+            return found
+        except FileNotFoundError:
+            return {}
+
+
+def _write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def _public(record: Mapping[str, Any]) -> dict[str, Any]:
