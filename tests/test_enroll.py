@@ -296,11 +296,13 @@ def test_refusals_each_say_why(hub: Hub, lab: Lab, tmp_path: Path) -> None:
         ("GET", "/api/v1/enrollments"),
         ("POST", "/api/v1/enrollments/shop-9/accept"),
         ("GET", "/api/v1/enroll/shop-1"),  # another token's request
+        ("GET", "/api/v1/enroll/..%2Fused"),  # no way out of the requests
         ("GET", "/metrics"),
     ]:
         answer = requests.request(method, hub.url + path, headers=auth, timeout=30)
         assert answer.status_code in (401, 404), (path, answer.status_code)
-        assert answer.status_code == 401 or "by this token" in answer.json()["error"]
+        error = answer.json()["error"]
+        assert answer.status_code == 401 or "by this token" in error or "no such endpoint" in error
     # A read token may list requests but not decide them.
     answer = requests.post(
         f"{hub.url}/api/v1/enrollments/shop-1/accept",
@@ -435,3 +437,47 @@ def test_accepted_credentials_push_only_the_clusters_own_status(
     assert "fleetlet: shop-a may not push refs/heads/fleetlet/status/shop-b" in refused.stderr
     assert push("fleet.git", "refs/heads/fleetlet/clusters/shop-a").returncode != 0
     assert push("status.git", "refs/heads/fleetlet/status/shop-a", "wrong").returncode != 0
+
+
+def test_with_commit_the_inventory_is_a_commit_in_the_fleet_checkout(
+    lab: Lab, tmp_path: Path
+) -> None:
+    """``commit: true``: each acceptance is a commit of the inventory file, which the next
+    ``load_fleet`` (what ``hub publish`` reads) sees."""
+    from hub.enroll.service import Enrollment
+    from hub.fleet.load import load_fleet
+
+    made = Hub(lab, tmp_path / "hub")
+    subprocess.run(["git", "init", "-q", str(made.fleet)], check=True)
+    config = yaml.safe_load((made.dir / "config.yaml").read_text()) | {"commit": True}
+    (made.dir / "config.yaml").write_text(yaml.safe_dump(config))
+    token = made.token("git", "--max-clusters", "0", "--allow-labels", "zone").read_text()
+    service = Enrollment(made.dir, known={"edge-1": {}})
+    for name in ("shop-x", "shop-y"):
+        assert service.submit(token, request_body(name, {"zone": "a"}))["state"] == "accepted"
+    log = subprocess.run(
+        ["git", "-C", str(made.fleet), "log", "--format=%s %an"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    assert log.splitlines() == [
+        "fleetlet: enroll cluster shop-y fleetlet hub",
+        "fleetlet: enroll cluster shop-x fleetlet hub",
+    ]
+    fleet = load_fleet(made.fleet)
+    assert {c.name: dict(c.labels) for c in fleet.clusters} == {
+        "edge-1": {"tier": "canary"},
+        "shop-x": {"zone": "a"},
+        "shop-y": {"zone": "a"},
+    }
+    # A poll never leaves the requests directory.
+    try:
+        service.poll(token, "../used")
+    except Exception as exc:
+        assert str(exc) == "no enrollment request '../used' by this token"
+    # A name the fleet repo already holds is not enrolled over.
+    try:
+        service.submit(token, request_body("edge-1"))
+    except Exception as exc:
+        assert str(exc) == "cluster 'edge-1' is already accepted: pick another name"
+    else:
+        raise AssertionError("edge-1 was enrolled over the fleet repo's cluster")
