@@ -240,8 +240,9 @@ class Enrollment:
 
     def _accept(self, found: dict[str, Any], *, by: str) -> None:
         cluster = found["cluster"]
-        self._write_inventory(cluster, found["labels"])
+        # Credentials first: a git host that fails leaves the inventory as it was.
         secrets = self._credentials(cluster)
+        self._write_inventory(cluster, found["labels"])
         box = nacl.public.SealedBox(nacl.public.PublicKey(base64.b64decode(found["publicKey"])))
         found |= {
             "state": "accepted",
