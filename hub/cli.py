@@ -878,6 +878,9 @@ def register(sub: Any) -> None:
     from hub.rollout.command import register as register_rollout
 
     register_rollout(hub_sub)
+    from hub.enroll.command import register as register_enroll
+
+    register_enroll(hub_sub)
 
     agent_key = hub_sub.add_parser(
         "agent-key",

@@ -273,6 +273,16 @@ def serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def enrollment_from_args(args: argparse.Namespace, labels: dict[str, Any] | None) -> Any:
+    """The enrollment service of ``--enroll DIR`` (None: not given). Raises HubConfigError."""
+    directory = getattr(args, "enroll", None)
+    if not directory:
+        return None
+    from hub.enroll.service import Enrollment
+
+    return Enrollment(Path(directory), known=labels)
+
+
 def notifier_from_args(args: argparse.Namespace, parts: _Parts) -> Any:
     """The commit statuses and alerts of ``--commit-status`` and ``--alert-webhook`` (None:
     neither given). Raises NotifyConfigError."""
@@ -394,6 +404,9 @@ class _Parts:
                 metrics=metrics,
                 rollouts=self.rollouts,
                 bounds=bounds,
+                # Enrollment state sits behind a file lock in its directory: safe in every
+                # worker process.
+                enrollment=enrollment_from_args(args, labels),
             )
             if app
             else None
@@ -621,6 +634,11 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         default="10s",
         metavar="DURATION",
         help="a connection must send a request's headers within this; else 408 and closed (10s)",
+    )
+    parser.add_argument(
+        "--enroll",
+        metavar="ENROLL_DIR",
+        help="accept enrollment requests (tokens.yaml, config.yaml; docs/operations.md)",
     )
     notify = parser.add_argument_group(
         "commit statuses and alerts",

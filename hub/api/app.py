@@ -182,6 +182,7 @@ def create_app(
     metrics: HubMetrics | None = None,
     rollouts: RolloutService | None = None,
     bounds: Bounds | None = None,
+    enrollment: Any = None,
 ) -> Starlette:
     """The API and the dashboard over ``status``.
 
@@ -327,6 +328,7 @@ def create_app(
             guarded(lambda r, a: queries.outputs(*params(r), r.path_params["run"], admin=a)),
         ),
         *(_rollout_routes(rollouts, guarded, caller) if rollouts is not None else []),
+        *(_enroll_routes(enrollment, caller) if enrollment is not None else []),
         Route(
             f"{p}/explain/{{cluster}}",
             guarded(
@@ -477,6 +479,13 @@ def _rollout_routes(
         Route(f"{p}/rollouts/{{rollout}}", guarded(one)),
         Route(f"{p}/rollouts/{{rollout}}/{{action}}", action, methods=["POST"]),
     ]
+
+
+def _enroll_routes(enrollment: Any, caller: Any) -> list[BaseRoute]:
+    """Enrollment (``hub serve --enroll``): :mod:`hub.enroll.routes`."""
+    from hub.enroll.routes import enroll_routes
+
+    return enroll_routes(enrollment, caller)
 
 
 def _answer(work: Callable[[], _T]) -> _T:
