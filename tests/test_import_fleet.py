@@ -415,3 +415,35 @@ def test_overlays_kustomize_customizations_and_go_getter_charts(tmp_path: Path) 
         }
     ]
     write_fleet_repo(result, tmp_path / "fleet")  # loads what it wrote
+
+
+@pytest.mark.parametrize("how", ["absolute", "dotdot", "link"])
+def test_a_values_file_outside_the_imported_repo_is_refused_not_inlined(
+    tmp_path: Path, how: str
+) -> None:
+    """Issue 28 item 7: a ``valuesFiles`` entry naming a file of the operator's machine (an
+    absolute path, ``..``, or a link out of the tree) is refused with the file named; nothing is
+    written, so the kubeconfig never reaches the generated bundle's values."""
+    secret = tmp_path / "home" / "kubeconfig.yaml"
+    secret.parent.mkdir()
+    secret.write_text("token: operator-secret-token\n")
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "cm.yaml").write_text("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n")
+    named = {"absolute": str(secret), "dotdot": "../home/kubeconfig.yaml", "link": "v.yaml"}[how]
+    if how == "link":
+        (repo / "v.yaml").symlink_to(secret)
+    (repo / "fleet.yaml").write_text(yaml.safe_dump({
+        "helm": {"chart": "./chart"},
+        "targetCustomizations": [{"name": "prod", "clusterSelector": {"matchLabels": {"a": "b"}},
+                                  "helm": {"valuesFiles": [named]}}],
+    }))  # fmt: skip
+    out = tmp_path / "out"
+    done = _fleetlet("import", "fleet", str(repo), "--out", str(out), "--name", "r",
+                     "--source-url", "https://git.example.invalid/r.git")  # fmt: skip
+    assert done.returncode == 1
+    assert "targetCustomizations[0].helm.valuesFiles" in done.stderr
+    assert named in done.stderr and "outside the imported repository" in done.stderr
+    assert not out.exists() or "operator-secret-token" not in "".join(
+        p.read_text() for p in out.rglob("*.yaml")
+    )

@@ -41,6 +41,7 @@ from agent.render.values import (
     parse_set_file,
     parse_set_json,
 )
+from agent.secrets.tree import open_tree
 
 _Dumper: type[Any] = KUBE_DUMPER
 
@@ -179,6 +180,13 @@ def run_render(
                 f"rendering it as {format}, as asked"
             )
     _check_applies(format, format_options)
+    sealed = open_tree(tree, None, source=bundle_dir)
+    if sealed.files:
+        files = ", ".join(f"{name} ({count})" for name, count in sealed.files.items())
+        note(
+            f"{shown}: {sealed.values} values in {len(sealed.files)} SOPS files stay encrypted "
+            f"here ({files}): a cluster's agent decrypts them with its own age key"
+        )
     guessed = options.format is None and format == "plain"
     try:
         objects = render_bundle(tree, format=format, request=request)

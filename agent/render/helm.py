@@ -16,6 +16,8 @@ with:
   ``--api-versions``), ``.Release.IsUpgrade`` from the request (``--is-upgrade``);
 - ``--include-crds``: the chart's ``crds/`` come out first and, being CRDs, go to the CRD stage
   and are kept when the bundle is removed unless it sets ``keepCRDs: false``;
+- confinement (:mod:`agent.render.confine`): helm reads the tree (and the scratch copy below)
+  and nothing else, writes nothing, opens no socket;
 - no network and no state: ``HOME`` and the ``HELM_*`` directories under ``/dev/null``, where
   nothing can exist (no repositories, no registry logins, no plugins, so no post-renderer), no
   kubeconfig, and proxies pointing at a closed local port, so any attempt to reach out fails
@@ -27,6 +29,7 @@ with:
   chart in the scratch directory (the tree, signed and cached, is never changed); the path must
   stay inside the bundle tree, hold a chart of the dependency's name whose version satisfies
   the dependency's constraint, and its own ``file://`` dependencies are placed the same way;
+  a link in the copy points at the same file of the tree (one leading outside is refused);
 - dependencies whose repository is a local repository name (``@stable``, ``alias:stable``:
   a user's ``repositories.yaml``, which fleetlet never reads) are refused: use the full URL.
 
@@ -49,6 +52,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agent.render import confine
 from agent.render._process import run_tool
 from agent.render.manifests import (
     InvalidManifestError,
@@ -118,6 +122,7 @@ class HelmFormat:
         metadata = read_chart_metadata(chart, tree=tree, source=source)
         local = check_dependencies(chart, metadata, tree=tree, source=source)
         helm = request.tools.find("helm")
+        confinement = confine.for_tool(helm, tree=tree)
         with contextlib.ExitStack() as scratch:
             if local:
                 # file:// dependencies go into a scratch copy: the signed, cached tree stays
@@ -125,7 +130,8 @@ class HelmFormat:
                 where = Path(
                     scratch.enter_context(tempfile.TemporaryDirectory(prefix="fleetlet-helm-"))
                 )
-                chart = overlay_chart(chart, local, where / "overlay")
+                chart = overlay_chart(chart, local, where / "overlay", tree=tree, source=source)
+                confinement = confinement.plus(read=[where])
             argv: list[str] = [
                 str(helm),
                 "template",
@@ -161,6 +167,7 @@ class HelmFormat:
                 input=inline,
                 env=_HERMETIC_ENV,
                 max_output=request.limits.max_total_bytes,
+                confine=confinement,
             )
         return parse_output(output, source=source, limits=request.limits.parse)
 
@@ -359,18 +366,56 @@ def _satisfies(version: str, constraint: str) -> bool:
         return False
 
 
-def overlay_chart(chart: Path, local: Sequence[LocalDependency], dest: Path) -> Path:
+def overlay_chart(
+    chart: Path, local: Sequence[LocalDependency], dest: Path, *, tree: Path, source: str = ""
+) -> Path:
     """A copy of ``chart`` at ``dest`` with each ``file://`` dependency copied in as
     ``charts/<name>`` (its own placed the same way), as ``helm dependency build`` would place
-    them; ``dest``. The bundle tree is not changed. Links are copied as links.
+    them; ``dest``. The bundle tree is not changed.
 
-    Raises OSError when the scratch directory cannot be written.
+    A link is judged where it lies, in the bundle tree: one that resolves inside ``tree``
+    becomes a link to that same file of the tree (absolute), so moving it into the scratch
+    copy cannot make it climb elsewhere; one that resolves outside (or nowhere) is refused.
+    Raises HelmChartError (LinkEscapes), OSError when the scratch directory cannot be written.
     """
-    shutil.copytree(chart, dest, symlinks=True)
+    _copy_without_escapes(chart, dest, tree=tree, source=source)
     for dependency in local:
         (dest / "charts").mkdir(exist_ok=True)
-        overlay_chart(dependency.path, dependency.dependencies, dest / "charts" / dependency.name)
+        overlay_chart(
+            dependency.path,
+            dependency.dependencies,
+            dest / "charts" / dependency.name,
+            tree=tree,
+            source=source,
+        )
     return dest
+
+
+def _copy_without_escapes(src: Path, dest: Path, *, tree: Path, source: str) -> None:
+    root = os.path.realpath(tree)
+    dest.mkdir(parents=True, exist_ok=True)
+    for directory, dirs, files in os.walk(src, followlinks=False):
+        here = Path(directory)
+        target_dir = dest / here.relative_to(src)
+        for name in [*dirs, *files]:
+            path = here / name
+            out = target_dir / name
+            if path.is_symlink():
+                real = os.path.realpath(path)
+                if not (real == root or real.startswith(root + os.sep)) or not os.path.exists(real):
+                    raise HelmChartError(
+                        f"link {_relative(path, tree)} -> {os.readlink(path)} leads outside "
+                        "the bundle tree (or nowhere); a chart with file:// dependencies may "
+                        "only hold links to files of the same tree",
+                        source=source,
+                        file=_relative(path, tree),
+                        rule="LinkEscapes",
+                    )
+                out.symlink_to(real)
+            elif path.is_dir():
+                out.mkdir(exist_ok=True)
+            else:
+                shutil.copy2(path, out)
 
 
 def _vendored(charts: Path) -> set[str]:

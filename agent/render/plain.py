@@ -27,7 +27,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from agent.errors import TemporaryError
 from agent.render.detect import detect_format, is_known_non_manifest
@@ -36,6 +36,9 @@ from agent.render.manifests import InvalidManifestError, Manifest, ParseLimits, 
 from agent.render.scope import ScopeLookup, builtin_scope, with_bundle_crds
 from agent.render.tools import ToolSettings
 from agent.source.tree import LinkEscapeError, resolve_inside
+
+if TYPE_CHECKING:
+    from agent.secrets.keys import Keyring
 
 BUNDLE_LABEL = "fleetlet.io/bundle"
 GROUP_LABEL = "fleetlet.io/group"
@@ -80,12 +83,14 @@ class RenderRequest:
     :func:`agent.render.formats.render_bundle` after the format, never by the format itself.
     ``cluster`` is what is known of the cluster (version, served APIs); ``upgrade`` whether the
     bundle is already installed there (helm's ``.Release.IsUpgrade``); ``tools`` where helm
-    and kustomize are. ``helm_set`` are ``fleetlet render``'s ``--set*`` flags (``--set=a=1``), given to helm
-    as they were written after the values (so that helm types them itself: an integer there stays
-    an int64, where one in values is a float64).
+    and kustomize are. ``helm_set`` are ``fleetlet render``'s ``--set*`` flags
+    (``--set=a=1``), given to helm as they were written after the values (so that helm types
+    them itself: an integer there stays an int64, where one in values is a float64);
+    ``keyring`` the cluster's age keys, which open the tree's SOPS files before the format
+    reads them (None: they stay encrypted, as in the hub's previews).
 
-    Every field but ``source``, ``scope``, ``ownership`` and ``tools`` is part of the render
-    cache key (:mod:`agent.render.cache`): a field added here changes the key, so it is never
+    Every field but ``source``, ``scope``, ``ownership``, ``tools`` and ``keyring`` is part of
+    the render cache key (:mod:`agent.render.cache`): a field added here changes the key, so it is never
     stale.
     """
 
@@ -100,6 +105,7 @@ class RenderRequest:
     upgrade: bool = False
     tools: ToolSettings = field(default_factory=ToolSettings)
     helm_set: Sequence[str] = ()
+    keyring: Keyring | None = None
 
 
 class InvalidManifestsError(InvalidManifestError):

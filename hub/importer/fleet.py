@@ -342,6 +342,18 @@ class _Importer:
         kustomize = _dict(fy.get("kustomize")).get("dir") or _customized_dirs(fy)
         return not helm and not kustomize
 
+    def _inside(self, directory: Path, file: str, bundle: str, where: str) -> Path:
+        """``file`` (named by fleet.yaml ``where``) resolved from ``directory``, links followed;
+        refused unless it lies in the imported tree: an absolute or ``..`` path, or a link out,
+        would inline a file of the operator's machine (a kubeconfig) into the bundle."""
+        path = (directory / file).resolve()
+        if path != self.root and self.root not in path.parents:
+            raise FleetImportError(
+                f"bundle {bundle}: fleet.yaml {where} {file!r} lies outside the imported "
+                f"repository {self.root}; only files of its tree are read"
+            )
+        return path
+
     def _relative(self, directory: Path) -> str:
         return directory.resolve().relative_to(self.root.resolve()).as_posix()
 
@@ -429,6 +441,8 @@ class _Importer:
         chart = str(helm.get("chart") or "")
         repo, version = helm.get("repo"), helm.get("version")
         values_files = [str(f) for f in helm.get("valuesFiles") or []]
+        for file in values_files:
+            self._inside(directory, file, name, "helm.valuesFiles")
         remote: dict[str, Any] | None = None
         if chart and repo:
             remote = {
@@ -587,7 +601,8 @@ class _Importer:
         helm = _dict(c.get("helm"))
         values: dict[str, Any] = {}
         for file in helm.get("valuesFiles") or []:
-            values = merge(values, _dict(_read_yaml(directory / str(file), self.root)))
+            path = self._inside(directory, str(file), name, f"{where}.helm.valuesFiles")
+            values = merge(values, _dict(_read_yaml(path, self.root)))
             self.note(name, f"{where}.helm.valuesFiles", f"{file} inlined into the override's "
                       "values (which take precedence over the bundle's values)")  # fmt: skip
         if helm.get("values"):
