@@ -20,6 +20,9 @@ def _render(args: argparse.Namespace) -> int:
         namespace=args.namespace,
         values_files=args.values,
         set_values=args.set,
+        set_string_values=args.set_string,
+        set_json_values=args.set_json,
+        set_file_values=args.set_file,
         release_name=args.release_name,
         install_namespace=args.install_namespace,
         watch_namespace=args.watch_namespace,
@@ -722,6 +725,27 @@ def register(sub: Any) -> None:
         action="append",
         default=[],
         help="helm value, helm's --set syntax (repeatable, after --values)",
+    )
+    render.add_argument(
+        "--set-string",
+        metavar="KEY=VALUE",
+        action="append",
+        default=[],
+        help="helm value, always a string (helm's --set-string)",
+    )
+    render.add_argument(
+        "--set-json",
+        metavar="KEY=JSON",
+        action="append",
+        default=[],
+        help="helm value given as JSON (helm's --set-json)",
+    )
+    render.add_argument(
+        "--set-file",
+        metavar="KEY=FILE",
+        action="append",
+        default=[],
+        help="helm value read from a file, as a string (helm's --set-file)",
     )
     render.add_argument("--namespace", metavar="NS", help="target namespace for namespaced objects")
     render.add_argument("--release-name", metavar="NAME", help="helm release name")

@@ -55,8 +55,10 @@ def _import_fleet(args: argparse.Namespace) -> int:
     if args.gitrepo:
         import yaml
 
+        from agent.api.yamlio import load_kube
+
         try:
-            gitrepo = yaml.safe_load(Path(args.gitrepo).read_text())
+            gitrepo = load_kube(Path(args.gitrepo).read_text())
         except (OSError, yaml.YAMLError) as exc:
             raise FleetImportError(f"--gitrepo {args.gitrepo}: {exc}") from exc
         if not isinstance(gitrepo, dict) or gitrepo.get("kind") != "GitRepo":

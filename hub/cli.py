@@ -28,6 +28,7 @@ from hub.serve import add_serve_arguments
 
 TOKEN_ENV = "SIGSTORE_ID_TOKEN"
 TRUST_CONFIG_ENV = "FLEETLET_TRUST_CONFIG"
+COMMIT_POLICY_ENV = "FLEETLET_COMMIT_POLICY"
 GIT_USERNAME_ENV = "FLEETLET_GIT_USERNAME"
 GIT_PASSWORD_ENV = "FLEETLET_GIT_PASSWORD"
 
@@ -145,6 +146,12 @@ def _prepare(args: argparse.Namespace, progress: Progress) -> Any:
 
     progress(f"loading fleet {args.fleet_dir}")
     cache = getattr(args, "cache_dir", None)
+    policy_file = getattr(args, "commit_policy", None)
+    commit_policy = None
+    if policy_file:
+        from hub.fleet.commits import load_commit_policy
+
+        commit_policy = load_commit_policy(Path(policy_file))
     prepared = prepare(
         args.fleet_dir,
         only=args.cluster or None,
@@ -153,7 +160,15 @@ def _prepare(args: argparse.Namespace, progress: Progress) -> Any:
         # Parsed fleet files are kept with the git cache: an unchanged inventory is not
         # parsed again.
         cache_dir=Path(cache) / "fleet-files" if cache else None,
+        commit_policy=commit_policy,
     )
+    if prepared.commit is not None:
+        verdict = prepared.commit
+        progress(
+            f"fleet commit {verdict.commit[:12]}: {verdict.reason}"
+            if verdict.ok
+            else f"fleet commit {verdict.commit[:12]} REFUSED by the commit policy: {verdict.reason}"
+        )
     if not prepared.source.committed:
         progress(
             "note: the fleet directory is not a clean git checkout; source.commit is a digest "
@@ -326,6 +341,8 @@ def _publish(args: argparse.Namespace) -> int:
         _write_metrics(metrics, args.metrics_file)
     data["seconds"]["total"] = round(seconds, 3)
     data["source"] = {"repo": prepared.source.repo, "commit": prepared.source.commit}
+    if prepared.commit is not None:
+        data["source"]["signedBy"] = prepared.commit.signed_by()
     data["repo"] = args.repo or prepared.fleet.settings.shards.repo
     data["rollouts"] = [{"rollout": rid, **event.to_dict()} for rid, event in result.events]
     if args.output != "table":
@@ -445,6 +462,7 @@ def _diff(args: argparse.Namespace) -> int:
                 facts=_reported_facts(args, progress, prepared, args.cluster),
                 progress=progress,
             )
+    verdict = prepared.commit
     if args.output != "table":
         clusters = []
         for d in diffs:
@@ -452,8 +470,17 @@ def _diff(args: argparse.Namespace) -> int:
             if d.cluster in previews:
                 item["preview"] = previews[d.cluster].to_dict()
             clusters.append(item)
-        _emit({"clusters": clusters}, args.output)
+        data: dict[str, Any] = {"clusters": clusters}
+        if verdict is not None:
+            data["commit"] = _verdict_dict(verdict)
+        _emit(data, args.output)
         return 0
+    if verdict is not None:
+        print(
+            f"fleet commit {verdict.commit}: {verdict.reason}"
+            if verdict.ok
+            else f"fleet commit: {verdict.refusal()}: hub publish would refuse it"
+        )
     for d in diffs:
         serial = f" (serial {d.serial_before})" if d.serial_before is not None else ""
         print(f"{d.cluster}: {d.status}{serial}")
@@ -470,6 +497,17 @@ def _diff(args: argparse.Namespace) -> int:
         if d.cluster in previews:
             _print_preview(previews[d.cluster])
     return 0
+
+
+def _verdict_dict(verdict: Any) -> dict[str, Any]:
+    return {
+        "commit": verdict.commit,
+        "signed": verdict.ok,
+        "signedBy": verdict.signed_by(),
+        "reason": verdict.reason,
+        "policy": verdict.policy,
+        "wanted": verdict.wanted,
+    }
 
 
 def _review(args: argparse.Namespace, progress: Progress) -> int:
@@ -526,6 +564,33 @@ def _reported_facts(
             # The preview still runs; its notes say which clusters were rendered without facts.
             print(f"warning: cluster facts not read: {exc}", file=sys.stderr)
     return out
+
+
+def _recipients(args: argparse.Namespace) -> int:
+    from hub.facts import reported_facts
+    from hub.fleet.shards import fleet_shards
+    from hub.recipients import print_recipients, recipients
+
+    def facts_of(fleet: Any, names: list[str]) -> dict[str, Any]:
+        settings = fleet.settings.shards
+        template = args.status_repo or settings.status_repo or args.repo or settings.repo
+        if not template:
+            raise UsageError("--status-repo is required (or shards.statusRepo in fleet.yaml)")
+        shard_map = fleet_shards(fleet)
+        urls = shard_map.urls(template)
+        by_shard: dict[int, list[str]] = {}
+        for name in names:
+            by_shard.setdefault(shard_map.shard_of(name), []).append(name)
+        out: dict[str, Any] = {}
+        for shard, chosen in sorted(by_shard.items()):
+            out.update(
+                reported_facts(url=urls[shard], clusters=chosen, credentials=_git_credentials())
+            )
+        return out
+
+    found = recipients(args.fleet_dir, selector=args.selector, facts_of=facts_of)
+    print_recipients(found, args.output)
+    return 0
 
 
 def _print_preview(preview: Any) -> None:
@@ -687,6 +752,14 @@ def register(sub: Any) -> None:
         help="write this publication's Prometheus metrics to FILE (for node-exporter's "
         "textfile collector: name it *.prom)",
     )
+    publish.add_argument(
+        "--commit-policy",
+        metavar="FILE",
+        default=os.environ.get(COMMIT_POLICY_ENV) or None,
+        help="the hub's trusted commit policy (YAML: signers: [{principal, key, validAfter, "
+        "validBefore}]; $" + COMMIT_POLICY_ENV + "): the fleet commit must be signed by one of "
+        "them (fleet.yaml: commitSigning must be the same policy; docs/fleet-repo.md)",
+    )
     add_logging_arguments(publish, default_level="warning")
     publish.set_defaults(handler=_publish)
 
@@ -745,7 +818,45 @@ def register(sub: Any) -> None:
         metavar="FILE",
         help="docker config JSON with registry credentials for resolving tags",
     )
+    diff.add_argument(
+        "--commit-policy",
+        metavar="FILE",
+        default=os.environ.get(COMMIT_POLICY_ENV) or None,
+        help="the hub's trusted commit policy (YAML: signers: [{principal, key, validAfter, "
+        "validBefore}]; $" + COMMIT_POLICY_ENV + "): the fleet commit must be signed by one of "
+        "them (fleet.yaml: commitSigning must be the same policy; docs/fleet-repo.md)",
+    )
     diff.set_defaults(handler=_diff)
+
+    recipients = hub_sub.add_parser(
+        "recipients",
+        help="print the age recipients of the fleet's clusters (for sops --age)",
+        description="The age public key each selected cluster's agent reported (made in the "
+        "cluster; the hub holds no private key), read from the status repository: by default "
+        "a comma-separated list for `sops --encrypt --age`, or a table, or JSON. Fails when a "
+        "selected cluster has not reported one yet. See docs/secrets.md.",
+    )
+    recipients.add_argument(
+        "fleet_dir",
+        metavar="FLEET_DIR",
+        nargs="?",
+        default=".",
+        help="the fleet repo (default: the current directory)",
+    )
+    recipients.add_argument(
+        "--selector",
+        "-l",
+        metavar="SELECTOR",
+        help="a label selector (region=eu,tier!=edge; default: every cluster)",
+    )
+    recipients.add_argument(
+        "--status-repo",
+        metavar="GIT_URL",
+        help="where agents push their status (default: shards.statusRepo, else --repo)",
+    )
+    recipients.add_argument("--repo", metavar="GIT_URL", help="as for hub publish")
+    add_output_option(recipients, default=None)
+    recipients.set_defaults(handler=_recipients)
 
     shards = hub_sub.add_parser(
         "shards",
@@ -779,6 +890,9 @@ def register(sub: Any) -> None:
     from hub.rollout.command import register as register_rollout
 
     register_rollout(hub_sub)
+    from hub.enroll.command import register as register_enroll
+
+    register_enroll(hub_sub)
 
     agent_key = hub_sub.add_parser(
         "agent-key",

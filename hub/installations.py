@@ -27,6 +27,7 @@ from hub.status.queries import QueryError, StatusQueries, load_private_key, seal
 
 TOKEN_ENV = "FLEETLET_HUB_TOKEN"
 API_PREFIX = "/api/v1"  # hub.api.openapi.API_PREFIX, without importing the API modules
+PAGE = "500"  # hub.status.queries.MAX_PAGE: installations asked of the hub at a time
 
 
 class InstallationsError(PermanentError):
@@ -186,7 +187,14 @@ def installations_list(args: argparse.Namespace) -> int:
         for k in ("cluster", "bundle", "state")
         if (v := getattr(args, k, None)) is not None
     }
-    data = _source(args)("/installations", query)
+    fetch = _source(args)
+    data = fetch("/installations", {**query, "limit": PAGE})
+    items = list(data["items"])
+    # The hub answers a page at a time (``total`` says how many there are): read them all.
+    while "total" in data and data["items"] and len(items) < data["total"]:
+        data = fetch("/installations", {**query, "offset": str(len(items)), "limit": PAGE})
+        items += data["items"]
+    data = {"items": items}
 
     def table(d: dict[str, Any]) -> str:
         rows = [

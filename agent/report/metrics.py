@@ -229,6 +229,20 @@ class Metrics:
             ["result"],
             registry=r,
         )
+        self.render_confinement = Gauge(
+            f"{PREFIX}_render_confinement",
+            "How renderers (helm, kustomize, format plugins) are confined, by mechanism: "
+            "landlock (the kernel's Landlock ABI version; 0: none, so renderers are not "
+            "confined to their files and keep only their time, memory and output bounds) and "
+            "seccomp (1: their sockets are denied).",
+            ["mechanism"],
+            registry=r,
+        )
+        from agent.render.confine import support
+
+        found = support()
+        self.render_confinement.labels(mechanism="landlock").set(found.landlock_abi)
+        self.render_confinement.labels(mechanism="seccomp").set(int(found.seccomp))
         # Every label value known up front is exported at 0, so rate() works from the start.
         for result in SYNC_RESULTS:
             self.syncs.labels(result=result)

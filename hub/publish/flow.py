@@ -22,13 +22,14 @@ import gc
 import hashlib
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
 from agent.api import (
     BundleDeploymentEntry,
+    CommitSignature,
     load_set,
     to_dict,
 )
@@ -36,6 +37,7 @@ from agent.errors import FieldProblem, TemporaryError, ValidationError, Verifica
 from agent.verify import TrustPolicy, verify_publication
 from agent.verify.publication import BUNDLE_FILE, PROOF_FILE, SET_FILE, STATEMENT_FILE
 from hub.errors import FleetRepoError, PublishError, PushRejectedError
+from hub.fleet.commits import CommitPolicy, CommitVerdict, judge_commit
 from hub.fleet.load import load_fleet
 from hub.fleet.model import Fleet
 from hub.fleet.render import ClusterPlan, plan_clusters
@@ -71,6 +73,10 @@ Progress = Callable[[str], None]
 ATTEMPTS = 3
 
 
+class UnsignedCommitError(PublishError):
+    """The fleet commit is not signed as the commit policy requires; nothing was published."""
+
+
 class ConcurrentPublishError(TemporaryError):
     """Another hub committed a publication while this one was being made, every attempt."""
 
@@ -104,6 +110,24 @@ class Prepared:
     references: int
     timings: Mapping[str, float]
     shards: ShardMap | None = None
+    commit: CommitVerdict | None = None
+    """The fleet commit against the commit policy (None: no policy asks for signed commits)."""
+
+    @property
+    def signed_by(self) -> CommitSignature | None:
+        """What the sets record about the commit's signature (only a verified one)."""
+        verdict = self.commit
+        if verdict is None or not verdict.ok:
+            return None
+        assert verdict.signer is not None and verdict.key is not None
+        return CommitSignature(
+            format="ssh", principal=verdict.signer, key=verdict.key, policy=verdict.policy
+        )
+
+    def require_signed_commit(self) -> None:
+        """Raise UnsignedCommitError when a commit policy is on and the commit fails it."""
+        if self.commit is not None and not self.commit.ok:
+            raise UnsignedCommitError(self.commit.refusal() + "; nothing was pushed")
 
     @property
     def shard_map(self) -> ShardMap:
@@ -118,19 +142,30 @@ def prepare(
     registry_credentials: Mapping[str, tuple[str, str]] | None = None,
     progress: Progress | None = None,
     cache_dir: Path | None = None,
+    commit_policy: CommitPolicy | None = None,
 ) -> Prepared:
     """Load ``fleet_dir``, pin every source its (selected) clusters use and plan every set.
 
     ``registry_credentials`` maps a registry host to (user, password) for tag resolution;
-    ``cache_dir`` keeps parsed fleet files between runs.
+    ``cache_dir`` keeps parsed fleet files between runs. ``commit_policy``: the hub's trusted
+    commit policy; the fleet commit's verdict is :attr:`Prepared.commit` (publish refuses a
+    failed one, diff reports it).
 
     Raises FleetRepoError (invalid fleet, unknown ``only`` cluster, bad shard label),
     ResolveError or SourceUnavailableError (a reference could not be pinned).
     """
     with _paused_gc():
-        return _prepare(
+        prepared = _prepare(
             fleet_dir, only, resolve_settings, registry_credentials, progress, cache_dir
         )
+    verdict = judge_commit(
+        root=prepared.fleet.root,
+        commit=prepared.source.commit,
+        committed=prepared.source.committed,
+        declared=prepared.fleet.settings.commit_signing,
+        trusted=commit_policy,
+    )
+    return replace(prepared, commit=verdict) if verdict is not None else prepared
 
 
 @contextlib.contextmanager
@@ -217,6 +252,7 @@ def render(prepared: Prepared, out: Path, *, issued_at: datetime | None = None) 
         expires_at=issued + prepared.fleet.settings.expires_after,
         source_repo=prepared.source.repo,
         source_commit=prepared.source.commit,
+        source_signed_by=prepared.signed_by,
     )
     written: list[Path] = []
     try:
@@ -325,6 +361,7 @@ def publish(
     rerun), ConcurrentPublishError, PublishError, FleetRepoError, or the signing errors of
     ``sign_leaves``; nothing reaches a cluster branch when anything fails before the commit.
     """
+    prepared.require_signed_commit()
     sharded = _sharded(prepared, store)
     say = progress or (lambda _msg: None)
     clock = StageClock(prepared.timings)
@@ -357,8 +394,6 @@ class _StaleKnowledge(Exception):
 
 
 def _replace_attempts(report: PublishReport, attempts: int) -> PublishReport:
-    from dataclasses import replace
-
     return replace(report, attempts=attempts, peak_rss_mb=_peak_rss_mb())
 
 
@@ -422,6 +457,7 @@ def _publish_once(
         expires_at=expires,
         source_repo=prepared.source.repo,
         source_commit=prepared.source.commit,
+        source_signed_by=prepared.signed_by,
     )
     signed: SignedTree | None = None
     if todo:
@@ -582,8 +618,14 @@ class ClusterDiff:
         }
 
 
+ENCRYPTED_VALUES = "formatOptions.encryptedValues"
+"""Shown whole, as ``encrypted`` or ``encrypted, changed``: the hub cannot open it."""
+
+
 def _flatten(value: Any, path: str, out: dict[str, Any]) -> None:
-    if isinstance(value, Mapping) and value:
+    if path == ENCRYPTED_VALUES and value is not None:
+        out[path] = value  # opaque: compared whole, never listed value by value
+    elif isinstance(value, Mapping) and value:
         for k in sorted(value):
             _flatten(value[k], f"{path}.{k}" if path else str(k), out)
     elif isinstance(value, list | tuple) and value:
@@ -605,8 +647,21 @@ def entry_fields(
     if after is not None:
         _flatten(to_dict(after.spec), "", new)
     return [
-        (p, old.get(p), new.get(p)) for p in sorted(set(old) | set(new)) if old.get(p) != new.get(p)
+        (p, *_opaque(p, old.get(p), new.get(p)))
+        for p in sorted(set(old) | set(new))
+        if old.get(p) != new.get(p)
     ]
+
+
+def _opaque(path: str, before: Any, after: Any) -> tuple[Any, Any]:
+    """Encrypted values as what can be said of them (sops keeps a value's ciphertext while its
+    plaintext stays, so a changed document means changed values or a re-encryption)."""
+    if path != ENCRYPTED_VALUES:
+        return before, after
+    return (
+        "encrypted" if before is not None else None,
+        "encrypted, changed" if after is not None else None,
+    )
 
 
 def diff(

@@ -66,7 +66,8 @@ def serving_hub(
             try:
                 requests.get(f"http://127.0.0.1:{port}/api/v1/clusters", timeout=2)
                 break
-            except requests.ConnectionError:
+            except (requests.ConnectionError, requests.Timeout):
+                # Timeout: the socket listens before the workers of --workers accept.
                 if process.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"hub did not start: {log.read_text()}") from None
                 time.sleep(0.1)
