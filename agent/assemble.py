@@ -344,6 +344,18 @@ def outputs_stage(
     )
 
 
+def log_confinement() -> None:
+    """Say once, at start, whether renderers run confined (the metric
+    ``fleetlet_agent_render_confinement`` says it too)."""
+    import logging
+
+    from agent.render.confine import support
+
+    found = support()
+    logger = logging.getLogger("agent.render")
+    (logger.info if found.confined else logger.warning)("%s", found.describe())
+
+
 def build_supervisor(settings: Any, *, log_level: str, log_format: str) -> Any:
     """The long-lived half of ``agent run`` (:class:`agent.runner.supervisor.Supervisor`): its
     branch watcher, status pusher, metrics, worker launcher and, when the kubeconfig's
@@ -357,6 +369,7 @@ def build_supervisor(settings: Any, *, log_level: str, log_format: str) -> Any:
     from agent.runner.supervisor import Supervisor
 
     metrics = Metrics(cluster=settings.repo.cluster, version=__version__)
+    log_confinement()
     credentials = git_credentials()
     try:
         reader = open_reader(settings.kubeconfig)

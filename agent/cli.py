@@ -20,6 +20,9 @@ def _render(args: argparse.Namespace) -> int:
         namespace=args.namespace,
         values_files=args.values,
         set_values=args.set,
+        set_string_values=args.set_string,
+        set_json_values=args.set_json,
+        set_file_values=args.set_file,
         release_name=args.release_name,
         install_namespace=args.install_namespace,
         watch_namespace=args.watch_namespace,
@@ -295,6 +298,7 @@ def _run(args: argparse.Namespace) -> int:
         heartbeat_interval=poll.heartbeat,
         max_backoff=poll.max_backoff,
     )
+    channel = _notify_channel(args, settings.repo.cluster, scheduler, supervisor.metrics)
     supervisor.on_fatal = lambda: scheduler.stop(wait=False)
     probe = (
         ProbeServer(
@@ -315,15 +319,52 @@ def _run(args: argparse.Namespace) -> int:
     if probe is not None:
         probe.start()
     scheduler.start()
+    if channel is not None:
+        channel.start()
     try:
         scheduler.wait()
     finally:
+        if channel is not None:
+            channel.stop()
         scheduler.stop(wait=True)
         if probe is not None:
             probe.stop()
     if supervisor.fatal is not None:
         raise supervisor.fatal
     return 0
+
+
+def _notify_channel(
+    args: argparse.Namespace, cluster: str, scheduler: Any, metrics: Any = None
+) -> Any:
+    """The hub's notification channel of ``--notify-url`` (None without it), wired to the
+    scheduler: a notification polls at once; while it is up the poll job slows down to
+    ``--notify-poll-interval``. Raises SettingsError."""
+    from pathlib import Path
+
+    from agent.channel import NotifyChannel
+    from agent.settings import SettingsError
+
+    if not args.notify_url:
+        return None
+    if args.notify_poll_interval <= 0:
+        raise SettingsError("--notify-poll-interval: must be positive")
+    try:
+        channel = NotifyChannel(
+            url=args.notify_url,
+            cluster=cluster,
+            token_file=Path(args.notify_token_file) if args.notify_token_file else None,
+            look=scheduler.poll_now,
+            connect_timeout=args.connect_timeout,
+            max_backoff=args.max_backoff,
+            on_change=(lambda up: metrics.channel_up.set(1 if up else 0)) if metrics else None,
+            on_event=metrics.notifications.inc if metrics else None,
+        )
+    except ValueError as exc:
+        raise SettingsError(str(exc)) from None
+    scheduler.channel_up = lambda: channel.up
+    scheduler.channel_interval = max(args.notify_poll_interval, scheduler.interval)
+    return channel
 
 
 def _setup_logging(args: argparse.Namespace) -> None:
@@ -594,6 +635,28 @@ def register(sub: Any) -> None:
         default=env.get("FLEETLET_PROBE_ADDRESS"),
         help="serve /healthz and /readyz on HOST:PORT, e.g. :8081 ($FLEETLET_PROBE_ADDRESS)",
     )
+    run.add_argument(
+        "--notify-url",
+        metavar="URL",
+        default=env.get("FLEETLET_NOTIFY_URL"),
+        help="the hub's base URL: hold its notification channel for this cluster and poll "
+        "when told; polling at --interval again while it is down ($FLEETLET_NOTIFY_URL)",
+    )
+    run.add_argument(
+        "--notify-token-file",
+        metavar="FILE",
+        default=env.get("FLEETLET_NOTIFY_TOKEN_FILE"),
+        help="this cluster's channel token (`fleetlet hub channel-token add`), read at each "
+        "connection ($FLEETLET_NOTIFY_TOKEN_FILE)",
+    )
+    run.add_argument(
+        "--notify-poll-interval",
+        type=float,
+        default=float(env.get("FLEETLET_NOTIFY_POLL_INTERVAL") or 600.0),
+        metavar="SECONDS",
+        help="the poll interval while the channel is up: the safety net "
+        "($FLEETLET_NOTIFY_POLL_INTERVAL, 600)",
+    )
     add_logging_arguments(run, default_level="info")
     run.set_defaults(handler=_run)
     sync = agent_sub.add_parser(
@@ -662,6 +725,27 @@ def register(sub: Any) -> None:
         action="append",
         default=[],
         help="helm value, helm's --set syntax (repeatable, after --values)",
+    )
+    render.add_argument(
+        "--set-string",
+        metavar="KEY=VALUE",
+        action="append",
+        default=[],
+        help="helm value, always a string (helm's --set-string)",
+    )
+    render.add_argument(
+        "--set-json",
+        metavar="KEY=JSON",
+        action="append",
+        default=[],
+        help="helm value given as JSON (helm's --set-json)",
+    )
+    render.add_argument(
+        "--set-file",
+        metavar="KEY=FILE",
+        action="append",
+        default=[],
+        help="helm value read from a file, as a string (helm's --set-file)",
     )
     render.add_argument("--namespace", metavar="NS", help="target namespace for namespaced objects")
     render.add_argument("--release-name", metavar="NAME", help="helm release name")

@@ -40,7 +40,6 @@ The apply, health and prune stages (the outbound half) consume :class:`SyncResul
 
 from __future__ import annotations
 
-import base64
 import functools
 import logging
 import shutil
@@ -67,7 +66,7 @@ from agent.errors import (
     ValidationError,
     VerificationError,
 )
-from agent.kube import KubeClient
+from agent.kube import KubeApiError, KubeClient
 from agent.render.cache import RenderCache, sources_digest
 from agent.render.facts import ClusterFacts
 from agent.render.manifests import Manifest
@@ -75,13 +74,14 @@ from agent.render.plain import Ownership, RenderRequest
 from agent.render.scope import ScopeLookup, with_bundle_crds
 from agent.render.tools import ToolSettings
 from agent.report.bundles import BundleDeployments
+from agent.secrets.keys import ClusterKeys, KeyFileError, Keyring
 from agent.source.branch import (
     BranchContentError,
     BranchNotFoundError,
     BranchWatcher,
     FetchTooLargeError,
 )
-from agent.source.compose import ContentStore, credentials_from_secret
+from agent.source.compose import ContentStore, source_credentials
 from agent.source.content import (
     LOCAL_STORAGE_ERRNOS,
     ContentRefusedError,
@@ -200,6 +200,9 @@ class InboundPipeline:
         self._policy_digest: str | None = None
         self.facts: ClusterFacts | None = None
         """The cluster facts the last render used (None: no render since the start)."""
+        self._keys = ClusterKeys(kube, agent_namespace, clock=clock)
+        self.keyring: Keyring | None = None
+        """The cluster's age keys as last read (None: not read since the start)."""
         # Render failures of the last set rendered whole, by bundle: the reconcile's render of
         # such a bundle raises it once instead of rendering again (see the module docstring).
         self._failed: dict[str, RenderFailure] = {}
@@ -424,6 +427,7 @@ class InboundPipeline:
             kube_version=self._kube.server_version(), api_versions=self._kube.api_versions()
         )
         self.facts = facts
+        keyring = self.read_keyring()
         try:
             for entry in entries:
                 source = _SourceStep(
@@ -442,7 +446,7 @@ class InboundPipeline:
                     source()
                     continue
                 try:
-                    objects = self._render_one(deployment_set, entry, crds, facts, source)
+                    objects = self._render_one(deployment_set, entry, crds, facts, source, keyring)
                 except PermanentError as exc:
                     if source.raised(exc):
                         raise  # hostile or corrupt source content: the whole set is refused
@@ -463,6 +467,7 @@ class InboundPipeline:
         crds: list[Manifest],
         facts: ClusterFacts,
         tree: Callable[[], Path],
+        keyring: Keyring,
     ) -> list[Manifest]:
         return render_entry(
             self.renders,
@@ -473,24 +478,46 @@ class InboundPipeline:
             tools=self._tools,
             installed=self._installed(entry.name),
             tree=tree,
+            keyring=keyring,
         )
 
-    def _credentials(self, secret_name: str) -> Credentials:
-        secret = self._kube.get(
-            {
-                "apiVersion": "v1",
-                "kind": "Secret",
-                "metadata": {"name": secret_name, "namespace": self._agent_namespace},
-            }
-        )
-        if secret is None:
-            # An admin can create it without the branch moving: try again later.
-            raise TemporaryError(
-                f"source credentials: no Secret {self._agent_namespace}/{secret_name}",
-                delay=30.0,
-            )
-        data = {k: base64.b64decode(v) for k, v in (secret.get("data") or {}).items()}
-        return credentials_from_secret(data)
+    def read_keyring(self) -> Keyring:
+        """The cluster's age keys (made on first use; see :mod:`agent.secrets.keys`). A key
+        Secret that cannot be used is no keyring: a SOPS file then fails its bundle, naming
+        why, and every other bundle renders.
+
+        Raises ApiUnavailableError (temporary).
+        """
+        try:
+            self.keyring = self._keys.keyring()
+        except (KeyFileError, KubeApiError) as exc:
+            log.warning("%s: age keys not usable: %s", self.cluster, exc)
+            return Keyring(identities=(), recipients=(), problem=str(exc))
+        return self.keyring
+
+    def _credentials(self, secret_name: str, host: str) -> Credentials:
+        return read_source_credentials(self._kube, self._agent_namespace, secret_name, host)
+
+
+def read_source_credentials(
+    kube: KubeClient, namespace: str, secret_name: str, host: str
+) -> Credentials:
+    """The credentials a bundle source names (Secret ``secret_name`` of the agent's
+    ``namespace``) for ``host``: only from a Secret meant for sources, only for its hosts (see
+    :func:`agent.source.compose.source_credentials`). Raises TemporaryError (no such Secret,
+    not one for sources) and InvalidSourceError."""
+    where = f"{namespace}/{secret_name}"
+    secret = kube.get(
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": secret_name, "namespace": namespace},
+        }
+    )
+    if secret is None:
+        # An admin can create it without the branch moving: try again later.
+        raise TemporaryError(f"source credentials: no Secret {where}", delay=30.0)
+    return source_credentials(secret, host=host, where=where)
 
 
 class _SourceStep:
@@ -528,13 +555,15 @@ def render_entry(
     tools: ToolSettings,
     installed: bool,
     tree: Callable[[], Path],
+    keyring: Keyring | None = None,
 ) -> list[Manifest]:
     """One bundle of set ``serial`` rendered as the agent applies it (through ``renders``, the
     render cache: the pins name the content, so a bundle rendered before for the same options
     and cluster facts is neither fetched nor rendered again), its created namespace added.
     ``tree`` composes the bundle's sources when a render is needed; ``installed``: whether
-    the bundle runs on the cluster (helm renders it as an upgrade). The hub's previews render
-    with this too.
+    the bundle runs on the cluster (helm renders it as an upgrade); ``keyring``: the cluster's
+    age keys, which open the bundle's SOPS files (None: left encrypted). The hub's previews
+    render with this too, without a keyring.
 
     Raises what ``tree`` and the format raise (FetchError: temporary; refusals: permanent).
     """
@@ -553,6 +582,7 @@ def render_entry(
             tools=tools,
             upgrade=renders_as_upgrade(spec.format, installed=installed),
             patches=tuple(to_dict(p) for p in spec.patches),
+            keyring=keyring,
         ),
         tree=tree,
     )

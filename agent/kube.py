@@ -701,6 +701,45 @@ class KubeClient:
             return None
         return self._json(response)
 
+    def watch(
+        self, obj: Mapping[str, Any] | RefLike, *, resource_version: str, timeout: float
+    ) -> Iterator[tuple[str, Object]]:
+        """The changes of one object after ``resource_version``, as the server sends them:
+        (``ADDED`` | ``MODIFIED`` | ``DELETED``, the object), or (``ERROR``, a Status: e.g.
+        410 when the version is too old to watch from), for at most ``timeout`` seconds (the
+        server then ends the watch, and so does the iterator).
+
+        Raises ApiNotServedError, ForbiddenError, KubeApiError, ApiUnavailableError.
+        """
+        ref = ObjectRef.of(obj)
+        resource, namespace = self._locate(ref)
+        seconds = max(1, int(timeout + 0.999))
+        target = f"watch {ref}"
+        with _converted(target, self.server):
+            response = self._client().request(
+                "GET",
+                resource.path(namespace=namespace),
+                watch="true",
+                field_selector=f"metadata.name={ref.name}",
+                resource_version=resource_version,
+                timeout_seconds=seconds,
+                serialize=False,
+                # The server ends the watch after `seconds`; a read may wait that long.
+                _request_timeout=(self._timeout[0], seconds + self._timeout[1]),
+            )
+        try:
+            with _converted(target, self.server):
+                for line in response:
+                    if not line.strip():
+                        continue
+                    event = json.loads(line)
+                    found = event.get("object") if isinstance(event, dict) else None
+                    if isinstance(found, dict):
+                        yield str(event.get("type")), found
+        finally:
+            with contextlib.suppress(Exception):
+                response.release_conn()
+
     def list(
         self,
         api_version: str,

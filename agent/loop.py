@@ -56,6 +56,7 @@ from agent.reconcile.context import Manifest
 from agent.report.bundles import ConditionSpec
 from agent.report.metrics import Metrics
 from agent.report.push import StatusPusher
+from agent.secrets.keys import Keyring
 from agent.state import AgentState, ClusterState
 
 log = logging.getLogger(__name__)
@@ -356,12 +357,24 @@ class Agent:
 
     def reported_facts(self, document: ClusterStatus) -> ReportedFacts | None:
         """What ``hub diff`` needs to render as this agent does: the facts of its last render
-        and the bundles with a healthy revision (an upgrade next time); None before the first
-        render since the start (the pusher keeps what it reported before)."""
+        and the bundles with a healthy revision (an upgrade next time); and the public halves of
+        the cluster's age keys (``hub recipients``); None before the first render since the
+        start (the pusher keeps what it reported before)."""
         if self.pipeline.facts is None:
             return None
         installed = frozenset(b.name for b in document.bundles if b.last_healthy_revision)
-        return ReportedFacts(cluster=self.cluster, facts=self.pipeline.facts, installed=installed)
+        try:
+            # Read at each report, so a rotation an admin asked for is done and reported
+            # without waiting for a render.
+            keyring: Keyring | None = self.pipeline.read_keyring()
+        except FleetletError:
+            keyring = self.pipeline.keyring  # the API server is away: the last one read
+        return ReportedFacts(
+            cluster=self.cluster,
+            facts=self.pipeline.facts,
+            installed=installed,
+            age_recipients=keyring.recipients if keyring is not None else (),
+        )
 
     def _report(self, state: AgentState) -> None:
         if self.pusher is None:

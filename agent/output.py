@@ -27,7 +27,11 @@ def render(data: T, output: str, *, table: Callable[[T], str], sort_keys: bool =
     if output == "yaml":
         import yaml
 
-        dumped: str = yaml.safe_dump(data, sort_keys=sort_keys, default_flow_style=False)
+        from agent.api.yamlio import KUBE_DUMPER
+
+        dumped: str = yaml.dump(
+            data, Dumper=KUBE_DUMPER, sort_keys=sort_keys, default_flow_style=False
+        )
         return dumped.rstrip("\n")
     if output == "table":
         return table(data)

@@ -73,9 +73,13 @@ class AgentScheduler:
         on_outcome: Callable[[JobOutcome], None] | None = None,
         rng: Callable[[], float] = random.random,
         clock: Callable[[], float] = time.monotonic,
+        channel_up: Callable[[], bool] | None = None,
+        channel_interval: float | None = None,
     ) -> None:
         """``drift_interval`` defaults to ten poll intervals; ``initial_backoff`` to
         min(interval, max_backoff); ``on_outcome`` is called after every poll and drift run.
+        While ``channel_up()`` (the hub's notification channel, :mod:`agent.channel`), the
+        poll job polls only every ``channel_interval``: :meth:`poll_now` does the rest.
 
         Raises ValueError for a non-positive interval, a negative jitter, or max_backoff below
         initial_backoff.
@@ -102,17 +106,51 @@ class AgentScheduler:
         self.runs = 0
         """Runs of the poll and drift jobs that did work (not skipped by a backoff)."""
         self.last: JobOutcome | None = None
+        self.channel_up = channel_up
+        self.channel_interval = channel_interval or interval
+        self._polled_at = float("-inf")
+        self._poll_asked = threading.Event()
+        self.told = 0
+        """Polls run because the channel said to look."""
+
+    def poll_now(self) -> None:
+        """Poll as soon as the work executor is free (a notification). Calls made before
+        that poll starts collapse into it; one made while it runs gives one more poll after
+        it (it may have listed the branch before the move)."""
+        scheduler = self._scheduler
+        if scheduler is None or self._poll_asked.is_set():
+            return
+        self._poll_asked.set()
+        scheduler.add_job(
+            self._told,
+            id="fleetlet-agent-poll-now",
+            name="fleetlet agent poll (notified)",
+            executor="work",
+            replace_existing=True,
+            max_instances=2,
+            misfire_grace_time=None,
+        )
+
+    def _told(self) -> None:
+        self._poll_asked.clear()
+        self.told += 1
+        self.run("poll", notified=True)
 
     # -- one run ------------------------------------------------------------------------------
 
-    def run(self, job: str) -> JobOutcome | None:
+    def run(self, job: str, *, notified: bool = False) -> JobOutcome | None:
         """Run job ``poll`` or ``drift`` now, in this thread, unless a backoff is running
-        (then None). Never raises for the job's errors (they are logged and in the outcome),
+        (then None), or the poll is not due while the channel is up (also None; ``notified``:
+        it is due). Never raises for the job's errors (they are logged and in the outcome),
         except KeyboardInterrupt/SystemExit."""
         backoff = self._backoffs[job]
         with self._lock:
             if self._clock() < self._resume_at[job]:
                 return None
+            if job == "poll" and not notified and self._quiet():
+                return None
+            if job == "poll":
+                self._polled_at = self._clock()
             self.runs += 1
             try:
                 self._jobs[job]()
@@ -143,6 +181,11 @@ class AgentScheduler:
             except Exception:
                 log.exception("reporting the %s outcome failed", job)
         return outcome
+
+    def _quiet(self) -> bool:
+        """The channel is up and the slow poll is not due yet."""
+        up = self.channel_up is not None and self.channel_up()
+        return up and self._clock() - self._polled_at < self.channel_interval
 
     @property
     def backoff(self) -> Backoff:

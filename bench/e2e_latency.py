@@ -22,11 +22,16 @@ until every installation is Ready. Then:
   ``RolledBack`` is timed too. Then the override is removed and the group moves back (a
   publish-to-Ready sample of the canary alone).
 
+With ``--channel`` the agents also hold a notification channel (``agent run --notify-url``,
+polling every hour while it is up) to a second ``hub serve --channel-tokens`` that only serves
+it: the publish-to-Ready runs are made twice in the same run, first with the channel, then
+with that hub stopped (the agents back to polling every ``--interval``).
+
 The hub's own refresh (``hub serve --refresh``) is not included: it adds up to its period to
 what a dashboard shows. Prints medians and 95th percentiles next to the poll interval, and one
 JSON line. From the repository root::
 
-    python3 bench/e2e_latency.py [--interval 10] [--runs 10] [--rollbacks 3]
+    python3 bench/e2e_latency.py [--interval 10] [--runs 10] [--rollbacks 3] [--channel]
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -52,7 +58,7 @@ import pygit2  # noqa: E402
 import yaml  # noqa: E402
 
 from agent.api.status import ClusterStatus, load_status  # noqa: E402
-from fleetlet.demo import CANARY, Demo, bundle_files  # noqa: E402
+from fleetlet.demo import CANARY, Demo, _free_port, bundle_files  # noqa: E402
 
 CONVERGE_BUNDLE = "payments-config"
 BROKEN_BUNDLE = "shop-backend"
@@ -247,12 +253,46 @@ def roll_back(fleet: Fleet, run: int) -> dict[str, float]:
     }
 
 
+def start_channel(demo: Demo) -> subprocess.Popen[bytes]:
+    """A ``hub serve`` that serves the agents' notification channel (and sets the agents'
+    flags to hold it); it watches the cluster branches every 200 ms."""
+    from hub.channel import write_channel_tokens
+
+    tokens = {name: f"channel-{name}-{os.urandom(8).hex()}" for name in demo.clusters}
+    write_channel_tokens(demo.workdir / "channel.yaml", tokens)
+    for name, token in tokens.items():
+        (demo.workdir / f"channel-{name}.token").write_text(token)
+    port = _free_port()
+    log = demo.workdir / "channel-hub.log"
+    command = [sys.executable, "-m", "hub.serve", "--repo", demo.git.url_for("fleet-status.git"),
+               "--listen", f"127.0.0.1:{port}", "--allow-anonymous", "--refresh", "1h",
+               "--cache-dir", str(demo.workdir / "channel-cache"),
+               "--channel-tokens", str(demo.workdir / "channel.yaml"),
+               "--channel-repo", demo.git.url_for("fleet-state.git"), "--channel-watch", "200ms"]  # fmt: skip
+    with log.open("wb") as out:
+        process = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=out)
+    deadline = time.monotonic() + 60
+    while b"serving on" not in log.read_bytes():
+        if process.poll() is not None or time.monotonic() > deadline:
+            raise BenchError(f"the channel's hub did not start: {log.read_text()}")
+        time.sleep(0.2)
+    demo.agent_extra = lambda name: [
+        "--notify-url", f"http://127.0.0.1:{port}",
+        "--notify-token-file", str(demo.workdir / f"channel-{name}.token"),
+        "--notify-poll-interval", "3600",
+    ]  # fmt: skip
+    return process
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--interval", type=float, default=10.0, help="agents' poll interval")
     parser.add_argument("--runs", type=int, default=10, help="publish-to-Ready samples (10)")
     parser.add_argument("--rollbacks", type=int, default=3, help="rollback samples (3)")
     parser.add_argument("--keep", type=Path, help="work in this directory and keep it (logs)")
+    parser.add_argument(
+        "--channel", action="store_true", help="the runs with the notification channel first"
+    )
     args = parser.parse_args(argv)
     load_start = os.getloadavg()[0]
     workdir = args.keep or Path(tempfile.mkdtemp(prefix="fleetlet-e2e-"))
@@ -265,15 +305,29 @@ def main(argv: list[str] | None = None) -> int:
         interval=args.interval,
     )
     converged: list[dict[str, float]] = []
+    told: list[dict[str, float]] = []
     rolled: list[dict[str, float]] = []
+    channel: subprocess.Popen[bytes] | None = None
     with demo.stack:
         try:
             demo.start_components()
             demo.push_content()
             demo.publish_fleet()
+            if args.channel:
+                channel = start_channel(demo)
             demo.start_agents_and_hub()
             demo.wait_for(demo.all_ready, "every installation Ready")
             fleet = Fleet(demo)
+            if channel is not None:
+                time.sleep(2 * args.interval)  # every agent's channel up, its polls quiet
+                for run in range(args.runs):
+                    sample = converge(fleet, "v2" if run % 2 == 0 else "v1")
+                    told.append(sample)
+                    print(f"with the channel {run + 1}/{args.runs}: {sample['all']:.1f} s",
+                          file=sys.stderr)  # fmt: skip
+                channel.terminate()
+                channel.wait(timeout=30)
+                time.sleep(2)  # the agents saw it go: polling at --interval again
             for run in range(args.runs):
                 sample = converge(fleet, "v2" if run % 2 == 0 else "v1")
                 converged.append(sample)
@@ -290,11 +344,15 @@ def main(argv: list[str] | None = None) -> int:
                     file=sys.stderr,
                 )
         finally:
+            if channel is not None and channel.poll() is None:
+                channel.kill()
             demo._stop_processes()
     jitter = args.interval / 4
     clusters = sorted(k for k in converged[0] if k not in ("all", "publish")) if converged else []
 
     def row(label: str, values: list[float]) -> str:
+        if not values:  # --rollbacks 0, or no --channel
+            return ""
         return (
             f"| {label} | {statistics.median(values):.1f} | {percentile(values, 0.95):.1f} | "
             f"{min(values):.1f} | {max(values):.1f} | {len(values)} |"
@@ -303,9 +361,18 @@ def main(argv: list[str] | None = None) -> int:
     rows = [
         "| from | p50 s | p95 s | min s | max s | runs |",
         "|---|---:|---:|---:|---:|---:|",
+        *(
+            [row("`hub publish` to every cluster Ready, with the channel", [s["all"] for s in told]),
+             row("of which the publish (resolve, render, sign, push)", [s["publish"] for s in told])]
+            if told else []
+        ),
         row("`hub publish` to every cluster reporting Ready", [s["all"] for s in converged]),
         *(row(f"`hub publish` to {c} reporting Ready", [s[c] for s in converged]) for c in clusters),
         row("of which the publish (resolve, render, sign, push)", [s["publish"] for s in converged]),
+        *(
+            [row(f"`hub publish` to every cluster Ready, polling every {args.interval:g} s",
+                 [s["all"] for s in converged])] if told else []
+        ),
         row("`hub publish` to the canary's health check failing", [s["publish_to_failed"] for s in rolled]),
         row("failed health check to the group rolled back (in the cluster)", [s["failed_to_rolled_back"] for s in rolled]),
         row("failed health check to the rollback reported (status branch)", [s["failed_to_reported"] for s in rolled]),
@@ -319,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
         f"\nTime to converge, demo fleet ({len(clusters)} clusters); agents poll every "
         f"{args.interval:g} s + up to {jitter:g} s jitter; {machine}\n"
     )
-    print("\n".join(rows))
+    print("\n".join(r for r in rows if r))
     print(
         json.dumps(
             {
@@ -327,6 +394,7 @@ def main(argv: list[str] | None = None) -> int:
                 "interval": args.interval,
                 "jitter": jitter,
                 "converged": converged,
+                "converged_with_channel": told,
                 "rolled_back": rolled,
                 "load_average_start": load_start,
                 "load_average_end": os.getloadavg()[0],

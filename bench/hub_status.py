@@ -150,7 +150,9 @@ class Fleet:
             lines += [
                 f"{self.tips[n]} {PREFIX}{n}" for n in sorted(self.tips) if self.shard[n] == shard
             ]
-            (path / "packed-refs").write_text("\n".join(lines) + "\n")
+            # In one step: a git server may be listing the refs meanwhile (bench/hub_load.py).
+            (path / "packed-refs.new").write_text("\n".join(lines) + "\n")
+            os.replace(path / "packed-refs.new", path / "packed-refs")
 
 
 def timed(action: Any) -> tuple[float, Any]:

@@ -6,7 +6,8 @@ ways, ``--repeat`` times each after a warm-up, taking turns in every round:
 - the baseline: the example plugin (``examples/fleetlet-jsonnet``) called in-process, as
   fleetlet called plugins before they got a child process;
 - fleetlet cold: ``render_bundle`` with the plugin in its child process (process start,
-  imports, the job and the result as JSON, validation, finishing);
+  imports, the job and the result as JSON, validation, finishing), confined;
+- the same with the child unconfined (what the confinement costs);
 - fleetlet cached: the agent's path through the render cache for the same pinned sources.
 
 Prints medians and ratios; ``--write`` puts them in the section "Render: plugins" of
@@ -29,6 +30,7 @@ from pathlib import Path
 from agent.render.cache import RenderCache, sources_digest
 from agent.render.formats import render_bundle
 from agent.render.plain import RenderRequest
+from bench._confine import unconfined
 from bench._docs import write_section
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -54,6 +56,11 @@ def _median_ms(samples: list[float]) -> float:
     return statistics.median(samples) * 1000
 
 
+def _unconfined(render: Callable[[], object]) -> object:
+    with unconfined():
+        return render()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=30)
@@ -74,6 +81,9 @@ def main() -> int:
         ways: dict[str, Callable[[], object]] = {
             "in-process (baseline)": lambda: JsonnetFormat().render(tree, request),
             "child process (cold)": lambda: render_bundle(tree, format="jsonnet", request=request),
+            "child process, unconfined (cold)": lambda: _unconfined(
+                lambda: render_bundle(tree, format="jsonnet", request=request)
+            ),
             "cached": lambda: cache.render(
                 format="jsonnet", content=content, request=request, tree=lambda: tree
             ),
@@ -87,6 +97,8 @@ def main() -> int:
                 way()
                 samples[name].append(time.perf_counter() - started)
     base = _median_ms(samples["in-process (baseline)"])
+    confined = _median_ms(samples["child process (cold)"])
+    open_ = _median_ms(samples["child process, unconfined (cold)"])
     rows = [
         f"| {name} | {_median_ms(s):.2f} ms | {_median_ms(s) / base:.3g}x |"
         for name, s in samples.items()
@@ -100,7 +112,10 @@ def main() -> int:
             f"{platform.python_version()}, `python -m bench.render_plugin --repeat "
             f"{args.repeat} --write`). The child process (start, imports, JSON both ways) is "
             "the price of an agent that survives a plugin that hangs or eats memory; the "
-            "render cache pays it once per bundle revision.",
+            "render cache pays it once per bundle revision. Its confinement (Landlock and the "
+            "socket filter; both children run the isolated interpreter) costs "
+            f"{confined - open_:+.2f} ms ({confined / open_:.3f}x the unconfined child), within "
+            "the noise of this shared machine (the set-up alone: see Render: helm).",
             "",
             "| render | median | vs in-process |",
             "| --- | --- | --- |",

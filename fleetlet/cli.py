@@ -55,8 +55,10 @@ def _import_fleet(args: argparse.Namespace) -> int:
     if args.gitrepo:
         import yaml
 
+        from agent.api.yamlio import load_kube
+
         try:
-            gitrepo = yaml.safe_load(Path(args.gitrepo).read_text())
+            gitrepo = load_kube(Path(args.gitrepo).read_text())
         except (OSError, yaml.YAMLError) as exc:
             raise FleetImportError(f"--gitrepo {args.gitrepo}: {exc}") from exc
         if not isinstance(gitrepo, dict) or gitrepo.get("kind") != "GitRepo":
@@ -116,9 +118,12 @@ def build_parser(*, agent_only: bool = False) -> argparse.ArgumentParser:
         agent_cli.register(sub)
         return parser
     from hub import cli as hub_cli
+    from hub.enroll.command import register as register_enroll
     from hub.rollout.command import register as register_rollout
 
-    register_rollout(hub_cli.register(sub))
+    hub_sub = hub_cli.register(sub)
+    register_rollout(hub_sub)
+    register_enroll(hub_sub)
     agent_cli.register(sub)
     hub_cli.register_installations(sub)
     importer = sub.add_parser(

@@ -202,6 +202,8 @@ class Demo:
         self.admin_token = "admin-" + secrets.token_urlsafe(18)
         self.hub_url = ""
         self.expected: dict[tuple[str, str], str] = {}
+        self.agent_extra: Callable[[str], list[str]] = lambda cluster: []
+        """More flags of ``agent run`` for a cluster (bench/e2e_latency.py's channel)."""
 
     # -- the steps ---------------------------------------------------------------------------
 
@@ -362,6 +364,7 @@ class Demo:
                     "--hub-public-key", str(public),
                     "--interval", str(self.interval), "--jitter", str(self.interval / 4),
                     "--heartbeat", "5",
+                    *self.agent_extra(name),
                 ],
             )  # fmt: skip
         port = _free_port()

@@ -22,12 +22,14 @@ from typing import Any
 
 from agent.errors import PermanentError
 from agent.options import add_logging_arguments, add_output_option
+from agent.output import OUTPUT_FORMATS
 from agent.output import render as render_output
 from hub import installations as inst_handlers
 from hub.serve import add_serve_arguments
 
 TOKEN_ENV = "SIGSTORE_ID_TOKEN"
 TRUST_CONFIG_ENV = "FLEETLET_TRUST_CONFIG"
+COMMIT_POLICY_ENV = "FLEETLET_COMMIT_POLICY"
 GIT_USERNAME_ENV = "FLEETLET_GIT_USERNAME"
 GIT_PASSWORD_ENV = "FLEETLET_GIT_PASSWORD"
 
@@ -145,6 +147,12 @@ def _prepare(args: argparse.Namespace, progress: Progress) -> Any:
 
     progress(f"loading fleet {args.fleet_dir}")
     cache = getattr(args, "cache_dir", None)
+    policy_file = getattr(args, "commit_policy", None)
+    commit_policy = None
+    if policy_file:
+        from hub.fleet.commits import load_commit_policy
+
+        commit_policy = load_commit_policy(Path(policy_file))
     prepared = prepare(
         args.fleet_dir,
         only=args.cluster or None,
@@ -153,7 +161,15 @@ def _prepare(args: argparse.Namespace, progress: Progress) -> Any:
         # Parsed fleet files are kept with the git cache: an unchanged inventory is not
         # parsed again.
         cache_dir=Path(cache) / "fleet-files" if cache else None,
+        commit_policy=commit_policy,
     )
+    if prepared.commit is not None:
+        verdict = prepared.commit
+        progress(
+            f"fleet commit {verdict.commit[:12]}: {verdict.reason}"
+            if verdict.ok
+            else f"fleet commit {verdict.commit[:12]} REFUSED by the commit policy: {verdict.reason}"
+        )
     if not prepared.source.committed:
         progress(
             "note: the fleet directory is not a clean git checkout; source.commit is a digest "
@@ -326,6 +342,8 @@ def _publish(args: argparse.Namespace) -> int:
         _write_metrics(metrics, args.metrics_file)
     data["seconds"]["total"] = round(seconds, 3)
     data["source"] = {"repo": prepared.source.repo, "commit": prepared.source.commit}
+    if prepared.commit is not None:
+        data["source"]["signedBy"] = prepared.commit.signed_by()
     data["repo"] = args.repo or prepared.fleet.settings.shards.repo
     data["rollouts"] = [{"rollout": rid, **event.to_dict()} for rid, event in result.events]
     if args.output != "table":
@@ -382,6 +400,18 @@ def _tokens_add(args: argparse.Namespace) -> int:
     return 0
 
 
+def _channel_token_add(args: argparse.Namespace) -> int:
+    from hub.channel import add_channel_token
+
+    print(add_channel_token(Path(args.file), args.cluster))
+    print(
+        f"channel token of {args.cluster} added to {args.file} (only its SHA-256 is kept): give "
+        "it to that cluster's agent (--notify-token-file); it is not shown again",
+        file=sys.stderr,
+    )
+    return 0
+
+
 def _tokens_migrate(args: argparse.Namespace) -> int:
     from hub.api.tokens import migrate_tokens
 
@@ -409,6 +439,10 @@ def _diff(args: argparse.Namespace) -> int:
     from hub.serve import default_cache_dir
 
     progress = Progress(args.quiet)
+    if args.base or args.head:
+        return _review(args, progress)
+    if args.output == "markdown":
+        raise UsageError("-o markdown: only with --base and --head (a pull request's diff)")
     prepared = _prepare(args, progress)
     repo = args.repo or prepared.fleet.settings.shards.repo
     progress(f"fetching cluster branches from {repo}")
@@ -429,6 +463,7 @@ def _diff(args: argparse.Namespace) -> int:
                 facts=_reported_facts(args, progress, prepared, args.cluster),
                 progress=progress,
             )
+    verdict = prepared.commit
     if args.output != "table":
         clusters = []
         for d in diffs:
@@ -436,8 +471,17 @@ def _diff(args: argparse.Namespace) -> int:
             if d.cluster in previews:
                 item["preview"] = previews[d.cluster].to_dict()
             clusters.append(item)
-        _emit({"clusters": clusters}, args.output)
+        data: dict[str, Any] = {"clusters": clusters}
+        if verdict is not None:
+            data["commit"] = _verdict_dict(verdict)
+        _emit(data, args.output)
         return 0
+    if verdict is not None:
+        print(
+            f"fleet commit {verdict.commit}: {verdict.reason}"
+            if verdict.ok
+            else f"fleet commit: {verdict.refusal()}: hub publish would refuse it"
+        )
     for d in diffs:
         serial = f" (serial {d.serial_before})" if d.serial_before is not None else ""
         print(f"{d.cluster}: {d.status}{serial}")
@@ -453,6 +497,44 @@ def _diff(args: argparse.Namespace) -> int:
             )
         if d.cluster in previews:
             _print_preview(previews[d.cluster])
+    return 0
+
+
+def _verdict_dict(verdict: Any) -> dict[str, Any]:
+    return {
+        "commit": verdict.commit,
+        "signed": verdict.ok,
+        "signedBy": verdict.signed_by(),
+        "reason": verdict.reason,
+        "policy": verdict.policy,
+        "wanted": verdict.wanted,
+    }
+
+
+def _review(args: argparse.Namespace, progress: Progress) -> int:
+    """``hub diff --base REV --head REV``: the fleet at two revisions of its repository."""
+    from hub.review import markdown, review
+
+    if not (args.base and args.head):
+        raise UsageError("--base and --head go together (two revisions of the fleet repo)")
+    if args.cluster or args.repo or args.status_repo:
+        raise UsageError(
+            "--base/--head compare two revisions of the fleet repo: --cluster, --repo and "
+            "--status-repo do not apply"
+        )
+    result = review(
+        args.fleet_dir,
+        base=args.base,
+        head=args.head,
+        render=not args.no_preview,
+        cache_dir=Path(args.cache_dir) if args.cache_dir else None,
+        registry_credentials=_registry_credentials(args.registry_config),
+        progress=progress,
+    )
+    if args.output in ("json", "yaml"):
+        _emit(result.to_dict(), args.output)
+    else:
+        print(markdown(result), end="")
     return 0
 
 
@@ -483,6 +565,33 @@ def _reported_facts(
             # The preview still runs; its notes say which clusters were rendered without facts.
             print(f"warning: cluster facts not read: {exc}", file=sys.stderr)
     return out
+
+
+def _recipients(args: argparse.Namespace) -> int:
+    from hub.facts import reported_facts
+    from hub.fleet.shards import fleet_shards
+    from hub.recipients import print_recipients, recipients
+
+    def facts_of(fleet: Any, names: list[str]) -> dict[str, Any]:
+        settings = fleet.settings.shards
+        template = args.status_repo or settings.status_repo or args.repo or settings.repo
+        if not template:
+            raise UsageError("--status-repo is required (or shards.statusRepo in fleet.yaml)")
+        shard_map = fleet_shards(fleet)
+        urls = shard_map.urls(template)
+        by_shard: dict[int, list[str]] = {}
+        for name in names:
+            by_shard.setdefault(shard_map.shard_of(name), []).append(name)
+        out: dict[str, Any] = {}
+        for shard, chosen in sorted(by_shard.items()):
+            out.update(
+                reported_facts(url=urls[shard], clusters=chosen, credentials=_git_credentials())
+            )
+        return out
+
+    found = recipients(args.fleet_dir, selector=args.selector, facts_of=facts_of)
+    print_recipients(found, args.output)
+    return 0
 
 
 def _print_preview(preview: Any) -> None:
@@ -646,13 +755,24 @@ def register(sub: Any) -> Any:
         help="write this publication's Prometheus metrics to FILE (for node-exporter's "
         "textfile collector: name it *.prom)",
     )
+    publish.add_argument(
+        "--commit-policy",
+        metavar="FILE",
+        default=os.environ.get(COMMIT_POLICY_ENV) or None,
+        help="the hub's trusted commit policy (YAML: signers: [{principal, key, validAfter, "
+        "validBefore}]; $" + COMMIT_POLICY_ENV + "): the fleet commit must be signed by one of "
+        "them (fleet.yaml: commitSigning must be the same policy; docs/fleet-repo.md)",
+    )
     add_logging_arguments(publish, default_level="warning")
     publish.set_defaults(handler=_publish)
 
     diff = hub_sub.add_parser(
         "diff",
         help="show what each cluster would receive",
-        description="Compare FLEET_DIR with what each cluster branch of GIT_URL holds: per "
+        description="With --base and --head: what going from one revision of FLEET_DIR's git "
+        "repository to another does to the fleet, per bundle, clusters grouped by identical "
+        "change, with objects, security findings, rollout waves and approvals (docs/"
+        "operations.md). Otherwise: compare FLEET_DIR with what each cluster branch of GIT_URL holds: per "
         "cluster, the bundles added, removed or changed (with the fields that change: source "
         "digests, values...). With --cluster, also each changed group's preview, object by "
         "object, in the shape of an approval request (rendered from the published and the new "
@@ -664,6 +784,13 @@ def register(sub: Any) -> Any:
         help="with --cluster: skip fetching and rendering content for the object preview",
     )
     diff.add_argument("fleet_dir", metavar="FLEET_DIR")
+    diff.add_argument(
+        "--base",
+        metavar="REV",
+        help="with --head: compare two revisions of FLEET_DIR's git repository instead of the "
+        "cluster branches (a pull request's check: -o markdown writes the comment to post)",
+    )
+    diff.add_argument("--head", metavar="REV", help="see --base")
     diff.add_argument(
         "--repo",
         metavar="GIT_URL",
@@ -680,14 +807,59 @@ def register(sub: Any) -> Any:
         "--repo): each cluster's reported facts (Kubernetes version, served APIs, installed "
         "bundles) are read there so that the preview renders as its agent does",
     )
-    add_output_option(diff)
+    diff.add_argument(
+        "-o",
+        "--output",
+        choices=(*OUTPUT_FORMATS, "markdown"),
+        default="table",
+        help="how to print the result (table; markdown: with --base/--head, a pull request "
+        "comment)",
+    )
     diff.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     diff.add_argument(
         "--registry-config",
         metavar="FILE",
         help="docker config JSON with registry credentials for resolving tags",
     )
+    diff.add_argument(
+        "--commit-policy",
+        metavar="FILE",
+        default=os.environ.get(COMMIT_POLICY_ENV) or None,
+        help="the hub's trusted commit policy (YAML: signers: [{principal, key, validAfter, "
+        "validBefore}]; $" + COMMIT_POLICY_ENV + "): the fleet commit must be signed by one of "
+        "them (fleet.yaml: commitSigning must be the same policy; docs/fleet-repo.md)",
+    )
     diff.set_defaults(handler=_diff)
+
+    recipients = hub_sub.add_parser(
+        "recipients",
+        help="print the age recipients of the fleet's clusters (for sops --age)",
+        description="The age public key each selected cluster's agent reported (made in the "
+        "cluster; the hub holds no private key), read from the status repository: by default "
+        "a comma-separated list for `sops --encrypt --age`, or a table, or JSON. Fails when a "
+        "selected cluster has not reported one yet. See docs/secrets.md.",
+    )
+    recipients.add_argument(
+        "fleet_dir",
+        metavar="FLEET_DIR",
+        nargs="?",
+        default=".",
+        help="the fleet repo (default: the current directory)",
+    )
+    recipients.add_argument(
+        "--selector",
+        "-l",
+        metavar="SELECTOR",
+        help="a label selector (region=eu,tier!=edge; default: every cluster)",
+    )
+    recipients.add_argument(
+        "--status-repo",
+        metavar="GIT_URL",
+        help="where agents push their status (default: shards.statusRepo, else --repo)",
+    )
+    recipients.add_argument("--repo", metavar="GIT_URL", help="as for hub publish")
+    add_output_option(recipients, default=None)
+    recipients.set_defaults(handler=_recipients)
 
     shards = hub_sub.add_parser(
         "shards",
@@ -748,6 +920,17 @@ def register(sub: Any) -> Any:
     )
     migrate.add_argument("file", metavar="FILE")
     migrate.set_defaults(handler=_tokens_migrate)
+    channel = hub_sub.add_parser(
+        "channel-token",
+        help="tokens of the agents' notification channel (one per cluster, stored hashed)",
+        description="The file of `hub serve --channel-tokens`: a channel token opens its "
+        "cluster's notification channel and nothing else.",
+    )
+    channel_sub = channel.add_subparsers(dest="channel_command", metavar="COMMAND", required=True)
+    channel_add = channel_sub.add_parser("add", help="make a cluster's token, print it once")
+    channel_add.add_argument("file", metavar="FILE", help="the channel tokens file")
+    channel_add.add_argument("--cluster", required=True, metavar="NAME")
+    channel_add.set_defaults(handler=_channel_token_add)
     return hub_sub
 
 
@@ -805,6 +988,7 @@ def register_installations(sub: Any) -> None:
         lst.set_defaults(
             handler=inst_handlers.runs_list if group == "runs" else inst_handlers.outputs_list
         )
+    inst_handlers.register_explain(sub)
 
 
 __all__ = ["register", "register_installations"]

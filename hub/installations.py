@@ -27,6 +27,7 @@ from hub.status.queries import QueryError, StatusQueries, load_private_key, seal
 
 TOKEN_ENV = "FLEETLET_HUB_TOKEN"
 API_PREFIX = "/api/v1"  # hub.api.openapi.API_PREFIX, without importing the API modules
+PAGE = "500"  # hub.status.queries.MAX_PAGE: installations asked of the hub at a time
 
 
 class InstallationsError(PermanentError):
@@ -113,6 +114,11 @@ def _repo_fetch(args: argparse.Namespace) -> Fetch:
     def fetch(path: str, query: dict[str, str]) -> dict[str, Any]:
         parts = path.strip("/").split("/")
         try:
+            if parts[0] == "explain":
+                from hub.explain import answer
+
+                rollouts, published = _cluster_repo_readers(args)
+                return answer(queries, parts[1], query.get("bundle"), rollouts, published)
             if parts == ["installations"]:
                 return queries.installations(
                     cluster=query.get("cluster"),
@@ -128,6 +134,35 @@ def _repo_fetch(args: argparse.Namespace) -> Fetch:
             raise InstallationsError(f"{args.repo}: {exc.message}") from exc
 
     return fetch
+
+
+def _cluster_repo_readers(
+    args: argparse.Namespace,
+) -> tuple[Callable[[], Any] | None, Callable[[str], Any] | None]:
+    """Readers of ``--cluster-repo``: the rollout state (in shard 0's repository, where it
+    lives) and what a cluster's branch carries (a repository of one shard only: with
+    ``{shard}`` the cluster's shard is not known here); (None, None) without one."""
+    template = getattr(args, "cluster_repo", None)
+    if not template:
+        return None, None
+    from hub.explain import Published
+    from hub.publish.git import BranchStore
+    from hub.rollout.state import RolloutStore
+
+    url = template.replace("{shard}", "0")
+    cache = Path(args.cache_dir) if getattr(args, "cache_dir", None) else default_cache_dir(url)
+    store = BranchStore(url=url, cache_dir=cache / "rollouts.git", credentials=git_credentials())
+
+    def published(cluster: str) -> Published | None:
+        if cluster not in store.list():
+            return None
+        store.ensure([cluster])
+        facts = store.facts(cluster)
+        if facts is None:
+            return None
+        return Published(serial=facts.serial, expires_at=facts.expires_at, repo=url)
+
+    return RolloutStore(store).read, (None if "{shard}" in template else published)
 
 
 def _source(args: argparse.Namespace) -> Fetch:
@@ -152,7 +187,14 @@ def installations_list(args: argparse.Namespace) -> int:
         for k in ("cluster", "bundle", "state")
         if (v := getattr(args, k, None)) is not None
     }
-    data = _source(args)("/installations", query)
+    fetch = _source(args)
+    data = fetch("/installations", {**query, "limit": PAGE})
+    items = list(data["items"])
+    # The hub answers a page at a time (``total`` says how many there are): read them all.
+    while "total" in data and data["items"] and len(items) < data["total"]:
+        data = fetch("/installations", {**query, "offset": str(len(items)), "limit": PAGE})
+        items += data["items"]
+    data = {"items": items}
 
     def table(d: dict[str, Any]) -> str:
         rows = [
@@ -270,6 +312,47 @@ def outputs_list(args: argparse.Namespace) -> int:
         )
 
     return _print(data, args.output, table)
+
+
+def explain(args: argparse.Namespace) -> int:
+    """Handler of ``explain CLUSTER [BUNDLE]``: why it is not running the latest."""
+    from hub.explain import lines
+
+    if getattr(args, "hub", None) and getattr(args, "cluster_repo", None):
+        raise InstallationsError(
+            "--cluster-repo goes with --repo: a hub reads the rollouts of its own --fleet"
+        )
+    query = {"bundle": args.bundle} if args.bundle else {}
+    data = _source(args)(f"/explain/{args.cluster}", query)
+    return _print(data, args.output, lambda d: "\n".join(lines(d)))
+
+
+def register_explain(sub: Any) -> None:
+    """``fleetlet explain CLUSTER [BUNDLE]``."""
+    from agent.options import add_output_option
+
+    p = sub.add_parser(
+        "explain",
+        help="why a cluster (or one of its bundles) is not running the latest",
+        description="Read across the rollout (waves, paused, halted), the approval request, "
+        "dependsOn, the group's last failure and the agent's staleness, and say the first "
+        "thing that blocks in one line, with the details and the command that would unblock "
+        "it beneath (docs/operations.md). From the hub API (--hub) or the status repository "
+        "(--repo; --cluster-repo adds the rollouts).",
+    )
+    p.add_argument("cluster", metavar="CLUSTER")
+    p.add_argument("bundle", metavar="BUNDLE", nargs="?", help="only this bundle and its group")
+    p.add_argument("--hub", metavar="URL")
+    p.add_argument("--repo", metavar="GIT_URL", help="the status repository, read directly")
+    p.add_argument(
+        "--cluster-repo",
+        metavar="GIT_URL",
+        help="with --repo: the cluster-branch repository (shard 0 of a template with {shard}), "
+        "where the rollout state lives",
+    )
+    add_output_option(p)
+    add_source_arguments(p)
+    p.set_defaults(handler=explain)
 
 
 def add_source_arguments(parser: argparse.ArgumentParser) -> None:

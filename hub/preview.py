@@ -14,6 +14,10 @@ What a render depends on in the cluster comes from the facts its agent reported
 (helm's ``.Capabilities``), and which bundles it runs (those render as an upgrade,
 ``.Release.IsUpgrade``), as the agent renders them. A cluster whose agent reported none is
 rendered with the tools' defaults and every bundle as an install, and ``notes`` says so.
+
+SOPS-encrypted objects stay encrypted here (the hub holds no cluster's key): the preview shows
+their values as ``<encrypted>``/``<encrypted: changed>`` and ``notes`` counts the values the
+cluster's agent will decrypt.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from agent.render.cache import RenderCache
 from agent.render.facts import ClusterFacts
 from agent.render.scope import builtin_scope, with_bundle_crds
 from agent.render.tools import ToolSettings
+from agent.secrets.sops import count_encrypted, is_sops_document
 from agent.source.cache import ContentCache
 from agent.source.compose import ContentStore
 from agent.source.oci import OciFetcher, OciSettings
@@ -239,6 +244,18 @@ def preview_clusters(
                 # The agent would refuse it too: said here, the rest of the diff still shown.
                 notes.append(f"group {group}: not previewed: {exc}")
                 continue
+            sealed = [
+                count_encrypted(o)
+                for objects in after.values()
+                for o in objects
+                if is_sops_document(o)
+            ]
+            if sealed:
+                notes.append(
+                    f"group {group}: {sum(sealed)} encrypted values in {len(sealed)} SOPS "
+                    "objects, shown encrypted: only the cluster's agent opens them, with its "
+                    "own age key (docs/secrets.md)"
+                )
             built = build_preview(rendered_changes(before, after), source="rendered")
             previews.append(
                 GroupPreview(group=group, preview=built.preview, full_diffs=built.full_diffs)

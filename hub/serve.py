@@ -12,6 +12,7 @@ a thread of its own (:mod:`hub.rollout.service`, docs/rollouts.md).
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import re
@@ -180,8 +181,19 @@ class RefreshLoop:
             self.tick()
 
 
+SERVE_ENV = "FLEETLET_HUB_SERVE"
+"""The options of ``hub serve`` (JSON) for its worker processes (``--workers``)."""
+FOLLOW_EVERY = timedelta(seconds=1)
+"""How often a worker process reads what the refreshing process wrote into the shared view."""
+
+
 def serve(args: argparse.Namespace) -> int:
     """Handler of ``fleetlet hub serve``.
+
+    With ``--workers N`` (more than 1) this process refreshes the status from git into the
+    shared view file (SQLite, WAL), runs the rollout controller, and supervises N uvicorn
+    worker processes on the same socket (uvicorn's own supervisor: a dead worker is
+    replaced); each worker serves the API from the view file (:func:`worker_app`).
 
     Raises FleetletError on bad settings (ServeUsageError, HubConfigError, FleetRepoError for
     a bad ``--fleet`` repo, StatusCacheError).
@@ -190,8 +202,7 @@ def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from agent.report.logs import setup_logging
-    from hub.api.app import create_app, load_private_key
-    from hub.api.tokens import Tokens, load_tokens
+    from hub.channel import channel_from_args
 
     setup_logging(
         level=getattr(args, "log_level", None) or "info",
@@ -199,87 +210,244 @@ def serve(args: argparse.Namespace) -> int:
     )
     host, port = parse_listen(args.listen)
     tls = tls_files(getattr(args, "tls_cert", None), getattr(args, "tls_key", None))
-    tokens = load_tokens(Path(args.tokens)) if getattr(args, "tokens", None) else Tokens(())
-    anonymous = bool(getattr(args, "allow_anonymous", False))
-    if not tokens and not anonymous:
-        raise ServeUsageError("hub serve needs --tokens FILE (or --allow-anonymous)")
-    key_file = getattr(args, "hub_key", None)
-    private_key = load_private_key(Path(key_file)) if key_file else None
-    fleet_dir = getattr(args, "fleet", None)
-    fleet = load_fleet_for_serve(Path(fleet_dir)) if fleet_dir else None
-    labels = {c.name: dict(c.labels) for c in fleet.clusters} if fleet is not None else None
-    urls = status_urls(
-        list(args.repo or []),
-        shards=getattr(args, "shards", None) or (fleet.settings.shards.count if fleet else None),
-        template=fleet.settings.shards.status_repo if fleet is not None else None,
-    )
-    cache = getattr(args, "cache_dir", None)
-    status = FleetStatus(
-        repo_url=urls,
-        credentials=git_credentials(),
-        cache_dir=Path(cache) if cache else default_cache_dir(" ".join(urls)),
-        stale_after=parse_duration(getattr(args, "stale_after", None) or "5m"),
-    )
-    metrics = HubMetrics()
-    loop = RefreshLoop(
-        status=status,
-        interval=parse_duration(getattr(args, "refresh", None) or "10s"),
-        metrics=metrics,
-    )
-    rollouts = (
-        rollout_service(args, Path(fleet_dir), fleet, status, status.cache_dir)
-        if fleet is not None and fleet_dir
-        else None
-    )
-    app = create_app(
-        status=status,
-        tokens=tokens,
-        private_key=private_key,
-        allow_anonymous=anonymous,
-        labels=labels,
-        metrics=metrics,
-        rollouts=rollouts,
-    )
+    _, header_timeout = load_bounds(args)
+    workers = getattr(args, "workers", None) or 1
+    if workers < 1:
+        raise ServeUsageError("--workers must be at least 1")
+    parts = _Parts(args, follow=False, app=workers == 1)
+    loop = parts.loop
     loop.tick()
-    # The matrix's cells before the first request, and again after each refresh that moved.
-    app.state.queries.warm()
-
-    def changed() -> None:
-        app.state.queries.warm()
-        if rollouts is not None:
-            rollouts.poke()  # new reports: a rollout may move
-
-    loop.on_change = changed
+    if parts.app is not None:
+        # The matrix's cells before the first request, and again after each refresh that moved.
+        parts.app.state.queries.warm()
+    notifier = notifier_from_args(args, parts)
+    # The agents' channel sits in front of the API app: outside its middleware (timeouts).
+    # With --workers each worker process puts its own in front of its app (worker_app).
+    served, watcher = (
+        channel_from_args(args, parts.app, parts.fleet, git_credentials())
+        if parts.app is not None
+        else (None, None)
+    )
     loop.start()
-    if rollouts is not None:
-        rollouts.start()
+    if parts.rollouts is not None:
+        parts.rollouts.start()
+    if notifier is not None:
+        notifier.start()
+    if watcher is not None:
+        watcher.start()
     try:
-        # log_config=None: uvicorn's records go through our handler (format, masking).
         config = uvicorn.Config(
-            app,
+            served if served is not None else "hub.serve:worker_app",
+            factory=served is None,
+            workers=workers,
             host=host,
             port=port,
             log_level="warning",
             access_log=False,
+            # log_config=None: uvicorn's records go through our handler (format, masking).
             log_config=None,
             # SIGTERM: open connections get a few seconds, then the process exits.
             timeout_graceful_shutdown=5,
+            # A request's headers within --header-timeout (slow clients cut off); an idle
+            # keep-alive connection closed after 5 s. By name: the workers import it.
+            http="hub.api.http:HeaderTimeoutProtocol",
+            timeout_keep_alive=5,
             ssl_certfile=str(tls[0]) if tls else None,
             ssl_keyfile=str(tls[1]) if tls else None,
         )
+        from hub.api.http import HeaderTimeoutProtocol
+
+        HeaderTimeoutProtocol.header_timeout = header_timeout
         shown = f"[{host}]" if ":" in host else host
         scheme = "https" if tls else "http"
         log.info(
             "fleetlet hub serving on %s://%s:%s/ (dashboard; API at %s://%s:%s/api/v1; "
-            "metrics at /metrics)",
+            "metrics at /metrics)%s",
             scheme, shown, port, scheme, shown, port,
+            f" with {workers} worker processes" if workers > 1 else "",
         )  # fmt: skip
-        uvicorn.Server(config).run()
+        if workers == 1:
+            uvicorn.Server(config).run()
+        else:
+            from uvicorn.supervisors import Multiprocess
+
+            options = {k: v for k, v in vars(args).items() if _plain(v)}
+            os.environ[SERVE_ENV] = json.dumps(options)
+            Multiprocess(config, sockets=[config.bind_socket()]).run()
     finally:
         loop.stop()
-        if rollouts is not None:
-            rollouts.stop()
+        if parts.rollouts is not None:
+            parts.rollouts.stop()
+        if notifier is not None:
+            notifier.stop()
+        if watcher is not None:
+            watcher.stop()
     return 0
+
+
+def enrollment_from_args(args: argparse.Namespace, labels: dict[str, Any] | None) -> Any:
+    """The enrollment service of ``--enroll DIR`` (None: not given). Raises HubConfigError."""
+    directory = getattr(args, "enroll", None)
+    if not directory:
+        return None
+    from hub.enroll.service import Enrollment
+
+    return Enrollment(Path(directory), known=labels)
+
+
+def notifier_from_args(args: argparse.Namespace, parts: _Parts) -> Any:
+    """The commit statuses and alerts of ``--commit-status`` and ``--alert-webhook`` (None:
+    neither given). Raises NotifyConfigError."""
+    from hub.notify import Notifier, status_target, webhook
+
+    specs = getattr(args, "commit_status", None) or []
+    hooks = getattr(args, "alert_webhook", None) or []
+    if not specs and not hooks:
+        return None
+    rollouts = parts.rollouts
+    statuses = [
+        status_target(
+            spec,
+            api=args.commit_status_api,
+            token_file=args.commit_status_token_file,
+            target_url=args.commit_status_url,
+        )
+        for spec in specs
+    ]
+    if statuses and rollouts is None:
+        raise ServeUsageError("--commit-status reports rollouts: it needs --fleet")
+    return Notifier(
+        statuses=statuses,
+        webhooks=[webhook(spec, secret_file=args.alert_secret_file) for spec in hooks],
+        rollouts=(lambda: rollouts.list()["items"]) if rollouts is not None else None,
+        queries=parts.queries,
+        moving=(lambda: _moving(rollouts)) if rollouts is not None else None,
+        interval=parse_duration(getattr(args, "refresh", None) or "10s").total_seconds(),
+    )
+
+
+def _moving(rollouts: Any) -> dict[str, set[str]]:
+    """Group -> the clusters its active rollout still moves (not final: halted included)."""
+    return {r.group: set(r.members) for r in rollouts.state().active() if not r.final}
+
+
+def _plain(value: Any) -> bool:
+    return (
+        value is None
+        or isinstance(value, str | int | float | bool)
+        or (isinstance(value, list) and all(isinstance(v, str) for v in value))
+    )
+
+
+def worker_app() -> Any:
+    """The app of one worker process of ``hub serve --workers``: the API over the shared view
+    file, read again every :data:`FOLLOW_EVERY` (uvicorn calls this in the worker)."""
+    from agent.report.logs import setup_logging
+    from hub.api.http import HeaderTimeoutProtocol
+
+    args = argparse.Namespace(**json.loads(os.environ[SERVE_ENV]))
+    setup_logging(
+        level=getattr(args, "log_level", None) or "info",
+        format=getattr(args, "log_format", None) or "text",
+    )
+    HeaderTimeoutProtocol.header_timeout = load_bounds(args)[1]
+    parts = _Parts(args, follow=True, app=True)
+    assert parts.app is not None
+    parts.loop.tick()
+    parts.app.state.queries.warm()
+    parts.loop.start()
+    from hub.channel import channel_from_args
+
+    served, watcher = channel_from_args(args, parts.app, parts.fleet, git_credentials())
+    if watcher is not None:
+        watcher.start()  # this worker's own: one listing a second per worker
+    return served
+
+
+class _Parts:
+    """What ``hub serve`` assembles from its options: the status view (refreshed from git,
+    or following the shared view file), its refresh loop, the rollouts, the app (``app``)."""
+
+    def __init__(self, args: argparse.Namespace, *, follow: bool, app: bool) -> None:
+        from hub.api.app import create_app, load_private_key
+        from hub.api.tokens import Tokens, load_tokens
+
+        bounds, _ = load_bounds(args)
+        tokens = load_tokens(Path(args.tokens)) if getattr(args, "tokens", None) else Tokens(())
+        anonymous = bool(getattr(args, "allow_anonymous", False))
+        if not tokens and not anonymous:
+            raise ServeUsageError("hub serve needs --tokens FILE (or --allow-anonymous)")
+        key_file = getattr(args, "hub_key", None)
+        private_key = load_private_key(Path(key_file)) if key_file else None
+        fleet_dir = getattr(args, "fleet", None)
+        self.fleet = fleet = load_fleet_for_serve(Path(fleet_dir)) if fleet_dir else None
+        labels = {c.name: dict(c.labels) for c in fleet.clusters} if fleet is not None else None
+        urls = status_urls(
+            list(args.repo or []),
+            shards=getattr(args, "shards", None)
+            or (fleet.settings.shards.count if fleet else None),
+            template=fleet.settings.shards.status_repo if fleet is not None else None,
+        )
+        cache = getattr(args, "cache_dir", None)
+        self.status = status = FleetStatus(
+            repo_url=urls,
+            credentials=git_credentials(),
+            cache_dir=Path(cache) if cache else default_cache_dir(" ".join(urls)),
+            stale_after=parse_duration(getattr(args, "stale_after", None) or "5m"),
+            follow=follow,
+        )
+        metrics = HubMetrics()
+        self.loop = loop = RefreshLoop(
+            status=status,
+            interval=FOLLOW_EVERY
+            if follow
+            else parse_duration(getattr(args, "refresh", None) or "10s"),
+            # A process that serves no /metrics (the refreshing one of --workers) does not
+            # count the fleet's states after each refresh: a pass over every installation.
+            metrics=metrics if app else None,
+        )
+        self.rollouts = (
+            rollout_service(args, Path(fleet_dir), fleet, status, status.cache_dir)
+            if fleet is not None and fleet_dir
+            else None
+        )
+        self.app = (
+            create_app(
+                status=status,
+                tokens=tokens,
+                private_key=private_key,
+                allow_anonymous=anonymous,
+                labels=labels,
+                metrics=metrics,
+                rollouts=self.rollouts,
+                bounds=bounds,
+                # Enrollment state sits behind a file lock in its directory: safe in every
+                # worker process.
+                enrollment=enrollment_from_args(args, labels),
+            )
+            if app
+            else None
+        )
+        rollouts, served = self.rollouts, self.app
+        self._labels = labels
+
+        def changed() -> None:
+            if served is not None:
+                served.state.queries.warm()
+            if rollouts is not None and not follow:
+                rollouts.poke()  # new reports: a rollout may move
+
+        loop.on_change = changed
+
+    @property
+    def queries(self) -> Any:
+        """What the alerts read (``--alert-webhook``): the app's, or (``--workers``) the
+        refreshing process's own over the same view."""
+        if self.app is not None:
+            return self.app.state.queries
+        from hub.status.queries import StatusQueries
+
+        return StatusQueries(self.status, opener=None, labels=self._labels)
 
 
 def rollout_service(
@@ -359,6 +527,25 @@ def rollout_service(
     )
 
 
+def load_bounds(args: argparse.Namespace) -> tuple[Any, float]:
+    """(the API's :class:`~hub.api.app.Bounds`, the header timeout in seconds) of ``hub
+    serve``'s options. Raises ServeUsageError."""
+    from hub.api.app import Bounds
+
+    concurrency = getattr(args, "concurrency", None) or 16
+    queue = getattr(args, "queue", None)
+    queue = 64 if queue is None else queue
+    if concurrency < 1 or queue < 0:
+        raise ServeUsageError("--concurrency must be at least 1 and --queue at least 0")
+    timeouts = []
+    for flag, default in (("request_timeout", "30s"), ("header_timeout", "10s")):
+        seconds = parse_duration(getattr(args, flag, None) or default).total_seconds()
+        if seconds <= 0:
+            raise ServeUsageError(f"--{flag.replace('_', '-')} must be more than 0")
+        timeouts.append(seconds)
+    return Bounds(concurrency=concurrency, queue=queue, request_timeout=timeouts[0]), timeouts[1]
+
+
 def tls_files(cert: str | None, key: str | None) -> tuple[Path, Path] | None:
     """The TLS certificate and key files, both or neither. Raises ServeUsageError."""
     if not cert and not key:
@@ -428,6 +615,83 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         help="serve HTTPS with this certificate (PEM, the chain after it); with --tls-key",
     )
     parser.add_argument("--tls-key", metavar="FILE", help="the private key of --tls-cert (PEM)")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="processes serving the API (1); with more, this one refreshes the status into a "
+        "view file they share (SQLite) and supervises them",
+    )
+    load = parser.add_argument_group(
+        "load", 'bounds on the work taken on at once (docs/operations.md, "The hub under load")'
+    )
+    load.add_argument(
+        "--concurrency",
+        type=int,
+        default=16,
+        metavar="N",
+        help="API requests worked on at once (16)",
+    )
+    load.add_argument(
+        "--queue",
+        type=int,
+        default=64,
+        metavar="N",
+        help="API requests that may wait for one of those; past them: 503 with Retry-After (64)",
+    )
+    load.add_argument(
+        "--request-timeout",
+        default="30s",
+        metavar="DURATION",
+        help="an API request not answered by then gets 503 with Retry-After (30s)",
+    )
+    load.add_argument(
+        "--header-timeout",
+        default="10s",
+        metavar="DURATION",
+        help="a connection must send a request's headers within this; else 408 and closed (10s)",
+    )
+    parser.add_argument(
+        "--enroll",
+        metavar="ENROLL_DIR",
+        help="accept enrollment requests (tokens.yaml, config.yaml; docs/operations.md)",
+    )
+    notify = parser.add_argument_group(
+        "commit statuses and alerts",
+        "where a commit landed, said where operators look (docs/operations.md)",
+    )
+    notify.add_argument(
+        "--commit-status",
+        action="append",
+        metavar="KIND:REPO",
+        help="post each rollout's progress as a commit status on the fleet repo's commit: "
+        "github:OWNER/NAME, gitea:OWNER/NAME or gitlab:GROUP/PROJECT (needs --fleet)",
+    )
+    notify.add_argument(
+        "--commit-status-api",
+        metavar="URL",
+        help="the forge's API (default: https://api.github.com, https://gitlab.com/api/v4; "
+        "Gitea: https://HOST/api/v1)",
+    )
+    notify.add_argument(
+        "--commit-status-token-file", metavar="FILE", help="the token that posts statuses"
+    )
+    notify.add_argument(
+        "--commit-status-url", metavar="URL", help="the link a status carries (the dashboard)"
+    )
+    notify.add_argument(
+        "--alert-webhook",
+        action="append",
+        metavar="FORMAT:URL",
+        help="send alerts (rollout halted, rolled back, approval requested, clusters stale) "
+        "to URL as json, slack or teams (repeatable; FORMAT:@FILE reads the URL from FILE)",
+    )
+    notify.add_argument(
+        "--alert-secret-file",
+        metavar="FILE",
+        help="sign json alerts with HMAC-SHA256 of this secret (header X-Fleetlet-Signature-256)",
+    )
     rollouts = parser.add_argument_group(
         "rollouts",
         "progressive rollouts (docs/rollouts.md): shown with --fleet, stepped when signing",
@@ -456,7 +720,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         help="time between two controller steps (also after new reports and actions) (30s)",
     )
     from agent.options import add_logging_arguments
+    from hub.channel import add_channel_arguments
 
+    add_channel_arguments(parser)
     add_logging_arguments(parser, default_level="info")
     parser.set_defaults(handler=serve)
 

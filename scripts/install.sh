@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs everything fleetlet's tests and demo need on a fresh Debian machine of this kind:
 # Debian packages, the project with its extras, the Kubernetes/etcd/kwok binaries (taken from
-# KUBEBUILDER_ASSETS or the cache, else built once from the Go module proxy) and the pinned helm
-# and kustomize fleetlet renders with (same machinery, ~/.cache/fleetlet/tools/<name>-<version>/).
+# KUBEBUILDER_ASSETS or the cache, else built once from the Go module proxy), the pinned helm
+# and kustomize fleetlet renders with and the sops the tests encrypt with (same machinery,
+# ~/.cache/fleetlet/tools/<name>-<version>/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -13,6 +14,8 @@ command -v docker-registry >/dev/null || need_apt+=(docker-registry)
 command -v htpasswd >/dev/null || need_apt+=(apache2-utils)
 command -v git >/dev/null || need_apt+=(git)
 [ -x /usr/lib/git-core/git-http-backend ] || need_apt+=(git)
+# Signed fleet commits are checked with ssh-keygen -Y (tests/test_signed_commits.py).
+command -v ssh-keygen >/dev/null || need_apt+=(openssh-client)
 # The dashboard's browser tests drive Debian's chromium (Playwright never downloads one).
 [ -x /usr/bin/chromium ] || need_apt+=(chromium)
 # The image tests build the agent image on a Debian base and run it (tests/test_image.py).
@@ -41,5 +44,5 @@ python3 -m pip install -q --disable-pip-version-check --no-deps -e .
 log "pip install ./examples/fleetlet-jsonnet"
 python3 -m pip install -q --disable-pip-version-check ./examples/fleetlet-jsonnet
 
-log "Kubernetes control-plane binaries, helm and kustomize (a cold build from the Go module proxy takes about 15 minutes on two cores; seconds when cached)"
+log "Kubernetes control-plane binaries, helm and kustomize, and the sops the tests encrypt with (a cold build from the Go module proxy takes about 15 minutes on two cores; seconds when cached)"
 python3 -m tests.realenv.binaries

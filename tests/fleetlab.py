@@ -144,6 +144,7 @@ class Lab:
         directory = self.tmp / "content" / repository / tag / uuid.uuid4().hex[:6]
         directory.mkdir(parents=True)
         for name, text in files.items():
+            (directory / name).parent.mkdir(parents=True, exist_ok=True)
             (directory / name).write_text(text)
         return push_bundle(
             OciClient(host=self.registry.host), repository, directory, tag=tag

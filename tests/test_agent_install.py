@@ -76,6 +76,7 @@ def install_args(mini_sigstore: MiniSigstore, tmp_path: Path) -> list[str]:
     password.write_text(GIT_PASSWORD + "\n")
     return [
         "--repo", "https://git.example.test/fleet-state.git",
+        "--status-repo", "https://git.example.test/fleet-status.git",
         "--cluster", "edge-7",
         "--identity", "https://ci.example.test/publish",
         "--issuer", mini_sigstore.issuer,
@@ -132,6 +133,27 @@ def test_an_image_without_a_digest_is_refused(install_args: list[str]) -> None:
     assert "pin the agent by digest" in done.stderr and len(done.stderr.splitlines()) == 1
     done = fleetlet("agent", "install", "--image", RELEASE_IMAGE, *install_args, "--dry-run")
     assert done.returncode == 1 and "no agent image is published yet" in done.stderr
+
+
+def test_status_goes_to_a_repository_of_its_own_unless_shared_knowingly(
+    install_args: list[str],
+) -> None:
+    """Issue 28: with one repository a cluster's status credential can push the hub's refs;
+    install asks for a status repository of its own, and shares --repo only when told."""
+    at = install_args.index("--status-repo")
+    without = install_args[:at] + install_args[at + 2 :]
+    for args in (without, [*without, "--status-repo", "https://git.example.test/fleet-state.git"]):
+        done = fleetlet("agent", "install", "--image", IMAGE_1, *args, "--dry-run")
+        assert done.returncode == 1
+        assert "--status-repo GIT_URL is required, a repository other than --repo" in done.stderr
+        assert len(done.stderr.splitlines()) == 1
+    done = fleetlet("agent", "install", "--image", IMAGE_1, *without, "--shared-status-repo",
+                    "--dry-run")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    done = fleetlet("agent", "install", "--image", IMAGE_1, *install_args, "--dry-run")
+    (config,) = [o for o in _objects(done.stdout) if o["kind"] == "ConfigMap"
+                 and o["metadata"]["name"] == "fleetlet-agent"]  # fmt: skip
+    assert config["data"]["status-repo"] == "https://git.example.test/fleet-status.git"
 
 
 def _versions(cluster: Cluster) -> dict[str, str]:

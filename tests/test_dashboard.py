@@ -447,6 +447,11 @@ def test_installation_page_shows_the_approval_requests_and_their_preview(
     expect(cell).to_have_attribute("aria-label", "AwaitingApproval")
     cell.click()
     expect(page.locator("dl.facts").first).to_contain_text("AwaitingApproval")
+    # Why, as fleetlet explain says it: the request it waits for and what unblocks it.
+    why = page.locator("#explain")
+    expect(why).to_have_attribute("data-check", "approval")
+    expect(why).to_contain_text("waits for approval: request apps-s4-1a2b3c")
+    expect(why).to_contain_text("fleetlet approve apps-s4-1a2b3c")
     requests_shown = page.locator("#requests section.request")
     expect(requests_shown).to_have_count(2)
     pending = page.locator('#requests section[data-request="apps-s4-1a2b3c"]')

@@ -6,6 +6,7 @@ healthy, delete policies, a failing hook rolling the group back, delete hooks on
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -19,12 +20,15 @@ from agent.apply.hooks import (
     PRE,
     PRE_DELETE,
     SYNC,
+    Hook,
     HookError,
+    HookFailedError,
     hook_state,
+    run_hooks,
     split,
     wave_of,
 )
-from agent.kube import KubeClient
+from agent.kube import KubeClient, ObjectRef
 from tests.fleetlab import Lab, conditions, configmap, live
 from tests.realenv.kube import Cluster
 from tests.test_crds import crds as crds  # the fixture: the CRDs installed
@@ -236,3 +240,212 @@ def test_hooks_and_waves_run_in_order_and_a_failing_hook_rolls_the_group_back(
     agent.tick()
     assert live(kube, "v1", "ConfigMap", "first", ns) is None
     assert live(kube, "v1", "ConfigMap", "bye", ns) is not None
+
+
+# --- the hook runtime against a real API server (as Helm's pkg/action/hooks.go runs hooks) ---
+
+
+def helm_hook(kind: str, name: str, ns: str, hook: str, weight: int, policy: str, **spec: Any) -> Hook:  # fmt: skip
+    api = {"Job": "batch/v1", "Role": "rbac.authorization.k8s.io/v1"}.get(kind, "v1")
+    api = "rbac.authorization.k8s.io/v1" if kind == "RoleBinding" else api
+    manifest: dict[str, Any] = {
+        "apiVersion": api,
+        "kind": kind,
+        "metadata": {
+            "name": name,
+            "namespace": ns,
+            "annotations": {
+                "helm.sh/hook": hook,
+                "helm.sh/hook-weight": str(weight),
+                "helm.sh/hook-delete-policy": policy,
+            },
+        },
+        **spec,
+    }
+    return split("b", [manifest], install=True).of(PRE if hook.startswith("pre") else POST)[0]
+
+
+def job_spec(image: str, *, account: str | None = None, **more: Any) -> dict[str, Any]:
+    pod: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "containers": [{"name": "main", "image": image}],
+    }
+    if account:
+        pod["serviceAccountName"] = account
+    return {"spec": {"backoffLimit": 0, "template": {"spec": pod}, **more}}
+
+
+def hook_objects(kube: KubeClient, ns: str) -> set[str]:
+    found = set()
+    for api, kind in (
+        ("v1", "ServiceAccount"),
+        ("rbac.authorization.k8s.io/v1", "Role"),
+        ("rbac.authorization.k8s.io/v1", "RoleBinding"),
+        ("batch/v1", "Job"),
+    ):
+        found |= {
+            f"{kind} {o['metadata']['name']}"
+            for o in kube.list(api, kind, namespace=ns)
+            if o["metadata"]["name"] != "default"
+        }
+    return found
+
+
+def test_hook_succeeded_applies_after_every_hook_of_the_moment_as_in_cert_manager(
+    kube_cluster: Cluster, namespace: str
+) -> None:
+    """cert-manager's startupapicheck: a post-install Job (weight 1) runs as a ServiceAccount
+    with a Role and RoleBinding that are hooks themselves (weight -5, before-hook-creation and
+    hook-succeeded). They stay until the Job completed, then all go."""
+    kube = KubeClient(kubeconfig=str(kube_cluster.kubeconfig))
+    ns, policy = namespace, "before-hook-creation,hook-succeeded"
+    role = {"rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}]}
+    binding = {
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "check"},
+        "subjects": [{"kind": "ServiceAccount", "name": "check", "namespace": ns}],
+    }
+    check = job_spec("example/check:1", account="check")
+    hooks = [
+        helm_hook("Job", "check", ns, "post-install", 1, policy, **check),
+        helm_hook("RoleBinding", "check", ns, "post-install", -5, policy, **binding),
+        helm_hook("Role", "check", ns, "post-install", -5, policy, **role),
+        helm_hook("ServiceAccount", "check", ns, "post-install", -5, policy),
+    ]
+    ran = run_hooks(hooks, client_for=lambda _b: kube, timeout_for=lambda _b: 60)
+    # Helm's order: weight, then name, then kind (ServiceAccount before Role before binding).
+    assert ran == [
+        f"ServiceAccount {ns}/check",
+        f"Role {ns}/check",
+        f"RoleBinding {ns}/check",
+        f"Job {ns}/check",
+    ]
+    assert hook_objects(kube, ns) == set()  # every hook-succeeded hook deleted, at the end
+
+
+def test_a_hook_job_removed_as_soon_as_it_completes_is_seen_completing(
+    kube_cluster: Cluster, namespace: str
+) -> None:
+    """ingress-nginx's admission-create Job: ``ttlSecondsAfterFinished: 0``, so the cluster
+    deletes it the moment it completes; the watch sees it complete."""
+    kube = KubeClient(kubeconfig=str(kube_cluster.kubeconfig))
+    hook = helm_hook("Job", "create", namespace, "pre-install", 0, "before-hook-creation",
+                     **job_spec("example/certgen:1", ttlSecondsAfterFinished=0))  # fmt: skip
+    assert run_hooks([hook], client_for=lambda _b: kube, timeout_for=lambda _b: 60) == [
+        f"Job {namespace}/create"
+    ]
+    deadline = time.monotonic() + 30
+    while live(kube, "batch/v1", "Job", "create", namespace) is not None:
+        assert time.monotonic() < deadline, "the TTL controller did not delete the Job"
+        time.sleep(0.2)
+
+
+def test_a_hook_job_deleted_before_it_completed_fails_clearly(
+    kube_cluster: Cluster, namespace: str
+) -> None:
+    kube = KubeClient(kubeconfig=str(kube_cluster.kubeconfig))
+    hook = helm_hook("Job", "stuck", namespace, "pre-install", 0, "before-hook-creation",
+                     **job_spec("example/stuck:1", suspend=True))  # fmt: skip
+
+    def delete_when_made() -> None:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if kube.delete(ObjectRef("batch/v1", "Job", "stuck", namespace)):
+                return
+            time.sleep(0.1)
+
+    deleter = threading.Thread(target=delete_when_made)
+    deleter.start()
+    try:
+        with pytest.raises(HookFailedError) as failed:
+            run_hooks([hook], client_for=lambda _b: kube, timeout_for=lambda _b: 60)
+    finally:
+        deleter.join()
+    assert str(failed.value) == (
+        f"hook Job {namespace}/stuck failed: it was deleted before it completed (Job not complete)"
+    )
+
+
+def test_a_failed_hook_goes_by_hook_failed_and_those_before_it_by_hook_succeeded(
+    kube_cluster: Cluster, namespace: str
+) -> None:
+    kube = KubeClient(kubeconfig=str(kube_cluster.kubeconfig))
+    ns, broken = namespace, job_spec("example/x:fail")
+    hooks = [
+        helm_hook("ServiceAccount", "first", ns, "pre-install", -1, "hook-succeeded"),
+        helm_hook("ServiceAccount", "kept", ns, "pre-install", -1, "before-hook-creation"),
+        helm_hook("Job", "broken", ns, "pre-install", 0, "hook-failed", **broken),
+        helm_hook("ServiceAccount", "never", ns, "pre-install", 5, "hook-succeeded"),
+    ]
+    with pytest.raises(HookFailedError, match=rf"hook Job {ns}/broken failed: Job failed: "):
+        run_hooks(hooks, client_for=lambda _b: kube, timeout_for=lambda _b: 60)
+    assert hook_objects(kube, ns) == {"ServiceAccount kept"}
+
+
+def test_a_hook_not_done_in_its_bundles_time_limit_fails(
+    kube_cluster: Cluster, namespace: str
+) -> None:
+    kube = KubeClient(kubeconfig=str(kube_cluster.kubeconfig))
+    hook = helm_hook("Job", "slow", namespace, "pre-install", 0, "before-hook-creation",
+                     **job_spec("example/slow:1", suspend=True))  # fmt: skip
+    with pytest.raises(HookFailedError, match=r"hook Job .*/slow failed: not done after 2s$"):
+        run_hooks([hook], client_for=lambda _b: kube, timeout_for=lambda _b: 2)
+
+
+# --- through hub and agent: namespaces first, and a failed first install retried cleanly ---
+
+
+def named_job(name: str, namespace: str, image: str, hook: str, policy: str) -> str:
+    return job(name, namespace, image, hook, policy).replace(
+        f"generateName: {name}-", f"name: {name}"
+    )
+
+
+def test_namespaces_come_before_hooks_and_a_failed_first_install_is_retried_cleanly(
+    lab: Lab, crds: Cluster, namespace: str, tmp_path: Path
+) -> None:
+    """``createNamespace`` and the bundle's own Namespace exist before its pre-install hooks,
+    which live in them. The first install fails (a hook Job that fails, kept by its
+    ``hook-succeeded``-only policy), and the next publication installs cleanly over what it
+    left: nothing to trip over."""
+    kube = KubeClient(kubeconfig=str(crds.kubeconfig))
+    ns, side, name = lab.name("new"), lab.name("side"), lab.name("first")
+
+    def files(image: str) -> dict[str, str]:
+        return {
+            "ns.yaml": f"apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {side}\n",
+            "sa.yaml": hook_configmap("setup", side, "pre-install"),
+            "migrate.yaml": named_job("migrate", ns, image, "pre-install", "hook-succeeded"),
+            "app.yaml": configmap("app", ns, {"v": "1"}),
+        }
+
+    def publish(image: str) -> None:
+        digest = lab.push("first", files(image), tag=f"t{time.monotonic_ns()}")
+        lab.publish(
+            [
+                {
+                    "name": name,
+                    "sources": [lab.source("first", digest)],
+                    "createNamespace": True,
+                    "formatOptions": {"targetNamespace": ns},
+                    "healthChecks": {"timeoutSeconds": 20},
+                }
+            ]
+        )
+
+    publish("example/migrate:fail")
+    agent = lab.agent("edge-1", crds, namespace=namespace, workdir=tmp_path / "agent")
+    first = agent.tick()
+    assert first.outbound is not None and first.outbound.moved == (), first
+    ready = conditions(kube, name)["Ready"]
+    assert ready["status"] == "False" and "HookFailed" in ready["reason"] + ready["message"]
+    assert f"hook Job {ns}/migrate failed: Job failed" in ready["message"], ready
+    assert "not found" not in ready["message"]  # the namespaces were there before the hooks
+    assert live(kube, "batch/v1", "Job", "migrate", ns) is not None  # kept by its policy
+
+    publish("example/migrate:2")
+    second = agent.tick()
+    assert second.outbound is not None and second.outbound.moved == (name,), second
+    assert conditions(kube, name)["Ready"]["status"] == "True"
+    assert live(kube, "v1", "ConfigMap", "app", ns) is not None
+    assert live(kube, "v1", "ConfigMap", "setup", side) is not None
+    assert live(kube, "batch/v1", "Job", "migrate", ns) is None  # succeeded, then deleted

@@ -263,7 +263,7 @@ def test_openapi_document_is_valid_and_every_endpoint_answers_as_declared(hub: H
         assert anonymous.status_code == 401
         _check(document, operation, anonymous)
         called.append(template)
-    assert len(called) == 8
+    assert len(called) == 9
 
 
 def test_the_refresh_loop_picks_up_new_documents(hub: Hub) -> None:

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 import yaml
 
+from agent.api.yamlio import KUBE_DUMPER
 from agent.errors import FieldProblem
 from hub.errors import FleetRepoError
 from hub.fleet.durations import parse_duration
@@ -26,18 +27,24 @@ def write_fleet(
     bundles: list[dict[str, Any]],
     settings: dict[str, Any] | None = None,
 ) -> Path:
-    """Write a fleet repo: fleet.yaml, clusters/inventory.yaml, bundles/<name>.yaml."""
+    """Write a fleet repo: fleet.yaml, clusters/inventory.yaml, bundles/<name>.yaml (quoting
+    what Kubernetes' YAML rules, which the loader follows, would read as other than a string:
+    ``y`` is a boolean there)."""
+
+    def dump(data: Any, **kwargs: Any) -> str:
+        return yaml.dump(data, Dumper=KUBE_DUMPER, **kwargs)
+
     root.mkdir(parents=True, exist_ok=True)
     (root / "clusters").mkdir(exist_ok=True)
     (root / "bundles").mkdir(exist_ok=True)
     (root / "fleet.yaml").write_text(
-        yaml.safe_dump(settings or {"apiVersion": "fleetlet.io/v1alpha1", "kind": "Fleet"})
+        dump(settings or {"apiVersion": "fleetlet.io/v1alpha1", "kind": "Fleet"})
     )
-    (root / "clusters" / "inventory.yaml").write_text(yaml.safe_dump({"clusters": clusters}))
+    (root / "clusters" / "inventory.yaml").write_text(dump({"clusters": clusters}))
     for old in (root / "bundles").glob("*.yaml"):
         old.unlink()
     for b in bundles:
-        (root / "bundles" / f"{b['name']}.yaml").write_text(yaml.safe_dump(b, sort_keys=False))
+        (root / "bundles" / f"{b['name']}.yaml").write_text(dump(b, sort_keys=False))
     return root
 
 

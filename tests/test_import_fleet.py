@@ -283,3 +283,167 @@ def test_without_the_inventory_the_first_match_rule_is_listed_as_not_expressed(
                       "--source-url", "https://git.example.invalid/s.git")  # fmt: skip
     assert again.returncode == 1
     assert "already holds a fleet repo" in again.stderr
+
+
+# Fleet's own expectations for its bundle names (rancher/fleet internal/names/name_test.go,
+# Apache-2.0): the importer names bundles exactly as Fleet does.
+_STR53 = "12345678901234567890123456789012345678901234567890123"
+FLEET_NAMES = [
+    (_STR53, _STR53),
+    (_STR53 + "a", "12345678901234567890123456789012345678901234567-fdba4"),
+    ("long-name-test-shortpath-with@char", "long-name-test-shortpath-with-char-031bab5e"),
+    ("long-name-test-0.App_ ", "long-name-test-0-app-5bf6b3fb"),
+    ("long-name-test--App_-_12.factor", "long-name-test-app-12-factor-0efbac37"),
+    ("bundle.name.example.com", "bundle-name-example-com-645ef821"),
+    (_STR53[0:46] + "-1234567", "1234567890123456789012345678901234567890123456-d0bce"),
+]
+
+
+@pytest.mark.parametrize(("given", "expected"), FLEET_NAMES)
+def test_bundle_names_are_fleets_own(given: str, expected: str) -> None:
+    from hub.importer.fleet import fleet_name
+
+    assert fleet_name(given, ".") == expected
+
+
+def test_long_names_unquoted_labels_and_broken_bundles_import_into_a_fleet_that_loads(
+    tmp_path: Path,
+) -> None:
+    from hub.fleet.load import load_fleet
+    from hub.importer.fleet import ImportSettings, import_fleet, load_clusters, write_fleet_repo
+
+    root = tmp_path / "repo"
+    long = "gitrepo/fleet-examples/ui-plugins/elemental/some-very-long-directory-name"
+    configmap = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: %s}\ndata: {a: b}\n"
+    for suffix in ("a", "b"):
+        (root / f"{long}-{suffix}").mkdir(parents=True)
+        (root / f"{long}-{suffix}" / "fleet.yaml").write_text("defaultNamespace: apps\n")
+        (root / f"{long}-{suffix}" / "cm.yaml").write_text(configmap % suffix)
+    (root / "versioned").mkdir()
+    (root / "versioned" / "cm.yaml").write_text(configmap % "versioned")
+    (root / "versioned" / "fleet.yaml").write_text(
+        "targetCustomizations:\n- name: k128\n  clusterSelector:\n    matchLabels:\n"
+        "      version: 1.28\n  defaultNamespace: k128\n"
+    )
+    (root / "broken").mkdir()
+    (root / "broken" / "fleet.yaml").write_text("defaultNamespace: apps\n")
+    (root / "broken" / "kustomization.yaml").write_text("resources:\n- missing.yaml\n")
+    clusters = tmp_path / "clusters.yaml"
+    clusters.write_text("clusters:\n- name: edge-1\n  labels:\n    version: 1.28\n")
+
+    result = import_fleet(
+        root,
+        ImportSettings(
+            name="fleet-examples",
+            source_url="https://git.example.com/fleet-examples.git",
+            clusters=load_clusters(clusters),
+        ),
+    )
+    names = sorted(b["name"] for b in result.bundles)
+    # Two long paths, two names (Fleet's hash of the whole path): nothing overwritten.
+    assert names == [
+        "fleet-examples-gitrepo-fleet-examples-ui-plugin-47d58",
+        "fleet-examples-gitrepo-fleet-examples-ui-plugin-8e176",
+        "fleet-examples-versioned",
+    ]
+    (broken,) = [
+        n for n in result.notes if n.bundle == "fleet-examples-broken" and n.field == "bundle"
+    ]
+    assert broken.message.startswith("not converted, not written: does not render")
+
+    out = tmp_path / "fleet"
+    write_fleet_repo(result, out)  # loads what it wrote
+    fleet = load_fleet(out)
+    assert sorted(b.name for b in fleet.bundles) == names
+    inventory = yaml.safe_load((out / "clusters" / "inventory.yaml").read_text())
+    assert inventory["clusters"][0]["labels"] == {"version": "1.28"}
+    versioned = yaml.safe_load((out / "bundles" / "fleet-examples-versioned.yaml").read_text())
+    assert versioned["overrides"][0]["clusters"] == ["edge-1"]
+
+
+def test_overlays_kustomize_customizations_and_go_getter_charts(tmp_path: Path) -> None:
+    from hub.importer.fleet import ImportSettings, import_fleet, write_fleet_repo
+
+    root = tmp_path / "repo"
+    configmap = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: %s}\ndata: {a: b}\n"
+    # Fleet overlays: files replacing the bundle's per customization.
+    (root / "overlaid" / "overlays" / "prod").mkdir(parents=True)
+    (root / "overlaid" / "cm.yaml").write_text(configmap % "web")
+    (root / "overlaid" / "overlays" / "prod" / "cm.yaml").write_text(configmap % "web")
+    (root / "overlaid" / "fleet.yaml").write_text(
+        "targetCustomizations:\n- name: prod\n  clusterSelector: {matchLabels: {env: prod}}\n"
+        "  yaml:\n    overlays: [prod]\n"
+    )
+    # kustomize dirs named only by customizations (no kustomization at the root).
+    for env in ("prod", "dev"):
+        (root / "kust" / "overlays" / env).mkdir(parents=True)
+        (root / "kust" / "overlays" / env / "cm.yaml").write_text(configmap % env)
+        (root / "kust" / "overlays" / env / "kustomization.yaml").write_text(
+            "resources:\n- cm.yaml\n"
+        )
+    (root / "kust" / "fleet.yaml").write_text(
+        "targetCustomizations:\n"
+        "- name: prod\n  clusterSelector: {matchLabels: {env: prod}}\n"
+        "  kustomize: {dir: overlays/prod}\n"
+        "- name: dev\n  clusterSelector: {matchLabels: {env: dev}}\n"
+        "  kustomize: {dir: overlays/dev}\n"
+    )
+    # A chart given as a go-getter address.
+    (root / "getter").mkdir()
+    (root / "getter" / "fleet.yaml").write_text(
+        "helm:\n  chart: git::https://github.com/rancher/fleet-examples//single-cluster/helm"
+        "?ref=v0.9.0\n"
+    )
+    clusters = [{"name": "p", "labels": {"env": "prod"}}, {"name": "d", "labels": {"env": "dev"}}]
+    result = import_fleet(
+        root,
+        ImportSettings(name="x", source_url="https://git.example.com/x.git", clusters=clusters),
+    )
+    bundles = {b["name"]: b for b in result.bundles}
+    assert "x-overlaid" not in bundles
+    assert any(n.bundle == "x-overlaid" and "not converted" in n.message for n in result.notes)
+    kust = bundles["x-kust"]
+    assert kust["format"] == "kustomize"
+    assert kust["formatOptions"]["path"] == "overlays/prod"
+    assert {"clusters": ["d"], "path": "overlays/dev"} in kust["overrides"]
+    assert bundles["x-getter"]["sources"] == [
+        {
+            "kind": "git",
+            "uri": "https://github.com/rancher/fleet-examples",
+            "tag": "v0.9.0",
+            "directory": "single-cluster/helm",
+        }
+    ]
+    write_fleet_repo(result, tmp_path / "fleet")  # loads what it wrote
+
+
+@pytest.mark.parametrize("how", ["absolute", "dotdot", "link"])
+def test_a_values_file_outside_the_imported_repo_is_refused_not_inlined(
+    tmp_path: Path, how: str
+) -> None:
+    """Issue 28 item 7: a ``valuesFiles`` entry naming a file of the operator's machine (an
+    absolute path, ``..``, or a link out of the tree) is refused with the file named; nothing is
+    written, so the kubeconfig never reaches the generated bundle's values."""
+    secret = tmp_path / "home" / "kubeconfig.yaml"
+    secret.parent.mkdir()
+    secret.write_text("token: operator-secret-token\n")
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "cm.yaml").write_text("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n")
+    named = {"absolute": str(secret), "dotdot": "../home/kubeconfig.yaml", "link": "v.yaml"}[how]
+    if how == "link":
+        (repo / "v.yaml").symlink_to(secret)
+    (repo / "fleet.yaml").write_text(yaml.safe_dump({
+        "helm": {"chart": "./chart"},
+        "targetCustomizations": [{"name": "prod", "clusterSelector": {"matchLabels": {"a": "b"}},
+                                  "helm": {"valuesFiles": [named]}}],
+    }))  # fmt: skip
+    out = tmp_path / "out"
+    done = _fleetlet("import", "fleet", str(repo), "--out", str(out), "--name", "r",
+                     "--source-url", "https://git.example.invalid/r.git")  # fmt: skip
+    assert done.returncode == 1
+    assert "targetCustomizations[0].helm.valuesFiles" in done.stderr
+    assert named in done.stderr and "outside the imported repository" in done.stderr
+    assert not out.exists() or "operator-secret-token" not in "".join(
+        p.read_text() for p in out.rglob("*.yaml")
+    )

@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from agent.errors import ReplayError
 from agent.kube import KubeClient
 from agent.probe import ProbeServer
+from agent.render.confine import support
 from agent.report.metrics import Metrics
 from agent.source.branch import GitUnavailableError
 from tests.fleetlab import Lab, configmap, namespace_manifest
@@ -69,6 +70,14 @@ def test_a_new_agent_exports_its_identity_and_zeroes() -> None:
     assert value(text, "fleetlet_agent_content_cache_lookups_total", result="hit") == 0
     assert value(text, "fleetlet_agent_status_pushes_total", result="failure") == 0
     assert value(text, "fleetlet_agent_accepted_serial") == 0
+    # What this kernel offers renderers (the agent also logs it at start).
+    found = support()
+    assert value(text, "fleetlet_agent_render_confinement", mechanism="landlock") == (
+        found.landlock_abi
+    )
+    assert value(text, "fleetlet_agent_render_confinement", mechanism="seccomp") == int(
+        found.seccomp
+    )
 
 
 def test_recording_methods_move_their_series() -> None:

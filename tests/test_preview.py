@@ -308,3 +308,117 @@ def test_requests_reach_the_status_document_bounded_pending_first() -> None:
     wire = dump_status(document)
     assert wire == rfc8785.dumps(status_to_dict(document))
     assert load_status(wire, origin="t") == document
+
+
+def _namespace(enforce: str | None) -> Object:
+    labels = {} if enforce is None else {"pod-security.kubernetes.io/enforce": enforce}
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "ops", "labels": labels}}
+
+
+ESCALATIONS: list[tuple[str, list[Object], Object, str, str]] = [
+    (
+        "apiservice",
+        [],
+        {
+            "apiVersion": "apiregistration.k8s.io/v1",
+            "kind": "APIService",
+            "metadata": {"name": "v1beta1.metrics.k8s.io"},
+            "spec": {
+                "group": "metrics.k8s.io",
+                "version": "v1beta1",
+                "service": {"namespace": "evil", "name": "api"},
+                "insecureSkipTLSVerify": True,
+            },
+        },
+        "webhooks",
+        "v1beta1.metrics.k8s.io served by Service evil/api",
+    ),
+    (
+        "token-secret",
+        [],
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "type": "kubernetes.io/service-account-token",
+            "metadata": {
+                "name": "t",
+                "namespace": "kube-system",
+                "annotations": {"kubernetes.io/service-account.name": "admin"},
+            },
+        },
+        "rbac",
+        "token of ServiceAccount admin",
+    ),
+    (
+        "hostpath-pv",
+        [],
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolume",
+            "metadata": {"name": "root"},
+            "spec": {
+                "capacity": {"storage": "1Gi"},
+                "accessModes": ["ReadWriteOnce"],
+                "hostPath": {"path": "/"},
+            },
+        },
+        "rbac",
+        "hostPath /",
+    ),
+    (
+        "namespace-relabelled-privileged",
+        [_namespace("restricted")],
+        _namespace("privileged"),
+        "webhooks",
+        "Pod Security enforce relaxed: restricted -> privileged",
+    ),
+    (
+        "namespace-created-privileged",
+        [],
+        _namespace("privileged"),
+        "webhooks",
+        "Pod Security enforce: privileged",
+    ),
+    (
+        "namespace-label-removed",
+        [_namespace("baseline")],
+        _namespace(None),
+        "webhooks",
+        "Pod Security enforce label removed (was baseline): the cluster's default applies",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "category", "detail"),
+    [e[1:] for e in ESCALATIONS],
+    ids=[e[0] for e in ESCALATIONS],
+)
+def test_escalations_without_rbac_are_findings_that_no_risk_rules_do_not_approve(
+    before: list[Object], after: Object, category: str, detail: str
+) -> None:
+    """Issue 28 item 8: an APIService, a ServiceAccount token Secret, a hostPath
+    PersistentVolume and a Namespace relaxed to Pod Security ``privileged`` grant as much as a
+    ClusterRole: each is a finding, in a category the "no RBAC, CRDs or webhooks" rule reads,
+    so that rule does not approve the move."""
+    preview = preview_of(before, [after])
+    (finding,) = getattr(preview.security, category)
+    assert detail in finding.details
+    assert evaluate(NO_RISK, activation(_request(preview))) is False
+
+
+def test_harmless_neighbours_of_the_escalations_are_no_findings() -> None:
+    """An opaque Secret, a PersistentVolume on NFS, a local APIService, a Namespace made
+    stricter: no finding, the no-risk rule approves."""
+    harmless = [
+        {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+         "metadata": {"name": "s", "namespace": "a"}},
+        {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": "nfs"},
+         "spec": {"nfs": {"server": "nas", "path": "/x"}}},
+        {"apiVersion": "apiregistration.k8s.io/v1", "kind": "APIService",
+         "metadata": {"name": "v1.apps"}, "spec": {"group": "apps", "version": "v1"}},
+        _namespace("restricted"),
+    ]  # fmt: skip
+    preview = preview_of([_namespace("baseline")], harmless)
+    assert preview.findings == 0, preview.security
+    assert evaluate(NO_RISK, activation(_request(preview))) is True

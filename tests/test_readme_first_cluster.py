@@ -200,6 +200,7 @@ def test_put_your_first_cluster_into_a_fleet(
         "PATH": f"{Path(kubectl_path()).parent}:{os.environ['PATH']}",
         "REGISTRY": lab.registry.host,
         "FLEET_REPO": lab.url,
+        "STATUS_REPO": lab.status_url,
         "IDENTITY": DEFAULT_IDENTITY,
         "ISSUER": lab.sigstore.issuer,
         "KUBECONFIG": str(fresh_cluster.kubeconfig),

@@ -150,7 +150,9 @@ def test_three_sources_compose_and_render(
         git=GitFetcher(repos_dir=tmp_path / "repos"),
     )
 
-    tree = store.compose(sources, tmp_path / "bundle", credentials=secrets.get)
+    tree = store.compose(
+        sources, tmp_path / "bundle", credentials=lambda name, _host: secrets.get(name)
+    )
     with KubeClient(
         kubeconfig=str(kube_cluster.kubeconfig), discovery_cache_dir=tmp_path / "discovery"
     ) as kube:
@@ -178,7 +180,9 @@ def test_three_sources_compose_and_render(
         git_http.request_count(),
         file_server.hits,
     )
-    again = store.compose(sources, tmp_path / "again", credentials=secrets.get)
+    again = store.compose(
+        sources, tmp_path / "again", credentials=lambda name, _host: secrets.get(name)
+    )
     assert auth_registry.requests(since=registry_mark) == []
     assert git_http.requests(since=git_mark) == []
     assert file_server.hits == http_mark

@@ -66,6 +66,8 @@ OLM_ANNOTATIONS = """
         # Annotations of another media type, or none: plain.
         ({"metadata/annotations.yaml": "annotations: {a: b}\n"}, ("plain", None)),
         ({"deploy.yaml": _cm("x"), "sub/Chart.yaml": "name: x\n"}, ("plain", None)),
+        # One chart folder and nothing to apply beside it (an unpacked chart archive): helm.
+        ({"README.md": "x", "sub/Chart.yaml": "name: x\n"}, ("helm", "sub/Chart.yaml")),
     ],
 )
 def test_the_format_is_detected_from_its_marker_files(
@@ -276,3 +278,62 @@ def test_set_follows_helms_syntax() -> None:
         "g": [None, {"h": "i"}],
         "j.k": "l,m",
     }
+
+
+def test_a_chart_archive_alone_or_a_tree_of_kustomize_overlays_says_what_to_pass(
+    tmp_path: Path,
+) -> None:
+    archive = tmp_path / "pulled"
+    archive.mkdir()
+    (archive / "podinfo-6.14.1.tgz").write_bytes(b"not read")
+    done = _fleetlet("render", str(archive))
+    assert done.returncode != 0
+    assert done.stdout == ""
+    assert done.stderr.strip().splitlines()[-1:] == [
+        f"fleetlet: {archive} holds the chart archive podinfo-6.14.1.tgz and no manifests: "
+        f"unpack it (tar -xzf {archive / 'podinfo-6.14.1.tgz'} -C {archive}) and render "
+        f"{archive} again"
+    ]
+    tree = _write(
+        tmp_path / "tree",
+        {
+            "base/kustomization.yaml": "resources: [cm.yaml]\n",
+            "base/cm.yaml": _cm("web"),
+            "overlays/prod/kustomization.yaml": "resources: [../../base]\npatches:\n- path: p.yaml\n",
+            "overlays/prod/p.yaml": _cm("web") + "data: {size: large}\n",
+        },
+    )
+    done = _fleetlet("render", str(tree))
+    assert done.returncode != 0
+    assert done.stderr.strip().splitlines()[-1:] == [
+        f"fleetlet: {tree} has no kustomization at its root but has some below it (base, "
+        "overlays/prod): pass --path overlays/prod (or --format plain to read every file as "
+        "manifests)"
+    ]
+    done = _fleetlet("render", str(tree), "--path", "overlays/prod")
+    assert done.returncode == 0, done.stderr
+    assert "size: large" in done.stdout
+
+
+def test_a_duplicate_names_the_file_of_each_copy(tmp_path: Path) -> None:
+    plain = _write(tmp_path / "plain", {"one.yaml": _cm("x"), "a/two.yaml": _cm("x")})
+    done = _fleetlet("render", str(plain))
+    assert done.returncode != 0
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"fleetlet: {plain}: one.yaml: ConfigMap x appears twice: in a/two.yaml and in one.yaml "
+        "(rule DuplicateObject)"
+    )
+    chart = _write(
+        tmp_path / "chart",
+        {
+            "Chart.yaml": "apiVersion: v2\nname: c\nversion: 0.1.0\n",
+            "templates/a.yaml": _cm("x"),
+            "templates/b.yaml": "# the same object again\n" + _cm("x"),
+        },
+    )
+    done = _fleetlet("render", str(chart))
+    assert done.returncode != 0
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"fleetlet: {chart}: c/templates/b.yaml: ConfigMap x appears twice: in "
+        "c/templates/a.yaml and in c/templates/b.yaml (rule DuplicateObject)"
+    )

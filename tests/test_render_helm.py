@@ -10,6 +10,8 @@ import json
 import shutil
 import subprocess
 import sys
+import tempfile
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -17,12 +19,14 @@ import pytest
 import yaml
 
 from agent.render._process import ToolFailedError, ToolMemoryError
+from agent.render.confine import CONFINED_HINT, support
 from agent.render.facts import ClusterFacts
 from agent.render.formats import available_formats, render_bundle
 from agent.render.helm import HelmChartError, HelmFormat
 from agent.render.manifests import InvalidManifestError
 from agent.render.plain import BUNDLE_LABEL, Ownership, RenderRequest
 from agent.render.tools import ToolSettings
+from tests.hostile import renderers as hostile
 from tests.realenv.helm import ASSETS, copy_chart, helm_binary
 
 Obj = dict[str, Any]
@@ -415,3 +419,54 @@ def test_fleetlet_render_places_a_file_dependency(filedep: Path) -> None:
     assert done.returncode == 0, done.stderr
     names = {o["metadata"]["name"] for o in json.loads(done.stdout)["items"]}
     assert names == {"demo-app", "demo-common"}
+
+
+def test_a_file_dependency_link_cannot_climb_out_of_the_scratch_copy(tmp_path: Path) -> None:
+    # Issue 28, 3: the overlay copy kept links, so `../../../../../<name>` (the tree's own
+    # file where it lay) read <name> beside the scratch directory: any file of the agent's.
+    name = f"fleetlet-leak-{uuid.uuid4().hex}"
+    tree = hostile.overlay_escape_tree(tmp_path / "bundle", escape_name=name)
+    beside_scratch = Path(tempfile.gettempdir()) / name
+    beside_scratch.write_text("SECRET of the agent\n")
+    try:
+        objects = render_bundle(
+            tree, format="helm", request=request(source="app", options={"path": "app"})
+        )
+    finally:
+        beside_scratch.unlink()
+
+    (leak,) = [o for o in objects if o["metadata"]["name"] == "leak"]
+    assert leak["data"] == {"leak": "the tree's own file\n"}
+
+
+def test_a_file_dependency_link_leaving_the_tree_is_refused(tmp_path: Path) -> None:
+    tree = hostile.overlay_escape_tree(tmp_path / "bundle", escape_name="inside")
+    link = tree / "lib/x/y/common/files/leak"
+    link.unlink()
+    link.symlink_to(tmp_path / "outside.txt")
+    (tmp_path / "outside.txt").write_text("SECRET\n")
+
+    with pytest.raises(HelmChartError) as refused:
+        render_bundle(tree, format="helm", request=request(source="app", options={"path": "app"}))
+
+    assert refused.value.rule == "LinkEscapes"
+    assert refused.value.file == "lib/x/y/common/files/leak"
+    assert "leads outside the bundle tree" in str(refused.value)
+
+
+@pytest.mark.skipif(not support().confined, reason="the kernel has no Landlock")
+def test_helm_reads_nothing_outside_its_tree(tmp_path: Path) -> None:
+    # A local tree (`fleetlet render`, or content no unpacker checked) whose .Files.Get
+    # follows a link to a file of the machine: helm itself is refused the read.
+    secret = tmp_path / "agent-state" / "token"
+    secret.parent.mkdir()
+    secret.write_text("the agent's token\n")
+    tree = hostile.escaping_link_chart(tmp_path / "bundle", outside=secret)
+
+    with pytest.raises(ToolFailedError) as refused:
+        render_bundle(tree, format="helm", request=request(source="leaky"))
+
+    message = str(refused.value)
+    assert "permission denied" in message.lower() and "files/leak" in message
+    assert CONFINED_HINT in message
+    assert "the agent's token" not in message

@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from agent.render.cache import RenderCache, tree_digest
+from agent.render.confine import CONFINED_HINT, support
 from agent.render.facts import ClusterFacts
 from agent.render.formats import render_bundle
 from agent.render.kustomize import KustomizeError, KustomizeFormat
@@ -21,6 +22,7 @@ from agent.render.manifests import InvalidManifestError
 from agent.render.patches import PatchFailedError
 from agent.render.plain import RenderRequest
 from agent.render.tools import ToolSettings
+from tests.hostile import renderers as hostile
 from tests.realenv.tool_fixtures import ToolCounter
 
 ASSETS = Path(__file__).parent / "assets"
@@ -533,3 +535,201 @@ def test_kustomize_runs_with_a_time_and_memory_bound(kustomize_binary: Path) -> 
     with pytest.raises(KustomizeError) as stopped:
         hurried.render(FLUX_EXAMPLE, request)
     assert stopped.value.rule == "KustomizeFailed" and "kustomize" in str(stopped.value)
+
+
+HCIG = "apiVersion: builtin\nkind: HelmChartInflationGenerator\nmetadata: {name: g}\n"
+
+
+@pytest.mark.parametrize(
+    ("files", "rule", "where", "words"),
+    [
+        pytest.param(  # a harmless helmCharts entry enabled helm for this one too
+            {"kustomization.yaml": "helmCharts: [{name: greeter}]\ngenerators: [gen.yaml]\n",
+             "gen.yaml": HCIG + "name: evil\nrepo: https://charts.example.com\n"},
+            "RemoteReference", "gen.yaml: HelmChartInflationGenerator", "would be pulled",
+            id="generator-file-repo",
+        ),
+        pytest.param(
+            {"kustomization.yaml": "generators: [gen.yaml]\n",
+             "gen.yaml": HCIG + "name: greeter\nconfigHome: helm-home\n"},
+            "UnsafeHelm", "gen.yaml: HelmChartInflationGenerator configHome", "plugins",
+            id="generator-file-confighome",
+        ),
+        pytest.param(
+            {"kustomization.yaml": "generators:\n- |\n"
+             + "".join(f"  {line}\n" for line in (HCIG + "name: greeter\nconfigHome: h\n")
+                       .splitlines())},
+            "UnsafeHelm", "kustomization.yaml: generators[0]: HelmChartInflationGenerator configHome",
+            "configHome 'h'",
+            id="inline-generator-confighome",
+        ),
+        pytest.param(
+            {"kustomization.yaml": "generators: [gens]\n",
+             "gens/kustomization.yaml": "resources: [hcig.yaml]\n",
+             "gens/hcig.yaml": HCIG + "name: greeter\nchartHome: ..\nconfigHome: /tmp/h\n"},
+            "UnsafeHelm", "gens/hcig.yaml: HelmChartInflationGenerator configHome", "configHome",
+            id="generator-kustomization",
+        ),
+        pytest.param(
+            {"kustomization.yaml": "transformers: [t.yaml]\n",
+             "t.yaml": HCIG + "name: greeter\n"},
+            "UnsafeHelm", "t.yaml", "listed under transformers", id="as-transformer",
+        ),
+        pytest.param(
+            {"kustomization.yaml":
+             "helmChartInflationGenerator:\n- {chartName: other, chartRepoUrl: 'https://x.io'}\n"},
+            "RemoteReference", "kustomization.yaml: helmChartInflationGenerator[0]", "x.io",
+            id="legacy-repo",
+        ),
+        pytest.param(
+            {"kustomization.yaml":
+             "helmChartInflationGenerator:\n- {chartName: greeter, helmHome: helm-home}\n"},
+            "UnsafeHelm", "kustomization.yaml: helmChartInflationGenerator configHome",
+            "helm-home", id="legacy-helmhome",
+        ),
+        pytest.param(
+            {"kustomization.yaml":
+             "helmGlobals: {configHome: helm-home}\nhelmCharts: [{name: greeter}]\n"},
+            "UnsafeHelm", "kustomization.yaml: helmCharts configHome", "helm-home",
+            id="globals-confighome",
+        ),
+        pytest.param(
+            {"kustomization.yaml": "generators: [gen.yaml]\n",
+             "gen.yaml": HCIG + "name: greeter\nchartHome: ../../../elsewhere\n"},
+            "OutsideTree", "gen.yaml: HelmChartInflationGenerator", "outside the bundle tree",
+            id="generator-charthome-outside",
+        ),
+    ],
+)  # fmt: skip
+def test_every_way_to_make_kustomize_run_helm_is_checked(
+    counted_kustomize: ToolCounter,
+    tmp_path: Path,
+    files: dict[str, str],
+    rule: str,
+    where: str,
+    words: str,
+) -> None:
+    # Issue 28, 2: only helmCharts was read; a generator could pull (network) or load helm
+    # plugins from the tree (a getter plugin runs /bin/sh).
+    tree = _write(tmp_path / "bundle", {**CHART, **files})
+    (tree / "helm-home/plugins/getter").mkdir(parents=True)
+
+    with pytest.raises(KustomizeError) as refused:
+        _kustomize(tree)
+
+    assert refused.value.rule == rule
+    assert refused.value.file == where
+    assert words in str(refused.value)
+    assert counted_kustomize.runs == 0
+
+
+def test_a_helm_chart_inflation_generator_in_the_tree_renders_with_the_pinned_helm(
+    kustomize_binary: Path, helm_binary: Path, tmp_path: Path
+) -> None:
+    tree = _write(
+        tmp_path,
+        {
+            **CHART,
+            "kustomization.yaml": "generators: [gen.yaml]\n",
+            "gen.yaml": HCIG + "name: greeter\nreleaseName: gen\n",
+        },
+    )
+
+    ours = _kustomize(tree)
+
+    assert ours == _kustomize_build(
+        kustomize_binary, tree, ".", "--enable-helm", "--helm-command", str(helm_binary)
+    )
+    assert ours[0]["metadata"]["name"] == "gen-greeter"
+
+
+@pytest.mark.parametrize(
+    ("kustomization", "local", "where"),
+    [
+        ("resources: ['https://example.com/x.yaml']", "https:/example.com/x.yaml", "resources[0]"),
+        ("resources: [github.com/org/repo]", "github.com/org/repo/kustomization.yaml",
+         "resources[0]"),
+        ("resources: ['GitHub.com/org/repo']", "GitHub.com/org/repo/kustomization.yaml",
+         "resources[0]"),
+        ("resources: ['git@host:org/repo']", "git@host:org/repo/kustomization.yaml",
+         "resources[0]"),
+        ("patches: [{path: 'http://example.com/p.yaml'}]", "http:/example.com/p.yaml",
+         "patches[0].path"),
+        ("helmCharts: [{name: greeter, valuesFile: 'https://example.com/v.yaml'}]",
+         "https:/example.com/v.yaml", "helmCharts[0].valuesFile"),
+        ("configMapGenerator: [{name: c, files: ['https://example.com/f']}]",
+         "https:/example.com/f", "configMapGenerator[0].files[0]"),
+    ],
+)  # fmt: skip
+def test_a_remote_reference_is_refused_even_when_a_same_named_path_exists(
+    counted_kustomize: ToolCounter, tmp_path: Path, kustomization: str, local: str, where: str
+) -> None:
+    # Issue 28, 5: kustomize tries a URL or a git repository before a local path.
+    tree = _write(tmp_path, {**CHART, "kustomization.yaml": kustomization + "\n"})
+    _write(tree, {local: "resources: []\n"})
+
+    with pytest.raises(KustomizeError) as refused:
+        _kustomize(tree)
+
+    assert refused.value.rule == "RemoteReference"
+    assert refused.value.file == f"kustomization.yaml: {where}"
+    assert "a render never fetches" in str(refused.value)
+    assert counted_kustomize.runs == 0
+
+
+def test_a_remote_path_in_a_generator_or_transformer_file_is_refused(
+    counted_kustomize: ToolCounter, tmp_path: Path
+) -> None:
+    tree = _write(
+        tmp_path,
+        {
+            "kustomization.yaml": "resources: [cm.yaml]\ntransformers: [patch.yaml]\n",
+            "cm.yaml": "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\n",
+            "patch.yaml": """
+                apiVersion: builtin
+                kind: PatchTransformer
+                metadata: {name: p}
+                path: https://example.com/patch.yaml
+            """,
+        },
+    )
+    with pytest.raises(KustomizeError) as refused:
+        _kustomize(tree)
+
+    assert refused.value.rule == "RemoteReference"
+    assert refused.value.file == "patch.yaml: path"
+    assert counted_kustomize.runs == 0
+
+
+@pytest.mark.skipif(not support().confined, reason="the kernel has no Landlock")
+def test_kustomize_and_its_helm_read_nothing_outside_the_tree(tmp_path: Path) -> None:
+    # A chart in the tree passes the checks; its .Files.Get follows a link to a file of the
+    # machine. kustomize's helm is confined as kustomize is: the read is refused.
+    secret = tmp_path / "agent-state" / "token"
+    secret.parent.mkdir()
+    secret.write_text("the agent's token\n")
+    tree = _write(tmp_path / "bundle", {"kustomization.yaml": "helmCharts: [{name: leaky}]\n"})
+    hostile.escaping_link_chart(tree / "charts" / "leaky", outside=secret)
+
+    with pytest.raises(KustomizeError) as refused:
+        _kustomize(tree)
+
+    message = str(refused.value)
+    assert "permission denied" in message.lower() and "files/leak" in message
+    assert CONFINED_HINT in message
+    assert "the agent's token" not in message
+
+
+def test_a_local_path_that_only_looks_like_a_host_renders(
+    kustomize_binary: Path, tmp_path: Path
+) -> None:
+    # kustomize reads these from the tree (it fetches only URLs, git and github.com/... forms).
+    tree = _write(
+        tmp_path,
+        {
+            "kustomization.yaml": "resources: [config.d/cm.yaml, v1.2/cm.yaml]\n",
+            "config.d/cm.yaml": "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: a}\n",
+            "v1.2/cm.yaml": "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: b}\n",
+        },
+    )
+    assert _ids(_kustomize(tree)) == [("ConfigMap", "a"), ("ConfigMap", "b")]

@@ -78,7 +78,7 @@ def test_multi_document_yaml_json_lists_and_empty_documents() -> None:
     yaml_text = b"""---
 apiVersion: v1
 kind: Namespace
-metadata: {name: n}
+metadata: {name: ns}
 ---
 # only a comment
 ---
@@ -89,7 +89,7 @@ items:
 - {apiVersion: v1, kind: ConfigMap, metadata: {name: c2}}
 """
     names = [o["metadata"]["name"] for o in parse_manifests(yaml_text, source="s", file="x.yaml")]
-    assert names == ["n", "c1", "c2"]
+    assert names == ["ns", "c1", "c2"]
     (obj,) = parse_manifests(
         b'{"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s"}}',
         source="s",

@@ -164,7 +164,7 @@ def test_duplicate_object_is_refused(tmp_path: Path) -> None:
             tmp_path, format="plain", request=RenderRequest(source="b", namespace="ns", scope=SCOPE)
         )
     assert refused.value.rule == "DuplicateObject"
-    assert "ConfigMap ns/same appears twice" in str(refused.value)
+    assert "ConfigMap same appears twice: in a.yaml and in b/c.yaml" in str(refused.value)
 
 
 def test_symlinks_inside_are_followed_outside_refused(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -18,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from agent.kube import KubeClient
-from agent.render import formats
+from agent.render import confine, formats
+from agent.render.confine import CONFINED_HINT, support
 from agent.render.formats import render_bundle
 from agent.render.plain import RenderRequest
 from agent.render.plugins import (
@@ -27,9 +29,12 @@ from agent.render.plugins import (
     PluginMemoryError,
     PluginTemporaryError,
     PluginTimeoutError,
+    fleetlet_root,
+    worker_path,
 )
 from agent.render.tools import ToolSettings
 from tests.fleetlab import REPO_ROOT, Lab, conditions, live
+from tests.hostile import renderers as hostile
 from tests.realenv.kube import Cluster
 from tests.test_crds import crds as crds  # the fixture: the CRDs installed
 
@@ -91,6 +96,25 @@ class Future:
     def render(self, tree, request):
         return []
 
+class Snoop:
+    # Tries what options["try"] says, the way a hostile bundle's plugin (or a plugin fooled
+    # by its bundle) would.
+    name = "snoop"
+    def render(self, tree, request):
+        import socket
+        what, target = request.options["try"], request.options.get("target")
+        if what == "read":
+            data = open(target).read()
+        elif what == "write":
+            data = open(target, "w").write("x")
+        elif what == "socket":
+            data = socket.create_connection(("127.0.0.1", int(target)), timeout=5).recv(10)
+        elif what == "udp":
+            data = socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b"x", ("127.0.0.1", 9))
+        elif what == "tree":
+            data = (tree / "main.txt").read_text()
+        return [dict(_cm("snooped"), data={"got": str(data)})]
+
 class Patcher:
     name = "patcher"
     applies_patches = True
@@ -100,7 +124,7 @@ class Patcher:
 raise_on_import = None
 """
 NAMES = ["raises", "refuses", "flaky", "hangs", "eats", "crashes", "chatty", "nonsense",
-         "future", "patcher"]  # fmt: skip
+         "future", "patcher", "snoop"]  # fmt: skip
 
 
 @pytest.fixture
@@ -128,6 +152,9 @@ def bad_plugins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dic
 
 
 def _render(tree: Path, name: str, **kw: object) -> list[dict[str, object]]:
+    if (tree / "site").is_dir():  # the bad_plugins fixture's tmp_path: render a tree beside it
+        tree = tree / "bundle"
+        tree.mkdir(exist_ok=True)
     request = RenderRequest(
         source="b", tools=ToolSettings(plugin_timeout=3, plugin_max_memory=256 << 20), **kw
     )  # type: ignore[arg-type]
@@ -178,6 +205,92 @@ def test_prints_go_to_stderr_and_patches_are_left_to_a_plugin_that_applies_them(
     (patched,) = _render(tmp_path, "patcher", patches=(patch,))
     assert patched["data"] == {"patches": "1"}
     assert "labels" not in patched["metadata"]  # fleetlet did not apply it again
+
+
+@pytest.mark.usefixtures("bad_plugins")
+def test_nothing_in_the_bundle_tree_can_stand_in_for_fleetlet_or_the_plugin(
+    tmp_path: Path,
+) -> None:
+    # Issue 28, 1: the worker ran as `python -m ...` in the tree, so these were imported first.
+    tree = hostile.shadowing_tree(tmp_path / "bundle", plugin_module="fleetlet_bad")
+
+    assert [o["metadata"] for o in _render(tree, "chatty")] == [{"name": "chatty"}]
+    assert not list(tree.rglob("HIJACKED")), "a module of the tree ran"
+
+
+def test_fleetlet_render_on_the_operators_machine_imports_nothing_from_the_tree(
+    tmp_path: Path, bad_plugins: dict[str, str]
+) -> None:
+    tree = hostile.shadowing_tree(tmp_path / "bundle", plugin_module="fleetlet_bad")
+
+    shown = subprocess.run(
+        [sys.executable, "-m", "fleetlet", "render", str(tree), "--format", "chatty",
+         "-o", "json"],
+        capture_output=True, text=True, timeout=120, cwd=REPO_ROOT,
+        env={**os.environ, **bad_plugins},
+    )  # fmt: skip
+
+    assert shown.returncode == 0, shown.stderr
+    assert '"chatty"' in shown.stdout
+    assert not list(tree.rglob("HIJACKED")), "a module of the tree ran"
+
+
+@pytest.mark.usefixtures("bad_plugins")
+@pytest.mark.skipif(not support().confined, reason="the kernel has no Landlock")
+@pytest.mark.parametrize("attempt", ["read", "token", "write", "socket", "udp"])
+def test_a_plugin_reaches_nothing_outside_its_tree(tmp_path: Path, attempt: str) -> None:
+    tree = _write(tmp_path / "bundle", {"main.txt": "ours\n"})
+    secret = _write(tmp_path / "agent-state", {"token": "the agent's token\n"}) / "token"
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        target = {
+            "read": str(secret),
+            "token": "/var/run/secrets/kubernetes.io/serviceaccount/token",
+            "write": str(tmp_path / "planted"),
+            "socket": str(server.getsockname()[1]),
+            "udp": "",
+        }[attempt]
+        if attempt == "token" and not Path(target).exists():
+            target = str(secret)  # not in a pod: the same refusal on a stand-in
+
+        with pytest.raises(PluginError) as refused:
+            how = "read" if attempt == "token" else attempt
+            _render(tree, "snoop", options={"try": how, "target": target})
+
+    message = str(refused.value)
+    assert refused.value.rule == "PluginFailed"
+    assert "PermissionError" in message and "Permission denied" in message
+    assert CONFINED_HINT in message
+    assert not (tmp_path / "planted").exists()
+    # What it may do: read its own tree.
+    (ok,) = _render(tree, "snoop", options={"try": "tree"})
+    assert ok["data"] == {"got": "ours\n"}
+
+
+def test_no_renderer_may_read_the_token_the_state_or_credentials(tmp_path: Path) -> None:
+    # What every renderer's confinement names (the kernel enforces it where Landlock exists):
+    # the bundle tree, scratch, programs and libraries, none of which holds a credential.
+    tree, scratch = tmp_path / "tree", tmp_path / "scratch"
+    python = confine.for_python(
+        tree=tree, scratch=scratch, path=worker_path(tree)[1:], code=fleetlet_root()
+    )
+    helm = confine.for_tool(Path("/usr/local/bin/helm"), tree=tree)
+    kustomize = confine.for_tool(
+        Path("/usr/local/bin/kustomize"), tree=tree, scratch=scratch,
+        also_execute=[Path("/usr/local/bin/helm")],
+    )  # fmt: skip
+    secrets = [
+        Path("/var/run/secrets/kubernetes.io/serviceaccount/token"),
+        Path.home() / ".git-credentials",
+        Path.home() / ".kube" / "config",
+        tmp_path / "agent-cache" / "state.json",
+        Path("/proc/1/environ"),
+        Path("/etc/shadow"),
+    ]
+    for confinement in (python, helm, kustomize):
+        assert confinement.readable(tree / "Chart.yaml")
+        assert [s for s in secrets if confinement.readable(s)] == []
+    assert python.readable(fleetlet_root() / "agent" / "errors.py")
+    assert not python.readable(fleetlet_root() / ".git" / "config")
 
 
 def _jsonnet_installed() -> None:

@@ -247,6 +247,51 @@ def test_every_problem_of_a_bundle_is_reported_at_once(tmp_path: Path) -> None:
         assert expected in text
 
 
+def test_a_bundle_shipping_what_the_csv_generates_renders_one_of_each(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """security-profiles-operator and OpenShift's opentelemetry-operator ship the CSV's
+    ServiceAccount and webhook Service as files: operator-controller renders both copies and
+    applies them in order, so the later one is the object, and so does fleetlet."""
+    bundle = _bundle_copy(tmp_path, WEBHOOK)
+    for name in ("serviceaccount.yaml", "webhook-service.yaml"):
+        shutil.copy(ASSETS / "own-objects" / name, bundle / "manifests" / name)
+    with caplog.at_level("INFO", logger="agent.render.registry_v1"):
+        objects = render_bundle(
+            bundle, format="registry+v1", request=RenderRequest(namespace="ops")
+        )
+    (account,) = [o for o in objects if o["kind"] == "ServiceAccount"]
+    assert account["metadata"]["labels"]["app.kubernetes.io/part-of"] == "webhook-operator"
+    assert account["metadata"]["namespace"] == "ops"
+    (service,) = [o for o in objects if o["kind"] == "Service"]
+    # The generated one, with its cert-manager wiring, is applied after the bundle's file.
+    assert "labels" not in service["metadata"]
+    assert [p.get("name") for p in service["spec"]["ports"]] != ["https"]
+    merged = [r.getMessage() for r in caplog.records]
+    assert any(
+        "ServiceAccount ops/webhook-operator-controller-manager comes 2 times (generated from "
+        "the CSV, manifests/): merged into the one from manifests/" in m
+        for m in merged
+    ), merged
+    assert any(
+        "Service ops/webhook-operator-controller-manager-service comes 2 times (manifests/, "
+        "generated from the CSV): merged into the one generated from the CSV" in m
+        for m in merged
+    ), merged
+
+
+def test_a_template_bundle_with_an_unfilled_version_is_refused(tmp_path: Path) -> None:
+    bundle = _bundle_copy(tmp_path, WEBHOOK)
+    _edit_csv(bundle, lambda csv: csv["spec"].__setitem__("version", "0${VERSION}"))
+    with pytest.raises(
+        RegistryV1Error,
+        match=r"spec.version \"0\$\{VERSION\}\" is not a "
+        "semantic version",
+    ) as refused:
+        render_bundle(bundle, format="registry+v1", request=RenderRequest(namespace="ops"))
+    assert refused.value.rule == "InvalidBundle"
+
+
 def test_a_bundle_without_a_csv_or_with_subdirectories_is_refused(tmp_path: Path) -> None:
     bundle = _bundle_copy(tmp_path, WEBHOOK)
     (bundle / "manifests" / "extra").mkdir()

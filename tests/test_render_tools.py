@@ -3,6 +3,7 @@ process they run in (time, memory, output), with the real pinned binaries."""
 
 from __future__ import annotations
 
+import gc
 import os
 import stat
 import time
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from agent.render import confine
 from agent.render._process import (
     ToolFailedError,
     ToolMemoryError,
@@ -17,6 +19,7 @@ from agent.render._process import (
     ToolTimeoutError,
     run_tool,
 )
+from agent.render.confine import support
 from agent.render.tools import (
     PINNED_TOOLS,
     ToolNotFoundError,
@@ -186,3 +189,33 @@ def test_the_tool_runs_under_the_data_and_core_limits(tmp_path: Path) -> None:
         input=b"go\n",
     )
     assert limits.split() == [str(256 << 10).encode(), b"0"]
+
+
+@pytest.mark.skipif(not support().confined, reason="the kernel has no Landlock")
+def test_a_confined_tool_reads_its_tree_only_and_its_starter_stays_free(tmp_path: Path) -> None:
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "ours.txt").write_text("ours\n")
+    (tmp_path / "theirs.txt").write_text("the agent's\n")
+    cat = Path("/bin/cat").resolve()
+    confinement = confine.for_tool(cat, tree=tree).plus(
+        read=[Path("/etc/ld.so.cache")], execute=[Path("/lib"), Path("/usr/lib"), Path("/lib64")]
+    )
+
+    out = run_tool(
+        [cat, "ours.txt"], cwd=tree, timeout=60, max_memory=512 << 20, confine=confinement
+    )
+    assert out == b"ours\n"
+    with pytest.raises(ToolFailedError) as refused:
+        run_tool(
+            [cat, str(tmp_path / "theirs.txt")],
+            cwd=tree,
+            timeout=60,
+            max_memory=512 << 20,
+            confine=confinement,
+        )
+    assert "Permission denied" in str(refused.value)
+    assert confine.CONFINED_HINT in str(refused.value)
+    # The thread that started it was confined, not this one.
+    assert (tmp_path / "theirs.txt").read_text() == "the agent's\n"
+    assert gc.isenabled()  # paused while the confined thread ran, and back

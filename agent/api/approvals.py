@@ -138,7 +138,8 @@ class SecuritySummary(ApiObject):
 
     rbac: tuple[Finding, ...] = api_field(
         "Roles and ClusterRoles added or widened (with the wildcards, `escalate`, `bind`, "
-        "`impersonate` and secrets access they grant), bindings added or changed.",
+        "`impersonate` and secrets access they grant), bindings added or changed, and what "
+        "grants without a binding: ServiceAccount token Secrets, hostPath PersistentVolumes.",
         default=(),
         max_items=MAX_FINDINGS,
     )
@@ -146,7 +147,8 @@ class SecuritySummary(ApiObject):
         "CustomResourceDefinitions added or changed.", default=(), max_items=MAX_FINDINGS
     )
     webhooks: tuple[Finding, ...] = api_field(
-        "Admission webhooks and admission policies added or changed.",
+        "Admission webhooks and admission policies added or changed, APIServices served by a "
+        "Service, Namespaces whose Pod Security `enforce` level is relaxed.",
         default=(),
         max_items=MAX_FINDINGS,
     )

@@ -3,14 +3,18 @@
 
 What the agent's own renders depend on besides the set: the cluster's Kubernetes version and
 served API versions (helm's ``.Capabilities``, :class:`agent.render.facts.ClusterFacts`) and
-which bundles it already runs (those render as an upgrade: ``.Release.IsUpgrade``). Only
-``hub diff --cluster`` reads this file, on demand, for the clusters it previews: the hub's status
-aggregation reads ``status.json`` alone, whose size this does not grow.
+which bundles it already runs (those render as an upgrade: ``.Release.IsUpgrade``); and the
+public halves of the cluster's age keys (``ageRecipients``, newest first: what operators
+encrypt a SOPS file to, :mod:`agent.secrets.keys`). ``hub diff --cluster`` and
+``hub recipients`` read this file, on demand: the hub's status aggregation reads
+``status.json`` alone, whose size this does not grow.
 
 The document is small JSON (sorted keys, no whitespace)::
 
-    {"apiVersions": [...], "cluster": "edge-1", "installed": ["web"], "kubeVersion": "v1.32.0",
-     "schemaVersion": 1}
+    {"ageRecipients": ["age1..."], "apiVersions": [...], "cluster": "edge-1",
+     "installed": ["web"], "kubeVersion": "v1.32.0", "schemaVersion": 1}
+
+``ageRecipients`` is absent when the agent reported none (an older agent).
 
 A reader refuses (``ValidationError``) anything that is not exactly that shape, bounded.
 """
@@ -18,6 +22,7 @@ A reader refuses (``ValidationError``) anything that is not exactly that shape, 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +35,7 @@ MAX_FACTS_BYTES = 1024 * 1024
 """What :func:`load_reported_facts` accepts (a cluster serving thousands of kinds fits)."""
 MAX_ITEMS = 20_000
 _MAX_ITEM = 512
+_AGE_RECIPIENT = re.compile(r"^age1[02-9ac-hj-np-z]{58}$")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,6 +46,8 @@ class ReportedFacts:
     facts: ClusterFacts
     installed: frozenset[str] = frozenset()
     """Bundles with a healthy revision in the cluster (they render as an upgrade)."""
+    age_recipients: tuple[str, ...] = ()
+    """The cluster's age public keys, newest first (the first is the one to encrypt to)."""
 
 
 def dump_reported_facts(reported: ReportedFacts) -> bytes:
@@ -51,6 +59,8 @@ def dump_reported_facts(reported: ReportedFacts) -> bytes:
         "apiVersions": list(reported.facts.api_versions),
         "installed": sorted(reported.installed),
     }
+    if reported.age_recipients:
+        doc["ageRecipients"] = list(reported.age_recipients)
     return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
 
 
@@ -83,7 +93,7 @@ def load_reported_facts(data: bytes, *, origin: str) -> ReportedFacts:
     if version is not None and not isinstance(version, str):
         raise refuse("kubeVersion", "a version such as v1.32.0, or null", repr(version))
     lists: dict[str, list[str]] = {}
-    for key in ("apiVersions", "installed"):
+    for key in ("apiVersions", "installed", "ageRecipients"):
         items = doc.get(key, [])
         if (
             not isinstance(items, list)
@@ -92,11 +102,18 @@ def load_reported_facts(data: bytes, *, origin: str) -> ReportedFacts:
         ):
             raise refuse(key, f"a list of at most {MAX_ITEMS} non-empty strings", "something else")
         lists[key] = items
+    if not all(_AGE_RECIPIENT.match(r) for r in lists["ageRecipients"]):
+        raise refuse("ageRecipients", "age X25519 recipients (age1...)", "something else")
     try:
         facts = ClusterFacts.of(kube_version=version, api_versions=lists["apiVersions"])
     except InvalidClusterFactsError as exc:
         raise refuse("kubeVersion", "a version such as v1.32.0", repr(version)) from exc
-    return ReportedFacts(cluster=cluster, facts=facts, installed=frozenset(lists["installed"]))
+    return ReportedFacts(
+        cluster=cluster,
+        facts=facts,
+        installed=frozenset(lists["installed"]),
+        age_recipients=tuple(lists["ageRecipients"]),
+    )
 
 
 __all__ = [

@@ -21,7 +21,7 @@ import yaml
 from agent.api.depgraph import find_cycle
 from agent.api.reasons import Phase, RunResult
 from agent.api.validation import ApiObject, PinProblem, Rule, api_field, show
-from agent.api.yamlio import SAFE_LOADER
+from agent.api.yamlio import KUBE_LOADER
 from agent.errors import FieldProblem
 
 API_GROUP = "fleetlet.io"
@@ -134,7 +134,14 @@ class SourceAuth(ApiObject):
     (git over ssh) or ``.dockerconfigjson`` (image).
     """
 
-    secret_ref: SecretReference = api_field("The Secret holding the credentials.")
+    secret_ref: SecretReference = api_field(
+        "The Secret holding the credentials, in the agent's namespace. It must be labelled "
+        '`fleetlet.io/source-credential: "true"` (never the agent\'s own Secrets nor a '
+        "bundle's outputs) and name the hosts it is for in annotation "
+        "`fleetlet.io/source-hosts` (comma-separated `host[:port]`; a `.dockerconfigjson` "
+        "names them in its entries): the credentials are sent to no other host, not after a "
+        "redirect."
+    )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -350,6 +357,14 @@ class FormatOptions(ApiObject):
         default=None,
         free_form=True,
     )
+    encrypted_values: Mapping[str, Any] | None = api_field(
+        "`helm` (and plugin formats): values encrypted with SOPS to the cluster's age key, as "
+        "sops wrote the file (the hub carries it from the fleet repo's `encryptedValues`). "
+        "The agent decrypts it at render, verifies its MAC and merges the values over "
+        "`values`; nothing else can open it (docs/secrets.md).",
+        default=None,
+        free_form=True,
+    )
     values_files: tuple[str, ...] = api_field(
         "`helm`: values files inside the bundle tree (paths from the tree's root), applied in "
         "order over the chart's own `values.yaml` and under `values`.",
@@ -472,7 +487,7 @@ class Patch(ApiObject):
         """The text is YAML: a list of JSON 6902 operations (with ``target``), or strategic
         merge documents (each naming apiVersion, kind and metadata.name without ``target``)."""
         try:
-            documents = [d for d in yaml.load_all(self.patch, Loader=SAFE_LOADER) if d is not None]
+            documents = [d for d in yaml.load_all(self.patch, Loader=KUBE_LOADER) if d is not None]
         except (yaml.YAMLError, RecursionError) as exc:
             return [_patch_problem("patch", "a YAML or JSON patch", _first_line(exc))]
         if not documents:
@@ -683,6 +698,12 @@ class BundleDeploymentSpec(ApiObject):
     RULES: ClassVar[tuple[Rule, ...]] = (
         _format_option_only(
             "values", "values", ("plain", "kustomize", "registry+v1"), "helm or a plugin format"
+        ),
+        _format_option_only(
+            "encryptedValues",
+            "encrypted_values",
+            ("plain", "kustomize", "registry+v1"),
+            "helm or a plugin format",
         ),
         _format_option_only(
             "installNamespace",
@@ -1002,6 +1023,32 @@ class BundleOutputsSpec(ApiObject):
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class CommitSignature(ApiObject):
+    """Who signed the fleet commit, as the hub verified it against its commit policy before
+    publishing (`fleet.yaml: commitSigning`)."""
+
+    format: Literal["ssh"] = api_field("`ssh`: an SSH signature (git's `gpg.format=ssh`).")
+    principal: str = api_field(
+        "The signer, as the policy names it (e.g. alice@example.com).",
+        pattern=NO_WHITESPACE,
+        expected="an identity without whitespace",
+        max_length=253,
+    )
+    key: str = api_field(
+        "The signing key's fingerprint (`SHA256:...`, as `ssh-keygen -l` prints it).",
+        pattern=r"^SHA256:[A-Za-z0-9+/]{43}$",
+        expected="SHA256:<43 base64 characters>",
+        max_length=50,
+    )
+    policy: str = api_field(
+        "Digest of the commit policy the signature was verified against.",
+        pattern=DIGEST,
+        expected=DIGEST_TEXT,
+        max_length=71,
+    )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class SetSource(ApiObject):
     """The fleet repository commit a set was rendered from."""
 
@@ -1013,6 +1060,9 @@ class SetSource(ApiObject):
     )
     commit: str = api_field(
         "The fleet repository's commit.", pattern=COMMIT, expected=COMMIT_TEXT, max_length=40
+    )
+    signed_by: CommitSignature | None = api_field(
+        "Who signed the commit, verified by the hub (absent: no commit policy).", default=None
     )
 
 
@@ -1164,6 +1214,7 @@ __all__ = [
     "BundleDeploymentSpec",
     "BundleDeploymentStatus",
     "BundleOutputsSpec",
+    "CommitSignature",
     "Condition",
     "ConditionCheck",
     "FieldExpression",

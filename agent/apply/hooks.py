@@ -21,16 +21,23 @@ and fleetlet honours them as ordered stages of the group's move:
   never (reported)          ``test``, ``pre/post-rollback``              ``Skip``
   ========================  ==========================================  ======================
 
-  ``helm.sh/hook-weight`` (or the sync wave of an Argo hook) orders hooks of one moment,
-  lowest first, a weight's hooks all complete before the next weight starts. Delete policies
-  (``helm.sh/hook-delete-policy``, ``argocd.argoproj.io/hook-delete-policy``):
-  ``before-hook-creation`` (the default, as in both tools: the previous hook object of that
-  name is deleted before a new one is created), ``hook-succeeded``, ``hook-failed``.
+  Hooks run as Helm runs them (``pkg/action/hooks.go``): the group's Namespaces
+  (``createNamespace``'s and the bundles' own) exist before any hook; Helm hooks one at a time,
+  by ``helm.sh/hook-weight`` (lowest first), then name, then kind, each followed with a watch
+  until it completed (a Job that completes and is deleted at once, ``ttlSecondsAfterFinished:
+  0``, is seen completing; one gone before it was seen to complete fails); Argo CD hooks of
+  one sync wave together. Delete policies (``helm.sh/hook-delete-policy``,
+  ``argocd.argoproj.io/hook-delete-policy``): ``before-hook-creation`` (the default, as in
+  both tools: the previous hook object of that name is deleted, and gone, before a new one is
+  created), ``hook-succeeded`` (applied once every hook of the moment succeeded, so a Role a
+  later Job runs as stays until then), ``hook-failed`` (the hook that failed). A hook's time
+  limit is its bundle's health check timeout.
 
 A hook that fails (a Job Failed, a Pod Failed, not done in time) fails the move, and the group
 is rolled back. Hooks are never part of a bundle's inventory or of its stored revision: drift
 correction and rollback do not run them again. Helm's install/upgrade hooks are chosen by
-whether the bundle has a healthy revision in this cluster already.
+whether the bundle has a healthy revision in this cluster already. A hook object a failed run
+of the same bundle left behind is replaced, whatever its policy, so a retry starts clean.
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ from typing import Any
 
 from agent.errors import PermanentError
 from agent.kube import CONTENT_FIELD_MANAGER, ConflictError, KubeClient, ObjectRef
+from agent.render.plain import BUNDLE_LABEL
 
 Manifest = dict[str, Any]
 
@@ -264,92 +272,199 @@ def hook_state(obj: Mapping[str, Any] | None) -> tuple[str, str]:
 ClientFor = Callable[[str], KubeClient]
 """The client a bundle's hooks are created with (its identity), by bundle name."""
 
+TimeoutFor = Callable[[str], float]
+"""How long a bundle's hook may take (its health check timeout), by bundle name."""
+
+# Helm's install order of kinds (pkg/releaseutil/kind_sorter.go): hooks of one weight and one
+# name are created in this order; unknown kinds last.
+_KIND_ORDER = {
+    kind: i
+    for i, kind in enumerate(
+        str.split(
+            "PriorityClass Namespace NetworkPolicy ResourceQuota LimitRange PodSecurityPolicy "
+            "PodDisruptionBudget ServiceAccount Secret SecretList ConfigMap StorageClass "
+            "PersistentVolume PersistentVolumeClaim CustomResourceDefinition ClusterRole "
+            "ClusterRoleList ClusterRoleBinding ClusterRoleBindingList Role RoleList RoleBinding "
+            "RoleBindingList Service DaemonSet Pod ReplicationController ReplicaSet Deployment "
+            "HorizontalPodAutoscaler StatefulSet Job CronJob IngressClass Ingress APIService "
+            "MutatingWebhookConfiguration ValidatingWebhookConfiguration"
+        )
+    )
+}
+
+
+def _steps(hooks: Sequence[Hook]) -> list[list[Hook]]:
+    """The hooks of a moment in the order they run, as steps: a Helm hook is a step of its
+    own, run after the one before it completed (Helm sorts by weight, then name, then kind);
+    an Argo CD hook runs together with the other Argo hooks of its wave."""
+    keyed: dict[tuple[Any, ...], list[Hook]] = {}
+    for hook in hooks:
+        meta = hook.manifest.get("metadata") or {}
+        if HELM_HOOK in _annotations(hook.manifest):
+            kind = str(hook.manifest.get("kind"))
+            name = str(meta.get("name") or meta.get("generateName") or "")
+            key: tuple[Any, ...] = (hook.weight, 1, name, _KIND_ORDER.get(kind, 99), kind)
+            key += (hook.bundle, str(meta.get("namespace") or ""))
+        else:
+            key = (hook.weight, 0)
+        keyed.setdefault(key, []).append(hook)
+    return [keyed[k] for k in sorted(keyed)]
+
 
 def run_hooks(
     hooks: Sequence[Hook],
     *,
     client_for: ClientFor,
-    timeout: float,
-    interval: float = 1.0,
+    timeout_for: TimeoutFor,
     on_progress: Callable[[str], None] | None = None,
 ) -> list[str]:
-    """Run hooks weight by weight (lowest first): create each (after deleting an old one of
-    the same name, ``before-hook-creation``), wait until all of a weight are done, then apply
-    the delete policies. Returns what ran, for the run's message.
+    """Run one moment's hooks as Helm runs them (pkg/action/hooks.go): step by step (see
+    :func:`_steps`), each hook created (after the previous object of its name is deleted,
+    ``before-hook-creation``) and followed with a watch until it completed, within its
+    bundle's time limit. Once every hook of the moment succeeded, those with
+    ``hook-succeeded`` are deleted (last first); when one fails, it is deleted if it has
+    ``hook-failed``, and the hooks that succeeded before it if they have ``hook-succeeded``.
+    CustomResourceDefinitions are never deleted by a policy. Returns what ran, for the run's
+    message.
 
-    Raises HookFailedError (the first hook that failed or was not done within ``timeout``
-    seconds, after every hook of its weight has ended or the time is up), and the
-    KubeClient's errors of creating them.
+    Raises HookFailedError (the hook that failed, was gone before it was seen to complete, or
+    was not done in time), and the KubeClient's errors of creating or deleting them.
     """
     say = on_progress or (lambda _message: None)
-    ran: list[str] = []
-    deadline = time.monotonic() + timeout
-    for weight in sorted({h.weight for h in hooks}):
-        batch = [h for h in hooks if h.weight == weight]
-        say(f"running {len(batch)} hook(s) of weight {weight}: " + ", ".join(h.name for h in batch))
-        created = [(h, _create(h, client_for(h.bundle))) for h in batch]
-        failure: HookFailedError | None = None
-        pending = list(created)
-        while pending:
-            still = []
-            for hook, ref in pending:
-                state, why = hook_state(client_for(hook.bundle).get(ref))
-                if state == "running":
-                    still.append((hook, ref))
-                elif state == "failed" and failure is None:
-                    failure = HookFailedError(
-                        f"hook {hook.name} failed: {why}", bundle=hook.bundle, hook=hook.name
-                    )
-            pending = still
-            if failure is not None or not pending:
-                break
-            if time.monotonic() > deadline:
-                hook = pending[0][0]
-                failure = HookFailedError(
-                    f"hook {hook.name} not done after {timeout:.0f}s",
-                    bundle=hook.bundle,
-                    hook=hook.name,
-                )
-                break
-            time.sleep(interval)
-        for hook, ref in created:
-            ok = failure is None or failure.hook != hook.name
-            if ("hook-succeeded" in hook.policies and failure is None) or (
-                "hook-failed" in hook.policies and not ok
-            ):
-                client_for(hook.bundle).delete(ref)
+    succeeded: list[tuple[Hook, ObjectRef]] = []
+    for step in _steps(hooks):
+        say(f"running hook(s) of weight {step[0].weight}: " + ", ".join(h.name for h in step))
+        created: list[tuple[Hook, ObjectRef, str]] = []
+        try:
+            for hook in step:
+                created.append((hook, *_create(hook, client_for(hook.bundle))))
+            failure = _follow(created, client_for, timeout_for)
+        except HookFailedError as exc:
+            failure = exc
+        done = [(h, ref) for h, ref, _rv in created if failure is None or failure.hook != h.name]
+        succeeded.extend(done)
         if failure is not None:
+            for hook, ref, _rv in created:
+                if hook.name == failure.hook:
+                    _delete_by_policy(hook, ref, "hook-failed", client_for)
+            for hook, ref in reversed(succeeded):
+                _delete_by_policy(hook, ref, "hook-succeeded", client_for)
             raise failure
-        ran.extend(h.name for h in batch)
-    return ran
+    for hook, ref in reversed(succeeded):
+        _delete_by_policy(hook, ref, "hook-succeeded", client_for)
+    return [h.name for h, _ref in succeeded]
 
 
-def _create(hook: Hook, client: KubeClient) -> ObjectRef:
+def _follow(
+    created: Sequence[tuple[Hook, ObjectRef, str]],
+    client_for: ClientFor,
+    timeout_for: TimeoutFor,
+) -> HookFailedError | None:
+    """Follow each created hook until it completed (one watch each, in turn: they run at the
+    same time in the cluster). Returns the first failure."""
+    for hook, ref, version in created:
+        client = client_for(hook.bundle)
+        state, why = _watch_until_done(client, ref, version, timeout_for(hook.bundle))
+        if state != "done":
+            return HookFailedError(
+                f"hook {hook.name} failed: {why}", bundle=hook.bundle, hook=hook.name
+            )
+    return None
+
+
+def _watch_until_done(
+    client: KubeClient, ref: ObjectRef, version: str, timeout: float
+) -> tuple[str, str]:
+    """(``done`` | ``failed``, why) of a created hook, followed by a watch from the version it
+    was created at, so that a hook that completes and is deleted at once (a Job's
+    ``ttlSecondsAfterFinished: 0``) is seen completing: its deletion carries its last state.
+    Kinds other than Job and Pod are done once created."""
+    if ref.kind not in ("Job", "Pod"):
+        return "done", "created"
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return "failed", f"not done after {timeout:.0f}s"
+        restart = False
+        for kind, obj in client.watch(ref, resource_version=version, timeout=left):
+            if kind == "ERROR":
+                restart = True  # the version is too old (410): read it anew, then watch on
+                break
+            version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
+            state, why = hook_state(obj)
+            if state != "running":
+                return state, why
+            if kind == "DELETED":
+                return "failed", f"it was deleted before it completed ({why})"
+        if restart or time.monotonic() < deadline:
+            live = client.get(ref)
+            if live is None:
+                return "failed", "it is gone, and was not seen to complete"
+            state, why = hook_state(live)
+            if state != "running":
+                return state, why
+            version = str((live.get("metadata") or {}).get("resourceVersion") or version)
+
+
+def _delete_by_policy(hook: Hook, ref: ObjectRef, policy: str, client_for: ClientFor) -> None:
+    """Delete a hook object (and wait until it is gone) when it has ``policy``; never a CRD."""
+    if policy not in hook.policies or ref.kind == "CustomResourceDefinition":
+        return
+    client = client_for(hook.bundle)
+    if client.delete(ref, propagation="Background"):
+        _wait_gone(client, ref, bundle=hook.bundle)
+
+
+def _create(hook: Hook, client: KubeClient) -> tuple[ObjectRef, str]:
     """Create a hook object; a named one replaces the previous object of its name
-    (``before-hook-creation``). Returns the created object's reference."""
+    (``before-hook-creation``), and so does a hook this bundle left behind in a run that
+    failed (it carries the bundle's ownership label), whatever its policy: a failed first
+    install is retried cleanly. Returns the created object's reference and resourceVersion."""
     meta = hook.manifest.get("metadata") or {}
     if meta.get("name") and "before-hook-creation" in hook.policies:
-        ref = ObjectRef.of(hook.manifest)
-        if client.delete(ref, propagation="Background"):
-            _wait_gone(client, ref)
+        _delete_previous(hook, client)
     try:
         created = client.create(hook.manifest, field_manager=CONTENT_FIELD_MANAGER)
     except ConflictError as exc:
-        raise HookFailedError(
-            f"hook {hook.name} exists already and its delete policy keeps it "
-            f"({exc.server_message}); add before-hook-creation",
-            bundle=hook.bundle,
-            hook=hook.name,
-        ) from exc
-    return ObjectRef.of(created)
+        if not meta.get("name") or not _left_by_this_bundle(hook, client):
+            raise HookFailedError(
+                f"hook {hook.name} exists already and its delete policy keeps it "
+                f"({exc.server_message}); add before-hook-creation",
+                bundle=hook.bundle,
+                hook=hook.name,
+            ) from exc
+        _delete_previous(hook, client)
+        created = client.create(hook.manifest, field_manager=CONTENT_FIELD_MANAGER)
+    version = str((created.get("metadata") or {}).get("resourceVersion") or "")
+    return ObjectRef.of(created), version
 
 
-def _wait_gone(client: KubeClient, ref: ObjectRef, timeout: float = 60.0) -> None:
+def _delete_previous(hook: Hook, client: KubeClient) -> None:
+    ref = ObjectRef.of(hook.manifest)
+    if client.delete(ref, propagation="Background"):
+        _wait_gone(client, ref, bundle=hook.bundle)
+
+
+def _left_by_this_bundle(hook: Hook, client: KubeClient) -> bool:
+    live = client.get(ObjectRef.of(hook.manifest))
+    labels = ((live or {}).get("metadata") or {}).get("labels") or {}
+    mine = (hook.manifest.get("metadata") or {}).get("labels") or {}
+    return bool(
+        live is not None
+        and mine.get(BUNDLE_LABEL) == hook.bundle
+        and labels.get(BUNDLE_LABEL) == hook.bundle
+    )
+
+
+def _wait_gone(client: KubeClient, ref: ObjectRef, *, bundle: str, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while client.get(ref) is not None:
         if time.monotonic() > deadline:
             raise HookFailedError(
-                f"the previous {ref} was not deleted in {timeout:.0f}s", bundle="", hook=str(ref)
+                f"the previous {ref} was not deleted in {timeout:.0f}s",
+                bundle=bundle,
+                hook=str(ref),
             )
         time.sleep(0.2)
 

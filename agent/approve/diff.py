@@ -3,7 +3,10 @@
 Both sides are cleaned first (:func:`cleaned`): status, the server's bookkeeping
 (managedFields, resourceVersion, generation, uid, creationTimestamp) and fleetlet's
 ``fleetlet.io/revision`` annotation (a new serial each time) are not what a move changes. Secret values never appear: :func:`redacted` replaces each ``data``/``stringData``
-value with a marker that says only whether it changed.
+value with a marker that says only whether it changed. An object still SOPS-encrypted (the
+hub's previews: it holds no key, :mod:`agent.secrets`) shows each encrypted value as
+``<encrypted>`` or ``<encrypted: changed>`` (its ciphertext changed: sops keeps a value's
+ciphertext while its plaintext stays) and no ``sops`` block.
 """
 
 from __future__ import annotations
@@ -17,11 +20,14 @@ from typing import Any
 import yaml
 
 from agent.render.plain import REVISION_ANNOTATION
+from agent.secrets.sops import is_sops_document
 
 Object = dict[str, Any]
 
 REDACTED = "<redacted>"
 REDACTED_CHANGED = "<redacted: changed>"
+ENCRYPTED = "<encrypted>"
+ENCRYPTED_CHANGED = "<encrypted: changed>"
 _BOOKKEEPING = ("managedFields", "resourceVersion", "generation", "uid", "creationTimestamp")
 _PLAIN_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
 
@@ -52,7 +58,10 @@ def cleaned(obj: Mapping[str, Any] | None) -> Object | None:
 
 def redacted(before: Object | None, after: Object | None) -> tuple[Object | None, Object | None]:
     """Both sides with Secret values replaced: equal values by :data:`REDACTED` on both sides,
-    a value that changes or is new by :data:`REDACTED_CHANGED` on the new side."""
+    a value that changes or is new by :data:`REDACTED_CHANGED` on the new side; a SOPS
+    object's encrypted values by :data:`ENCRYPTED` and :data:`ENCRYPTED_CHANGED` alike."""
+    if is_sops_document(after) or is_sops_document(before):
+        return _encrypted(before), _encrypted(after, before)
     kind = (after or before or {}).get("kind")
     if kind != "Secret":
         return before, after
@@ -68,6 +77,27 @@ def redacted(before: Object | None, after: Object | None) -> tuple[Object | None
                 for k, v in (new or {}).items()
             }
     return before, after
+
+
+def _encrypted(obj: Object | None, before: Any = None) -> Object | None:
+    """``obj`` without its ``sops`` block, each encrypted value a marker (changed: not the
+    same ciphertext as in ``before`` at the same place)."""
+    if obj is None:
+        return None
+
+    def mask(value: Any, old: Any) -> Any:
+        if isinstance(value, Mapping):
+            olds = old if isinstance(old, Mapping) else {}
+            return {k: mask(v, olds.get(k)) for k, v in value.items() if k != "sops"}
+        if isinstance(value, list):
+            items = old if isinstance(old, list) else []
+            return [mask(v, items[i] if i < len(items) else None) for i, v in enumerate(value)]
+        if isinstance(value, str) and value.startswith("ENC[AES256_GCM,"):
+            return ENCRYPTED if before is None or value == old else ENCRYPTED_CHANGED
+        return value
+
+    masked: Object = mask(obj, before)
+    return masked
 
 
 def _key(path: str, key: str) -> str:
@@ -120,4 +150,13 @@ def unified(before: Object | None, after: Object | None, *, old: str, new: str) 
     return "".join(difflib.unified_diff(_yaml(before), _yaml(after), fromfile=old, tofile=new))
 
 
-__all__ = ["REDACTED", "REDACTED_CHANGED", "changed_paths", "cleaned", "redacted", "unified"]
+__all__ = [
+    "ENCRYPTED",
+    "ENCRYPTED_CHANGED",
+    "REDACTED",
+    "REDACTED_CHANGED",
+    "changed_paths",
+    "cleaned",
+    "redacted",
+    "unified",
+]

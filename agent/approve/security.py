@@ -3,13 +3,19 @@
 :func:`findings` compares an object before and after a move and says what a cluster admin
 should know before approving it, by category:
 
-- ``rbac``: a Role or ClusterRole added, or widened (a grant it did not have: every new
-  (apiGroup, resource, verb, name) tuple counts), with the wildcards, ``escalate``, ``bind``,
-  ``impersonate`` and secrets access among the new grants; a RoleBinding or ClusterRoleBinding
-  added, or given new subjects or another role;
+- ``rbac``: rights handed to someone. A Role or ClusterRole added, or widened (a grant it did
+  not have: every new (apiGroup, resource, verb, name) tuple counts), with the wildcards,
+  ``escalate``, ``bind``, ``impersonate`` and secrets access among the new grants; a RoleBinding
+  or ClusterRoleBinding added, or given new subjects or another role; and the objects that hand
+  rights to whoever uses them without any binding: a ``kubernetes.io/service-account-token``
+  Secret (the ServiceAccount's token, for anyone who reads the Secret) and a hostPath
+  PersistentVolume (the node's files, for any claim bound to it, past Pod Security admission);
 - ``crds``: a CustomResourceDefinition added or changed;
-- ``webhooks``: an admission webhook configuration or admission policy (and binding) added or
-  changed;
+- ``webhooks``: what the API server admits and where it sends requests. An admission webhook
+  configuration or admission policy (and binding) added or changed; an APIService served by a
+  Service (an aggregated API: the API server forwards that group's requests, with the user's
+  identity, to the Service); a Namespace whose Pod Security ``enforce`` level is relaxed (to
+  ``privileged``, to a lower level, or the label removed);
 - ``privileged``: a pod spec (of a Pod or of any workload's pod template) that gains
   privileges: a privileged or privilege-escalating container, added capabilities, a hostPath
   volume, the host's network, PID or IPC namespace, a host port;
@@ -39,6 +45,11 @@ ADMISSION_KINDS = frozenset(
         "MutatingAdmissionPolicyBinding",
     }
 )
+APISERVICE_GROUP = "apiregistration.k8s.io"
+TOKEN_SECRET = "kubernetes.io/service-account-token"
+ENFORCE_LABEL = "pod-security.kubernetes.io/enforce"
+POD_SECURITY_LEVELS = {"privileged": 0, "baseline": 1, "restricted": 2}
+"""Pod Security levels, least strict first (an unknown value: the API server refuses it)."""
 POWERFUL_VERBS = ("escalate", "bind", "impersonate")
 READ_VERBS = frozenset({"get", "list", "watch", "*"})
 MAX_DETAILS = 16
@@ -147,6 +158,62 @@ def _rbac(kind: str, action: ObjectAction, before: Object | None, after: Object)
     return []
 
 
+# --- objects that grant without a binding, or change admission -----------------------------
+
+
+def _token_secret(action: ObjectAction, before: Object | None, after: Object) -> list[str]:
+    if after.get("type") != TOKEN_SECRET:
+        return []
+    account = _map(_map(after.get("metadata")).get("annotations")).get(
+        "kubernetes.io/service-account.name"
+    )
+    was = _map(_map(_map(before).get("metadata")).get("annotations")).get(
+        "kubernetes.io/service-account.name"
+    )
+    if action != "created" and _map(before).get("type") == TOKEN_SECRET and was == account:
+        return []
+    return [f"token of ServiceAccount {account}", "readable by whoever may read this Secret"]
+
+
+def _host_volume(before: Object | None, after: Object) -> list[str]:
+    path = _map(_map(after.get("spec")).get("hostPath")).get("path")
+    if path is None or path == _map(_map(_map(before).get("spec")).get("hostPath")).get("path"):
+        return []
+    return [f"hostPath {path}", "any claim bound to it reads and writes the node's files"]
+
+
+def _api_service(after: Object) -> list[str]:
+    spec = _map(after.get("spec"))
+    service = _map(spec.get("service"))
+    if not service:
+        return []  # served locally by the API server itself
+    details = [
+        f"{spec.get('version')}.{spec.get('group')} served by Service "
+        f"{service.get('namespace')}/{service.get('name')}",
+        "the API server forwards these requests, with the user's identity",
+    ]
+    if spec.get("insecureSkipTLSVerify") is True:
+        details.append("insecureSkipTLSVerify")
+    return details
+
+
+def _enforce(obj: Object | None) -> str | None:
+    value = _map(_map(_map(obj).get("metadata")).get("labels")).get(ENFORCE_LABEL)
+    return None if value is None else str(value)
+
+
+def _pod_security(action: ObjectAction, before: Object | None, after: Object) -> list[str]:
+    now, was = _enforce(after), _enforce(before)
+    if action == "created" or now == was:
+        return [f"Pod Security enforce: {now}"] if now == "privileged" else []
+    if now is None:
+        return [f"Pod Security enforce label removed (was {was}): the cluster's default applies"]
+    strict = POD_SECURITY_LEVELS.get
+    if was is None or strict(now, 0) < strict(was, 0):
+        return [f"Pod Security enforce relaxed: {was or 'the cluster default'} -> {now}"]
+    return []
+
+
 # --- pods ---------------------------------------------------------------------------------
 
 
@@ -222,8 +289,16 @@ def findings(
             for w in hooks
         ] or [kind]
         out.append(("webhooks", details))
-    elif kind == "Namespace" and api_version == "v1" and action == "created":
-        out.append(("namespaces", ["created"]))
+    elif kind == "APIService" and group == APISERVICE_GROUP:
+        out.append(("webhooks", _api_service(after)))
+    elif kind == "Secret" and api_version == "v1":
+        out.append(("rbac", _token_secret(action, before, after)))
+    elif kind == "PersistentVolume" and api_version == "v1":
+        out.append(("rbac", _host_volume(before, after)))
+    elif kind == "Namespace" and api_version == "v1":
+        if action == "created":
+            out.append(("namespaces", ["created"]))
+        out.append(("webhooks", _pod_security(action, before, after)))
     gained = privileges(pod_spec(after)) - privileges(pod_spec(before))
     if gained:
         out.append(("privileged", sorted(gained)))

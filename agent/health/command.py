@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from agent.api.yamlio import SAFE_LOADER
+from agent.api.yamlio import KUBE_LOADER
 from agent.errors import PermanentError
 from agent.health import ObjectHealth, assess, assess_live
 from agent.health.kstatus import Status
@@ -41,7 +41,7 @@ def _documents(filename: str) -> Iterator[Mapping[str, Any]]:
     except (OSError, UnicodeDecodeError) as exc:
         raise HealthInputError(f"{filename}: cannot read: {exc}") from exc
     try:
-        documents = list(yaml.load_all(text, Loader=SAFE_LOADER))
+        documents = list(yaml.load_all(text, Loader=KUBE_LOADER))
     except yaml.YAMLError as exc:
         raise HealthInputError(f"{filename}: not YAML: {exc}") from exc
     for index, document in enumerate(documents, start=1):

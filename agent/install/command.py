@@ -79,17 +79,8 @@ def _credentials(args: argparse.Namespace, prefix: str) -> Credentials | None:
     )
 
 
-def config_from_args(args: argparse.Namespace) -> InstallConfig:
-    """The installation the flags describe. Raises InstallConfigError."""
-    trusted_root = _read("--trusted-root", args.trusted_root)
-    if trusted_root is None:
-        raise InstallConfigError(
-            "--trusted-root FILE is required: the agent verifies every publication against it"
-        )
-    try:
-        json.loads(trusted_root)
-    except ValueError as exc:
-        raise InstallConfigError(f"--trusted-root {args.trusted_root}: not JSON ({exc})") from exc
+def _registry_config(args: argparse.Namespace) -> str | None:
+    """The docker config JSON of ``--registry-config``. Raises InstallConfigError."""
     registry = _read("--registry-config", args.registry_config)
     if registry is not None:
         try:
@@ -101,6 +92,34 @@ def config_from_args(args: argparse.Namespace) -> InstallConfig:
                 f"--registry-config {args.registry_config}: not a docker config JSON (no auths)"
             )
         mask(registry)
+    return registry
+
+
+def config_from_args(args: argparse.Namespace) -> InstallConfig:
+    """The installation the flags describe. Raises InstallConfigError."""
+    for flag in ("repo", "cluster", "identity", "issuer"):
+        if not getattr(args, flag):
+            raise InstallConfigError(
+                f"--{flag} is required (or --enroll HUB_URL --token-file FILE)"
+            )
+    trusted_root = _read("--trusted-root", args.trusted_root)
+    if trusted_root is None:
+        raise InstallConfigError(
+            "--trusted-root FILE is required: the agent verifies every publication against it"
+        )
+    try:
+        json.loads(trusted_root)
+    except ValueError as exc:
+        raise InstallConfigError(f"--trusted-root {args.trusted_root}: not JSON ({exc})") from exc
+    shared = bool(getattr(args, "shared_status_repo", False))
+    if (not args.status_repo or args.status_repo == args.repo) and not shared:
+        raise InstallConfigError(
+            "--status-repo GIT_URL is required, a repository other than --repo: with one "
+            "repository a cluster's status credential could push the hub's refs too (see "
+            "docs/operations.md, 'Who may push what'); --shared-status-repo keeps status in "
+            "--repo knowingly"
+        )
+    registry = _registry_config(args)
     return InstallConfig(
         image=args.image,
         repo=args.repo,
@@ -123,6 +142,8 @@ def config_from_args(args: argparse.Namespace) -> InstallConfig:
 def run_install(args: argparse.Namespace) -> int:
     """Handler of ``fleetlet agent install``."""
     args.output = args.output or ("yaml" if args.dry_run else "table")
+    if getattr(args, "enroll", None):
+        return _run_enroll(args)
     config = config_from_args(args)
     objects = install_objects(config)
     if args.dry_run:
@@ -133,6 +154,54 @@ def run_install(args: argparse.Namespace) -> int:
 
     with KubeClient(kubeconfig=kubeconfig_of(args), context=args.context) as kube:
         changes = install(kube, objects, report=None if args.output != "table" else _print)
+    return _summary(args, config, changes)
+
+
+def _run_enroll(args: argparse.Namespace) -> int:
+    """``agent install --enroll``: ask the hub (:mod:`agent.install.enroll`), then install
+    what its acceptance says."""
+    from agent.install.enroll import enroll
+    from agent.install.installer import install
+    from agent.kube import KubeClient
+
+    given = [f"--{f.replace('_', '-')}" for f in ("repo", "identity", "issuer", "trusted_root",
+             "status_repo") if getattr(args, f, None)]  # fmt: skip
+    if given:
+        raise InstallConfigError(
+            f"--enroll: the hub says where and whom to trust; drop {', '.join(given)}"
+        )
+    if args.dry_run:
+        raise InstallConfigError("--enroll cannot be a --dry-run: enrolling sends a request")
+    token = _secret_file("--token-file", args.token_file)
+    if token is None:
+        raise InstallConfigError(
+            "--enroll needs --token-file FILE (a `hub enroll-token create` token)"
+        )
+    from agent.install.enroll import parse_labels
+
+    with KubeClient(kubeconfig=kubeconfig_of(args), context=args.context) as kube:
+        config = enroll(
+            kube,
+            hub=args.enroll,
+            token=token,
+            image=args.image,
+            namespace=args.namespace,
+            cluster=args.cluster,
+            labels=parse_labels(args.labels),
+            wait=args.enroll_wait,
+            report=lambda line: print(line, file=sys.stderr),
+            registry_config=_registry_config(args),
+            poll_interval=args.interval,
+            log_format=args.agent_log_format,
+            service_monitor=args.service_monitor,
+        )
+        changes = install(
+            kube, install_objects(config), report=None if args.output != "table" else _print
+        )
+    return _summary(args, config, changes)
+
+
+def _summary(args: argparse.Namespace, config: InstallConfig, changes: list[Any]) -> int:
     if args.output != "table":
         sys.stdout.write(_dump_changes(changes, args.output))
     else:
@@ -176,7 +245,9 @@ def _dump(objects: list[dict[str, Any]], output: str) -> str:
         return json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}, indent=2) + "\n"
     import yaml
 
-    return yaml.safe_dump_all(objects, sort_keys=False, default_flow_style=False)
+    from agent.api.yamlio import KUBE_DUMPER
+
+    return yaml.dump_all(objects, Dumper=KUBE_DUMPER, sort_keys=False, default_flow_style=False)
 
 
 def _dump_changes(changes: list[Any], output: str) -> str:
@@ -215,23 +286,56 @@ def add_install_arguments(p: argparse.ArgumentParser) -> None:
         metavar="REPOSITORY@sha256:DIGEST",
         help="the agent image, pinned by digest",
     )
-    p.add_argument("--repo", required=True, metavar="GIT_URL", help="the desired-state repo")
-    p.add_argument("--cluster", required=True, metavar="NAME", help="this cluster's name")
+    enrolling = p.add_argument_group(
+        "enrollment",
+        "instead of --repo, --identity, --issuer, --trusted-root, --status-repo and the git "
+        "credentials: ask the hub (docs/operations.md, 'Enrollment')",
+    )
+    enrolling.add_argument(
+        "--enroll", metavar="HUB_URL", help="enroll this cluster with the hub at HUB_URL"
+    )
+    enrolling.add_argument(
+        "--token-file", metavar="FILE", help="the enrollment token (`hub enroll-token create`)"
+    )
+    enrolling.add_argument(
+        "--labels", metavar="K=V,...", help="labels this cluster claims (within the token's scope)"
+    )
+    enrolling.add_argument(
+        "--enroll-wait",
+        type=float,
+        default=600.0,
+        metavar="SECONDS",
+        help="how long to wait for a manual acceptance (600)",
+    )
+    p.add_argument("--repo", metavar="GIT_URL", help="the desired-state repo")
+    p.add_argument(
+        "--cluster",
+        metavar="NAME",
+        help="this cluster's name (with --enroll, default: derived from the kube-system UID)",
+    )
     p.add_argument(
         "--identity",
-        required=True,
         metavar="SUBJECT",
         help="the signer identity the agent accepts (certificate SAN of `hub publish`)",
     )
-    p.add_argument("--issuer", required=True, metavar="URL", help="its OIDC issuer")
+    p.add_argument("--issuer", metavar="URL", help="its OIDC issuer")
     p.add_argument(
         "--trusted-root",
-        required=True,
         metavar="FILE",
         help="Sigstore trusted_root.json the agent verifies against (stored in Secret "
         "fleetlet-trust with the identity and issuer)",
     )
-    p.add_argument("--status-repo", metavar="GIT_URL", help="where status goes (default: --repo)")
+    p.add_argument(
+        "--status-repo",
+        metavar="GIT_URL",
+        help="where status goes: a repository of its own (required unless --shared-status-repo)",
+    )
+    p.add_argument(
+        "--shared-status-repo",
+        action="store_true",
+        help="push status to --repo itself (one repository: the status credential can then "
+        "push every ref of it; the hub refuses rollout state it did not seal)",
+    )
     cred_flags("git", "desired-state repo (read-only credential)")
     cred_flags("status-git", "status repo (write credential)")
     p.add_argument(

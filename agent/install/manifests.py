@@ -493,14 +493,16 @@ def config_objects(config: InstallConfig) -> list[Object]:
     if known_hosts:
         objects.append(_config_map("fleetlet-ssh-known-hosts", ns, {"known_hosts": known_hosts}))
     if config.registry_config:
-        objects.append(
-            _secret(
-                REGISTRY_SECRET,
-                ns,
-                {".dockerconfigjson": config.registry_config},
-                "kubernetes.io/dockerconfigjson",
-            )
+        registry = _secret(
+            REGISTRY_SECRET,
+            ns,
+            {".dockerconfigjson": config.registry_config},
+            "kubernetes.io/dockerconfigjson",
         )
+        # Meant for bundle sources (agent.source.compose.SOURCE_CREDENTIAL_LABEL); each entry
+        # of the docker config names the registry it is for.
+        registry["metadata"]["labels"]["fleetlet.io/source-credential"] = "true"
+        objects.append(registry)
     if config.hub_public_key:
         objects.append(_config_map(HUB_KEY_CONFIG_MAP, ns, {"hub.pub": config.hub_public_key}))
     return objects

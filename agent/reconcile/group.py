@@ -5,7 +5,7 @@
              agent.reconcile.steady)
     move     render -> request approval (when needed: agent.approve; while a decision is
              awaited, or after a denial, the running revisions are kept: drift put back)
-             -> intent -> pre hooks
+             -> intent -> namespaces -> pre hooks
              -> dry run + staged apply, wave by wave -> Sync hooks -> health of the whole
              group -> post hooks
     finish   prune -> revision store -> outputs -> runs -> intent cleared
@@ -310,12 +310,13 @@ def advance(
     active: Sequence[BundleDeploymentEntry],
     splits: Mapping[str, Split],
 ) -> GroupOutcome:
-    """Pre hooks, apply the targets (wave by wave), Sync hooks, the group's health, post
-    hooks; then :func:`finish`, or :func:`roll_back` when a step fails (after the group's
+    """The Namespaces, pre hooks, apply the targets (wave by wave), Sync hooks, the group's
+    health, post hooks; then :func:`finish`, or :func:`roll_back` when a step fails (after the group's
     SyncFail hooks)."""
     previous = previous_of(ctx, intent)
     objects = {n: s.main for n, s in splits.items()}
     try:
+        namespaces_first(ctx, active, splits, previous)
         hooks = run_moment(ctx, active, splits, PRE)
         result = apply_targets(ctx, active, objects, previous)
         hooks += run_moment(ctx, active, splits, SYNC)
@@ -329,20 +330,49 @@ def advance(
     return GroupOutcome(group=ctx.group, state=GroupState.MOVED, healthy=True)
 
 
+def namespaces_first(
+    ctx: GroupContext,
+    active: Sequence[BundleDeploymentEntry],
+    splits: Mapping[str, Split],
+    previous: Mapping[str, HealthyRevision | None],
+) -> None:
+    """Apply the group's Namespaces (``createNamespace``'s and the bundles' own) before any
+    hook, as ``helm install --create-namespace`` does: pre hooks live in them. Only when the
+    group has hooks to run; the staged apply applies them again (unchanged).
+    Raises MoveFailed (ApplyFailed)."""
+    if not any(s.of(m) for s in splits.values() for m in (PRE, SYNC, POST)):
+        return
+    namespaces = {
+        e.name: [o for o in splits[e.name].main if o.get("kind") == "Namespace"] for e in active
+    }
+    if not any(namespaces.values()):
+        return
+    leftovers = leftovers_of(ctx)
+    apply_moving(
+        ctx,
+        [
+            apply_input(
+                e.name, namespaces[e.name], e.spec, owned(previous[e.name], leftovers.get(e.name))
+            )
+            for e in active
+            if namespaces[e.name]
+        ],
+    )
+
+
 def run_moment(
     ctx: GroupContext,
     active: Sequence[BundleDeploymentEntry],
     splits: Mapping[str, Split],
     moment: str,
 ) -> list[str]:
-    """Run the group's hooks of one moment (all bundles', by weight), each as its bundle's
-    identity, within the longest of the bundles' health timeouts. Returns what ran.
-    Raises MoveFailed (HookFailed)."""
+    """Run the group's hooks of one moment (all bundles', as Helm runs them: see
+    :func:`~agent.apply.hooks.run_hooks`), each as its bundle's identity and within its
+    bundle's health timeout. Returns what ran. Raises MoveFailed (HookFailed)."""
     hooks = [h for e in active for h in splits[e.name].of(moment)]
     if not hooks:
         return []
     specs = {e.name: e.spec for e in active}
-    timeout = max(float(s.health_checks.timeout_seconds) for s in specs.values())
     ctx.views.progress(
         [e.name for e in active],
         Phase.APPLYING,
@@ -354,8 +384,7 @@ def run_moment(
         return run_hooks(
             hooks,
             client_for=lambda bundle: ctx.identities(specs[bundle]),
-            timeout=timeout,
-            interval=ctx.settings.health_interval,
+            timeout_for=lambda bundle: float(specs[bundle].health_checks.timeout_seconds),
         )
     except HookFailedError as exc:
         raise MoveFailed(Reason.HOOK_FAILED, str(exc), bundle=exc.bundle, target=exc.hook) from exc

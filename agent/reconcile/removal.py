@@ -97,7 +97,11 @@ def _run_delete_hooks(
         return
     timeout = float(spec.health_checks.timeout_seconds) if spec else 300.0
     try:
-        run_hooks(hooks, client_for=lambda _bundle: identities(spec), timeout=timeout)
+        run_hooks(
+            hooks,
+            client_for=lambda _bundle: identities(spec),
+            timeout_for=lambda _bundle: timeout,
+        )
     except (HookFailedError, KubeApiError) as exc:
         log.warning(
             "bundle %s: a delete hook failed (removing it anyway): %s", hooks[0].bundle, exc

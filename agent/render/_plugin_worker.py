@@ -1,4 +1,5 @@
-"""The child process a format plugin runs in: ``python -m agent.render._plugin_worker``.
+"""The child process a format plugin runs in (:mod:`agent.render.plugins` starts it isolated,
+with an explicit ``sys.path``, and calls :func:`entry`).
 
 It reads one job (JSON) on stdin, loads the plugin from its entry point value, and either
 describes it (``applies_patches``, ``cache_identity``, ``api_version``) or renders a tree
@@ -118,9 +119,14 @@ def main(stdin: BinaryIO, result: BinaryIO) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    # The result channel is the stdout we were given; the plugin's prints go to stderr.
+def entry() -> None:
+    """Run one job from stdin: the result channel is the stdout we were given; the plugin's
+    prints go to stderr."""
     channel = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     sys.exit(main(sys.stdin.buffer, channel))
+
+
+if __name__ == "__main__":
+    entry()

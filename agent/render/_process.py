@@ -19,6 +19,10 @@ space limit bounds nothing useful; reserved, inaccessible mappings do not count 
 about 96 MiB of it). A failure becomes one of our errors with the
 tail of the tool's own message, so a broken chart reads as helm's reason, not as a traceback.
 
+The child is started confined when the caller says how (``confine``: :mod:`agent.render.confine`,
+the tree to read, a scratch directory to write, no network); a refused access then reads as the
+tool's own error with the confinement named.
+
 Every error here is permanent: the same tree and options render the same way, so retrying a
 timeout or an out-of-memory would only burn the agent's CPU again (``reason`` says which).
 """
@@ -37,6 +41,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from agent.errors import PermanentError
+from agent.render.confine import Confinement, explain_refusal, run_confined
 
 DEFAULT_MAX_OUTPUT = 64 * 1024 * 1024
 """Bytes a tool may write to stdout (a render bigger than this is refused)."""
@@ -87,12 +92,14 @@ def run_tool(
     input: bytes | None = None,
     env: Mapping[str, str] | None = None,
     max_output: int = DEFAULT_MAX_OUTPUT,
+    confine: Confinement | None = None,
 ) -> bytes:
     """Run ``argv`` in ``cwd`` and return its stdout.
 
     ``timeout`` in seconds; ``max_memory`` in bytes of writable memory; ``env`` is the child's
     whole environment (default: only ``PATH``), so nothing of the agent's leaks into a tool;
-    ``input`` is written to its stdin (else stdin is empty).
+    ``input`` is written to its stdin (else stdin is empty); ``confine``: what the tool may
+    reach (:mod:`agent.render.confine`; every renderer passes one), None for no confinement.
 
     Raises ToolFailedError (non-zero exit, with its stderr), ToolTimeoutError,
     ToolMemoryError, ToolOutputTooLargeError, and ToolFailedError when it cannot be started.
@@ -102,8 +109,9 @@ def run_tool(
     child_env = dict(env) if env is not None else {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
     # A soft limit below the hard one: the Go runtime collects harder instead of dying early.
     child_env.setdefault("GOMEMLIMIT", str(max_memory * 3 // 4))
-    try:
-        proc = subprocess.Popen(
+
+    def start() -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
             args,
             cwd=cwd,
             env=child_env,
@@ -112,6 +120,9 @@ def run_tool(
             stderr=subprocess.PIPE,
             process_group=0,  # its own process group: a timeout kills its children too
         )
+
+    try:
+        proc = run_confined(confine, start)
     except OSError as exc:
         raise ToolFailedError(f"{tool}: cannot start {args[0]}: {exc}", tool=tool) from exc
     try:
@@ -124,6 +135,8 @@ def run_tool(
     finally:
         _kill_group(proc)
     message = _tail(stderr)
+    if confine is not None:
+        message = explain_refusal(message) or message
     if overflow == "time":
         raise ToolTimeoutError(f"{tool} ran longer than {timeout:g} s and was stopped", tool=tool)
     if overflow == "output":

@@ -10,7 +10,8 @@ The key (:func:`render_key`) is a sha256 over:
   and fleetlet's version;
 - every field of the :class:`~agent.render.plain.RenderRequest` that shapes the output: the
   format options, patches, target namespace, limits, cluster facts (Kubernetes version and
-  APIs), and any field added later. Only ``source`` (a name in messages), ``scope`` and
+  APIs), and any field added later; of the cluster's age keyring, its public keys (whether
+  SOPS files are opened, and with which keys). Only ``source`` (a name in messages), ``scope`` and
   ``ownership`` are left out: they are applied by :func:`~agent.render.plain.finish` after the
   cache, on every call (cheap, and the scope is the live cluster's).
 
@@ -18,7 +19,10 @@ What is kept is the output of :func:`~agent.render.formats.render_objects` (vali
 patched), as compressed JSON: each hit decodes a fresh copy, so callers may change it. The
 cache is bounded in memory (bytes, least recently used first out) and, given a directory, also
 kept on disk (bounded in files) so a restarted agent does not run the tools again either.
-Failures are not cached.
+Failures are not cached. A render that opened SOPS files (:mod:`agent.secrets.tree`, between
+composing the tree and rendering it) or decrypted a bundle's encrypted values
+(:mod:`agent.secrets.values`) is kept in memory only: decrypted values are never written to
+the cache's directory.
 """
 
 from __future__ import annotations
@@ -39,9 +43,11 @@ from agent import __version__
 from agent.render.formats import get_format, render_objects
 from agent.render.manifests import Manifest
 from agent.render.plain import RenderRequest, finish
+from agent.secrets.tree import open_tree
+from agent.secrets.values import open_values
 
 # RenderRequest fields applied after the cache (see the module doc).
-_NOT_IN_KEY = frozenset({"source", "scope", "ownership", "tools"})
+_NOT_IN_KEY = frozenset({"source", "scope", "ownership", "tools", "keyring"})
 
 
 def _plain(value: Any) -> Any:
@@ -83,6 +89,9 @@ def render_key(*, format: str, content: str, request: RenderRequest) -> str:
         "patcher": file_identity(request.tools.find("kustomize")) if request.patches else None,
         "content": content,
         "request": fields,
+        # Whether SOPS content is opened, and with which keys (public halves): a preview
+        # without keys never answers for an agent, and a rotated keyring renders again.
+        "recipients": list(request.keyring.recipients) if request.keyring is not None else None,
     }
     encoded = json.dumps(key, sort_keys=True, separators=(",", ":"), default=_plain)
     return hashlib.sha256(encoded.encode()).hexdigest()
@@ -156,11 +165,12 @@ class RenderCache:
         self.hits += 1
         return objects
 
-    def put(self, key: str, objects: list[Manifest]) -> None:
-        """Keep a copy of ``objects`` under ``key``."""
+    def put(self, key: str, objects: list[Manifest], *, disk: bool = True) -> None:
+        """Keep a copy of ``objects`` under ``key`` (in memory only when not ``disk``)."""
         blob = zlib.compress(json.dumps(objects, separators=(",", ":")).encode(), 1)
         self._remember(key, blob)
-        self._write(key, blob)
+        if disk:
+            self._write(key, blob)
 
     def render(
         self,
@@ -179,8 +189,14 @@ class RenderCache:
         key = render_key(format=format, content=content, request=request)
         objects = self.get(key)
         if objects is None:
-            objects = render_objects(tree(), format=format, request=request)
-            self.put(key, objects)
+            root = tree()
+            secrets = open_tree(
+                root, request.keyring, source=request.source, limits=request.limits.parse
+            )
+            opened, values = open_values(request)
+            objects = render_objects(root, format=format, request=opened)
+            # What SOPS files rendered to is kept in memory only, never on disk.
+            self.put(key, objects, disk=not (secrets.files and secrets.opened) and not values)
         return finish(objects, request)
 
     # -- memory ------------------------------------------------------------------------------

@@ -24,17 +24,26 @@ from typing import Any
 import yaml
 
 from agent.api import FormatOptions, from_dict
-from agent.api.yamlio import SAFE_DUMPER
+from agent.api.yamlio import KUBE_DUMPER
 from agent.errors import PermanentError, ValidationError
-from agent.render.detect import detect_format
+from agent.render.detect import archive_hint, detect_format, kustomize_hint
 from agent.render.facts import ClusterFacts
 from agent.render.formats import render_bundle
+from agent.render.manifests import InvalidManifestError
 from agent.render.plain import RenderRequest, render_root
 from agent.render.scope import builtin_scope
 from agent.render.tools import ToolSettings
-from agent.render.values import load_values_file, merge, parse_set
+from agent.render.values import (
+    file_assignments,
+    load_values_file,
+    merge,
+    parse_set,
+    parse_set_file,
+    parse_set_json,
+)
+from agent.secrets.tree import open_tree
 
-_Dumper: type[Any] = SAFE_DUMPER
+_Dumper: type[Any] = KUBE_DUMPER
 
 # Which formats take which options (the API's rule: plugins take every option).
 _ONLY = {
@@ -64,6 +73,9 @@ class RenderOptions:
     namespace: str | None = None
     values_files: Sequence[str] = ()
     set_values: Sequence[str] = ()
+    set_string_values: Sequence[str] = ()
+    set_json_values: Sequence[str] = ()
+    set_file_values: Sequence[str] = ()
     release_name: str | None = None
     install_namespace: str | None = None
     watch_namespace: str | None = None
@@ -74,11 +86,17 @@ class RenderOptions:
 def _format_options(options: RenderOptions) -> dict[str, Any]:
     """The ``formatOptions`` the flags stand for, checked by the API's own validation."""
     values: dict[str, Any] | None = None
-    if options.values_files or options.set_values:
+    sets = _helm_sets(options)
+    if options.values_files or sets:
         values = {}
         for name in options.values_files:
             values = merge(values, load_values_file(Path(name)))
+        # helm's order, whatever the order of the flags: --set-json, --set, --set-string,
+        # --set-file.
+        values = merge(values, parse_set_json(options.set_json_values))
         values = merge(values, parse_set(options.set_values))
+        values = merge(values, parse_set(options.set_string_values, strings=True))
+        values = merge(values, parse_set_file(options.set_file_values))
     checked = {
         "path": options.path,
         "targetNamespace": options.namespace,
@@ -94,6 +112,21 @@ def _format_options(options: RenderOptions) -> dict[str, Any]:
     if options.release_name is not None:
         checked["releaseName"] = options.release_name
     return checked
+
+
+def _helm_sets(options: RenderOptions) -> tuple[str, ...]:
+    """The ``--set*`` flags as given to helm (a file's content as ``--set-literal``: helm
+    reads no file of the user's)."""
+    flags: list[str] = []
+    for flag, given in (
+        ("--set-json", options.set_json_values),
+        ("--set", options.set_values),
+        ("--set-string", options.set_string_values),
+    ):
+        flags += [f"{flag}={assignment}" for assignment in given]
+    for key, text in file_assignments(options.set_file_values):
+        flags.append(f"--set-literal={key}={text}")
+    return tuple(flags)
 
 
 def _check_applies(format: str, format_options: dict[str, Any]) -> None:
@@ -131,6 +164,7 @@ def run_render(
         options=format_options,
         cluster=ClusterFacts(kube_version=options.kube_version),
         tools=tools or ToolSettings(),
+        helm_set=_helm_sets(options),
     )
     root = render_root(tree, request)
     detected = detect_format(root)
@@ -146,7 +180,24 @@ def run_render(
                 f"rendering it as {format}, as asked"
             )
     _check_applies(format, format_options)
-    objects = render_bundle(tree, format=format, request=request)
+    sealed = open_tree(tree, None, source=bundle_dir)
+    if sealed.files:
+        files = ", ".join(f"{name} ({count})" for name, count in sealed.files.items())
+        note(
+            f"{shown}: {sealed.values} values in {len(sealed.files)} SOPS files stay encrypted "
+            f"here ({files}): a cluster's agent decrypts them with its own age key"
+        )
+    guessed = options.format is None and format == "plain"
+    try:
+        objects = render_bundle(tree, format=format, request=request)
+    except InvalidManifestError as exc:
+        hint = kustomize_hint(root) if guessed else None
+        if hint:
+            raise RenderUsageError(hint) from exc
+        raise
+    hint = archive_hint(root) if guessed and not objects else None
+    if hint:
+        raise RenderUsageError(hint)
     if options.output == "json":
         listed = {"apiVersion": "v1", "kind": "List", "items": objects}
         return json.dumps(listed, indent=2) + "\n"

@@ -16,6 +16,8 @@ with:
   ``--api-versions``), ``.Release.IsUpgrade`` from the request (``--is-upgrade``);
 - ``--include-crds``: the chart's ``crds/`` come out first and, being CRDs, go to the CRD stage
   and are kept when the bundle is removed unless it sets ``keepCRDs: false``;
+- confinement (:mod:`agent.render.confine`): helm reads the tree (and the scratch copy below)
+  and nothing else, writes nothing, opens no socket;
 - no network and no state: ``HOME`` and the ``HELM_*`` directories under ``/dev/null``, where
   nothing can exist (no repositories, no registry logins, no plugins, so no post-renderer), no
   kubeconfig, and proxies pointing at a closed local port, so any attempt to reach out fails
@@ -27,6 +29,7 @@ with:
   chart in the scratch directory (the tree, signed and cached, is never changed); the path must
   stay inside the bundle tree, hold a chart of the dependency's name whose version satisfies
   the dependency's constraint, and its own ``file://`` dependencies are placed the same way;
+  a link in the copy points at the same file of the tree (one leading outside is refused);
 - dependencies whose repository is a local repository name (``@stable``, ``alias:stable``:
   a user's ``repositories.yaml``, which fleetlet never reads) are refused: use the full URL.
 
@@ -49,6 +52,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agent.render import confine
 from agent.render._process import run_tool
 from agent.render.manifests import (
     InvalidManifestError,
@@ -57,7 +61,7 @@ from agent.render.manifests import (
     load_documents,
     parse_manifests,
 )
-from agent.render.plain import RenderRequest
+from agent.render.plain import RenderRequest, refuse_duplicates
 
 DEFAULT_TIMEOUT = 60.0
 """Seconds one ``helm template`` may take."""
@@ -118,6 +122,7 @@ class HelmFormat:
         metadata = read_chart_metadata(chart, tree=tree, source=source)
         local = check_dependencies(chart, metadata, tree=tree, source=source)
         helm = request.tools.find("helm")
+        confinement = confine.for_tool(helm, tree=tree)
         with contextlib.ExitStack() as scratch:
             if local:
                 # file:// dependencies go into a scratch copy: the signed, cached tree stays
@@ -125,7 +130,8 @@ class HelmFormat:
                 where = Path(
                     scratch.enter_context(tempfile.TemporaryDirectory(prefix="fleetlet-helm-"))
                 )
-                chart = overlay_chart(chart, local, where / "overlay")
+                chart = overlay_chart(chart, local, where / "overlay", tree=tree, source=source)
+                confinement = confinement.plus(read=[where])
             argv: list[str] = [
                 str(helm),
                 "template",
@@ -144,6 +150,9 @@ class HelmFormat:
                 # On stdin (``--values -``): no file to write and clean up per render.
                 inline = json.dumps(values).encode()
                 argv += ["--values", "-"]
+            # Already in ``values`` (for checking, and for plugin formats); helm applies them
+            # again over them, typed as only helm types them (int64 against float64).
+            argv += list(request.helm_set)
             facts = request.cluster
             if facts.kube_version:
                 argv += ["--kube-version", facts.kube_version]
@@ -158,6 +167,7 @@ class HelmFormat:
                 input=inline,
                 env=_HERMETIC_ENV,
                 max_output=request.limits.max_total_bytes,
+                confine=confinement,
             )
         return parse_output(output, source=source, limits=request.limits.parse)
 
@@ -356,18 +366,56 @@ def _satisfies(version: str, constraint: str) -> bool:
         return False
 
 
-def overlay_chart(chart: Path, local: Sequence[LocalDependency], dest: Path) -> Path:
+def overlay_chart(
+    chart: Path, local: Sequence[LocalDependency], dest: Path, *, tree: Path, source: str = ""
+) -> Path:
     """A copy of ``chart`` at ``dest`` with each ``file://`` dependency copied in as
     ``charts/<name>`` (its own placed the same way), as ``helm dependency build`` would place
-    them; ``dest``. The bundle tree is not changed. Links are copied as links.
+    them; ``dest``. The bundle tree is not changed.
 
-    Raises OSError when the scratch directory cannot be written.
+    A link is judged where it lies, in the bundle tree: one that resolves inside ``tree``
+    becomes a link to that same file of the tree (absolute), so moving it into the scratch
+    copy cannot make it climb elsewhere; one that resolves outside (or nowhere) is refused.
+    Raises HelmChartError (LinkEscapes), OSError when the scratch directory cannot be written.
     """
-    shutil.copytree(chart, dest, symlinks=True)
+    _copy_without_escapes(chart, dest, tree=tree, source=source)
     for dependency in local:
         (dest / "charts").mkdir(exist_ok=True)
-        overlay_chart(dependency.path, dependency.dependencies, dest / "charts" / dependency.name)
+        overlay_chart(
+            dependency.path,
+            dependency.dependencies,
+            dest / "charts" / dependency.name,
+            tree=tree,
+            source=source,
+        )
     return dest
+
+
+def _copy_without_escapes(src: Path, dest: Path, *, tree: Path, source: str) -> None:
+    root = os.path.realpath(tree)
+    dest.mkdir(parents=True, exist_ok=True)
+    for directory, dirs, files in os.walk(src, followlinks=False):
+        here = Path(directory)
+        target_dir = dest / here.relative_to(src)
+        for name in [*dirs, *files]:
+            path = here / name
+            out = target_dir / name
+            if path.is_symlink():
+                real = os.path.realpath(path)
+                if not (real == root or real.startswith(root + os.sep)) or not os.path.exists(real):
+                    raise HelmChartError(
+                        f"link {_relative(path, tree)} -> {os.readlink(path)} leads outside "
+                        "the bundle tree (or nowhere); a chart with file:// dependencies may "
+                        "only hold links to files of the same tree",
+                        source=source,
+                        file=_relative(path, tree),
+                        rule="LinkEscapes",
+                    )
+                out.symlink_to(real)
+            elif path.is_dir():
+                out.mkdir(exist_ok=True)
+            else:
+                shutil.copy2(path, out)
 
 
 def _vendored(charts: Path) -> set[str]:
@@ -471,14 +519,35 @@ def parse_output(output: bytes, *, source: str, limits: ParseLimits) -> list[Man
         max_depth=limits.max_depth,
     )
     try:
-        return parse_manifests(output, source=source, file="helm template output", limits=whole)
+        objects = parse_manifests(output, source=source, file="helm template output", limits=whole)
     except InvalidManifestError:
-        text = output.decode("utf-8", "replace")
-        for chunk in _DOCUMENT_START.split(text):
-            match = _SOURCE_LINE.search(chunk)
-            name = match.group(1).strip() if match else "helm template output"
-            parse_manifests(chunk.encode(), source=source, file=name, limits=limits)
+        _by_template(output, source=source, limits=limits)
         raise
+    try:
+        refuse_duplicates(objects, ["helm template output"] * len(objects), source=source)
+    except InvalidManifestError:
+        # Again with each object's template, to say where each copy came from.
+        found, origins = _by_template(output, source=source, limits=limits)
+        refuse_duplicates(found, origins, source=source)
+        raise
+    return objects
+
+
+def _by_template(
+    output: bytes, *, source: str, limits: ParseLimits
+) -> tuple[list[Manifest], list[str]]:
+    """The objects of helm's output and the template each came from (its ``# Source:``)."""
+    text = output.decode("utf-8", "replace")
+    objects: list[Manifest] = []
+    origins: list[str] = []
+    name = "helm template output"
+    for chunk in _DOCUMENT_START.split(text):
+        match = _SOURCE_LINE.search(chunk)
+        name = match.group(1).strip() if match else name
+        found = parse_manifests(chunk.encode(), source=source, file=name, limits=limits)
+        objects += found
+        origins += [name] * len(found)
+    return objects, origins
 
 
 # helm's whole environment: no cluster, no network, and no state. Its home and every ``HELM_*``

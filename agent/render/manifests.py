@@ -1,14 +1,14 @@
 """Parse YAML and JSON manifest files safely: bounded, alias-bomb proof, validated.
 
-YAML goes through PyYAML's safe loader (``CSafeLoader`` when libyaml is there) twice: first
+YAML is read as Kubernetes reads it (:data:`agent.api.yamlio.KUBE_LOADER`: go-yaml's scalar
+rules, C parser when libyaml is there), twice: first
 the event stream is scanned without building anything, counting documents, nesting depth,
 aliases and the number of nodes the document would have once every alias is expanded (each
 anchor's expanded size is remembered, so an alias bomb is measured in one linear pass and
 refused before anything is built); only then is it loaded. Objects are then copied through
 JSON, which expands aliases (within the bound just checked) so nothing downstream shares
-structure, and turns YAML-only values (timestamps) into the strings Kubernetes would see. A key
-written twice in one mapping is refused (PyYAML would keep the last one silently), as the set
-loader refuses it.
+structure. A key written twice in one mapping is refused (go-yaml would keep the last one
+silently), as the set loader refuses it.
 
 Each refusal is an :class:`InvalidManifestError` naming the source, the file and the rule.
 """
@@ -18,28 +18,14 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from datetime import date, datetime
 from typing import Any
 
 import yaml
 
-from agent.api.yamlio import SAFE_LOADER
+from agent.api.yamlio import KUBE_LOADER, DuplicateKeyError, json_number
 from agent.source.content import ContentRefusedError
 
-_Loader: type[Any] = SAFE_LOADER
-
-
-class _DuplicateKeyError(yaml.YAMLError):
-    """A mapping names one key twice (internal: becomes InvalidManifestError DuplicateKey)."""
-
-
-def _json_key(key: object) -> str:
-    """The key as JSON (and so the API server) sees it: ``1`` and ``"1"`` are one key."""
-    if isinstance(key, str):
-        return key
-    if isinstance(key, bool | int | float) or key is None:
-        return json.dumps(key)
-    return repr(key)
+_Loader: type[Any] = KUBE_LOADER
 
 
 def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -47,36 +33,17 @@ def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     found: dict[str, Any] = {}
     for key, value in pairs:
         if key in found:
-            raise _DuplicateKeyError(f"key {json.dumps(key)} appears twice in one object")
+            raise DuplicateKeyError(f"key {json.dumps(key)} appears twice in one object")
         found[key] = value
     return found
 
 
-class _ManifestLoader(_Loader):  # type: ignore[misc,valid-type]
-    """The safe loader, refusing a key written twice in one mapping (PyYAML keeps the last:
-    ``namespace: web`` then ``namespace: kube-system`` would land in kube-system). Keys a
-    merge (``<<``) brings in may be overridden, as YAML intends."""
+def _json_float(text: str) -> int | float:
+    return json_number(float(text))
 
-    def construct_mapping(self, node: yaml.Node, deep: bool = False) -> Any:
-        if isinstance(node, yaml.MappingNode):
-            checked: set[int] = self.__dict__.setdefault("_checked", set())
-            if id(node) not in checked:
-                checked.add(id(node))
-                seen: dict[str, yaml.Node] = {}
-                for key_node, _value in node.value:
-                    if not isinstance(key_node, yaml.ScalarNode):
-                        continue
-                    if key_node.tag == "tag:yaml.org,2002:merge":
-                        continue
-                    key = _json_key(self.construct_object(key_node))
-                    if key in seen:
-                        first = seen[key].start_mark.line + 1
-                        raise _DuplicateKeyError(
-                            f"key {json.dumps(key)} appears twice in one mapping (lines "
-                            f"{first} and {key_node.start_mark.line + 1})"
-                        )
-                    seen[key] = key_node
-        return super().construct_mapping(node, deep=deep)
+
+def _json_int(text: str) -> int | float:
+    return json_number(int(text))
 
 
 # C0 controls except tab, newline and carriage return, and DEL: never in a text manifest.
@@ -217,13 +184,6 @@ def _one_line(exc: Exception) -> str:
     return " ".join(str(exc).split())
 
 
-def _json_value(value: object) -> object:
-    """JSON's ``default``: YAML timestamps become strings; everything else is refused."""
-    if isinstance(value, datetime | date):
-        return value.isoformat()
-    raise TypeError(f"a {type(value).__name__} value has no JSON form")
-
-
 def load_documents(
     data: bytes, *, source: str, file: str, limits: ParseLimits | None = None
 ) -> list[object]:
@@ -236,8 +196,16 @@ def load_documents(
     text = decode_text(data, source=source, file=file, limits=limits)
     if file.endswith(".json"):
         try:
-            return [json.loads(text, object_pairs_hook=_unique_pairs)]
-        except _DuplicateKeyError as exc:
+            # Numbers as Kubernetes decodes them (``1.0`` is ``1``; see json_number).
+            return [
+                json.loads(
+                    text,
+                    object_pairs_hook=_unique_pairs,
+                    parse_float=_json_float,
+                    parse_int=_json_int,
+                )
+            ]
+        except DuplicateKeyError as exc:
             raise InvalidManifestError(
                 str(exc), source=source, file=file, rule="DuplicateKey"
             ) from None
@@ -251,8 +219,8 @@ def load_documents(
             ) from None
     _scan_yaml(text, source=source, file=file, limits=limits)
     try:
-        raw = [d for d in yaml.load_all(text, Loader=_ManifestLoader) if d is not None]
-    except _DuplicateKeyError as exc:
+        raw = [d for d in yaml.load_all(text, Loader=_Loader) if d is not None]
+    except DuplicateKeyError as exc:
         raise InvalidManifestError(
             str(exc), source=source, file=file, rule="DuplicateKey"
         ) from None
@@ -261,8 +229,9 @@ def load_documents(
             f"not valid YAML: {_one_line(exc)}", source=source, file=file, rule="YamlSyntax"
         ) from None
     try:
-        # Expands aliases (bounded by the scan) and normalises YAML-only types.
-        documents: list[object] = json.loads(json.dumps(raw, default=_json_value, allow_nan=False))
+        # Expands aliases (bounded by the scan), so nothing downstream shares structure; NaN and
+        # infinities are refused, as Go's JSON refuses them.
+        documents: list[object] = json.loads(json.dumps(raw, allow_nan=False))
     except (TypeError, ValueError) as exc:
         raise InvalidManifestError(
             f"value not representable in JSON: {exc}",
@@ -272,6 +241,11 @@ def load_documents(
         ) from None
     return documents
 
+
+_UNQUOTED = (
+    "Kubernetes reads unquoted y, n, yes, no, on, off, true, false, null and numbers as "
+    "non-strings: quote it"
+)
 
 # Annotations that make an object a hook (created at a stage, not applied): Argo CD's and Helm's.
 HOOK_ANNOTATIONS = ("argocd.argoproj.io/hook", "helm.sh/hook")
@@ -322,6 +296,11 @@ def validate_object(
         generate = metadata.get("generateName")
         if isinstance(generate, str) and generate:
             name = generate
+    if name is not None and not isinstance(name, str):
+        raise refuse(
+            f"{kind}: metadata.name is {json.dumps(name)}, not a string ({_UNQUOTED})",
+            "MissingName",
+        )
     if not isinstance(name, str) or not name:
         if metadata.get("generateName"):
             raise refuse(
@@ -335,12 +314,19 @@ def validate_object(
         raise refuse(f"{kind} {name}: metadata.namespace is not a string", "InvalidNamespace")
     for field in ("labels", "annotations"):
         value = metadata.get(field)
-        if value is not None and not (
-            isinstance(value, dict) and all(isinstance(v, str) for v in value.values())
-        ):
+        if value is None:
+            continue
+        if not isinstance(value, dict):
             raise refuse(
                 f"{kind} {name}: metadata.{field} must map strings to strings", "InvalidMetadata"
             )
+        for key, text in value.items():
+            if not isinstance(text, str):
+                raise refuse(
+                    f"{kind} {name}: metadata.{field}.{key} is {json.dumps(text)}, not a string "
+                    f"({_UNQUOTED})",
+                    "InvalidMetadata",
+                )
     return document
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.errors import PermanentError
+from agent.render import confine
 from agent.render._process import run_tool
 from agent.render.manifests import (
     InvalidManifestError,
@@ -79,7 +80,12 @@ def apply_patches(
         (directory / "kustomization.yaml").write_text(json.dumps(kustomization))
         try:
             output = run_tool(
-                [tool, "build", "."], cwd=directory, timeout=timeout, max_memory=max_memory
+                [tool, "build", "."],
+                cwd=directory,
+                timeout=timeout,
+                max_memory=max_memory,
+                env=confine.environment(scratch=directory),
+                confine=confine.for_tool(tool, tree=directory, scratch=directory),
             )
         except PermanentError as exc:
             raise PatchFailedError(

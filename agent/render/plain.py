@@ -27,7 +27,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from agent.errors import TemporaryError
 from agent.render.detect import detect_format, is_known_non_manifest
@@ -36,6 +36,9 @@ from agent.render.manifests import InvalidManifestError, Manifest, ParseLimits, 
 from agent.render.scope import ScopeLookup, builtin_scope, with_bundle_crds
 from agent.render.tools import ToolSettings
 from agent.source.tree import LinkEscapeError, resolve_inside
+
+if TYPE_CHECKING:
+    from agent.secrets.keys import Keyring
 
 BUNDLE_LABEL = "fleetlet.io/bundle"
 GROUP_LABEL = "fleetlet.io/group"
@@ -80,10 +83,14 @@ class RenderRequest:
     :func:`agent.render.formats.render_bundle` after the format, never by the format itself.
     ``cluster`` is what is known of the cluster (version, served APIs); ``upgrade`` whether the
     bundle is already installed there (helm's ``.Release.IsUpgrade``); ``tools`` where helm
-    and kustomize are.
+    and kustomize are. ``helm_set`` are ``fleetlet render``'s ``--set*`` flags
+    (``--set=a=1``), given to helm as they were written after the values (so that helm types
+    them itself: an integer there stays an int64, where one in values is a float64);
+    ``keyring`` the cluster's age keys, which open the tree's SOPS files before the format
+    reads them (None: they stay encrypted, as in the hub's previews).
 
-    Every field but ``source``, ``scope``, ``ownership`` and ``tools`` is part of the render
-    cache key (:mod:`agent.render.cache`): a field added here changes the key, so it is never
+    Every field but ``source``, ``scope``, ``ownership``, ``tools`` and ``keyring`` is part of
+    the render cache key (:mod:`agent.render.cache`): a field added here changes the key, so it is never
     stale.
     """
 
@@ -97,6 +104,8 @@ class RenderRequest:
     cluster: ClusterFacts = field(default_factory=ClusterFacts)
     upgrade: bool = False
     tools: ToolSettings = field(default_factory=ToolSettings)
+    helm_set: Sequence[str] = ()
+    keyring: Keyring | None = None
 
 
 class InvalidManifestsError(InvalidManifestError):
@@ -203,6 +212,7 @@ def load_tree(tree: Path, request: RenderRequest) -> list[Manifest]:
     """
     limits = request.limits
     objects: list[Manifest] = []
+    origins: list[str] = []
     refused: list[InvalidManifestError] = []
     total = 0
     for relative in manifest_files(tree, source=request.source, limits=limits):
@@ -225,11 +235,12 @@ def load_tree(tree: Path, request: RenderRequest) -> list[Manifest]:
             )
         data = _guard_read(path.read_bytes, relative, request.source)
         try:
-            objects.extend(
-                parse_manifests(data, source=request.source, file=relative, limits=limits.parse)
-            )
+            found = parse_manifests(data, source=request.source, file=relative, limits=limits.parse)
         except InvalidManifestError as exc:
             refused.append(exc)
+        else:
+            objects.extend(found)
+            origins.extend([relative] * len(found))
         if len(objects) > limits.max_objects:
             raise InvalidManifestError(
                 f"more than {limits.max_objects} objects",
@@ -241,6 +252,7 @@ def load_tree(tree: Path, request: RenderRequest) -> list[Manifest]:
         raise refused[0]
     if refused:
         raise InvalidManifestsError(refused, source=request.source)
+    refuse_duplicates(objects, origins, source=request.source)
     return objects
 
 
@@ -276,6 +288,29 @@ def _identity(obj: Manifest, index: int) -> tuple[str, str, str, str]:
     # A hook known by generateName gets its name from the API server: never a duplicate.
     name = meta.get("name") or f"{meta.get('generateName')}<generated #{index + 1}>"
     return (group, str(obj["kind"]), str(meta.get("namespace") or ""), str(name))
+
+
+def refuse_duplicates(objects: Sequence[Manifest], origins: Sequence[str], *, source: str) -> None:
+    """Refuse an object written twice, naming where each copy came from (``origins``: the file
+    of each object, parallel to ``objects``). Namespaces as written: :func:`finish` catches
+    what defaulting makes equal.
+
+    Raises InvalidManifestError (DuplicateObject).
+    """
+    seen: dict[tuple[str, str, str, str], str] = {}
+    for index, (obj, origin) in enumerate(zip(objects, origins, strict=True)):
+        identity = _identity(obj, index)
+        if identity in seen:
+            group, kind, namespace, name = identity
+            where = f"{namespace}/{name}" if namespace else name
+            raise InvalidManifestError(
+                f"{kind}{'.' + group if group else ''} {where} appears twice: in {seen[identity]} "
+                f"and in {origin}",
+                source=source,
+                file=origin,
+                rule="DuplicateObject",
+            )
+        seen[identity] = origin
 
 
 def finish(objects: list[Manifest], request: RenderRequest) -> list[Manifest]:

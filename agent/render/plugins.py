@@ -1,14 +1,17 @@
 """Format plugins (entry points of ``fleetlet.formats``), each run in a bounded child process.
 
 A plugin is third-party code: if it hangs, eats memory or crashes, the agent must not. So the
-agent never imports it. :class:`PluginFormat` starts ``python -m agent.render._plugin_worker``
-(the same interpreter, so the same installed packages) for each render, passes the job as
+agent never imports it. :class:`PluginFormat` starts :mod:`agent.render._plugin_worker` in
+the same interpreter, isolated (``-I -S``, its working directory a scratch directory, its
+``sys.path`` exactly fleetlet's code root and this process's own path without the bundle tree:
+:func:`worker_path`), and confined (:mod:`agent.render.confine`: it reads the tree and its
+libraries, writes its scratch directory, and has no network) for each render, passes the job as
 JSON on stdin (the tree by path, the request as plain data) and reads the objects back as
 JSON, with the child bounded like the external tools (:func:`agent.render._process.run_tool`):
 a time limit (``FLEETLET_PLUGIN_TIMEOUT``, the whole process group killed when it runs over),
 a memory limit (``RLIMIT_DATA``, ``FLEETLET_PLUGIN_MAX_MEMORY``), a cap on its output, no core
-dumps, and only ``PATH``, ``PYTHONPATH``, ``PYTHONHOME`` and the locale of the agent's
-environment. What a plugin is (``applies_patches``, ``cache_identity``) is asked once, in a
+dumps, and an environment of its own (:func:`agent.render.confine.environment` and the
+locale). What a plugin is (``applies_patches``, ``cache_identity``) is asked once, in a
 child process too, when the format is first used.
 
 How each misbehaviour reads (all permanent but the plugin's own TemporaryError):
@@ -27,6 +30,7 @@ import json
 import os
 import re
 import sys
+import tempfile
 import threading
 from collections.abc import Mapping
 from importlib.metadata import EntryPoint
@@ -34,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.errors import PermanentError, TemporaryError
+from agent.render import confine
 from agent.render._process import (
     ToolError,
     ToolFailedError,
@@ -46,9 +51,14 @@ from agent.render.manifests import InvalidManifestError, Manifest
 from agent.render.plain import RenderRequest
 from agent.render.tools import ToolSettings
 
-_PASSED_ENV = ("PATH", "PYTHONPATH", "PYTHONHOME", "LANG", "LC_ALL", "VIRTUAL_ENV")
+_PASSED_ENV = ("LANG", "LC_ALL")
 _REASON = re.compile(r"^[A-Z][A-Za-z0-9]{0,63}$")
-_WORKER = "agent.render._plugin_worker"
+# Isolated (-I: no PYTHON* variables, no user site, neither the working directory nor a
+# script's directory on sys.path) and without site (-S): the worker's sys.path is exactly
+# the list it is given, so nothing in the bundle tree can stand in for a module.
+_BOOTSTRAP = (
+    "import sys; sys.path[:] = sys.argv[1:]; from agent.render._plugin_worker import entry; entry()"
+)
 
 
 class PluginError(InvalidManifestError):
@@ -100,8 +110,37 @@ def _request_data(request: RenderRequest) -> dict[str, Any]:
     }
 
 
-def _environment() -> dict[str, str]:
-    return {k: os.environ[k] for k in _PASSED_ENV if k in os.environ}
+def _environment(scratch: Path) -> dict[str, str]:
+    env = confine.environment(scratch=scratch)
+    env.update({k: os.environ[k] for k in _PASSED_ENV if k in os.environ})
+    return env
+
+
+def fleetlet_root() -> Path:
+    """The directory holding fleetlet's ``agent`` package (the worker imports it from there)."""
+    return Path(__file__).resolve().parents[2]
+
+
+def worker_path(tree: Path | None) -> list[str]:
+    """The plugin worker's ``sys.path``: fleetlet's code root, then this process's own
+    ``sys.path`` (the standard library and the installed distributions, plugins included),
+    without any entry that is relative, is the working directory or the home directory (what
+    ``python -m`` in a project or ``~`` adds; a plugin is an installed distribution), or is, or
+    lies in, the bundle tree."""
+    root = fleetlet_root()
+    bounds = [os.path.realpath(tree)] if tree is not None else []
+    dropped = {os.path.realpath(os.getcwd()), os.path.realpath(Path.home()), str(root)}
+    found = [str(root)]
+    for entry in sys.path:
+        if not entry or not os.path.isabs(entry):
+            continue
+        real = os.path.realpath(entry)
+        if real in dropped or real in found:
+            continue
+        if any(real == b or real.startswith(b + os.sep) for b in bounds):
+            continue
+        found.append(real)
+    return found
 
 
 class PluginFormat:
@@ -160,15 +199,21 @@ class PluginFormat:
             "request": _request_data(request),
         }
         what = f"format plugin {self.name!r} ({self.distribution})"
+        path = worker_path(tree)
         try:
-            out = run_tool(
-                [sys.executable, "-m", _WORKER],
-                cwd=tree if tree is not None else Path.cwd(),
-                timeout=tools.plugin_timeout,
-                max_memory=tools.plugin_max_memory,
-                input=json.dumps(job).encode(),
-                env=_environment(),
-            )
+            with tempfile.TemporaryDirectory(prefix="fleetlet-plugin-") as work:
+                scratch = Path(work)
+                out = run_tool(
+                    [sys.executable, "-I", "-S", "-c", _BOOTSTRAP, *path],
+                    cwd=scratch,  # never the tree: nothing there is importable
+                    timeout=tools.plugin_timeout,
+                    max_memory=tools.plugin_max_memory,
+                    input=json.dumps(job).encode(),
+                    env=_environment(scratch),
+                    confine=confine.for_python(
+                        tree=tree, scratch=scratch, path=path[1:], code=fleetlet_root()
+                    ),
+                )
         except ToolTimeoutError:
             raise PluginTimeoutError(
                 f"{what} ran longer than {tools.plugin_timeout:g} s and was stopped",
@@ -243,6 +288,8 @@ class PluginFormat:
                 source=request.source,
                 rule="BadPluginOutput",
             )
+        # A refused access (the confinement) says so: the plugin's own message is errno's.
+        text = confine.explain_refusal(text) or text
         return PluginError(f"{what} failed: {text}", source=request.source, rule="PluginFailed")
 
 

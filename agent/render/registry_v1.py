@@ -33,6 +33,12 @@ that reason before anything is applied. APIService definitions are refused (oper
 refuses them too). Every check operator-controller's bundle validator makes is made here, and
 all its findings are reported at once.
 
+A bundle that ships, as a file, an object the CSV also generates (its ServiceAccount, a
+webhook Service: security-profiles-operator, OpenShift's opentelemetry-operator) renders one
+object, the copy operator-controller applies last (:func:`merge_duplicates`; each merge is
+logged). A CSV whose ``spec.version`` is not a semantic version (a template bundle never
+filled in: ``0${VERSION}``) is refused, as operator-controller cannot read it.
+
 Where fleetlet differs, on purpose: webhook configurations (cluster-scoped) carry no namespace;
 a ``containerPort`` a webhook leaves out is 443 everywhere (operator-controller writes 0 in the
 client config); ServiceAccounts come out sorted by name.
@@ -41,6 +47,7 @@ client config); ServiceAccounts come out sorted by name.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 from collections import Counter
@@ -55,6 +62,7 @@ from agent.render._olm_objects import (
     Placement,
     generate,
     go_json,
+    others,
 )
 from agent.render.detect import OLM_ANNOTATIONS
 from agent.render.manifests import InvalidManifestError, Manifest, load_documents, parse_manifests
@@ -74,6 +82,19 @@ _FORBIDDEN_ADMISSION_RESOURCES = (
     "mutatingwebhookconfigurations",
     "validatingwebhookconfiguration",
     "validatingwebhookconfigurations",
+)
+
+
+_log = logging.getLogger(__name__)
+# blang/semver's Parse (OperatorVersion): MAJOR.MINOR.PATCH, no leading zeros, optional
+# -prerelease and +build.
+_NUMBER = r"(?:0|[1-9][0-9]*)"
+_SEMVER = re.compile(
+    rf"{_NUMBER}\.{_NUMBER}\.{_NUMBER}"
+    r"(?:-(?:0|[1-9][0-9]*|[0-9]*[A-Za-z-][0-9A-Za-z-]*)"
+    r"(?:\.(?:0|[1-9][0-9]*|[0-9]*[A-Za-z-][0-9A-Za-z-]*))*)?"
+    r"(?:\+[0-9A-Za-z-]+(?:\.[0-9A-Za-z-]+)*)?\Z",
+    re.ASCII,
 )
 
 
@@ -206,6 +227,13 @@ def validate_bundle(bundle: Bundle) -> list[str]:
     would find, in its order; empty when the bundle can be converted."""
     problems: list[str] = []
     spec = bundle.spec
+    version = spec.get("version")
+    if version is not None and not (isinstance(version, str) and _SEMVER.match(version)):
+        # operator-controller cannot even read such a CSV (its version is a semver type).
+        problems.append(
+            f"spec.version {json.dumps(version)} is not a semantic version (a template bundle "
+            "whose version was never filled in?)"
+        )
     deployments = [str(d.get("name")) for d in bundle.strategy("deployments")]
     for name, count in sorted(Counter(deployments).items()):
         if count > 1:
@@ -398,7 +426,61 @@ def convert(
         source=source,
         cert_manager=cert_manager,
     )
-    return generate(bundle, placement)
+    objects, merged = merge_duplicates(generate(bundle, placement), others(bundle, placement))
+    for line in merged:
+        _log.info("%s: %s", source, line)
+    return objects
+
+
+def merge_duplicates(
+    objects: Sequence[Manifest], files: Sequence[Manifest] = ()
+) -> tuple[list[Manifest], list[str]]:
+    """One object per identity (group, kind, namespace, name), as operator-controller ends up
+    with one: it renders both copies, in its generators' order, and applies them in that order
+    with one field manager, so the later copy is the object. Bundles meet this when they ship
+    a ServiceAccount the CSV's permissions also name (generated first, the bundle's file wins)
+    or a webhook Service (the bundle's file first, the one generated for the webhook wins).
+
+    ``files`` are the bundle's own manifests as placed (to say where each copy came from).
+    Returns the objects, each at the place of its first copy, and one line per merge.
+    """
+    last: dict[tuple[str, str, str, str], int] = {}
+    for index, obj in enumerate(objects):
+        last[_identity(obj)] = index
+    kept: list[Manifest] = []
+    placed: set[tuple[str, str, str, str]] = set()
+    merged: list[str] = []
+    for index, obj in enumerate(objects):
+        identity = _identity(obj)
+        if identity in placed:
+            continue
+        placed.add(identity)
+        winner = last[identity]
+        kept.append(objects[winner])
+        if winner != index:
+            _group, kind, namespace, name = identity
+            copies = [o for o in objects if _identity(o) == identity]
+            origins = ", ".join(
+                f"{MANIFESTS}/" if any(o == f for f in files) else "generated from the CSV"
+                for o in copies
+            )
+            winner_origin = (
+                f"the one from {MANIFESTS}/"
+                if any(objects[winner] == f for f in files)
+                else "the one generated from the CSV"
+            )
+            merged.append(
+                f"{kind} {namespace + '/' if namespace else ''}{name} comes {len(copies)} times "
+                f"({origins}): merged into {winner_origin}, which operator-controller applies "
+                "last"
+            )
+    return kept, merged
+
+
+def _identity(obj: Manifest) -> tuple[str, str, str, str]:
+    group = str(obj.get("apiVersion", "")).rpartition("/")[0]
+    meta = obj["metadata"]
+    return group, str(obj["kind"]), str(meta.get("namespace") or ""), str(meta["name"])
 
 
 class RegistryV1Format:

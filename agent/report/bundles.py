@@ -18,6 +18,8 @@ from agent.report.events import EventRecorder
 
 MANAGED_LABEL = "fleetlet.io/managed-by"
 SERIAL_ANNOTATION = "fleetlet.io/serial"
+# Who signed the fleet commit the set comes from, as the hub verified it (a commit policy on).
+SIGNED_BY_ANNOTATION = "fleetlet.io/source-signed-by"
 GROUP_VERSION = f"{API_GROUP}/{API_VERSION}"
 KIND = "BundleDeployment"
 MAX_MESSAGE = 32768
@@ -62,6 +64,13 @@ class BundleDeployments:
 
         Raises the KubeClient's errors (ApiNotServedError when the CRDs are not installed).
         """
+        annotations = {SERIAL_ANNOTATION: str(deployment_set.serial)}
+        signed = deployment_set.source.signed_by
+        if signed is not None:
+            annotations[SIGNED_BY_ANNOTATION] = (
+                f"{signed.principal} {signed.key} commit {deployment_set.source.commit} "
+                f"policy {signed.policy}"
+            )
         for entry in deployment_set.bundle_deployments:
             spec = dict(to_dict(entry.spec))
             spec["group"] = entry.group
@@ -72,7 +81,7 @@ class BundleDeployments:
                     "metadata": {
                         "name": entry.name,
                         "labels": {MANAGED_LABEL: self.owner},
-                        "annotations": {SERIAL_ANNOTATION: str(deployment_set.serial)},
+                        "annotations": annotations,
                     },
                     "spec": spec,
                 },

@@ -199,6 +199,16 @@ class Metrics:
             buckets=_DURATION_BUCKETS,
             registry=r,
         )
+        self.channel_up = Gauge(
+            f"{PREFIX}_notify_channel_up",
+            "1 while the hub's notification channel is held (--notify-url), else 0 (polling only).",
+            registry=r,
+        )
+        self.notifications = Counter(
+            f"{PREFIX}_notifications_total",
+            "Times the notification channel said to look (each gives at most one extra poll).",
+            registry=r,
+        )
         self.worker_max_rss = Gauge(
             f"{PREFIX}_worker_max_resident_bytes",
             "Peak resident memory of the last worker that finished.",
@@ -219,6 +229,20 @@ class Metrics:
             ["result"],
             registry=r,
         )
+        self.render_confinement = Gauge(
+            f"{PREFIX}_render_confinement",
+            "How renderers (helm, kustomize, format plugins) are confined, by mechanism: "
+            "landlock (the kernel's Landlock ABI version; 0: none, so renderers are not "
+            "confined to their files and keep only their time, memory and output bounds) and "
+            "seccomp (1: their sockets are denied).",
+            ["mechanism"],
+            registry=r,
+        )
+        from agent.render.confine import support
+
+        found = support()
+        self.render_confinement.labels(mechanism="landlock").set(found.landlock_abi)
+        self.render_confinement.labels(mechanism="seccomp").set(int(found.seccomp))
         # Every label value known up front is exported at 0, so rate() works from the start.
         for result in SYNC_RESULTS:
             self.syncs.labels(result=result)

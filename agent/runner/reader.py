@@ -178,10 +178,9 @@ def _in_cluster() -> ClusterReader:
 
 
 def _from_kubeconfig(path: Path, context_name: str | None) -> ClusterReader:
-    import yaml
+    from agent.api.yamlio import load_kube
 
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    doc = yaml.load(path.read_text(encoding="utf-8"), Loader=loader)
+    doc = load_kube(path.read_text(encoding="utf-8"))
     if not isinstance(doc, Mapping):
         raise ReaderUnsupported(f"{path}: not a kubeconfig")
 

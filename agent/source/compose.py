@@ -23,7 +23,9 @@ The bundle tree is judged as a whole, structurally, because each source alone pr
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import dataclasses
 import errno
 import os
 import shutil
@@ -31,9 +33,11 @@ import stat
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from agent.errors import TemporaryError
 from agent.source.archive import ArchiveLimits, TreeBudget
 from agent.source.cache import ContentCache
 from agent.source.content import (
+    AuthenticationError,
     ContentRefusedError,
     Credentials,
     InvalidSourceError,
@@ -44,18 +48,24 @@ from agent.source.content import (
     check_hex_sha256,
     check_sha256_digest,
     describe,
+    url_host,
 )
 from agent.source.git import GitFetcher
 from agent.source.http import HttpFetcher
 from agent.source.oci import OciFetcher, credentials_from_docker_config
 from agent.source.tree import check_tree
 
-CredentialsResolver = Callable[[str], Credentials | None]
-"""Given the name of a source's ``auth`` Secret, return its credentials (or None)."""
+CredentialsResolver = Callable[[str, str], Credentials | None]
+"""Given the name of a source's ``auth`` Secret and the host the source is fetched from,
+return the credentials for that host (or None)."""
 
 
 def credentials_from_secret(
-    data: Mapping[str, str | bytes], *, host: str | None = None
+    data: Mapping[str, str | bytes],
+    *,
+    host: str | None = None,
+    hosts: frozenset[str] = frozenset(),
+    secret: str = "",
 ) -> Credentials:
     """Credentials from a Secret's decoded ``data`` (values as bytes or text).
 
@@ -77,7 +87,9 @@ def credentials_from_secret(
                 f".dockerconfigjson unusable: {exc}", source=where, rule="BadCredentials"
             ) from exc
         if found is not None:
-            return found
+            # A docker config names the host of each entry: the entry is for that host alone.
+            bound = hosts or frozenset({host.lower()})
+            return dataclasses.replace(found, hosts=bound, secret=secret)
     username, password, token = text("username"), text("password"), text("token")
     if username is None and password is None and token is None:
         raise InvalidSourceError(
@@ -85,7 +97,77 @@ def credentials_from_secret(
             source=where,
             rule="BadCredentials",
         )
-    return Credentials(username=username, password=password, token=token)
+    return Credentials(
+        username=username, password=password, token=token, hosts=hosts, secret=secret
+    )
+
+
+SOURCE_CREDENTIAL_LABEL = "fleetlet.io/source-credential"
+"""The label (value ``"true"``) that marks a Secret of the agent's namespace as credentials a
+bundle source may name. The agent's own Secrets (its git credentials, its trust) and the
+Secrets of bundle outputs never carry it."""
+SOURCE_HOSTS_ANNOTATION = "fleetlet.io/source-hosts"
+"""The hosts (comma-separated ``host`` or ``host:port``) a source credential Secret is for;
+required, except for a ``.dockerconfigjson`` whose entries name their hosts."""
+_NEVER_SOURCE_LABELS = ("fleetlet.io/outputs-of",)
+
+
+class CredentialNotForSourcesError(TemporaryError):
+    """A source names a Secret not meant for source credentials (retried: a cluster admin may
+    label it, but nothing is read from it meanwhile)."""
+
+    reason = "CredentialNotForSources"
+
+
+def source_credentials(secret: Mapping[str, object], *, host: str, where: str) -> Credentials:
+    """The credentials in Secret ``secret`` (an API object, at ``where``) for a source fetched
+    from ``host``. Raises CredentialNotForSourcesError when the Secret is not labelled for
+    sources (or is an outputs Secret, or a ServiceAccount token), or names no host;
+    InvalidSourceError when it holds no credentials."""
+    meta = secret.get("metadata")
+    meta = meta if isinstance(meta, Mapping) else {}
+    labels = meta.get("labels")
+    labels = labels if isinstance(labels, Mapping) else {}
+    annotations = meta.get("annotations")
+    annotations = annotations if isinstance(annotations, Mapping) else {}
+    if (
+        labels.get(SOURCE_CREDENTIAL_LABEL) != "true"
+        or any(key in labels for key in _NEVER_SOURCE_LABELS)
+        or secret.get("type") == "kubernetes.io/service-account-token"
+    ):
+        raise CredentialNotForSourcesError(
+            f"source credentials: Secret {where} is not meant for sources (label "
+            f"{SOURCE_CREDENTIAL_LABEL}=true missing): a source may only name such Secrets, "
+            "never the agent's own or a bundle's outputs",
+            delay=60.0,
+        )
+    raw = secret.get("data")
+    data = {
+        str(k): base64.b64decode(str(v))
+        for k, v in (raw.items() if isinstance(raw, Mapping) else ())
+    }
+    hosts = frozenset(
+        h.strip().lower()
+        for h in str(annotations.get(SOURCE_HOSTS_ANNOTATION) or "").split(",")
+        if h.strip()
+    )
+    if not hosts and ".dockerconfigjson" not in data:
+        raise CredentialNotForSourcesError(
+            f"source credentials: Secret {where} names no host (annotation "
+            f"{SOURCE_HOSTS_ANNOTATION}: the hosts it is for): not sent anywhere",
+            delay=60.0,
+        )
+    return credentials_from_secret(data, host=host, hosts=hosts, secret=where)
+
+
+def source_host(source: SourceLike) -> str:
+    """The host (``host[:port]``) a source is fetched from."""
+    return url_host(source.uri.removeprefix("oci://"))
+
+
+class CredentialNotForHostError(AuthenticationError):
+    """A source names credentials made for another host: they are not sent (an operator may
+    fix the Secret's hosts, so it is retried)."""
 
 
 class SourceConflictError(ContentRefusedError):
@@ -246,7 +328,16 @@ class ContentStore:
                 label = describe(source)
                 sub = clean_destination(source.destination, source=label)
                 secret = auth_secret_name(source)
-                creds = credentials(secret) if (credentials and secret) else None
+                creds = None
+                if credentials and secret:
+                    host = source_host(source)
+                    creds = credentials(secret, host)
+                    if creds is not None and not creds.allows(host):
+                        raise CredentialNotForHostError(
+                            f"Secret {secret} holds credentials for "
+                            f"{', '.join(sorted(creds.hosts))}, not for {host}: not sent",
+                            source=label,
+                        )
                 tree = self.tree(source, credentials=creds)
                 copier = _Copier(source=label, budget=budget)
                 try:

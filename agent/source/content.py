@@ -55,10 +55,32 @@ class Credentials:
     username: str | None = None
     password: str | None = None
     token: str | None = None
+    hosts: frozenset[str] = frozenset()
+    """The hosts (``host`` or ``host:port``, lower case) these credentials were made for:
+    they are sent to no other, not after a redirect, not to a token service elsewhere. Empty:
+    no restriction (the agent's own repository, the hub's resolver)."""
+    secret: str = ""
+    """The Secret they were read from, for messages."""
+
+    def allows(self, host: str) -> bool:
+        """Whether these credentials may be sent to ``host`` (``host[:port]``)."""
+        if not self.hosts:
+            return True
+        host = host.lower()
+        return host in self.hosts or host.rsplit(":", 1)[0] in self.hosts
 
     def __repr__(self) -> str:
         # Never print a secret, not even in a traceback.
-        return f"Credentials(username={self.username!r}, password=***, token=***)"
+        return (
+            f"Credentials(username={self.username!r}, password=***, token=***, "
+            f"hosts={sorted(self.hosts)!r})"
+        )
+
+
+def url_host(url: str) -> str:
+    """``host[:port]`` of a URL (or of ``host/path`` without a scheme), lower case, no user."""
+    rest = url.split("://", 1)[1] if "://" in url else url
+    return rest.split("/", 1)[0].rsplit("@", 1)[-1].lower()
 
 
 class FetchError(TemporaryError):

@@ -32,6 +32,7 @@ from agent.source.content import (
     InvalidSourceError,
     LocalStorageError,
     check_commit,
+    url_host,
 )
 from agent.source.tree import NAME_MAX, LinkEscapeError, resolve_inside
 
@@ -85,6 +86,13 @@ class _Callbacks(pygit2.RemoteCallbacks):  # type: ignore[misc]
         if self._asked > 1:
             raise AuthenticationError(
                 f"git server refused the credentials for {url}", source=self._source
+            )
+        if not creds.allows(url_host(url)):
+            # A redirect, or a remote elsewhere: the credentials are not for this host.
+            raise AuthenticationError(
+                f"git server {url_host(url)} asks for credentials; Secret {creds.secret} holds "
+                f"them for {', '.join(sorted(creds.hosts))} only: not sent",
+                source=self._source,
             )
         if not allowed_types & pygit2.enums.CredentialType.USERPASS_PLAINTEXT:
             raise AuthenticationError(

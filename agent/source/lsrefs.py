@@ -57,6 +57,48 @@ def ls_ref_v2(
     answer in protocol v0,
     GitUnavailableError (temporary), GitAuthError (permanent).
     """
+    for line in _listing(url, ref, credentials, connect_timeout, io_timeout):
+        oid, _, rest = line.partition(b" ")
+        name = rest.split(b" ", 1)[0].rstrip(b"\n")
+        if name == ref.encode():
+            return _commit(url, ref, oid)
+    return None
+
+
+def ls_refs_v2(
+    url: str,
+    prefix: str,
+    credentials: GitCredentials | None,
+    *,
+    connect_timeout: float,
+    io_timeout: float,
+) -> dict[str, str]:
+    """Every ref under ``prefix`` (name -> commit) by one protocol v2 ``ls-refs``: the hub's
+    notification channel watches the cluster branches this way. Raises as :func:`ls_ref_v2`."""
+    found: dict[str, str] = {}
+    for line in _listing(url, prefix, credentials, connect_timeout, io_timeout):
+        oid, _, rest = line.partition(b" ")
+        name = rest.split(b" ", 1)[0].rstrip(b"\n").decode("utf-8", errors="replace")
+        if name.startswith(prefix):
+            found[name] = _commit(url, name, oid)
+    return found
+
+
+def _commit(url: str, ref: str, oid: bytes) -> str:
+    commit = oid.decode("ascii", errors="replace")
+    if len(commit) != 40 or any(c not in "0123456789abcdef" for c in commit):
+        raise GitUnavailableError(f"{url}: the server listed {ref} at {commit!r}")
+    return commit
+
+
+def _listing(
+    url: str,
+    ref: str,
+    credentials: GitCredentials | None,
+    connect_timeout: float,
+    io_timeout: float,
+) -> list[bytes]:
+    """The pkt-lines of an ``ls-refs`` with ``ref-prefix ref``. Raises as :func:`ls_ref_v2`."""
     parts = urlsplit(url)
     if parts.username is not None or parts.password is not None:
         # Credentials inside the URL: libgit2 knows how to use them, this client does not.
@@ -80,15 +122,7 @@ def ls_ref_v2(
         ) from exc
     if listing is None:
         raise NotProtocolV2(url)
-    for line in listing:
-        oid, _, rest = line.partition(b" ")
-        name = rest.split(b" ", 1)[0].rstrip(b"\n")
-        if name == ref.encode():
-            commit = oid.decode("ascii", errors="replace")
-            if len(commit) != 40 or any(c not in "0123456789abcdef" for c in commit):
-                raise GitUnavailableError(f"{url}: the server listed {ref} at {commit!r}")
-            return commit
-    return None
+    return listing
 
 
 _LS_REFS = b"command=ls-refs\n"

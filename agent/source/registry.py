@@ -26,6 +26,7 @@ from agent.source.content import (
     ContentRefusedError,
     Credentials,
     FetchError,
+    url_host,
 )
 
 _UNBOUNDED_DO_REQUEST = oras.provider.Registry.do_request.__wrapped__  # type: ignore[attr-defined]
@@ -105,6 +106,13 @@ class _ChallengeAuth(oras.auth.base.AuthBackend):  # type: ignore[misc]
         challenge = original.headers.get("Www-Authenticate", "")
         scheme = challenge.split(" ", 1)[0].lower()
         basic = self._basic()
+        creds = self.credentials
+        if creds is not None and not creds.allows(url_host(url)):
+            raise AuthenticationError(
+                f"{url_host(url)} asks for credentials; Secret {creds.secret} holds them for "
+                f"{', '.join(sorted(creds.hosts))} only: not sent",
+                source=self.source,
+            )
         if scheme == "basic":
             if basic is None:
                 raise AuthenticationError(
@@ -130,6 +138,8 @@ class _ChallengeAuth(oras.auth.base.AuthBackend):  # type: ignore[misc]
         headers = {"Authorization": f"Basic {basic}"} if basic else {}
         if self.credentials is not None and self.credentials.token and not basic:
             headers = {"Authorization": f"Bearer {self.credentials.token}"}
+        if self.credentials is not None and not self.credentials.allows(url_host(realm)):
+            headers = {}  # a token service elsewhere gets no credential: asked anonymously
         try:
             answer = self.session.get(realm, params=params, headers=headers)
         except requests.RequestException as exc:

@@ -9,6 +9,12 @@ Every API request needs a bearer token from the tokens file (role ``admin`` or `
 anonymous read access was explicitly enabled. Sensitive outputs arrive sealed to the hub's
 X25519 key: they are opened only for admin tokens; others see ``<sensitive>``.
 
+Bounded (:class:`Bounds`): every list is paged (100 by default, at most 500), at most
+``concurrency`` API requests are worked on at once (``large`` of them asking for larger
+pages) and ``queue`` more wait; past that, and for
+a request that runs out of time or whose status documents cannot be fetched, the answer is 503
+with ``Retry-After``.
+
 The dashboard (``/`` and ``/ui/...``) is static files from ``hub/api/dashboard`` (no build
 step, nothing from another origin): the shell is public, its data comes from the API above
 with the token the user gives it. See ``docs/dashboard.md``.
@@ -16,10 +22,15 @@ with the token the user gives it. See ``docs/dashboard.md``.
 
 from __future__ import annotations
 
+import math
+import threading
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import anyio
+import anyio.to_thread
 from nacl.public import PrivateKey
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -36,6 +47,7 @@ from agent.errors import FleetletError, TemporaryError
 from hub.api.metrics import HubMetrics
 from hub.api.openapi import API_PREFIX, openapi_document
 from hub.api.tokens import HubConfigError, Tokens, load_tokens
+from hub.explain import answer as explain_answer
 from hub.status.aggregate import FleetStatus
 from hub.status.queries import (
     DEFAULT_PAGE,
@@ -61,8 +73,38 @@ _SECURITY_HEADERS = [
 ]
 
 
+@dataclass(frozen=True, slots=True)
+class Bounds:
+    """How much work the API takes on at once (``hub serve --concurrency``, ``--queue``,
+    ``--request-timeout``).
+
+    ``concurrency`` API requests are worked on at once (each in a thread); ``queue`` more may
+    wait for one of them; past that a request is answered at once with 503 and
+    ``Retry-After``. A request not answered within ``request_timeout`` seconds (waiting
+    included) gets 503 and ``Retry-After`` too.
+    """
+
+    concurrency: int = 16
+    queue: int = 64
+    request_timeout: float = 30.0
+    large: int = 2
+    """Of the requests worked on, how many may ask for pages larger than the default."""
+
+
+BUSY_RETRY_AFTER = 1
+"""Seconds a client is told to wait when every place of :class:`Bounds` is taken."""
+SLOW_RETRY_AFTER = 5
+"""Seconds a client is told to wait after its request ran out of time."""
+
+
 def _error(status: int, message: str, headers: Mapping[str, str] | None = None) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status, headers=dict(headers or {}))
+
+
+def _unavailable(message: str, retry_after: float | None) -> JSONResponse:
+    """503 with a Retry-After (whole seconds, at least 1)."""
+    wait = max(1, math.ceil(retry_after if retry_after is not None else SLOW_RETRY_AFTER))
+    return _error(503, message, {"Retry-After": str(wait)})
 
 
 def _int_param(request: Request, name: str, default: int) -> int:
@@ -76,11 +118,29 @@ def _int_param(request: Request, name: str, default: int) -> int:
         raise QueryError(400, f"{name} must be a whole number, got {text!r}") from None
 
 
-def _opt_int_param(request: Request, name: str) -> int | None:
-    """An optional whole-number query parameter. Raises QueryError (400)."""
-    if not request.query_params.get(name):
-        return None
-    return _int_param(request, name, 0)
+def _large(request: Request) -> bool:
+    """Whether ``request`` asks for a page larger than the default."""
+    text = request.query_params.get("limit") or ""
+    return text.isdigit() and int(text) > DEFAULT_PAGE
+
+
+class _Threads:
+    """Counts the API's handler threads that are running (abandoned ones included)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.running = 0
+
+    def answer(
+        self, handler: Callable[[Request, bool], dict[str, Any]], request: Request, admin: bool
+    ) -> Response:
+        with self._lock:
+            self.running += 1
+        try:
+            return JSONResponse(handler(request, admin))
+        finally:
+            with self._lock:
+                self.running -= 1
 
 
 class _DashboardFiles(StaticFiles):
@@ -121,6 +181,8 @@ def create_app(
     labels: Labels | None = None,
     metrics: HubMetrics | None = None,
     rollouts: RolloutService | None = None,
+    bounds: Bounds | None = None,
+    enrollment: Any = None,
 ) -> Starlette:
     """The API and the dashboard over ``status``.
 
@@ -129,9 +191,14 @@ def create_app(
     token needed, as for the API). ``app.state.queries`` is the
     :class:`StatusQueries` behind the API (``warm()`` it after a refresh). ``rollouts``
     serves ``/api/v1/rollouts`` (reads for every token; actions for admin tokens, recorded with
-    the token's name). Raises HubConfigError if the dashboard's files are missing from the
-    installation.
+    the token's name). ``bounds`` limit the work taken on at once (:class:`Bounds`). Raises
+    HubConfigError if the dashboard's files are missing from the installation.
     """
+    bounds = bounds or Bounds()
+    # API requests being worked on or waiting for a thread (touched on the event loop only).
+    pending = 0
+    limiter: list[anyio.CapacityLimiter] = []  # made in the event loop, at the first request
+    threads = _Threads()
     queries = StatusQueries(
         status,
         opener=sealed_opener(private_key) if private_key is not None else None,
@@ -167,13 +234,51 @@ def create_app(
                     "missing or unknown bearer token",
                     {"WWW-Authenticate": 'Bearer realm="fleetlet-hub"'},
                 )
+            nonlocal pending
+            # Threads still running past the limiter's count were abandoned (out of time):
+            # they take places too, until they end.
+            orphans = max(0, threads.running - bounds.concurrency)
+            if pending + orphans >= bounds.concurrency + bounds.queue:
+                return _unavailable(
+                    f"the hub is busy: {pending + orphans} API requests in progress or "
+                    "waiting; retry later",
+                    BUSY_RETRY_AFTER,
+                )
+            if not limiter:
+                limiter.append(anyio.CapacityLimiter(bounds.concurrency))
+                limiter.append(anyio.CapacityLimiter(bounds.large))
+            # Pages larger than the default take one of a few places of their own: a handful
+            # of them must not take the CPU from every other client.
+            lane = limiter[1] if _large(request) else limiter[0]
+            pending += 1
             try:
-                # In a worker thread: listing 10,000 clusters' installations must not stall
-                # the event loop for the requests around it.
-                body = await run_in_threadpool(handler, request, role == "admin")
-                return JSONResponse(body)
+                with anyio.fail_after(bounds.request_timeout):
+                    # In a worker thread: listing 10,000 clusters' installations must not
+                    # stall the event loop for the requests around it; the JSON is made there
+                    # too. Abandoned (left to finish) if it runs out of time.
+                    return await anyio.to_thread.run_sync(
+                        threads.answer,
+                        handler,
+                        request,
+                        role == "admin",
+                        limiter=lane,
+                        abandon_on_cancel=True,
+                    )
+            except TimeoutError:
+                return _unavailable(
+                    f"no answer within {bounds.request_timeout:g}s (the hub is overloaded or "
+                    "a git server is slow); retry later",
+                    SLOW_RETRY_AFTER,
+                )
             except QueryError as exc:
+                if exc.status == 503:
+                    return _unavailable(exc.message, exc.retry_after)
                 return _error(exc.status, exc.message)
+            except TemporaryError as exc:
+                # A status document could not be fetched now (DocumentsUnavailable), ...
+                return _unavailable(str(exc), exc.delay)
+            finally:
+                pending -= 1
 
         return endpoint
 
@@ -190,7 +295,7 @@ def create_app(
             f"{p}/clusters",
             guarded(
                 lambda r, a: queries.clusters(
-                    offset=_int_param(r, "offset", 0), limit=_opt_int_param(r, "limit")
+                    offset=_int_param(r, "offset", 0), limit=_int_param(r, "limit", DEFAULT_PAGE)
                 )
             ),
         ),
@@ -206,7 +311,7 @@ def create_app(
                     bundle=r.query_params.get("bundle"),
                     state=r.query_params.get("state"),
                     offset=_int_param(r, "offset", 0),
-                    limit=_opt_int_param(r, "limit"),
+                    limit=_int_param(r, "limit", DEFAULT_PAGE),
                 )
             ),
         ),
@@ -223,6 +328,18 @@ def create_app(
             guarded(lambda r, a: queries.outputs(*params(r), r.path_params["run"], admin=a)),
         ),
         *(_rollout_routes(rollouts, guarded, caller) if rollouts is not None else []),
+        *(_enroll_routes(enrollment, caller) if enrollment is not None else []),
+        Route(
+            f"{p}/explain/{{cluster}}",
+            guarded(
+                lambda r, a: explain_answer(
+                    queries,
+                    r.path_params["cluster"],
+                    r.query_params.get("bundle") or None,
+                    rollouts.state if rollouts is not None else None,
+                )
+            ),
+        ),
         Route(
             f"{p}/matrix",
             guarded(
@@ -347,12 +464,14 @@ def _rollout_routes(
             except RolloutActionError as exc:
                 raise QueryError(409, str(exc)) from exc
             except TemporaryError as exc:
-                raise QueryError(503, str(exc)) from exc
+                raise QueryError(503, str(exc), retry_after=exc.delay) from exc
             return {"rollout": summary(done, None), "event": done.events[-1].to_dict()}
 
         try:
             return JSONResponse(await run_in_threadpool(work))
         except QueryError as exc:
+            if exc.status == 503:
+                return _unavailable(exc.message, exc.retry_after)
             return _error(exc.status, exc.message)
 
     return [
@@ -362,12 +481,19 @@ def _rollout_routes(
     ]
 
 
+def _enroll_routes(enrollment: Any, caller: Any) -> list[BaseRoute]:
+    """Enrollment (``hub serve --enroll``): :mod:`hub.enroll.routes`."""
+    from hub.enroll.routes import enroll_routes
+
+    return enroll_routes(enrollment, caller)
+
+
 def _answer(work: Callable[[], _T]) -> _T:
     """``work()``, with the git server's trouble as a 503."""
     try:
         return work()
     except TemporaryError as exc:
-        raise QueryError(503, f"rollout state: {exc}") from exc
+        raise QueryError(503, f"rollout state: {exc}", retry_after=exc.delay) from exc
     except FleetletError as exc:
         raise QueryError(500, f"rollout state: {exc}") from exc
 
@@ -375,6 +501,7 @@ def _answer(work: Callable[[], _T]) -> _T:
 __all__ = [
     "API_PREFIX",
     "SENSITIVE",
+    "Bounds",
     "HubConfigError",
     "QueryError",
     "StatusQueries",

@@ -8,7 +8,13 @@ from collections.abc import Callable
 from typing import Any
 
 from hub.status.document import STATES
-from hub.status.queries import DEFAULT_PAGE, MAX_PAGE
+from hub.status.queries import (
+    DEFAULT_PAGE,
+    MAX_NAME_FILTER,
+    MAX_PAGE,
+    MAX_REQUIREMENTS,
+    MAX_SELECTOR_LENGTH,
+)
 
 API_PREFIX = "/api/v1"
 
@@ -60,12 +66,48 @@ _PAGE_PARAMS = [
     _query_param("offset", "items to skip (with limit: a page)", {"type": "integer", "minimum": 0}),
     _query_param(
         "limit",
-        f"items per page, at most {MAX_PAGE}; without it every item (at 100,000 clusters ask "
-        "for pages: the answer then has `total`, `offset` and `limit`)",
-        {"type": "integer", "minimum": 1, "maximum": MAX_PAGE},
+        f"items per page ({DEFAULT_PAGE} when not given, at most {MAX_PAGE}); the answer has "
+        "`total`, `offset` and `limit`: page through with `offset`",
+        {"type": "integer", "minimum": 1, "maximum": MAX_PAGE, "default": DEFAULT_PAGE},
     ),
 ]
 _BUNDLE = _path_param("bundle", "bundle name")
+
+
+_FINDING: dict[str, Any] = {
+    "type": "object",
+    "required": ["check", "blocking", "summary"],
+    "properties": {
+        "check": {
+            "type": "string",
+            "enum": [
+                "agent", "publication", "rollout", "stale", "approval", "dependency",
+                "failure", "paused", "moving", "ok",
+            ],
+        },
+        "blocking": {"type": "boolean"},
+        "summary": {"type": "string", "description": "one line"},
+        "bundle": {"type": "string"},
+        "details": {"type": "array", "items": {"type": "string"}},
+        "unblock": {"type": "string", "description": "the command that would unblock it"},
+    },
+}  # fmt: skip
+_EXPLANATION: dict[str, Any] = {
+    "type": "object",
+    "description": "Why the cluster is not running the latest (docs/operations.md, "
+    '"Why is this not running the latest"): the first blocking finding, and every finding '
+    "in the order checked.",
+    "required": ["cluster", "blocked", "reason", "findings", "rolloutsRead"],
+    "properties": {
+        "cluster": {"type": "string"},
+        "bundle": _nullable("string"),
+        "blocked": {"type": "boolean"},
+        "reason": {"oneOf": [_FINDING, {"type": "null"}]},
+        "findings": {"type": "array", "items": _FINDING},
+        "rolloutsRead": {"type": "boolean", "description": "false: the hub runs no rollouts"},
+        "notes": {"type": "array", "items": {"type": "string"}},
+    },
+}
 
 
 def openapi_document(*, rollouts: bool = False) -> dict[str, Any]:
@@ -231,7 +273,7 @@ def openapi_document(*, rollouts: bool = False) -> dict[str, Any]:
             "required": ["items"],
             "properties": {
                 "items": {"type": "array", "items": _ref(item)},
-                "total": {"type": "integer", "description": "with limit: every matching item"},
+                "total": {"type": "integer", "description": "every matching item"},
                 "offset": {"type": "integer"},
                 "limit": {"type": "integer"},
             },
@@ -292,8 +334,9 @@ def openapi_document(*, rollouts: bool = False) -> dict[str, Any]:
             _query_param(
                 "label",
                 "a label selector: `key=value`, `key!=value`, `key`, `!key`, `key in (a,b)`, "
-                "`key notin (a,b)`, comma-separated, all must hold",
-                {"type": "string"},
+                "`key notin (a,b)`, comma-separated, all must hold; at most "
+                f"{MAX_REQUIREMENTS} requirements and {MAX_SELECTOR_LENGTH} characters",
+                {"type": "string", "maxLength": MAX_SELECTOR_LENGTH},
             ),
             _query_param(
                 "bundle",
@@ -305,12 +348,16 @@ def openapi_document(*, rollouts: bool = False) -> dict[str, Any]:
                 "only clusters with a shown cell in this state",
                 {"type": "string", "enum": list(STATES)},
             ),
-            _query_param("name", "only clusters whose name contains this", {"type": "string"}),
+            _query_param(
+                "name",
+                "only clusters whose name contains this",
+                {"type": "string", "maxLength": MAX_NAME_FILTER},
+            ),
             _query_param("offset", "clusters to skip (by name)", {"type": "integer", "minimum": 0}),
             _query_param(
                 "limit",
-                f"clusters per page ({DEFAULT_PAGE})",
-                {"type": "integer", "minimum": 1, "maximum": MAX_PAGE},
+                f"clusters per page ({DEFAULT_PAGE} when not given, at most {MAX_PAGE})",
+                {"type": "integer", "minimum": 1, "maximum": MAX_PAGE, "default": DEFAULT_PAGE},
             ),
         ],
         found=False,
@@ -339,6 +386,14 @@ def openapi_document(*, rollouts: bool = False) -> dict[str, Any]:
             [_CLUSTER, _BUNDLE, _path_param("run", "a run id, or `latest` (newest succeeded)")],
         ),
         f"{p}/matrix": matrix_op,
+        f"{p}/explain/{{cluster}}": op(
+            "Explain cluster",
+            _EXPLANATION,
+            [
+                _CLUSTER,
+                _query_param("bundle", "only this bundle and its group", {"type": "string"}),
+            ],
+        ),
     }
     if rollouts:
         _rollout_api(schemas, paths, op)
@@ -362,6 +417,7 @@ def _rollout_api(schemas: dict[str, Any], paths: dict[str, Any], op: Callable[..
     """The rollout endpoints and their schemas (docs/rollouts.md)."""
     from hub.rollout.advance import ACTIONS
     from hub.rollout.evaluate import VERDICTS
+    from hub.rollout.report import MAX_MEMBERS_PAGE
     from hub.rollout.state import STATUSES
 
     counts = {"type": "object", "additionalProperties": {"type": "integer"}}
@@ -445,7 +501,12 @@ def _rollout_api(schemas: dict[str, Any], paths: dict[str, Any], op: Callable[..
                 {"type": "string", "enum": list(VERDICTS)},
             ),
             _query_param("offset", "clusters to skip", {"type": "integer", "minimum": 0}),
-            _query_param("limit", "clusters per page (100)", {"type": "integer", "minimum": 1}),
+            _query_param(
+                "limit",
+                f"clusters per page (100 when not given; more than {MAX_MEMBERS_PAGE} gives "
+                f"{MAX_MEMBERS_PAGE})",
+                {"type": "integer", "minimum": 1, "default": 100},
+            ),
         ],
     )
     paths[f"{p}/rollouts/{{rollout}}"] = one

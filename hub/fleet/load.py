@@ -18,15 +18,16 @@ import operator
 import re
 from collections.abc import Mapping
 from itertools import repeat
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from agent.api.pins import is_commit, is_digest, is_sha256_hex
-from agent.api.yamlio import SAFE_LOADER
+from agent.api.yamlio import KUBE_LOADER
 from agent.errors import FieldProblem
 from hub.errors import FleetRepoError
+from hub.fleet.commits import CommitPolicy, parse_commit_policy
 from hub.fleet.durations import parse_duration
 from hub.fleet.jump import shard_of_name
 from hub.fleet.model import (
@@ -69,9 +70,18 @@ _CHART = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$")
 _SOURCE_PASSTHROUGH = ("directory", "destination", "auth")
 # Keys of a bundle file the hub consumes itself; every other key is passed to the
 # BundleDeployment spec unchanged (the agent's API validates it).
-_BUNDLE_OWN_KEYS = ("name", "sources", "targets", "overrides", "rollout")
+_BUNDLE_OWN_KEYS = ("name", "sources", "targets", "overrides", "rollout", "encryptedValues")
 # What an override changes (it needs one at least), and every key it may have.
-_OVERRIDE_FIELDS = ("sources", "values", "paused", "approval", "namespace", "path", "patches")
+_OVERRIDE_FIELDS = (
+    "sources",
+    "values",
+    "encryptedValues",
+    "paused",
+    "approval",
+    "namespace",
+    "path",
+    "patches",
+)
 _OVERRIDE_KEYS = ("clusters", "clusterSelector", *_OVERRIDE_FIELDS)
 
 
@@ -121,7 +131,7 @@ def _load_yaml(path: Path, rel: str, problems: _Problems, *, data: bytes | None 
         problems.add(rel, "", f"at most {_MAX_FILE_BYTES} bytes", _found(f"{len(data)} bytes"))
         return None
     try:
-        return yaml.load(data, Loader=SAFE_LOADER)
+        return yaml.load(data, Loader=KUBE_LOADER)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark is not None else ""
@@ -266,6 +276,7 @@ def _load_settings(root: Path, problems: _Problems) -> Settings | None:
         "insecureRegistries",
         "shards",
         "rollout",
+        "commitSigning",
     }
     for key in sorted(set(raw) - known, key=str):
         problems.add(rel, str(key), "one of " + ", ".join(sorted(known)), _found("unknown field"))
@@ -339,7 +350,17 @@ def _load_settings(root: Path, problems: _Problems) -> Settings | None:
         insecure_registries=tuple(sorted(insecure)),
         shards=_load_sharding(raw.get("shards"), rel, problems),
         rollout=_default_rollout(raw.get("rollout"), rel, problems),
+        commit_signing=_commit_signing(raw.get("commitSigning"), rel, problems),
     )
+
+
+def _commit_signing(raw: Any, rel: str, problems: _Problems) -> CommitPolicy | None:
+    if raw is None:
+        return None
+    found: list[FieldProblem] = []
+    policy = parse_commit_policy(raw, "commitSigning", found)
+    problems.extend(rel, found)
+    return policy
 
 
 def _default_rollout(raw: Any, rel: str, problems: _Problems) -> Strategy | None:
@@ -480,10 +501,12 @@ def _load_bundle_file(
         problems.add(rel, "", "a bundle mapping", raw)
         return None
     start = len(problems.items)
+    root = path.parents[len(PurePosixPath(rel).parts) - 1]
     name = raw.get("name")
     if not isinstance(name, str) or not _NAME.match(name):
         problems.add(rel, "name", "a lowercase DNS label (bundle name)", name)
     sources = _load_sources(raw.get("sources"), rel, problems)
+    encrypted = _encrypted_values(root, raw, "encryptedValues", rel, problems)
     targets_raw = raw.get("targets")
     targets: list[Target] = []
     if not isinstance(targets_raw, list) or not targets_raw:
@@ -506,7 +529,7 @@ def _load_bundle_file(
         problems.add(rel, "overrides", "a list of overrides", overrides_raw)
         overrides_raw = []
     for i, o in enumerate(overrides_raw):
-        ov = _load_override(o, i, rel, clusters, problems)
+        ov = _load_override(o, i, rel, clusters, problems, root=root)
         if ov is not None:
             overrides.append(ov)
     spec = {k: v for k, v in raw.items() if k not in _BUNDLE_OWN_KEYS}
@@ -525,6 +548,22 @@ def _load_bundle_file(
         targets=tuple(targets),
         overrides=tuple(overrides),
         rollout=rollout,
+        encrypted_values=encrypted,
+    )
+
+
+def _encrypted_values(
+    root: Path, raw: Mapping[str, Any], key: str, rel: str, problems: _Problems
+) -> Mapping[str, Any] | None:
+    """The SOPS document ``raw[key]`` names (None when absent, or after a problem)."""
+    from hub.fleet.secrets import load_encrypted_values
+
+    if key not in raw:
+        return None
+    return load_encrypted_values(
+        root,
+        raw[key],
+        add=lambda expected, found: problems.add(rel, key, expected, found),
     )
 
 
@@ -683,13 +722,21 @@ def _load_target(
 
 
 def _load_override(
-    raw: Any, index: int, rel: str, clusters: Mapping[str, Cluster], problems: _Problems
+    raw: Any,
+    index: int,
+    rel: str,
+    clusters: Mapping[str, Cluster],
+    problems: _Problems,
+    *,
+    root: Path,
 ) -> Override | None:
     where = f"overrides[{index}]"
     target = _load_target(raw, where, _OVERRIDE_KEYS, rel, clusters, problems)
     if target is None or not isinstance(raw, dict):
         return None
-    ok = True
+    start = len(problems.items)
+    encrypted = _encrypted_values(root, raw, "encryptedValues", f"{rel}: {where}", problems)
+    ok = len(problems.items) == start
     values = raw.get("values")
     if values is not None and not isinstance(values, dict):
         problems.add(rel, f"{where}.values", "a mapping (merged into the bundle's values)", values)
@@ -736,4 +783,5 @@ def _load_override(
         sources=sources,
         path=path,
         patches=tuple(patches) if patches is not None else None,
+        encrypted_values=encrypted,
     )

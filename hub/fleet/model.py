@@ -16,7 +16,7 @@ from hub.fleet.selectors import LabelSelector
 from hub.rollout.model import Strategy
 
 if TYPE_CHECKING:
-    pass
+    from hub.fleet.commits import CommitPolicy
 
 SOURCE_KINDS = ("image", "git", "http", "helm")
 APPROVALS = ("none", "manual")
@@ -56,6 +56,9 @@ class Settings:
     shards: Sharding = field(default_factory=Sharding)
     rollout: Strategy | None = None
     """The rollout strategy of every group whose bundles name none (docs/rollouts.md)."""
+    commit_signing: CommitPolicy | None = None
+    """``commitSigning``: who must have signed the fleet commit (the hub's trusted copy
+    decides, see :mod:`hub.fleet.commits`)."""
 
 
 class Cluster(NamedTuple):
@@ -173,6 +176,8 @@ class Override:
     """Replaces ``formatOptions.path`` (Rancher Fleet's per-target ``kustomize.dir``)."""
     patches: tuple[Mapping[str, Any], ...] | None = None
     """Appended to the bundle's ``patches`` (checked by the agent's API when rendered)."""
+    encrypted_values: Mapping[str, Any] | None = None
+    """Replaces the bundle's encrypted values (a SOPS document, :mod:`hub.fleet.secrets`)."""
 
     @property
     def by_name(self) -> bool:
@@ -189,6 +194,9 @@ class Bundle:
     overrides: tuple[Override, ...]
     rollout: Strategy | str | None = None
     """Its group's rollout strategy; ``"none"``: published at once; None: not said here."""
+    encrypted_values: Mapping[str, Any] | None = None
+    """The SOPS document its ``encryptedValues`` names (:mod:`hub.fleet.secrets`): carried
+    whole to ``formatOptions.encryptedValues``, opened only by the cluster's agent."""
 
     @property
     def group(self) -> str:

@@ -31,6 +31,7 @@ from agent.api import (
     BundleDeploymentEntry,
     BundleDeploymentSet,
     BundleDeploymentSpec,
+    CommitSignature,
     SetSource,
     from_dict,
 )
@@ -44,6 +45,7 @@ from hub.fleet.templating import references, substitute
 VALUES_PATH = ("formatOptions", "values")
 NAMESPACE_PATH = ("formatOptions", "targetNamespace")
 PATH_PATH = ("formatOptions", "path")
+ENCRYPTED_VALUES_PATH = ("formatOptions", "encryptedValues")
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +57,7 @@ class Header:
     expires_at: datetime
     source_repo: str
     source_commit: str
+    source_signed_by: CommitSignature | None = None
 
 
 def group_of(bundle: Bundle) -> str:
@@ -223,9 +226,12 @@ def bundle_spec(
     ``problems``)."""
     spec: dict[str, Any] = copy.deepcopy(dict(bundle.spec))
     spec["sources"] = _sources(bundle.sources, pins)
+    encrypted = bundle.encrypted_values
     for o in overrides:
         if o.sources is not None:
             spec["sources"] = _sources(o.sources, pins)
+        if o.encrypted_values is not None:
+            encrypted = o.encrypted_values
         if o.values is not None:
             _set_path(spec, VALUES_PATH, o.values, merge=True)
         if o.paused is not None:
@@ -240,6 +246,9 @@ def bundle_spec(
         if o.patches is not None and (own is None or isinstance(own, list)):
             # (a bundle's own patches that are not a list are reported by the validation)
             spec["patches"] = [*(own or []), *copy.deepcopy(o.patches)]
+    if encrypted is not None:
+        # Whole, as sops wrote it (its MAC covers every value); never templated.
+        _set_path(spec, ENCRYPTED_VALUES_PATH, copy.deepcopy(dict(encrypted)), merge=False)
     values = (spec.get("formatOptions") or {}).get("values")
     if cluster is not None and values and references(values):
         spec["formatOptions"]["values"] = substitute(
@@ -453,7 +462,11 @@ def build_set(plan: ClusterPlan, header: Header) -> BundleDeploymentSet:
         serial=header.serial,
         issued_at=header.issued_at,
         expires_at=header.expires_at,
-        source=SetSource(repo=header.source_repo, commit=header.source_commit),
+        source=SetSource(
+            repo=header.source_repo,
+            commit=header.source_commit,
+            signed_by=header.source_signed_by,
+        ),
         bundle_deployments=plan.entries,
         groups=plan.groups,
     )

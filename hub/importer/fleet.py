@@ -5,13 +5,17 @@ Fleet's rules, as its ``fleet.yaml`` reference documents them, and what each bec
 
 - **Bundles.** Every directory of the GitRepo's ``paths`` (default: the root) holding a
   ``fleet.yaml`` is a bundle; a path without any is one bundle of its own files. Its name is
-  Fleet's: ``<gitrepo>-<path with / as ->`` (the root: ``<gitrepo>``), lower-cased, other
-  characters as ``-``. Its content is the directory in the same git repository: a ``git``
+  Fleet's (:func:`fleet_name`, Fleet's ``HelmReleaseName``): ``<gitrepo>-<path with / as ->``,
+  cleaned into a DNS label, a name over 53 characters cut and given a hash of the whole, so two
+  long paths never share a name (two that still would are refused). Its content is the directory in the same git repository: a ``git``
   source with ``directory`` (``--source-url``, and ``--commit`` or ``--branch``).
 - **Format.** ``kustomize.dir`` or a kustomization file: ``kustomize`` (``path`` = the dir);
   ``helm.chart`` or a ``Chart.yaml``: ``helm`` (a local chart: ``path``; ``repo`` + ``chart``:
-  a ``helm`` source; ``oci://``: an ``image`` source; an archive URL: an ``http`` source);
-  else ``plain``.
+  a ``helm`` source; ``oci://``: an ``image`` source; an archive URL: an ``http`` source; a
+  go-getter git address ``git::https://host/repo//dir?ref=v1``: a ``git`` source with that
+  directory and ref); ``kustomize.dir`` given only by targetCustomizations: ``kustomize``, the
+  first of them the default path (listed); else ``plain``. A plain bundle with Fleet's
+  ``overlays/`` is not converted (listed, not written).
 - **Namespaces.** ``namespace`` (Fleet forces it) or ``defaultNamespace`` (Fleet's default:
   ``default``) becomes ``formatOptions.targetNamespace``, which is also helm's release
   namespace, as in Fleet. fleetlet only gives it to objects that name none: a forced
@@ -33,6 +37,13 @@ Fleet's rules, as its ``fleet.yaml`` reference documents them, and what each bec
 - **Targets** come from the GitRepo (``--gitrepo FILE``: its ``spec.targets``, ``paths``,
   ``repo``, ``branch``/``revision``): ``clusterSelector`` and ``clusterName``; without a
   GitRepo, every cluster.
+- **Labels** (the inventory's, and the values of cluster selectors) are strings, as Fleet reads
+  them into Go strings: ``version: 1.28`` is ``"1.28"``.
+- **Checked before success** (:mod:`hub.importer.check`): every bundle is rendered from the
+  checkout (its ``path`` and each override's); one that does not render is not written and is
+  listed as not converted; the written fleet repo is loaded as the hub loads it. Clusters a
+  target names are written into an inventory given by no ``--clusters`` (without labels,
+  listed).
 - ``dependsOn`` (by bundle name) becomes ``dependsOn`` on the depended bundle's group;
   ``paused``; ``keepResources: true`` becomes ``deletionPolicy: Orphan``.
 
@@ -45,7 +56,9 @@ the result's ``notes``: nothing is dropped silently.
 from __future__ import annotations
 
 import copy
+import hashlib
 import os
+import posixpath
 import re
 import subprocess
 from collections.abc import Iterable, Mapping, Sequence
@@ -55,19 +68,27 @@ from typing import Any
 
 import yaml
 
+from agent.api.yamlio import KUBE_DUMPER, go_text
 from agent.errors import FieldProblem, PermanentError
 from agent.render.detect import CHART_FILE, KUSTOMIZATION_FILES
 from agent.render.manifests import InvalidManifestError, ParseLimits, load_documents
 from agent.render.values import merge
 from hub.fleet.selectors import parse_selector
+from hub.importer.check import check_loads, keep_rendering
 
 FLEET_FILE = "fleet.yaml"
 _FLEET_LIMITS = ParseLimits(max_file_bytes=4 * 1024 * 1024)
-_DNS = re.compile(r"[^a-z0-9-]+")
+_DISALLOWED = re.compile(r"[^a-zA-Z0-9-]+")
+_HELM_RELEASE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z")
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?\Z")
+_MAX_NAME = 53  # Helm's release names, so Fleet's bundle names
 _FLEET_NAME = re.compile(r"\$\{\s*\.ClusterName\s*\}")
 _FLEET_LABEL = re.compile(r"\$\{\s*\.ClusterLabels\.([A-Za-z0-9./_-]+)\s*\}")
 _FLEET_TEMPLATE = re.compile(r"\$\{[^}]*\}")
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
+# go-getter's forced getters (``git::``) and its detectors' forms (``github.com/...``, ``//``
+# for a subdirectory, ``?ref=``).
+_GO_GETTER = re.compile(r"^[a-z0-9]+::|^(github\.com|gitlab\.com|bitbucket\.org)/|\?ref=|[^:]//")
 # fleet.yaml fields the importer expresses (others are listed as notes).
 _HANDLED = {
     "namespace", "defaultNamespace", "kustomize", "helm", "targetCustomizations", "dependsOn",
@@ -153,15 +174,39 @@ def load_clusters(path: Path) -> list[dict[str, Any]]:
         if not isinstance(doc, dict):
             raise FleetImportError(f"--clusters {path}: a document is not a mapping")
         if isinstance(doc.get("clusters"), list):
-            found += [dict(c) for c in doc["clusters"] if isinstance(c, dict)]
+            found += [
+                {**c, "labels": _labels(c.get("labels"))} if "labels" in c else dict(c)
+                for c in doc["clusters"]
+                if isinstance(c, dict)
+            ]
         elif doc.get("kind") == "Cluster" and isinstance(doc.get("metadata"), dict):
             meta = doc["metadata"]
-            found.append({"name": meta.get("name"), "labels": dict(meta.get("labels") or {})})
+            found.append({"name": meta.get("name"), "labels": _labels(meta.get("labels"))})
         elif "name" in doc:
-            found.append({"name": doc["name"], "labels": dict(doc.get("labels") or {})})
+            found.append({"name": doc["name"], "labels": _labels(doc.get("labels"))})
         else:
             raise FleetImportError(f"--clusters {path}: expected clusters, a cluster or Clusters")
     return found
+
+
+def _labels(raw: object) -> dict[str, str]:
+    """Labels as Kubernetes and Fleet hold them, strings: ``version: 1.28`` is ``"1.28"``."""
+    return {str(k): go_text(v) for k, v in _dict(raw).items()}
+
+
+def _selector(raw: object) -> dict[str, Any]:
+    """A label selector with its values as strings (as Fleet reads it into Go strings)."""
+    selector = dict(_dict(raw))
+    if "matchLabels" in selector:
+        selector["matchLabels"] = _labels(selector["matchLabels"])
+    if isinstance(selector.get("matchExpressions"), list):
+        selector["matchExpressions"] = [
+            {**e, "values": [go_text(v) for v in e["values"]]}
+            if isinstance(e, dict) and isinstance(e.get("values"), list)
+            else e
+            for e in selector["matchExpressions"]
+        ]
+    return selector
 
 
 def bundle_directories(root: Path, paths: Iterable[str]) -> list[Path]:
@@ -185,10 +230,27 @@ def _hidden(directory: Path, base: Path) -> bool:
 
 
 def fleet_name(prefix: str, relative: str) -> str:
-    """Fleet's bundle name: ``<gitrepo>-<path with / as ->``, as a DNS label."""
-    text = prefix if relative in ("", ".") else f"{prefix}-{relative.replace('/', '-')}"
-    name = _DNS.sub("-", text.lower()).strip("-")
-    return name[:53].rstrip("-") or "bundle"
+    """Fleet's bundle name (``names.HelmReleaseName`` of ``<gitrepo>/<path>``): ``/`` as
+    ``-``; an upper-case letter or another character than ``[a-zA-Z0-9-]`` adds 8 characters
+    of the MD5 of the name before it is lower-cased and cleaned; longer than 53, it is cut to
+    47 and given 5 characters of the MD5 of the whole (so long paths do not collide)."""
+    joined = prefix if relative in ("", ".") else posixpath.join(prefix, relative)
+    text = posixpath.normpath(joined).replace("/", "-")
+    if text != text.lower() or _DISALLOWED.search(text):
+        text = f"{text}-{_md5(text)[:8]}"
+    text = _DISALLOWED.sub("-", text.lower())
+    text = re.sub("-+", "-", text).strip("-")
+    if not _HELM_RELEASE.match(text) or not _DNS_LABEL.match(text):
+        return _md5(joined)[:24]
+    if len(text) <= _MAX_NAME:
+        return text
+    keep = _MAX_NAME - 6
+    separator = "" if text[keep - 1] == "-" else "-"
+    return f"{text[:keep]}{separator}{_md5(text)[:5]}"
+
+
+def _md5(text: str) -> str:
+    return hashlib.md5(text.encode(), usedforsecurity=False).hexdigest()
 
 
 # --- converting ------------------------------------------------------------------------------
@@ -235,11 +297,62 @@ class _Importer:
     def run(self) -> ImportResult:
         directories = bundle_directories(self.root, self.paths)
         names = {d: fleet_name(self.settings.name, self._relative(d)) for d in directories}
+        seen: dict[str, Path] = {}
+        for directory, name in names.items():
+            if name in seen:
+                raise FleetImportError(
+                    f"{self._relative(seen[name])} and {self._relative(directory)} are both "
+                    f"bundle {name!r} in Fleet's naming: rename one of the directories"
+                )
+            seen[name] = directory
         for directory in directories:
+            if self._fleet_overlays(directory):
+                self.note(names[directory], "overlays/", "not converted, not written: Fleet's "
+                          "overlays/ (files replacing or patching the bundle's per "
+                          "targetCustomizations[].yaml.overlays) have no fleetlet equivalent; "
+                          "turn them into a kustomize overlay per cluster group")  # fmt: skip
+                continue
             self.result.bundles.append(self._bundle(directory, names[directory], names))
         if self.settings.clusters is not None:
             self.result.clusters = [dict(c) for c in self.settings.clusters]
+        else:
+            # Clusters named by a target or customization must exist for the fleet to load.
+            named = sorted(
+                {
+                    str(c)
+                    for b in self.result.bundles
+                    for entry in [*b["targets"], *b.get("overrides", [])]
+                    for c in entry.get("clusters") or []
+                }
+            )
+            self.result.clusters = [{"name": n} for n in named]
+            for n in named:
+                self.note("", "clusters", f"cluster {n!r} is named by a target: written into "
+                          "the inventory without labels (give --clusters for the real ones)")  # fmt: skip
         return self.result
+
+    def _fleet_overlays(self, directory: Path) -> bool:
+        """Fleet's ``overlays/`` in a bundle of plain files (a kustomize or helm bundle's
+        ``overlays/`` is its own business)."""
+        if not (directory / "overlays").is_dir() or _kustomized(directory):
+            return False
+        fleet_file = directory / FLEET_FILE
+        fy = _dict(_read_yaml(fleet_file, self.root)) if fleet_file.is_file() else {}
+        helm = _dict(fy.get("helm")).get("chart") or (directory / CHART_FILE).is_file()
+        kustomize = _dict(fy.get("kustomize")).get("dir") or _customized_dirs(fy)
+        return not helm and not kustomize
+
+    def _inside(self, directory: Path, file: str, bundle: str, where: str) -> Path:
+        """``file`` (named by fleet.yaml ``where``) resolved from ``directory``, links followed;
+        refused unless it lies in the imported tree: an absolute or ``..`` path, or a link out,
+        would inline a file of the operator's machine (a kubeconfig) into the bundle."""
+        path = (directory / file).resolve()
+        if path != self.root and self.root not in path.parents:
+            raise FleetImportError(
+                f"bundle {bundle}: fleet.yaml {where} {file!r} lies outside the imported "
+                f"repository {self.root}; only files of its tree are read"
+            )
+        return path
 
     def _relative(self, directory: Path) -> str:
         return directory.resolve().relative_to(self.root.resolve()).as_posix()
@@ -272,10 +385,17 @@ class _Importer:
             if kustomize_dir or has_kustomization:
                 self.note(name, "kustomize", "Fleet post-renders the chart with kustomize; "
                           "fleetlet renders the chart only")  # fmt: skip
-        elif kustomize_dir or has_kustomization:
+        elif kustomize_dir or has_kustomization or _customized_dirs(fy):
             bundle["format"] = "kustomize"
             if kustomize_dir and kustomize_dir != ".":
                 options["path"] = str(kustomize_dir)
+            elif not has_kustomization:
+                # Only targetCustomizations name kustomize dirs: the first is the default.
+                first = _customized_dirs(fy)[0]
+                options["path"] = first
+                self.note(name, "kustomize.dir", f"none for clusters no customization matches "
+                          f"(Fleet deploys the directory's files as they are there); fleetlet "
+                          f"renders {first!r} for them")  # fmt: skip
         else:
             bundle["format"] = "plain"
             nested = [d for d in names if d != directory and directory in d.parents]
@@ -321,6 +441,8 @@ class _Importer:
         chart = str(helm.get("chart") or "")
         repo, version = helm.get("repo"), helm.get("version")
         values_files = [str(f) for f in helm.get("valuesFiles") or []]
+        for file in values_files:
+            self._inside(directory, file, name, "helm.valuesFiles")
         remote: dict[str, Any] | None = None
         if chart and repo:
             remote = {
@@ -336,6 +458,13 @@ class _Importer:
             if not version:
                 self.note(name, "helm.version", "no version for an OCI chart: tag 'latest'")
             chart_dir = chart.rstrip("/").rsplit("/", 1)[-1]
+        elif _GO_GETTER.search(chart):
+            remote = _go_getter_source(chart)
+            if remote is None:
+                self.note(name, "helm.chart", f"{chart!r}: a go-getter address fleetlet cannot "
+                          "pin; give the chart as a git source")  # fmt: skip
+                remote = {"kind": "git", "uri": chart}
+            chart_dir = ""
         elif chart.startswith(("http://", "https://")):
             remote = {"kind": "http", "uri": chart}
             chart_dir = ""
@@ -383,7 +512,7 @@ class _Importer:
         for i, t in enumerate(self.targets_spec):
             entry: dict[str, Any] = {}
             if isinstance(t.get("clusterSelector"), dict):
-                entry["clusterSelector"] = t["clusterSelector"]
+                entry["clusterSelector"] = _selector(t["clusterSelector"])
             if t.get("clusterName"):
                 entry["clusters"] = [t["clusterName"]]
             for key in ("clusterGroup", "clusterGroupSelector"):
@@ -472,7 +601,8 @@ class _Importer:
         helm = _dict(c.get("helm"))
         values: dict[str, Any] = {}
         for file in helm.get("valuesFiles") or []:
-            values = merge(values, _dict(_read_yaml(directory / str(file), self.root)))
+            path = self._inside(directory, str(file), name, f"{where}.helm.valuesFiles")
+            values = merge(values, _dict(_read_yaml(path, self.root)))
             self.note(name, f"{where}.helm.valuesFiles", f"{file} inlined into the override's "
                       "values (which take precedence over the bundle's values)")  # fmt: skip
         if helm.get("values"):
@@ -489,7 +619,7 @@ class _Importer:
 def _fleet_target(c: Mapping[str, Any]) -> dict[str, Any]:
     target: dict[str, Any] = {}
     if isinstance(c.get("clusterSelector"), dict):
-        target["clusterSelector"] = c["clusterSelector"]
+        target["clusterSelector"] = _selector(c["clusterSelector"])
     if c.get("clusterName"):
         target["clusters"] = [c["clusterName"]]
     return target
@@ -513,6 +643,44 @@ def _selects(target: Mapping[str, Any], cluster: Mapping[str, Any]) -> bool:
     return True
 
 
+def _kustomized(directory: Path) -> bool:
+    return any((directory / f).is_file() for f in KUSTOMIZATION_FILES)
+
+
+def _customized_dirs(fy: Mapping[str, Any]) -> list[str]:
+    """The ``kustomize.dir`` of each targetCustomization that names one, in order."""
+    return [
+        str(_dict(c.get("kustomize")).get("dir"))
+        for c in fy.get("targetCustomizations") or []
+        if isinstance(c, dict) and _dict(c.get("kustomize")).get("dir")
+    ]
+
+
+def _go_getter_source(chart: str) -> dict[str, Any] | None:
+    """A go-getter git address (``git::https://host/repo//sub/dir?ref=v1``,
+    ``github.com/org/repo//dir?ref=v1``) as a git source with its directory; None when it
+    names no ref (fleetlet pins every source) or another getter."""
+    text = chart.removeprefix("git::")
+    if "::" in text:
+        return None
+    url, _, query = text.partition("?")
+    ref = next((v for k, _, v in (p.partition("=") for p in query.split("&")) if k == "ref"), "")
+    if not ref:
+        return None
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        scheme, rest = "https", url
+    repo, _, directory = rest.partition("//")
+    source: dict[str, Any] = {"kind": "git", "uri": f"{scheme}://{repo}"}
+    if _COMMIT.match(ref):
+        source["commit"] = ref
+    else:  # go-getter does not say which: a version is a tag, anything else a branch
+        source["tag" if re.match(r"v?[0-9]", ref) else "branch"] = ref
+    if directory:
+        source["directory"] = directory.strip("/")
+    return source
+
+
 def _dict(value: object) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
@@ -528,19 +696,27 @@ def _origin(root: Path) -> str | None:
     return done.stdout.strip() or None if done.returncode == 0 else None
 
 
-def import_fleet(root: Path, settings: ImportSettings) -> ImportResult:
-    """Convert the Fleet GitRepo content at ``root`` (see the module doc).
+def import_fleet(root: Path, settings: ImportSettings, *, check: bool = True) -> ImportResult:
+    """Convert the Fleet GitRepo content at ``root`` (see the module doc); with ``check``,
+    only bundles that render are kept (:func:`hub.importer.check.keep_rendering`).
 
     Raises FleetImportError.
     """
     if not root.is_dir():
         raise FleetImportError(f"{root}: not a directory")
-    return _Importer(root.resolve(), settings).run()
+    importer = _Importer(root.resolve(), settings)
+    result = importer.run()
+    if check:
+        result.bundles = keep_rendering(
+            result.bundles, importer.root, str(importer.source_url), importer.note
+        )
+    return result
 
 
 def write_fleet_repo(result: ImportResult, out: Path) -> list[Path]:
     """Write ``fleet.yaml``, ``clusters/inventory.yaml`` and ``bundles/<name>.yaml`` into
-    ``out`` (which must not hold a fleet repo already). Raises FleetImportError."""
+    ``out`` (which must not hold a fleet repo already), then load it as the hub does.
+    Raises FleetImportError."""
     if (out / "fleet.yaml").exists() or (out / "bundles").exists():
         raise FleetImportError(f"--out {out}: already holds a fleet repo; choose a new directory")
     written: list[Path] = []
@@ -548,7 +724,9 @@ def write_fleet_repo(result: ImportResult, out: Path) -> list[Path]:
     def write(relative: str, data: Any) -> None:
         path = out / relative
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(yaml.safe_dump(data, sort_keys=False, default_flow_style=False))
+        path.write_text(
+            yaml.dump(data, Dumper=KUBE_DUMPER, sort_keys=False, default_flow_style=False)
+        )
         written.append(path)
 
     try:
@@ -559,6 +737,10 @@ def write_fleet_repo(result: ImportResult, out: Path) -> list[Path]:
             write(f"bundles/{bundle['name']}.yaml", bundle)
     except OSError as exc:
         raise FleetImportError(f"--out {out}: cannot write: {exc}") from exc
+    try:
+        check_loads(out)
+    except PermanentError as exc:
+        raise FleetImportError(str(exc)) from exc
     return written
 
 

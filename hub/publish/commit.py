@@ -159,9 +159,23 @@ class Writer:
     trailer: Callable[[str], str | None] | None = None
 
     _expires: str = ""
+    _signed_by_trailer: str = ""
 
     def __post_init__(self) -> None:
         self._expires = utc_text(self.now + self.prepared.fleet.settings.expires_after) or ""
+        signed = self.prepared.signed_by
+        if signed is not None:
+            self._signed_by_trailer = f"Source-Signed-By: {signed.principal} {signed.key}\n"
+
+    def source_record(self) -> dict[str, Any]:
+        """The fleet commit for the publication's record (``refs/fleetlet/publication``)."""
+        source = self.prepared.source
+        out: dict[str, Any] = {"repo": source.repo, "commit": source.commit}
+        signed = self.prepared.signed_by
+        if signed is not None:
+            out["signedBy"] = {"principal": signed.principal, "key": signed.key}
+            out["policy"] = signed.policy
+        return out
 
     def plan(
         self, todo: list[ClusterChange], decisions: Decisions, stores: Mapping[int, BranchStore]
@@ -270,7 +284,8 @@ class Writer:
         message = (
             f"fleetlet: {change.status} {change.cluster}, serial {serial}\n\n"
             f"Source: {self.prepared.source.repo}@{self.prepared.source.commit}\n"
-            f"Serial: {serial}\n"
+            + self._signed_by_trailer
+            + f"Serial: {serial}\n"
             f"Expires-At: {expires}\n"
             f"Content-Digest: {self.cache.digest(plan)}\n"
             f"Signed: {'true' if self.signer else 'false'}\n"
@@ -509,6 +524,7 @@ def commit_point(
         staging=dict(staged),
         carried=trees,
         note=joined[0].note if joined is not None else None,
+        source=writer.source_record(),
     )
     commit = batch.commit(
         {ledger.RECORD_FILE: batch.blob(record.to_bytes())},

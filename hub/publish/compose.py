@@ -19,7 +19,14 @@ import json
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from agent.api import BundleDeploymentEntry, canonical_bytes, dump_set, dump_yaml, set_digest
+from agent.api import (
+    BundleDeploymentEntry,
+    CommitSignature,
+    canonical_bytes,
+    dump_set,
+    dump_yaml,
+    set_digest,
+)
 from hub.fleet.render import ClusterPlan, Header, build_set
 
 
@@ -138,6 +145,7 @@ class SetComposer:
     expires_at: datetime
     source_repo: str
     source_commit: str
+    source_signed_by: CommitSignature | None = None
     _templates: dict[tuple[int, tuple[str, ...]], _Template | None] = field(default_factory=dict)
     _keep: list[tuple[BundleDeploymentEntry, ...]] = field(default_factory=list)
 
@@ -148,6 +156,7 @@ class SetComposer:
             expires_at=self.expires_at,
             source_repo=self.source_repo,
             source_commit=self.source_commit,
+            source_signed_by=self.source_signed_by,
         )
 
     def _template(self, plan: ClusterPlan) -> _Template | None:

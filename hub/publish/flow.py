@@ -22,7 +22,7 @@ import gc
 import hashlib
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -36,6 +36,7 @@ from agent.errors import FieldProblem, TemporaryError, ValidationError, Verifica
 from agent.verify import TrustPolicy, verify_publication
 from agent.verify.publication import BUNDLE_FILE, PROOF_FILE, SET_FILE, STATEMENT_FILE
 from hub.errors import FleetRepoError, PublishError, PushRejectedError
+from hub.fleet.commits import CommitPolicy, judge_commit
 from hub.fleet.load import load_fleet
 from hub.fleet.render import plan_clusters
 from hub.fleet.shards import fleet_shards
@@ -63,7 +64,7 @@ from hub.publish.compare import (
 from hub.publish.compose import SetComposer
 from hub.publish.git import BRANCH_PREFIX, BranchStore
 from hub.publish.known import KnownHead
-from hub.publish.prepared import Prepared
+from hub.publish.prepared import Prepared, UnsignedCommitError
 from hub.publish.shards import ShardedStore
 from hub.publish.sign import Leaf, PublicationSigner, SignedTree, sign_leaves
 from hub.resolve import Resolver, ResolveSettings
@@ -84,19 +85,30 @@ def prepare(
     registry_credentials: Mapping[str, tuple[str, str]] | None = None,
     progress: Progress | None = None,
     cache_dir: Path | None = None,
+    commit_policy: CommitPolicy | None = None,
 ) -> Prepared:
     """Load ``fleet_dir``, pin every source its (selected) clusters use and plan every set.
 
     ``registry_credentials`` maps a registry host to (user, password) for tag resolution;
-    ``cache_dir`` keeps parsed fleet files between runs.
+    ``cache_dir`` keeps parsed fleet files between runs. ``commit_policy``: the hub's trusted
+    commit policy; the fleet commit's verdict is :attr:`Prepared.commit` (publish refuses a
+    failed one, diff reports it).
 
     Raises FleetRepoError (invalid fleet, unknown ``only`` cluster, bad shard label),
     ResolveError or SourceUnavailableError (a reference could not be pinned).
     """
     with _paused_gc():
-        return _prepare(
+        prepared = _prepare(
             fleet_dir, only, resolve_settings, registry_credentials, progress, cache_dir
         )
+    verdict = judge_commit(
+        root=prepared.fleet.root,
+        commit=prepared.source.commit,
+        committed=prepared.source.committed,
+        declared=prepared.fleet.settings.commit_signing,
+        trusted=commit_policy,
+    )
+    return replace(prepared, commit=verdict) if verdict is not None else prepared
 
 
 @contextlib.contextmanager
@@ -183,6 +195,7 @@ def render(prepared: Prepared, out: Path, *, issued_at: datetime | None = None) 
         expires_at=issued + prepared.fleet.settings.expires_after,
         source_repo=prepared.source.repo,
         source_commit=prepared.source.commit,
+        source_signed_by=prepared.signed_by,
     )
     written: list[Path] = []
     try:
@@ -291,6 +304,7 @@ def publish(
     rerun), ConcurrentPublishError, PublishError, FleetRepoError, or the signing errors of
     ``sign_leaves``; nothing reaches a cluster branch when anything fails before the commit.
     """
+    prepared.require_signed_commit()
     sharded = _sharded(prepared, store)
     say = progress or (lambda _msg: None)
     clock = StageClock(prepared.timings)
@@ -323,8 +337,6 @@ class _StaleKnowledge(Exception):
 
 
 def _replace_attempts(report: PublishReport, attempts: int) -> PublishReport:
-    from dataclasses import replace
-
     return replace(report, attempts=attempts, peak_rss_mb=_peak_rss_mb())
 
 
@@ -388,6 +400,7 @@ def _publish_once(
         expires_at=expires,
         source_repo=prepared.source.repo,
         source_commit=prepared.source.commit,
+        source_signed_by=prepared.signed_by,
     )
     signed: SignedTree | None = None
     if todo:
@@ -548,8 +561,14 @@ class ClusterDiff:
         }
 
 
+ENCRYPTED_VALUES = "formatOptions.encryptedValues"
+"""Shown whole, as ``encrypted`` or ``encrypted, changed``: the hub cannot open it."""
+
+
 def _flatten(value: Any, path: str, out: dict[str, Any]) -> None:
-    if isinstance(value, Mapping) and value:
+    if path == ENCRYPTED_VALUES and value is not None:
+        out[path] = value  # opaque: compared whole, never listed value by value
+    elif isinstance(value, Mapping) and value:
         for k in sorted(value):
             _flatten(value[k], f"{path}.{k}" if path else str(k), out)
     elif isinstance(value, list | tuple) and value:
@@ -559,14 +578,33 @@ def _flatten(value: Any, path: str, out: dict[str, Any]) -> None:
         out[path] = value
 
 
-def _entry_fields(before: BundleDeploymentEntry, after: BundleDeploymentEntry) -> list[Any]:
+def entry_fields(
+    before: BundleDeploymentEntry | None, after: BundleDeploymentEntry | None
+) -> list[tuple[str, Any, Any]]:
+    """(path, before, after) of every spec field that differs (None: the entry is absent),
+    paths flattened like ``formatOptions.values.replicas``."""
     old: dict[str, Any] = {}
     new: dict[str, Any] = {}
-    _flatten(to_dict(before.spec), "", old)
-    _flatten(to_dict(after.spec), "", new)
+    if before is not None:
+        _flatten(to_dict(before.spec), "", old)
+    if after is not None:
+        _flatten(to_dict(after.spec), "", new)
     return [
-        (p, old.get(p), new.get(p)) for p in sorted(set(old) | set(new)) if old.get(p) != new.get(p)
+        (p, *_opaque(p, old.get(p), new.get(p)))
+        for p in sorted(set(old) | set(new))
+        if old.get(p) != new.get(p)
     ]
+
+
+def _opaque(path: str, before: Any, after: Any) -> tuple[Any, Any]:
+    """Encrypted values as what can be said of them (sops keeps a value's ciphertext while its
+    plaintext stays, so a changed document means changed values or a re-encryption)."""
+    if path != ENCRYPTED_VALUES:
+        return before, after
+    return (
+        "encrypted" if before is not None else None,
+        "encrypted, changed" if after is not None else None,
+    )
 
 
 def diff(
@@ -624,7 +662,7 @@ def diff(
                 elif bname not in new_entries:
                     bundles.append(BundleDiff(bname, "removed", ()))
                 elif old_entries[bname] != new_entries[bname]:
-                    fields = _entry_fields(old_entries[bname], new_entries[bname])
+                    fields = entry_fields(old_entries[bname], new_entries[bname])
                     bundles.append(BundleDiff(bname, "changed", tuple(fields)))
         if decision.status != "changed":
             old_groups = new_groups
@@ -649,7 +687,9 @@ __all__ = [
     "ClusterDiff",
     "Prepared",
     "PublishReport",
+    "UnsignedCommitError",
     "diff",
+    "entry_fields",
     "prepare",
     "publish",
     "render",

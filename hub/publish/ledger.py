@@ -78,6 +78,9 @@ class HeadRecord:
     carried: Mapping[int, str] = field(default_factory=dict)  # shard -> tree in shard 0
     note: Mapping[str, Any] | None = None
     """What else the publication carries out (the rollout steps and actions behind it)."""
+    source: Mapping[str, Any] | None = None
+    """The fleet commit published (``repo``, ``commit``) and, with a commit policy, who signed
+    it (``signedBy``, as every set records it). For people: agents trust only the sets."""
 
     def to_bytes(self) -> bytes:
         doc: dict[str, Any] = {
@@ -91,6 +94,8 @@ class HeadRecord:
             doc["carried"] = {str(k): v for k, v in sorted(self.carried.items())}
         if self.note:
             doc["note"] = dict(self.note)
+        if self.source:
+            doc["source"] = dict(self.source)
         return (
             json.dumps(
                 doc,
@@ -114,6 +119,7 @@ class HeadRecord:
                 staging={int(k): str(v) for k, v in doc["staging"].items()},
                 carried={int(k): str(v) for k, v in doc.get("carried", {}).items()},
                 note=doc.get("note") if isinstance(doc.get("note"), dict) else None,
+                source=doc.get("source") if isinstance(doc.get("source"), dict) else None,
             )
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise PublishError(

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import os
 import struct
+import tempfile
 import zlib
 from pathlib import Path
 
@@ -119,8 +120,8 @@ class PackWriter:
         pack_sha = hashlib.sha1(usedforsecurity=False)
         offsets: dict[bytes, int] = {}
         crcs: dict[bytes, int] = {}
-        tmp_pack = pack_dir / f"tmp_pack_{os.getpid()}"
-        tmp_idx = pack_dir / f"tmp_idx_{os.getpid()}"
+        tmp_pack = _temporary(pack_dir, "tmp_pack_")
+        tmp_idx = _temporary(pack_dir, "tmp_idx_")
         try:
             with open(tmp_pack, "wb") as out:
                 header = b"PACK" + struct.pack(">II", 2, len(ids))
@@ -171,8 +172,10 @@ def store_received(pack: bytes, index: list[tuple[bytes, int, int]], repo_path: 
             offsets[raw], crcs[raw] = offset, crc
     ids = sorted(offsets)
     name = f"pack-{checksum.hex()}"
-    tmp_pack = pack_dir / f"tmp_recv_{os.getpid()}"
-    tmp_idx = pack_dir / f"tmp_recv_idx_{os.getpid()}"
+    # Names of this call alone: several threads (and processes) of a hub store packs into one
+    # cache at once, and two of them may be storing the same pack (the rename is atomic).
+    tmp_pack = _temporary(pack_dir, "tmp_recv_")
+    tmp_idx = _temporary(pack_dir, "tmp_recv_idx_")
     try:
         tmp_pack.write_bytes(pack)
         tmp_idx.write_bytes(_index(ids, offsets, crcs, checksum))
@@ -184,6 +187,13 @@ def store_received(pack: bytes, index: list[tuple[bytes, int, int]], repo_path: 
             if leftover.exists():
                 leftover.unlink()
     return pack_path
+
+
+def _temporary(directory: Path, prefix: str) -> Path:
+    """A new empty file in ``directory`` that no other thread or process is given (mkstemp)."""
+    fd, name = tempfile.mkstemp(prefix=prefix, dir=directory)
+    os.close(fd)
+    return Path(name)
 
 
 def _deflate(body: bytes) -> bytes:

@@ -6,10 +6,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from agent.api import CommitSignature
+from hub.errors import PublishError
+from hub.fleet.commits import CommitVerdict
 from hub.fleet.model import Fleet
 from hub.fleet.render import ClusterPlan
 from hub.fleet.shards import ShardMap, fleet_shards
 from hub.fleet.source import FleetSource
+
+
+class UnsignedCommitError(PublishError):
+    """The fleet commit is not signed as the commit policy requires; nothing was published."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,10 +29,28 @@ class Prepared:
     references: int
     timings: Mapping[str, float]
     shards: ShardMap | None = None
+    commit: CommitVerdict | None = None
+    """The fleet commit against the commit policy (None: no policy asks for signed commits)."""
+
+    @property
+    def signed_by(self) -> CommitSignature | None:
+        """What the sets record about the commit's signature (only a verified one)."""
+        verdict = self.commit
+        if verdict is None or not verdict.ok:
+            return None
+        assert verdict.signer is not None and verdict.key is not None
+        return CommitSignature(
+            format="ssh", principal=verdict.signer, key=verdict.key, policy=verdict.policy
+        )
+
+    def require_signed_commit(self) -> None:
+        """Raise UnsignedCommitError when a commit policy is on and the commit fails it."""
+        if self.commit is not None and not self.commit.ok:
+            raise UnsignedCommitError(self.commit.refusal() + "; nothing was pushed")
 
     @property
     def shard_map(self) -> ShardMap:
         return self.shards if self.shards is not None else fleet_shards(self.fleet)
 
 
-__all__ = ["Prepared"]
+__all__ = ["Prepared", "UnsignedCommitError"]

@@ -156,9 +156,11 @@ class Controller:
 
         ``partial``: ``prepared`` plans some clusters only (``--cluster``): no rollout starts,
         and a rolling group that changed for them is refused (RolloutConflictError).
-        Raises what :func:`~hub.publish.flow.publish` raises, RolloutStateError,
+        Raises what :func:`~hub.publish.flow.publish` raises (UnsignedCommitError first of
+        all), RolloutStateError,
         RolloutContentError, RolloutConflictError.
         """
+        prepared.require_signed_commit()  # before the rollout state is even read
         who = actor or signer_identity(signer)
         for attempt in range(1, ATTEMPTS + 1):
             run = _Run(state=self.store.read(), now=self.clock())

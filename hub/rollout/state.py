@@ -33,6 +33,9 @@ from hub.publish.git import BranchStore, CommitBatch
 from hub.publish.sendpack import ZERO, RefUpdate
 from hub.rollout.content import ABSENT, Entries, Variants, variant_bytes, variant_from_bytes
 from hub.rollout.model import Strategy, strategy_from_dict
+from hub.rollout.seal import check as check_seal
+from hub.rollout.seal import key_source, load_key
+from hub.rollout.seal import seal as seal_line
 
 ROLLOUT_REF = "refs/fleetlet/rollouts"
 INDEX_FILE = "rollouts.json"
@@ -69,6 +72,12 @@ _TIME = "%Y-%m-%dT%H:%M:%SZ"
 
 class RolloutStateError(PublishError):
     """The rollout state in git cannot be read (not written by a hub, or damaged)."""
+
+
+class ForgedRolloutStateError(RolloutStateError):
+    """The rollout state in git is not sealed by this fleet's hubs (see
+    :mod:`hub.rollout.seal`), or was moved back to an older state: the hub does not act on
+    it, and publishes nothing from it."""
 
 
 class RolloutStateMovedError(TemporaryError):
@@ -349,8 +358,19 @@ def _json(data: Mapping[str, Any]) -> bytes:
 class RolloutStore:
     """The rollout state in ``store`` (shard 0's repository)."""
 
-    def __init__(self, store: BranchStore) -> None:
+    def __init__(self, store: BranchStore, *, key: bytes | None = None) -> None:
         self.store = store
+        self._key = key
+        self.seen = ZERO
+        """The newest state this store read or wrote: a later read must descend from it."""
+
+    @property
+    def key(self) -> bytes:
+        """The hub's state key, read when first needed (a publish without rollouts needs
+        none). Raises StateKeyError."""
+        if self._key is None:
+            self._key = load_key()
+        return self._key
 
     def read(self) -> State:
         """The state now (a fresh listing of the ref). Raises GitTransportError,
@@ -366,11 +386,13 @@ class RolloutStore:
         self.store.fetch_ref(ROLLOUT_REF, oid)
         repo = self.store.repo
         try:
-            tree = repo[pygit2.Oid(hex=oid)].peel(pygit2.Tree)
+            commit = repo[pygit2.Oid(hex=oid)].peel(pygit2.Commit)
+            tree = commit.tree
         except (KeyError, ValueError, pygit2.GitError) as exc:
             raise GitTransportError(
                 f"{ROLLOUT_REF} of {self.store.url} moved while it was fetched; retry"
             ) from exc
+        self._authenticate(oid, commit, tree)
         files = {str(entry.name): str(entry.id) for entry in tree}
         state = State(oid=oid, files=files)
         index = self._doc(files, INDEX_FILE)
@@ -384,6 +406,31 @@ class RolloutStore:
             for variant in rollout.variants():
                 self.load_variant(state, variant)
         return state
+
+    def _authenticate(self, oid: str, commit: pygit2.Commit, tree: pygit2.Tree) -> None:
+        """Refuse a state commit no hub of this fleet wrote, and one older than a state this
+        store already saw (a forged or replayed ref). Raises ForgedRolloutStateError."""
+        entries = [(str(e.name), int(e.filemode), str(e.id)) for e in tree]
+        parents = [str(p) for p in commit.parent_ids]
+        why = check_seal(self.key, commit.message, parents, entries)
+        if why is not None:
+            raise ForgedRolloutStateError(
+                f"{ROLLOUT_REF} of {self.store.url} at {oid[:12]} is refused: {why}; no hub of "
+                "this fleet wrote it (someone with push access to the repository, such as a "
+                "cluster's status credential, did). The hub acts on no rollout and publishes "
+                "nothing until the ref points at a sealed state again (this hub's state key: "
+                f"{key_source()}; see docs/rollouts.md)"
+            )
+        seen = self.seen
+        if seen not in (ZERO, oid):
+            repo = self.store.repo
+            if seen in repo and not repo.descendant_of(pygit2.Oid(hex=oid), pygit2.Oid(hex=seen)):
+                raise ForgedRolloutStateError(
+                    f"{ROLLOUT_REF} of {self.store.url} moved back from {seen[:12]} to "
+                    f"{oid[:12]}, a state that does not follow it: refused (a replayed older "
+                    "state)"
+                )
+        self.seen = oid
 
     def load_variant(self, state: State, name: str) -> Entries:
         """The entries of variant ``name`` (from the state's tree). Raises RolloutStateError."""
@@ -443,6 +490,8 @@ class RolloutStore:
             blob = _blob_id(data)
             ids[name] = blob if state.files.get(name) == blob else batch.blob(data)
         parents = [state.oid] if state.oid != ZERO else []
+        sealed = seal_line(self.key, parents, [(n, 0o100644, i) for n, i in ids.items()])
+        message = f"{message.rstrip()}\n\n{sealed}\n"
         return batch.commit(ids, parents=parents, message=message, when=when)
 
     def write(self, state: State, *, message: str, when: datetime) -> str:
@@ -459,6 +508,7 @@ class RolloutStore:
                 f"{ROLLOUT_REF} of {self.store.url} moved since it was read "
                 f"({outcome.refused[ROLLOUT_REF]}); read it again"
             )
+        self.seen = oid
         return oid
 
 
@@ -496,6 +546,7 @@ __all__ = [
     "FINAL",
     "ROLLOUT_REF",
     "Event",
+    "ForgedRolloutStateError",
     "Halt",
     "Member",
     "Phase",

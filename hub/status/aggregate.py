@@ -35,8 +35,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import pygit2
-
 from agent.api.reasons import SUCCEEDED
 from hub.errors import GitTransportError
 from hub.publish.shards import parallel_for
@@ -45,6 +43,7 @@ from hub.status.document import (
     installation_state,
 )
 from hub.status.shard import (
+    DocumentsUnavailable,
     StatusCacheError,
     StatusShard,
     cold_refresh,
@@ -53,7 +52,7 @@ from hub.status.shard import (
 from hub.status.view import ClusterView, RefreshResult
 
 _VIEW_FILE = "view.sqlite"
-_VIEW_FORMAT = 3  # 3: each installation's applied and newest-run serials
+_VIEW_FORMAT = 4  # 3: each installation's applied and newest-run serials; 4: generations
 _DOCUMENTS_KEPT = 256
 
 
@@ -74,6 +73,7 @@ class FleetStatus:
         credentials: tuple[str, str] | None = None,
         cache_dir: Path,
         stale_after: timedelta = timedelta(minutes=5),
+        follow: bool = False,
     ) -> None:
         urls = [repo_url] if isinstance(repo_url, str) else list(repo_url)
         if not urls:
@@ -101,6 +101,10 @@ class FleetStatus:
         self._documents: OrderedDict[tuple[int, str], dict[str, Any]] = OrderedDict()
         self.last_refresh: datetime | None = None
         self.version = 0  # grows whenever the view changes
+        # With follow, refresh() reads what another process (the one refreshing from git)
+        # wrote into the shared view file, from the generation seen last.
+        self.follow = follow
+        self._generation = 0
         self._load_view()
 
     # --- refresh -------------------------------------------------------------------------
@@ -110,8 +114,11 @@ class FleetStatus:
         documents.
 
         Raises GitTransportError if a server cannot be listed or fetched; the view then
-        stays as it was (clusters grow stale by the clock, not by an error).
+        stays as it was (clusters grow stale by the clock, not by an error). A following
+        view (``follow``) reads the shared view file instead (:meth:`_follow`).
         """
+        if self.follow:
+            return self._follow()
         started = datetime.now(UTC)
         with self._refresh_lock:
             with self._lock:
@@ -211,17 +218,35 @@ class FleetStatus:
     # --- the on-disk cache ---------------------------------------------------------------
 
     def _db(self) -> sqlite3.Connection:
+        """The shared view file (SQLite in WAL mode: the processes of ``hub serve --workers``
+        read it while the one refreshing writes). A file of another format is started
+        anew. Raises StatusCacheError."""
         try:
             self.cache_dir.mkdir(parents=True, exist_ok=True)
-            db = sqlite3.connect(self.cache_dir / _VIEW_FILE)
-            db.execute(
-                "CREATE TABLE IF NOT EXISTS shards (shard INTEGER PRIMARY KEY, url TEXT, "
-                "format INTEGER)"
-            )
-            db.execute(
-                "CREATE TABLE IF NOT EXISTS views (shard INTEGER, name TEXT, tip TEXT, "
-                "source TEXT, error TEXT, data TEXT, PRIMARY KEY (shard, name))"
-            )
+            db = sqlite3.connect(self.cache_dir / _VIEW_FILE, timeout=30)
+            db.execute("PRAGMA journal_mode=WAL")
+            if db.execute("PRAGMA user_version").fetchone()[0] != _VIEW_FORMAT:
+                with db:
+                    for table in ("shards", "views", "removed", "generation"):
+                        db.execute(f"DROP TABLE IF EXISTS {table}")
+                    db.execute(
+                        "CREATE TABLE shards (shard INTEGER PRIMARY KEY, url TEXT, format INTEGER)"
+                    )
+                    # Each row says in which generation it was written; a removed branch
+                    # leaves a row in "removed" (until it comes back), so a follower reads
+                    # only what changed since the generation it saw.
+                    db.execute(
+                        "CREATE TABLE views (shard INTEGER, name TEXT, tip TEXT, source TEXT, "
+                        "error TEXT, data TEXT, generation INTEGER, PRIMARY KEY (shard, name))"
+                    )
+                    db.execute("CREATE INDEX views_generation ON views (generation)")
+                    db.execute(
+                        "CREATE TABLE removed (shard INTEGER, name TEXT, generation INTEGER, "
+                        "PRIMARY KEY (shard, name))"
+                    )
+                    db.execute("CREATE TABLE generation (n INTEGER)")
+                    db.execute("INSERT INTO generation VALUES (0)")
+                    db.execute(f"PRAGMA user_version = {_VIEW_FORMAT}")
             return db
         except (sqlite3.Error, OSError) as exc:
             raise StatusCacheError(
@@ -236,6 +261,7 @@ class FleetStatus:
         # Only what moved is written: a 1% refresh of 100,000 clusters writes 1,000 rows.
         try:
             with contextlib.closing(self._db()) as db, db:
+                generation = db.execute("SELECT n FROM generation").fetchone()[0] + 1
                 for shard, (tips, updates) in zip(self._shards, results, strict=True):
                     db.execute(
                         "INSERT OR REPLACE INTO shards VALUES (?, ?, ?)",
@@ -244,9 +270,19 @@ class FleetStatus:
                     gone = [(shard.index, n) for n in set(known[shard.index]) - set(tips)]
                     db.executemany("DELETE FROM views WHERE shard = ? AND name = ?", gone)
                     db.executemany(
-                        "INSERT OR REPLACE INTO views VALUES (?, ?, ?, ?, ?, ?)",
-                        [v.row() for v in updates.values()],
+                        "INSERT OR REPLACE INTO removed VALUES (?, ?, ?)",
+                        [(i, n, generation) for i, n in gone],
                     )
+                    db.executemany(
+                        "DELETE FROM removed WHERE shard = ? AND name = ?",
+                        [(shard.index, n) for n in updates],
+                    )
+                    db.executemany(
+                        "INSERT OR REPLACE INTO views VALUES (?, ?, ?, ?, ?, ?, ?)",
+                        [(*v.row(), generation) for v in updates.values()],
+                    )
+                db.execute("UPDATE generation SET n = ?", (generation,))
+                self._generation = generation
         except sqlite3.Error as exc:
             raise StatusCacheError(f"cannot write the hub status cache: {exc}") from exc
 
@@ -256,74 +292,115 @@ class FleetStatus:
         if not path.is_file():
             return
         try:
-            with contextlib.closing(self._db()) as db:
-                shards = {
-                    shard: url
-                    for shard, url, fmt in db.execute("SELECT shard, url, format FROM shards")
-                    if fmt == _VIEW_FORMAT
-                }
+            with contextlib.closing(self._db()) as db, db:  # the generation, then rows as new
+                self._generation = db.execute("SELECT n FROM generation").fetchone()[0]
+                shards = self._known_shards(db)
                 with no_gc():
                     for row in db.execute("SELECT * FROM views"):
-                        shard = row[0]
-                        if (
-                            shard < len(self._shards)
-                            and shards.get(shard) == self._shards[shard].url
-                        ):
-                            view = ClusterView.of_row(row)
-                            self._views[shard][view.name] = view
+                        if row[0] in shards:
+                            view = ClusterView.of_row(row[:6])
+                            self._views[row[0]][view.name] = view
         except (sqlite3.Error, StatusCacheError, ValueError, KeyError, TypeError):
             self._views = [{} for _ in self._shards]
             return
         for name in {n for views in self._views for n in views}:
             self._show(name)
 
+    def _known_shards(self, db: sqlite3.Connection) -> dict[int, str]:
+        """Shard -> URL of the shards in the view file that are this view's shards (same
+        index, same URL)."""
+        return {
+            shard: url
+            for shard, url, fmt in db.execute("SELECT shard, url, format FROM shards")
+            if fmt == _VIEW_FORMAT and shard < len(self._shards) and self._shards[shard].url == url
+        }
+
+    def _follow(self) -> RefreshResult:
+        """Read what changed in the shared view file since the generation seen last.
+        Raises StatusCacheError."""
+        started = datetime.now(UTC)
+        result = RefreshResult(listed=0)
+        try:
+            with contextlib.closing(self._db()) as db, db:  # the generation, then rows as new
+                generation = db.execute("SELECT n FROM generation").fetchone()[0]
+                if generation != self._generation:
+                    shards = self._known_shards(db)
+                    since = self._generation
+                    rows = db.execute("SELECT * FROM views WHERE generation > ?", (since,))
+                    moved = [ClusterView.of_row(row[:6]) for row in rows if row[0] in shards]
+                    removed = db.execute(
+                        "SELECT shard, name FROM removed WHERE generation > ?", (since,)
+                    ).fetchall()
+        except (sqlite3.Error, ValueError, KeyError, TypeError) as exc:
+            raise StatusCacheError(f"cannot read the hub status cache: {exc}") from exc
+        if generation != self._generation:
+            with self._lock:
+                for shard, name in removed:
+                    if shard < len(self._views) and self._views[shard].pop(name, None):
+                        result.removed.append(name)
+                for view in moved:
+                    self._views[view.shard][view.name] = view
+                    result.moved.append(view.name)
+                for name in {*result.moved, *result.removed}:
+                    self._show(name)
+                self.version += 1
+            self._generation = generation
+        with self._lock:
+            result.listed = len(self._clusters)
+            self.last_refresh = started
+        result.moved.sort()
+        result.removed.sort()
+        result.seconds = (datetime.now(UTC) - started).total_seconds()
+        return result
+
     # --- documents, on demand -----------------------------------------------------------
 
     def document(self, name: str) -> dict[str, Any] | None:
         """The last good status document of ``name`` (None: none), read from the cache
-        repository (recent ones kept in memory)."""
+        repository (recent ones kept in memory). Raises DocumentsUnavailable when it has to
+        be fetched and cannot be."""
         with self._lock:
             view = self._clusters.get(name)
-            if view is None or view.source is None:
-                return None
-            key = (view.shard, view.source)
-            doc = self._documents.get(key)
-            if doc is not None:
-                self._documents.move_to_end(key)
-                return doc
-        try:
-            doc = self._shards[view.shard].document(name, view.source)
-        except (pygit2.GitError, KeyError, ValueError):
-            return None
+        return None if view is None else self.documents([view]).get(name)
+
+    def documents(self, views: Sequence[ClusterView]) -> dict[str, dict[str, Any] | None]:
+        """Cluster -> the last good document of each of ``views`` (None: none). Recent ones
+        come from memory; the others from the cache repositories, the shards in parallel,
+        fetched where the cache lacks them (one request per shard for a page, shared with
+        the pages asking at the same time). Raises DocumentsUnavailable."""
+        found: dict[str, dict[str, Any] | None] = {}
+        wanted: dict[int, dict[str, str]] = {}
         with self._lock:
-            self._documents[key] = doc
-            while len(self._documents) > _DOCUMENTS_KEPT:
-                self._documents.popitem(last=False)
-        return doc
-
-    def prefetch(self, views: Sequence[ClusterView]) -> None:
-        """Fetch the documents of ``views`` the cache lacks: one request per shard, the shards
-        in parallel (a page of 100 installations is a round trip, not 100). Best effort: a
-        document that cannot be fetched now is asked for again, and its error shown, when it
-        is read."""
-        by_shard: dict[int, list[str]] = {}
-        for view in views:
-            if view.source is not None:
-                by_shard.setdefault(view.shard, []).append(view.source)
-
-        def fetch(shard: int) -> None:
-            with contextlib.suppress(
-                GitTransportError, StatusCacheError, pygit2.GitError, KeyError, ValueError
-            ):
-                self._shards[shard].prefetch(by_shard[shard])
-
-        if len(by_shard) <= 1:
-            for shard in by_shard:
-                fetch(shard)
-            return
-        parallel = parallel_for(self._shards[s].url for s in by_shard)
-        with ThreadPoolExecutor(max_workers=min(parallel, len(by_shard))) as threads:
-            list(threads.map(fetch, by_shard))
+            for view in views:
+                if view.source is None:
+                    found[view.name] = None
+                    continue
+                doc = self._documents.get((view.shard, view.source))
+                if doc is not None:
+                    self._documents.move_to_end((view.shard, view.source))
+                    found[view.name] = doc
+                else:
+                    wanted.setdefault(view.shard, {})[view.name] = view.source
+        if not wanted:
+            return found
+        futures = {shard: self._shards[shard].documents(w) for shard, w in wanted.items()}
+        failure: DocumentsUnavailable | None = None
+        for shard, future in futures.items():
+            try:
+                read = future.result()
+            except DocumentsUnavailable as exc:
+                failure = failure or exc
+                continue
+            with self._lock:
+                for name, doc in read.items():
+                    found[name] = doc
+                    if doc is not None:
+                        self._documents[(shard, wanted[shard][name])] = doc
+                while len(self._documents) > _DOCUMENTS_KEPT:
+                    self._documents.popitem(last=False)
+        if failure is not None:
+            raise failure
+        return found
 
     # --- reading the view ----------------------------------------------------------------
 
@@ -392,10 +469,10 @@ class FleetStatus:
             if limit is not None and count >= limit:
                 break
         # The page's documents, in one request per shard where the cache lacks them.
-        self.prefetch([view for view, _, _ in page])
+        documents = self.documents([view for view, _, _ in page])
         found = []
         for view, wanted, stale in page:
-            items = (self.document(view.name) or {}).get("bundles", {})
+            items = (documents.get(view.name) or {}).get("bundles", {})
             for name in wanted:
                 if name in items:
                     found.append(

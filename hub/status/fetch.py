@@ -28,6 +28,22 @@ from agent.source.pktline import PktReader, pkt
 from hub.errors import GitTransportError
 
 MAX_PACK_BYTES = 512 * 1024 * 1024
+MAX_OBJECT_BYTES = 16 * 1024 * 1024
+"""What one object of a fetched pack may inflate to (a delta's result too): a status document
+is a few KiB, its commit and tree less."""
+MAX_INFLATED_BYTES = 512 * 1024 * 1024
+"""What all objects of one fetched pack may inflate to, together."""
+
+
+class PackBoundError(ValueError):
+    """A fetched pack inflates past :data:`MAX_OBJECT_BYTES` or :data:`MAX_INFLATED_BYTES`
+    (a zlib bomb: a few KiB on the wire, gigabytes in memory)."""
+
+
+class PackRefusedError(GitTransportError):
+    """A fetch whose pack was refused for its inflated size (:class:`PackBoundError`)."""
+
+
 _TYPES = {1: "commit", 2: "tree", 3: "blob", 4: "tag"}
 _OFS_DELTA, _REF_DELTA = 6, 7
 
@@ -162,6 +178,8 @@ class Session:
         try:
             pack = _packfile(self._command(request))
             return pack, parse_pack(pack)
+        except PackBoundError as exc:
+            raise PackRefusedError(f"a pack from {self.url} is refused: {exc}") from exc
         except (OSError, ValueError, zlib.error, http.client.HTTPException) as exc:
             raise GitTransportError(f"fetching from {self.url} failed: {exc}") from exc
 
@@ -231,7 +249,9 @@ def parse_pack(pack: bytes) -> list[tuple[str, bytes, bytes, int, int]]:
     the pack's order, deltas resolved (what an index of the pack needs).
 
     Raises ValueError for a malformed pack (bad header or checksum, a delta whose base is not
-    in the pack) and zlib.error for a damaged entry.
+    in the pack), PackBoundError (a ValueError) for one inflating past the bounds, and
+    zlib.error for a damaged entry. Nothing is inflated past an entry's declared size, nor past
+    the bounds: a bomb costs the bound, not what it would inflate to.
     """
     if len(pack) < 32 or pack[:4] != b"PACK":
         raise ValueError("not a pack")
@@ -243,6 +263,7 @@ def parse_pack(pack: bytes) -> list[tuple[str, bytes, bytes, int, int]]:
     # offset -> (kind, data, -1) for whole objects, (delta kind, delta, base offset or id)
     entries: dict[int, tuple[int, bytes, int | bytes]] = {}
     crcs: dict[int, int] = {}
+    inflated = 0
     for _ in range(count):
         start = at
         byte = pack[at]
@@ -268,28 +289,58 @@ def parse_pack(pack: bytes) -> list[tuple[str, bytes, bytes, int, int]]:
             at += 20
         elif kind not in _TYPES:
             raise ValueError(f"unknown pack entry type {kind}")
-        inflater = zlib.decompressobj()
-        end = min(len(pack) - 20, at + size + 1024)  # a stream rarely outgrows its data
-        data = inflater.decompress(view[at:end])
-        while not inflater.eof:
-            if end >= len(pack) - 20:
-                raise ValueError("an entry of the pack is truncated")
-            more = min(len(pack) - 20, end + max(size, 1 << 16))
-            data += inflater.decompress(view[end:more])
-            end = more
-        at = end - len(inflater.unused_data)
-        if len(data) != size:
-            raise ValueError("an entry of the pack has the wrong size")
+        inflated += size
+        _bound(size, inflated, f"the entry at offset {start}")
+        data, at = _inflate(view, at, size)
         entries[start] = (kind, data, base)
         crcs[start] = zlib.crc32(view[start:at])
     return [
         (_TYPES[kind], data, oid, offset, crcs[offset])
-        for offset, (kind, data, oid) in sorted(_resolve(entries).items())
+        for offset, (kind, data, oid) in sorted(_resolve(entries, inflated).items())
     ]
 
 
+def _bound(size: int, total: int, what: str) -> None:
+    """Raises PackBoundError when one object of ``size`` bytes, or ``total`` for the pack, is
+    past the bounds."""
+    if size > MAX_OBJECT_BYTES:
+        raise PackBoundError(
+            f"{what} inflates to {size} bytes, past the bound of {MAX_OBJECT_BYTES} per object"
+        )
+    if total > MAX_INFLATED_BYTES:
+        raise PackBoundError(
+            f"its objects inflate to more than {MAX_INFLATED_BYTES} bytes (the bound per pack)"
+        )
+
+
+def _inflate(view: memoryview, at: int, size: int) -> tuple[bytes, int]:
+    """The ``size`` bytes of the zlib stream at ``at`` and where the stream ends; never more
+    than ``size + 1`` bytes are inflated. Raises ValueError, zlib.error."""
+    limit = len(view) - 20
+    inflater = zlib.decompressobj()
+    end = min(limit, at + size + 1024)  # a stream rarely outgrows its data
+    chunk: bytes | memoryview = view[at:end]
+    data = bytearray()
+    while True:
+        data += inflater.decompress(chunk, size + 1 - len(data))
+        if len(data) > size:
+            raise ValueError("an entry of the pack inflates past its declared size")
+        if inflater.eof:
+            break
+        if inflater.unconsumed_tail:
+            chunk = inflater.unconsumed_tail
+            continue
+        if end >= limit:
+            raise ValueError("an entry of the pack is truncated")
+        more = min(limit, end + max(size, 1 << 16))
+        chunk, end = view[end:more], more
+    if len(data) != size:
+        raise ValueError("an entry of the pack has the wrong size")
+    return bytes(data), end - len(inflater.unused_data)
+
+
 def _resolve(
-    entries: dict[int, tuple[int, bytes, int | bytes]],
+    entries: dict[int, tuple[int, bytes, int | bytes]], inflated: int = 0
 ) -> dict[int, tuple[int, bytes, bytes]]:
     """offset -> (kind, data, raw id) of every entry, deltas applied: from each whole object
     down to the deltas on it (by offset or by id), in any order of the pack, each once and
@@ -312,10 +363,31 @@ def _resolve(
         oid = hashlib.sha1(header + data, usedforsecurity=False).digest()
         resolved[offset] = (kind, data, oid)
         for child in (*on_offset.pop(offset, ()), *on_id.pop(oid, ())):
-            todo.append((child, kind, apply_delta(data, entries[child][1])))
+            delta = entries[child][1]
+            size = delta_size(delta)
+            inflated += size
+            _bound(size, inflated, f"the delta at offset {child}")
+            todo.append((child, kind, apply_delta(data, delta)))
     if len(resolved) != len(entries):
         raise ValueError("a delta of the pack has no base in it")
     return resolved
+
+
+def delta_size(delta: bytes) -> int:
+    """The size of what ``delta`` makes (its second varint), read before making it."""
+    at, value = 0, 0
+    for _ in range(2):
+        value, shift = 0, 0
+        while True:
+            if at >= len(delta):
+                raise ValueError("a delta is truncated")
+            byte = delta[at]
+            at += 1
+            value |= (byte & 0x7F) << shift
+            shift += 7
+            if not byte & 0x80:
+                break
+    return value
 
 
 def apply_delta(base: bytes, delta: bytes) -> bytes:
@@ -359,6 +431,8 @@ def apply_delta(base: bytes, delta: bytes) -> bytes:
             at += command
         else:
             raise ValueError("a delta has a reserved instruction")
+        if len(out) > size:
+            raise ValueError("a delta makes more than its declared size")
     if len(out) != size:
         raise ValueError("a delta gives the wrong size")
     return bytes(out)

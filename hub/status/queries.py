@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import re
 import threading
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +36,18 @@ from hub.status.document import STATES
 
 SENSITIVE = "<sensitive>"
 DEFAULT_PAGE = 100
+"""Items per page of every list of the API when the request gives no ``limit``."""
 MAX_PAGE = 500
+"""The largest ``limit`` the API accepts (a larger one is a 400)."""
+MAX_SELECTOR_LENGTH = 1024
+"""Characters of a label selector (``label=`` of the matrix); a longer one is a 400."""
+MAX_REQUIREMENTS = 20
+"""Requirements of a label selector; more is a 400 (each costs a pass over the label sets)."""
+MAX_NAME_FILTER = 253
+"""Characters of the matrix's ``name`` filter (a cluster name is at most 253)."""
+_FILTERS_KEPT = 32
+_FLIPS_EVERY = timedelta(seconds=1)
+"""The matrix's rows follow clusters going stale (or fresh) by the clock at most this late."""
 
 Labels = Mapping[str, Mapping[str, str]]
 
@@ -110,12 +121,14 @@ def present_outputs(
 
 
 class QueryError(Exception):
-    """A query the view cannot answer: ``status`` is the HTTP status (400, 404)."""
+    """A query the view cannot answer: ``status`` is the HTTP status (400, 404; 503 with
+    ``retry_after`` seconds, when known)."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, *, retry_after: float | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.retry_after = retry_after
 
 
 # One requirement of a label selector in its string form: ``key=value``, ``key==value``,
@@ -130,9 +143,15 @@ _REQUIREMENT = re.compile(
 def parse_label_filter(text: str) -> LabelSelector:
     """A label selector in Kubernetes' string form, e.g. ``region=eu,tier!=edge,gpu``.
 
-    Requirements are separated by commas (outside parentheses) and must all hold. Raises
-    QueryError (400) naming the requirement that does not parse.
+    Requirements are separated by commas (outside parentheses) and must all hold; at most
+    :data:`MAX_SELECTOR_LENGTH` characters and :data:`MAX_REQUIREMENTS` requirements. Raises
+    QueryError (400) naming the requirement that does not parse, or the limit passed.
     """
+    if len(text) > MAX_SELECTOR_LENGTH:
+        raise QueryError(
+            400,
+            f"label filter: {len(text)} characters, at most {MAX_SELECTOR_LENGTH} are accepted",
+        )
     parts, depth, start = [], 0, 0
     for i, char in enumerate(text):
         depth += {"(": 1, ")": -1}.get(char, 0)
@@ -140,10 +159,13 @@ def parse_label_filter(text: str) -> LabelSelector:
             parts.append(text[start:i])
             start = i + 1
     parts.append(text[start:])
-    requirements = []
-    for part in (p.strip() for p in parts):
-        if part:
-            requirements.append(_requirement(part))
+    parts = [p.strip() for p in parts if p.strip()]
+    if len(parts) > MAX_REQUIREMENTS:
+        raise QueryError(
+            400,
+            f"label filter: {len(parts)} requirements, at most {MAX_REQUIREMENTS} are accepted",
+        )
+    requirements = [_requirement(part) for part in parts]
     return LabelSelector(tuple(requirements))
 
 
@@ -242,6 +264,12 @@ class StatusQueries:
         self._label_values = _label_values(self.labels)
         self._rows = _Fleet.of({})
         self._fleet_lock = threading.Lock()
+        # The rows and counts of recent filters, for the rows they were computed over: the
+        # dashboard asks the same filter page after page.
+        self._filtered: tuple[_Fleet, OrderedDict[Any, tuple[list[_Row], Counter[str]]]] = (
+            self._rows,
+            OrderedDict(),
+        )
         self._version = -1
         self._next_flip = datetime.min.replace(tzinfo=UTC)
 
@@ -377,14 +405,20 @@ class StatusQueries:
                     rows[name] = fresh
             if changed:
                 self._rows = _Fleet.of(rows)
-            # The next moment a row's staleness flips: when the freshest-ending row goes stale.
-            self._next_flip = min(
-                (
-                    r.heartbeat + stale_after
-                    for r in self._rows.ordered
-                    if not r.stale and r.heartbeat
+            # The next moment a row's staleness flips: when the freshest-ending row goes stale;
+            # not sooner than a second from now: when thousands of clusters go stale one after
+            # the other (a hub cut off from its agents), each request would pass over the
+            # fleet again (at 10,000 clusters the matrix fell to 16 answers per second).
+            self._next_flip = max(
+                now + _FLIPS_EVERY,
+                min(
+                    (
+                        r.heartbeat + stale_after
+                        for r in self._rows.ordered
+                        if not r.stale and r.heartbeat
+                    ),
+                    default=datetime.max.replace(tzinfo=UTC),
                 ),
-                default=datetime.max.replace(tzinfo=UTC),
             )
             self._version = version
             return self._rows
@@ -430,6 +464,8 @@ class StatusQueries:
             raise QueryError(400, f"state must be one of {', '.join(STATES)}, got {state!r}")
         if offset < 0 or not 1 <= limit <= MAX_PAGE:
             raise QueryError(400, f"offset must be >= 0 and limit between 1 and {MAX_PAGE}")
+        if name is not None and len(name) > MAX_NAME_FILTER:
+            raise QueryError(400, f"name filter: at most {MAX_NAME_FILTER} characters")
         selector = parse_label_filter(label) if label else None
         needle = name.lower() if name else None
         fleet = self._fleet()
@@ -437,40 +473,7 @@ class StatusQueries:
         if selector is None and needle is None and bundle is None and state is None:
             matching, counts = fleet.ordered, fleet.counts
         else:
-            matching, counts = [], Counter()
-            matched: dict[int, bool] = {}  # label sets are shared: one evaluation each
-            candidates = fleet.ordered
-            if state is not None and state != "Stale" and bundle is None:
-                candidates = fleet.by_state.get(state, [])
-            no_labels: dict[str, str] = {}
-            for row in candidates:
-                cluster = row.summary["name"]
-                if needle is not None and needle not in cluster.lower():
-                    continue
-                if selector is not None:
-                    labels = self.labels.get(cluster, no_labels)
-                    hit = matched.get(id(labels))
-                    if hit is None:
-                        hit = matched[id(labels)] = selector.matches(labels)
-                    if not hit:
-                        continue
-                if bundle is not None:
-                    if bundle not in row.cells:
-                        continue
-                    shown = Counter([row.cells[bundle]])
-                    if state is not None and not shown[state]:
-                        continue
-                    matching.append(row)
-                    counts.update(shown)
-                    continue
-                quiet = state == "Stale" and row.stale and not row.cells
-                if state is not None and not row.counts[state] and not quiet:
-                    continue
-                matching.append(row)
-            if bundle is None:
-                # Column sums in C: one Counter update per row would cost more than the filter.
-                sums = [sum(column) for column in zip(*(r.tally for r in matching), strict=False)]
-                counts = Counter(dict(zip(STATES, sums, strict=False)))
+            matching, counts = self._filter(fleet, selector, needle, bundle, state)
         items = []
         for row in matching[offset : offset + limit]:
             # A fresh summary for the rows shown: the heartbeat's age is now, not cached.
@@ -492,6 +495,79 @@ class StatusQueries:
             "states": {s: counts[s] for s in STATES},
             "items": items,
         }
+
+    def _filter(
+        self,
+        fleet: _Fleet,
+        selector: LabelSelector | None,
+        needle: str | None,
+        bundle: str | None,
+        state: str | None,
+    ) -> tuple[list[_Row], Counter[str]]:
+        """The rows of ``fleet`` the filters keep, and their shown cells' counts; the last
+        :data:`_FILTERS_KEPT` filters' answers are kept until the rows change."""
+        key = (selector, needle, bundle, state)
+        with self._fleet_lock:
+            rows, kept = self._filtered
+            if rows is not fleet:
+                kept = OrderedDict()
+                self._filtered = (fleet, kept)
+            found = kept.get(key)
+            if found is not None:
+                kept.move_to_end(key)
+                return found
+        found = self._filter_rows(fleet, selector, needle, bundle, state)
+        with self._fleet_lock:
+            if self._filtered[0] is fleet:
+                kept[key] = found
+                while len(kept) > _FILTERS_KEPT:
+                    kept.popitem(last=False)
+        return found
+
+    def _filter_rows(
+        self,
+        fleet: _Fleet,
+        selector: LabelSelector | None,
+        needle: str | None,
+        bundle: str | None,
+        state: str | None,
+    ) -> tuple[list[_Row], Counter[str]]:
+        matching: list[_Row] = []
+        counts: Counter[str] = Counter()
+        matched: dict[int, bool] = {}  # label sets are shared: one evaluation each
+        candidates = fleet.ordered
+        if state is not None and state != "Stale" and bundle is None:
+            candidates = fleet.by_state.get(state, [])
+        no_labels: dict[str, str] = {}
+        for row in candidates:
+            cluster = row.summary["name"]
+            if needle is not None and needle not in cluster.lower():
+                continue
+            if selector is not None:
+                labels = self.labels.get(cluster, no_labels)
+                hit = matched.get(id(labels))
+                if hit is None:
+                    hit = matched[id(labels)] = selector.matches(labels)
+                if not hit:
+                    continue
+            if bundle is not None:
+                if bundle not in row.cells:
+                    continue
+                shown = Counter([row.cells[bundle]])
+                if state is not None and not shown[state]:
+                    continue
+                matching.append(row)
+                counts.update(shown)
+                continue
+            quiet = state == "Stale" and row.stale and not row.cells
+            if state is not None and not row.counts[state] and not quiet:
+                continue
+            matching.append(row)
+        if bundle is None:
+            # Column sums in C: one Counter update per row would cost more than the filter.
+            sums = [sum(column) for column in zip(*(r.tally for r in matching), strict=False)]
+            counts = Counter(dict(zip(STATES, sums, strict=False)))
+        return matching, counts
 
     def _run_view(
         self, run: Mapping[str, Any], *, admin: bool, cluster: str, bundle: str

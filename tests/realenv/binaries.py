@@ -68,6 +68,12 @@ _TOOL_PACKAGES = {
 }
 _TOOL_LDFLAGS = {"helm": "-X helm.sh/helm/v4/internal/version.version={version}"}
 
+# Tools only the tests run, never fleetlet: `sops` encrypts the SOPS files the agent decrypts
+# in Python (agent/secrets), so compatibility is proven against the binary users have. v3.13.3:
+# the newest release (its go.mod asks for Go 1.25).
+TEST_TOOLS = {"sops": "v3.13.3"}
+_TOOL_PACKAGES["sops"] = "github.com/getsops/sops/v3/cmd/sops"
+
 
 class BinaryError(RuntimeError):
     """A binary could not be found or built (the message says which and why)."""
@@ -410,21 +416,28 @@ def find_tool_binary(name: str) -> Path | None:
     The version is in the directory's name and the binary is renamed into place only once
     built, so a present file is a complete build of that pin.
     """
-    path = cached_tool_path(name, cache_root=cache_root())
+    path = _tool_path(name)
     return path if _executable(path) else None
+
+
+def _tool_path(name: str) -> Path:
+    if name in TEST_TOOLS:
+        return cache_root() / "tools" / f"{name}-{TEST_TOOLS[name]}" / name
+    return cached_tool_path(name, cache_root=cache_root())
 
 
 def ensure_tools(
     names: Iterable[str] = TOOLS, *, progress: TextIO | None = sys.stderr
 ) -> dict[str, Path]:
-    """Return ``{name: path}`` of the pinned helm/kustomize, building missing ones into the cache.
+    """Return ``{name: path}`` of the pinned helm/kustomize (and the tests' sops), building
+    missing ones into the cache.
 
     Raises :class:`BinaryError` when a build fails (with the tail of the Go output).
     """
     wanted = list(dict.fromkeys(names))
     unknown = [n for n in wanted if n not in _TOOL_PACKAGES]
     if unknown:
-        raise BinaryError(f"unknown tools {unknown}; known: {list(TOOLS)}")
+        raise BinaryError(f"unknown tools {unknown}; known: {[*TOOLS, *TEST_TOOLS]}")
     tools_dir = cache_root() / "tools"
     if any(find_tool_binary(n) is None for n in wanted):
         tools_dir.mkdir(parents=True, exist_ok=True)
@@ -442,9 +455,9 @@ def ensure_tools(
 
 
 def _build_tool(name: str, progress: TextIO | None) -> None:
-    version = PINNED_TOOLS[name]
+    version = {**PINNED_TOOLS, **TEST_TOOLS}[name]
     package = _TOOL_PACKAGES[name]
-    target = cached_tool_path(name, cache_root=cache_root())
+    target = _tool_path(name)
     target.parent.mkdir(parents=True, exist_ok=True)
     env = _go_env()
     # Static, so the same binary runs in the agent's image.
@@ -477,10 +490,11 @@ def kubectl() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Ensure the named binaries and tools (default: all) and print ``name path`` lines."""
-    names = (argv if argv is not None else sys.argv[1:]) or [*ALL_BINARIES, *TOOLS]
+    names = (argv if argv is not None else sys.argv[1:]) or [*ALL_BINARIES, *TOOLS, *TEST_TOOLS]
+    tools = (*TOOLS, *TEST_TOOLS)
     try:
-        paths = ensure_binaries([n for n in names if n not in TOOLS])
-        paths.update(ensure_tools([n for n in names if n in TOOLS]))
+        paths = ensure_binaries([n for n in names if n not in tools])
+        paths.update(ensure_tools([n for n in names if n in tools]))
     except BinaryError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -12,11 +12,13 @@ import argparse
 import base64
 import contextlib
 import gzip
+import hashlib
 import hmac
 import io
 import json
 import os
 import re
+import secrets
 import signal
 import socket
 import subprocess
@@ -50,6 +52,14 @@ class GitRequest:
     query: str = ""
     status: int = 0
     user: str | None = None
+
+
+def add_user(users_file: Path, name: str) -> str:
+    """Add ``name`` with a new random password (returned) to a GitHttpServer's users file."""
+    password = secrets.token_urlsafe(24)
+    with Path(users_file).open("a") as out:
+        out.write(f"{name} {hashlib.sha256(password.encode()).hexdigest()}\n")
+    return password
 
 
 def free_port() -> int:
@@ -318,6 +328,15 @@ class GitHttpServer(_GitServer):
             "FLEETLET_GIT_PASSWORD": self.password,
         }
 
+    @property
+    def users_file(self) -> Path:
+        """More users (``name sha256-of-password`` lines), read at each request."""
+        return self.root.parent / "users"
+
+    def add_user(self, name: str) -> str:
+        """Let ``name`` in with a new random password (returned)."""
+        return add_user(self.users_file, name)
+
     def requests(self, *, since: int = 0) -> list[GitRequest]:
         """HTTP requests served so far, in order (written before each response is sent)."""
         try:
@@ -373,7 +392,19 @@ class _BridgeHandler(BaseHTTPRequestHandler):
             return None
         ok_user = hmac.compare_digest(user.encode(), self.server.username.encode())
         ok_password = hmac.compare_digest(password.encode(), self.server.password.encode())
-        return user if ok_user and ok_password else None
+        if ok_user and ok_password:
+            return user
+        # More users, added while it runs (``GitHttpServer.add_user``): "name sha256" lines.
+        digest = hashlib.sha256(password.encode()).hexdigest()
+        try:
+            lines = self.server.users_file.read_text().splitlines()
+        except FileNotFoundError:
+            return None
+        for line in lines:
+            name, _, stored = line.partition(" ")
+            if name == user and hmac.compare_digest(stored.encode(), digest.encode()):
+                return user
+        return None
 
     def _record(self, status: int, user: str | None) -> None:
         url = urlsplit(self.path)
@@ -480,6 +511,7 @@ class _BridgeServer(ThreadingHTTPServer):
         self.root = root
         self.username = username
         self.password = password
+        self.users_file = root.parent / "users"
         self.request_log = log
         self.log_lock = threading.Lock()
 

@@ -30,13 +30,15 @@ def serving_hub(
     refresh: str = "300ms",
     stale_after: str = "5m",
     startup_timeout: float = 60,
+    port: int | None = None,
 ) -> Iterator[str]:
-    """``python -m hub.serve`` over the status repository ``repo``; yields its base URL.
+    """``python -m hub.serve`` over the status repository ``repo``; yields its base URL
+    (``port``: listen there, e.g. to restart a hub where its clients expect it).
 
     Its output goes to ``workdir/hub.log``; it is stopped (SIGTERM, then SIGKILL) at the end.
     Raises RuntimeError (with the log) if it exits or does not listen within the timeout.
     """
-    port = free_port()
+    port = port or free_port()
     log = workdir / "hub.log"
     command = [
         sys.executable,
@@ -64,7 +66,8 @@ def serving_hub(
             try:
                 requests.get(f"http://127.0.0.1:{port}/api/v1/clusters", timeout=2)
                 break
-            except requests.ConnectionError:
+            except (requests.ConnectionError, requests.Timeout):
+                # Timeout: the socket listens before the workers of --workers accept.
                 if process.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"hub did not start: {log.read_text()}") from None
                 time.sleep(0.1)

@@ -750,8 +750,9 @@ class Cluster:
 
     def _node_manifest(self, name: str) -> dict[str, Any]:
         key, value = FAKE_NODE_ANNOTATION
-        # Enough room for thousands of pods (kwok pods cost nothing).
-        resources = {"cpu": "1000", "memory": "4Ti", "pods": "10000"}
+        # Enough room for thousands of pods (kwok pods cost nothing); ephemeral storage as
+        # every real node has it (charts request it: bitnami's resource presets).
+        resources = {"cpu": "1000", "memory": "4Ti", "pods": "10000", "ephemeral-storage": "100Ti"}
         return {
             "apiVersion": "v1",
             "kind": "Node",

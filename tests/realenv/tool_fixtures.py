@@ -7,11 +7,14 @@ the tools are part of the test environment like the control plane.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from agent.errors import PermanentError
+from agent.render import kustomize, patches
 from agent.render.tools import find_tool
 
 
@@ -35,27 +38,49 @@ def helm_binary() -> Path:
 
 
 class ToolCounter:
-    """A wrapper script around a tool that counts its runs (to show a cache hit runs none)."""
+    """The tool under a name of its own, whose runs (by this process's renderers) are counted,
+    to show that a cache hit runs none.
+
+    A link, not a wrapper script: a renderer runs confined (``agent.render.confine``), so a
+    script could neither run its shell nor write a log outside the tree. The runs are counted
+    where fleetlet starts the tool (``run_tool`` as the kustomize format and the patches use it).
+    """
 
     def __init__(self, real: Path, directory: Path) -> None:
         directory.mkdir(parents=True, exist_ok=True)
-        self.log = directory / "runs.log"
-        self.log.touch()
         self.path = directory / real.name
-        self.path.write_text(f'#!/bin/sh\necho run >> "{self.log}"\nexec "{real}" "$@"\n')
-        self.path.chmod(0o755)
+        self.path.symlink_to(real)
+        self.runs = 0
 
-    @property
-    def runs(self) -> int:
-        return len(self.log.read_text().splitlines())
+    def counting(self, run: Callable[..., bytes]) -> Callable[..., bytes]:
+        def counted(argv: Sequence[object], **kwargs: Any) -> bytes:
+            if argv and str(argv[0]) == str(self.path):
+                self.runs += 1
+            return run(argv, **kwargs)
+
+        return counted
 
 
 @pytest.fixture
 def counted_kustomize(
     kustomize_binary: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> ToolCounter:
-    """``$FLEETLET_KUSTOMIZE`` pointed at a counting wrapper of the real kustomize (for this
-    test only)."""
+    """``$FLEETLET_KUSTOMIZE`` pointed at a counted name of the real kustomize (for this test
+    only; renders of this process are counted)."""
     counter = ToolCounter(kustomize_binary, tmp_path / "counted-kustomize")
     monkeypatch.setenv("FLEETLET_KUSTOMIZE", str(counter.path))
+    for module in (kustomize, patches):
+        monkeypatch.setattr(module, "run_tool", counter.counting(module.run_tool))
     return counter
+
+
+@pytest.fixture(scope="session")
+def sops_binary() -> Path:
+    """The pinned ``sops`` the tests encrypt with (built into the cache when missing, like
+    the control plane: ``python3 -m tests.realenv.binaries sops``)."""
+    from tests.realenv.binaries import BinaryError, ensure_tools
+
+    try:
+        return ensure_tools(["sops"])["sops"]
+    except BinaryError as exc:
+        pytest.fail(str(exc))

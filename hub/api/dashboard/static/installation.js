@@ -18,13 +18,23 @@ export function installationView(cluster, bundle) {
     content,
   );
   let shown = null;
+  let why = null;
 
-  async function load() {
-    const detail = await getJSON(`/installations/${segment(cluster)}/${segment(bundle)}`);
-    const signature = JSON.stringify(detail);
+  function show(detail) {
+    const signature = JSON.stringify([detail, why]);
     if (signature === shown) return; // keeps open <details>, focus and selection
     shown = signature;
-    fill(content, ...render(detail));
+    fill(content, ...explanation(why), ...render(detail));
+  }
+
+  async function load() {
+    // Why it is not running the latest (`fleetlet explain`): shown when it arrives; the page
+    // does not wait for it, nor fails without it.
+    const asked = getJSON(`/explain/${segment(cluster)}`, { bundle }).catch(() => null);
+    const detail = await getJSON(`/installations/${segment(cluster)}/${segment(bundle)}`);
+    show(detail);
+    why = await asked;
+    show(detail);
   }
 
   return { title: `Installation ${cluster}/${bundle}`, root, load };
@@ -94,6 +104,23 @@ function render(d) {
         h("tbody", {}, runs.map(runRow)))
       : h("p", { class: "muted" }, "No runs reported."),
   ];
+}
+
+// The first thing that keeps the latest away (the same answer as `fleetlet explain`), its
+// details and the command that would unblock it; or that nothing does.
+function explanation(why) {
+  if (!why) return [];
+  const reason = why.reason;
+  const ok = (why.findings || []).find((f) => f.check === "ok" || f.check === "moving");
+  const shown = reason || ok;
+  if (!shown) return [];
+  return [h(
+    "section", { id: "explain", class: "explain", "data-check": shown.check, "data-blocked": String(why.blocked), "aria-label": "Why" },
+    h("h2", {}, why.blocked ? "Why it is not running the latest" : "Up to date"),
+    h("p", {}, h("strong", {}, shown.summary)),
+    (shown.details || []).length ? h("ul", {}, shown.details.map((d) => h("li", {}, d))) : null,
+    shown.unblock ? h("p", {}, "To unblock: ", h("code", {}, shown.unblock)) : null,
+  )];
 }
 
 // Approval requests of the installation's group: the pending one first, with its preview

@@ -1,0 +1,216 @@
+"""``fleetlet agent install --enroll HUB_URL --token-file T``: the cluster asks the hub to join.
+
+Read top to bottom::
+
+    name ─► key ─► facts ─► submit ─► wait (pending) ─► open ─► install config
+
+- name: ``--cluster``, else derived from the cluster itself (``c-`` and the first 12 hex
+  digits of the ``kube-system`` namespace's UID: stable across re-runs, unique per cluster);
+- key: an X25519 key pair made for this enrollment, its private part written only to the
+  Secret ``fleetlet-enrollment`` of the agent's namespace (re-running the command reuses it,
+  so an interrupted wait for manual acceptance resumes); it is never sent nor written to disk;
+- facts: what the agent reports anyway (Kubernetes version, served API group versions);
+- submit: ``POST /api/v1/enroll`` with the token, the name, the claimed labels, the facts and
+  the public key; the hub refuses with a reason (expired, revoked, exhausted, out of scope,
+  name taken) or answers pending or accepted;
+- open: the hub's answer carries the repositories, the signer identity and the trusted root,
+  and the cluster's git credentials sealed to the public key: only this cluster opens them.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable
+from typing import Any
+
+import nacl.exceptions
+import nacl.public
+
+from agent.errors import PermanentError, TemporaryError
+from agent.install.manifests import Credentials, InstallConfig, namespace_objects
+from agent.kube import KubeClient, ObjectRef
+
+ENROLL_SECRET = "fleetlet-enrollment"
+API = "/api/v1"
+
+
+class EnrollmentError(PermanentError):
+    """The hub refused the enrollment, or its answer cannot be used."""
+
+
+class HubUnreachableError(TemporaryError):
+    """The hub did not answer (connection refused, timeout, 5xx)."""
+
+
+def parse_labels(text: str | None) -> dict[str, str]:
+    """``--labels k=v,k2=v2``. Raises EnrollmentError naming the bad pair (the hub checks
+    keys and values)."""
+    found: dict[str, str] = {}
+    for pair in (text or "").split(","):
+        if pair.strip():
+            key, sep, value = pair.strip().partition("=")
+            if not sep or not key:
+                raise EnrollmentError(f"--labels: {pair.strip()!r} is not key=value")
+            found[key] = value
+    return found
+
+
+def derived_name(kube: KubeClient) -> str:
+    """``c-`` and 12 hex digits of the ``kube-system`` namespace's UID."""
+    found = kube.get(ObjectRef("v1", "Namespace", "kube-system"))
+    uid = str((found or {}).get("metadata", {}).get("uid") or "")
+    digits = uid.replace("-", "").lower()
+    if len(digits) < 12:
+        raise EnrollmentError(
+            "cannot derive the cluster's name (no kube-system UID): give --cluster"
+        )
+    return f"c-{digits[:12]}"
+
+
+def cluster_facts(kube: KubeClient) -> dict[str, Any]:
+    """The Kubernetes version and the served API group versions (``v1``, ``apps/v1``...)."""
+    versions = [v for v in kube.api_versions() if not v.split("/")[-1][:1].isupper()]
+    return {"kubernetesVersion": kube.server_version(), "apiGroupVersions": versions}
+
+
+def cluster_key(kube: KubeClient, namespace: str, cluster: str) -> nacl.public.PrivateKey:
+    """This cluster's enrollment key: the one in Secret ``fleetlet-enrollment`` when it was
+    made for ``cluster``, else a new one stored there first."""
+    from agent.install.installer import install
+
+    ref = ObjectRef("v1", "Secret", ENROLL_SECRET, namespace)
+    found = kube.get(ref)
+    data = (found or {}).get("data") or {}
+    if data.get("cluster") and base64.b64decode(data["cluster"]).decode() == cluster:
+        return nacl.public.PrivateKey(base64.b64decode(base64.b64decode(data["private-key"])))
+    key = nacl.public.PrivateKey.generate()
+    secret = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": ENROLL_SECRET, "namespace": namespace},
+        "type": "Opaque",
+        "stringData": {
+            "cluster": cluster,
+            "private-key": base64.b64encode(bytes(key)).decode(),
+            "public-key": base64.b64encode(bytes(key.public_key)).decode(),
+        },
+    }
+    install(kube, [*namespace_objects(namespace), secret])
+    return key
+
+
+def call(hub: str, token: str, method: str, path: str, body: Any = None) -> dict[str, Any]:
+    """One request to the hub's enrollment API. Raises EnrollmentError (4xx, with the hub's
+    reason), HubUnreachableError."""
+    request = urllib.request.Request(
+        hub.rstrip("/") + API + path,
+        data=json.dumps(body).encode() if body is not None else None,
+        method=method,
+        headers={
+            "Authorization": f"Bearer {token}",
+            "Content-Type": "application/json",
+            "Accept": "application/json",
+        },
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            answer: dict[str, Any] = json.loads(response.read())
+            return answer
+    except urllib.error.HTTPError as exc:
+        try:
+            reason = json.loads(exc.read()).get("error") or exc.reason
+        except ValueError:
+            reason = exc.reason
+        if exc.code >= 500:
+            raise HubUnreachableError(f"hub {hub}: {exc.code} {reason}") from None
+        raise EnrollmentError(f"hub {hub} refused the enrollment: {reason}") from None
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        raise HubUnreachableError(f"hub {hub} did not answer: {exc}") from None
+
+
+def enroll(
+    kube: KubeClient,
+    *,
+    hub: str,
+    token: str,
+    image: str,
+    namespace: str,
+    cluster: str | None,
+    labels: dict[str, str],
+    wait: float,
+    report: Callable[[str], None],
+    **settings: Any,
+) -> InstallConfig:
+    """Enroll this cluster; the installation the hub's answer describes.
+
+    Raises EnrollmentError (refused, denied, not accepted within ``wait`` seconds),
+    HubUnreachableError.
+    """
+    name = cluster or derived_name(kube)
+    key = cluster_key(kube, namespace, name)
+    body = {
+        "cluster": name,
+        "labels": labels,
+        "facts": cluster_facts(kube),
+        "publicKey": base64.b64encode(bytes(key.public_key)).decode(),
+    }
+    try:
+        answer = call(hub, token, "POST", "/enroll", body)
+    except EnrollmentError as exc:
+        if "already pending" not in str(exc):
+            raise
+        # Our own earlier request (same key, kept in the cluster): wait for its decision.
+        answer = call(hub, token, "GET", f"/enroll/{urllib.parse.quote(name)}")
+    deadline = time.monotonic() + wait
+    if answer["state"] == "pending":
+        report(
+            f"cluster {name}: enrollment pending; waiting for `fleetlet hub clusters accept {name}`"
+        )
+    while answer["state"] == "pending":
+        if time.monotonic() >= deadline:
+            raise EnrollmentError(
+                f"cluster {name}: still pending after {wait:.0f}s; run the same command again "
+                "to keep waiting (the request and its key are kept)"
+            )
+        time.sleep(min(2.0, max(0.1, deadline - time.monotonic())))
+        answer = call(hub, token, "GET", f"/enroll/{urllib.parse.quote(name)}")
+    if answer["state"] == "denied":
+        why = f": {answer['reason']}" if answer.get("reason") else ""
+        raise EnrollmentError(
+            f"cluster {name}: enrollment denied by {answer.get('decidedBy')}{why}"
+        )
+    return _config(answer, key, image=image, namespace=namespace, cluster=name, **settings)
+
+
+def _config(answer: dict[str, Any], key: nacl.public.PrivateKey, **settings: Any) -> InstallConfig:
+    try:
+        sealed = base64.b64decode(answer["sealedCredentials"])
+        secrets = json.loads(nacl.public.SealedBox(key).decrypt(sealed))
+        config = answer["config"]
+    except (KeyError, ValueError, TypeError, nacl.exceptions.CryptoError) as exc:
+        raise EnrollmentError(
+            f"the hub's acceptance cannot be opened with this cluster's key: {exc}"
+        ) from None
+
+    def credentials(raw: Any) -> Credentials | None:
+        if not isinstance(raw, dict):
+            return None
+        keys = ("username", "password", "token", "ssh_private_key", "known_hosts")
+        return Credentials(**{k: str(raw[k]) for k in keys if raw.get(k)})
+
+    return InstallConfig(
+        repo=config["repo"],
+        status_repo=config["statusRepo"],
+        identity=config["identity"],
+        issuer=config["issuer"],
+        trusted_root=config["trustedRoot"],
+        hub_public_key=config.get("hubPublicKey"),
+        git=credentials(secrets.get("git")),
+        status_git=credentials(secrets.get("statusGit")),
+        **settings,
+    )

@@ -1,0 +1,483 @@
+"""Enrollment (issue 30), end to end: a real ``hub serve --enroll``, a real API server (a
+control plane of this module's own: install writes cluster-wide objects), a real git server,
+a real publication and a real agent.
+
+A token made with ``hub enroll-token create`` enrolls a cluster with one ``agent install
+--enroll`` (its name derived from the cluster), the cluster lands in the inventory file the
+hub owns, the next publication gives it its set, and the agent, configured from what the hub
+answered, reports the bundle Ready. The refusals each give their reason: expired, revoked,
+exhausted, labels out of scope, a name already taken; and an enrollment token opens nothing
+else on the hub API.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import nacl.public
+import pytest
+import requests
+import yaml
+
+from agent.kube import KubeClient
+from hub.api.tokens import write_clear_tokens
+from hub.enroll.tokens import create_token
+from hub.publish.flow import prepare, publish
+from hub.publish.git import BranchStore
+from hub.publish.sign import PublicationSigner
+from tests.fleetlab import REPO_ROOT, Lab, conditions, configmap, namespace_manifest
+from tests.realenv.hubserver import serving_hub
+from tests.realenv.kube import Cluster
+from tests.realenv.sigstore.mini import DEFAULT_IDENTITY
+from tests.test_agent_install import fresh_cluster as fresh_cluster  # the fixture
+from tests.test_hub_fleet import write_fleet
+
+IMAGE = "registry.example.test/fleetlet-agent@sha256:" + "1" * 64
+ADMIN, READ = "admin-token-" + "a" * 20, "read-token-" + "r" * 20
+
+
+def fleetlet(*args: str, check: bool = True, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(
+        [sys.executable, "-m", "fleetlet", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO_ROOT,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        **kwargs,
+    )
+    if check:
+        assert done.returncode == 0, f"fleetlet {' '.join(args)}: {done.stderr}"
+    return done
+
+
+class Hub:
+    """An enrollment directory, a fleet repo whose inventory the hub writes, and hub serve."""
+
+    def __init__(self, lab: Lab, tmp: Path) -> None:
+        self.lab = lab
+        self.dir = tmp / "enroll"
+        self.dir.mkdir(parents=True)
+        self.fleet = write_fleet(
+            tmp / "fleet",
+            clusters=[{"name": "edge-1", "labels": {"tier": "canary"}}],
+            bundles=[],
+            settings={
+                "name": "lab",
+                "repo": "https://fleet.example.invalid/lab.git",
+                "signing": {"identity": DEFAULT_IDENTITY, "issuer": lab.sigstore.issuer},
+            },
+        )
+        (self.dir / "trusted_root.json").write_text(lab.sigstore.trusted_root_path.read_text())
+        (self.dir / "config.yaml").write_text(
+            yaml.safe_dump(
+                {
+                    "repo": lab.url,
+                    "statusRepo": lab.status_url,
+                    "identity": DEFAULT_IDENTITY,
+                    "issuer": lab.sigstore.issuer,
+                    "trustedRoot": "trusted_root.json",
+                    "inventory": str(self.fleet / "clusters" / "enrolled.yaml"),
+                }
+            )
+        )
+        self.api_tokens = tmp / "api-tokens.yaml"
+        write_clear_tokens(self.api_tokens, {ADMIN: "admin", READ: "read"})
+        self.admin_file = tmp / "admin-token"
+        self.admin_file.write_text(ADMIN)
+        self.url = ""
+
+    def token(self, id: str, *flags: str) -> Path:
+        """``hub enroll-token create``; the file holding the printed token."""
+        done = fleetlet("hub", "enroll-token", "create", "--dir", str(self.dir), "--id", id, *flags)
+        path = self.dir.parent / f"{id}.token"
+        path.write_text(done.stdout.strip())
+        return path
+
+    def enroll(self, body: dict[str, Any], token: str) -> requests.Response:
+        return requests.post(
+            f"{self.url}/api/v1/enroll",
+            json=body,
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=30,
+        )
+
+    def inventory(self) -> dict[str, dict[str, str]]:
+        path = self.fleet / "clusters" / "enrolled.yaml"
+        if not path.exists():
+            return {}
+        return {c["name"]: c["labels"] for c in yaml.safe_load(path.read_text())["clusters"]}
+
+
+@pytest.fixture
+def hub(lab: Lab, tmp_path: Path) -> Iterator[Hub]:
+    made = Hub(lab, tmp_path / "hub")
+    work = tmp_path / "serve"
+    work.mkdir()
+    extra = ["--tokens", str(made.api_tokens), "--enroll", str(made.dir)]
+    with serving_hub(lab.status_url, work, extra) as url:
+        made.url = url
+        yield made
+
+
+def request_body(cluster: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    key = nacl.public.PrivateKey.generate()
+    return {
+        "cluster": cluster,
+        "labels": labels or {},
+        "facts": {"kubernetesVersion": "v1.0.0"},
+        "publicKey": base64.b64encode(bytes(key.public_key)).decode(),
+    }
+
+
+def install_enroll(
+    hub: Hub, cluster: Cluster, token: Path, *extra: str, popen: bool = False
+) -> Any:
+    args = [
+        "agent", "install", "--enroll", hub.url, "--token-file", str(token),
+        "--image", IMAGE, "--kubeconfig", str(cluster.kubeconfig), *extra,
+    ]  # fmt: skip
+    if popen:
+        return subprocess.Popen(
+            [sys.executable, "-m", "fleetlet", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=REPO_ROOT,
+            env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        )
+    return fleetlet(*args, check=False)
+
+
+def test_a_token_enrolls_a_cluster_the_next_publication_serves_and_its_agent_converges(
+    hub: Hub, lab: Lab, fresh_cluster: Cluster, tmp_path: Path
+) -> None:
+    token = hub.token(
+        "stores", "--labels", "tier=edge", "--allow-labels", "region in (eu-1,eu-2)",
+        "--max-clusters", "5", "--expires", "1h",
+    )  # fmt: skip
+    listed = fleetlet("hub", "enroll-token", "list", "--dir", str(hub.dir), "-o", "json")
+    (row,) = json.loads(listed.stdout)["items"]
+    assert (row["id"], row["state"], row["maxClusters"]) == ("stores", "live", 5)
+    assert token.read_text() not in (hub.dir / "tokens.yaml").read_text()  # stored hashed
+
+    done = install_enroll(hub, fresh_cluster, token, "--labels", "region=eu-1")
+    assert done.returncode == 0, done.stderr
+    with KubeClient(kubeconfig=fresh_cluster.kubeconfig) as kube:
+        uid = kube.get(
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kube-system"}}
+        )
+        assert uid is not None
+        name = "c-" + uid["metadata"]["uid"].replace("-", "")[:12]
+        assert f"cluster {name} is in the fleet" in done.stdout
+        # The cluster is in the inventory the hub owns, with the token's label and its claim.
+        assert hub.inventory() == {name: {"tier": "edge", "region": "eu-1"}}
+        shown = fleetlet(
+            "hub", "clusters", "list", "--hub", hub.url, "--token-file", str(hub.admin_file),
+            "-o", "json",
+        )  # fmt: skip
+        (request,) = json.loads(shown.stdout)["items"]
+        assert (request["cluster"], request["state"], request["token"]) == (
+            name,
+            "accepted",
+            "stores",
+        )
+        assert request["facts"]["kubernetesVersion"].startswith("v1.")
+
+        # The private key stayed in the cluster: the hub holds only the public part.
+        secret = kube.get({"apiVersion": "v1", "kind": "Secret",
+                           "metadata": {"name": "fleetlet-enrollment", "namespace": "fleetlet-system"}})  # fmt: skip
+        assert secret is not None
+        private = base64.b64decode(secret["data"]["private-key"]).decode()
+        public = base64.b64decode(secret["data"]["public-key"]).decode()
+        stored = (hub.dir / "requests" / f"{name}.json").read_text()
+        assert public in stored and private not in stored
+        config = kube.get({"apiVersion": "v1", "kind": "ConfigMap",
+                           "metadata": {"name": "fleetlet-agent", "namespace": "fleetlet-system"}})  # fmt: skip
+        assert config is not None
+        assert config["data"]["cluster"] == name and config["data"]["repo"] == lab.url
+
+        # The hub's next publication includes it (the bundle targets tier=edge)...
+        ns, bundle = f"shop-{lab.suffix}", lab.name("web")
+        digest = lab.push(
+            "shop/web", {"01.yaml": namespace_manifest(ns), "02.yaml": configmap("s", ns, {"v": "1"})},
+            tag="v1",
+        )  # fmt: skip
+        (hub.fleet / "bundles" / f"{bundle}.yaml").write_text(
+            yaml.safe_dump(
+                {
+                    "name": bundle,
+                    "sources": [lab.source("shop/web", digest)],
+                    "targets": [{"clusterSelector": {"matchLabels": {"tier": "edge"}}}],
+                }
+            )
+        )
+        signer = PublicationSigner.from_trust_config(
+            trust_config=lab.sigstore.trust_config_path, token=lab.sigstore.mint_token()
+        )
+        with BranchStore(url=lab.url, cache_dir=tmp_path / "hub-cache") as store:
+            report = publish(prepare(hub.fleet), store, signer=signer)
+        assert {c.cluster: c.serial_after for c in report.changes}[name] == 1
+        # ...and the agent, configured as the hub answered, converges.
+        agent = lab.agent(
+            name, fresh_cluster, namespace="fleetlet-system", workdir=tmp_path / "agent"
+        )
+        agent.tick()
+        assert conditions(kube, bundle)["Ready"]["status"] == "True"
+
+
+def test_refusals_each_say_why(hub: Hub, lab: Lab, tmp_path: Path) -> None:
+    one = hub.token("one", "--labels", "tier=edge", "--max-clusters", "1")
+    assert hub.enroll(request_body("shop-1"), one.read_text()).json()["state"] == "accepted"
+
+    # Exhausted: one cluster, already used.
+    answer = hub.enroll(request_body("shop-2"), one.read_text())
+    assert answer.status_code == 403
+    assert answer.json()["error"] == "enrollment token 'one' is exhausted (1 of 1 clusters)"
+
+    # No takeover: a name enrolled (by any token) or in the fleet repo is refused.
+    other = hub.token("other", "--max-clusters", "0", "--allow-labels", "region in (eu-1)")
+    answer = hub.enroll(request_body("shop-1"), other.read_text())
+    assert (answer.status_code, answer.json()["error"]) == (
+        409, "cluster 'shop-1' is already accepted: pick another name",
+    )  # fmt: skip
+
+    # Labels outside the scope: a key the token does not allow, a value its selector refuses,
+    # a fixed label contradicted.
+    for labels, reason in [
+        ({"admin": "true"}, "label admin=true is outside the token's scope (it allows no admin)"),
+        ({"region": "us-1"}, "labels region=us-1 are outside the token's scope"),
+    ]:
+        answer = hub.enroll(request_body("shop-3", labels), other.read_text())
+        assert answer.status_code == 403 and answer.json()["error"].startswith(reason), answer.text
+    answer = hub.enroll(
+        request_body("shop-3", {"tier": "core"}),
+        hub.token("fixed", "--labels", "tier=edge").read_text(),
+    )
+    assert (
+        answer.json()["error"] == "label tier=core is outside the token's scope (it sets tier=edge)"
+    )
+    assert set(hub.inventory()) == {"shop-1"}
+
+    # Revoked.
+    fleetlet("hub", "enroll-token", "revoke", "--dir", str(hub.dir), "other")
+    answer = hub.enroll(request_body("shop-4", {"region": "eu-1"}), other.read_text())
+    assert (answer.status_code, answer.json()["error"]) == (
+        403,
+        "enrollment token 'other' was revoked",
+    )
+
+    # Expired (made an hour ago, valid for a minute).
+    old = create_token(
+        hub.dir, id="old", labels={}, allow_labels=None, max_clusters=0,
+        expires=timedelta(minutes=1), approve="auto", now=datetime.now(UTC) - timedelta(hours=1),
+    )  # fmt: skip
+    answer = hub.enroll(request_body("shop-5"), old)
+    assert answer.status_code == 403
+    assert answer.json()["error"].startswith("enrollment token 'old' expired at ")
+    answer = hub.enroll(request_body("shop-5"), "not-a-token")
+    assert (answer.status_code, answer.json()["error"]) == (401, "unknown enrollment token")
+
+    # An enrollment token opens nothing else on the hub: not the API, not the decisions.
+    live = hub.token("live", "--max-clusters", "0").read_text()
+    auth = {"Authorization": f"Bearer {live}"}
+    for method, path in [
+        ("GET", "/api/v1/clusters"),
+        ("GET", "/api/v1/installations"),
+        ("GET", "/api/v1/enrollments"),
+        ("POST", "/api/v1/enrollments/shop-9/accept"),
+        ("GET", "/api/v1/enroll/shop-1"),  # another token's request
+        ("GET", "/api/v1/enroll/..%2Fused"),  # no way out of the requests
+        ("GET", "/metrics"),
+    ]:
+        answer = requests.request(method, hub.url + path, headers=auth, timeout=30)
+        assert answer.status_code in (401, 404), (path, answer.status_code)
+        error = answer.json()["error"]
+        assert answer.status_code == 401 or "by this token" in error or "no such endpoint" in error
+    # A read token may list requests but not decide them.
+    answer = requests.post(
+        f"{hub.url}/api/v1/enrollments/shop-1/accept",
+        headers={"Authorization": f"Bearer {READ}"},
+        timeout=30,
+    )
+    assert answer.status_code == 403
+
+
+def test_manual_acceptance_and_denial_through_the_cli(
+    hub: Hub, lab: Lab, fresh_cluster: Cluster
+) -> None:
+    token = hub.token("manual", "--approve", "manual", "--max-clusters", "0")
+    waiting = install_enroll(
+        hub, fresh_cluster, token, "--cluster", "store-7", "--namespace", "fleetlet-manual",
+        popen=True,
+    )  # fmt: skip
+    try:
+        admin = ["--hub", hub.url, "--token-file", str(hub.admin_file)]
+        deadline = time.monotonic() + 120
+        while True:
+            listed = fleetlet("hub", "clusters", "list", "--state", "pending", *admin)
+            if "store-7" in listed.stdout:
+                break
+            assert waiting.poll() is None, waiting.communicate()
+            assert time.monotonic() < deadline, "the request never showed as pending"
+            time.sleep(0.3)
+        assert hub.inventory() == {}  # pending: not in the fleet yet
+        assert (
+            fleetlet("hub", "clusters", "accept", "store-7", *admin).stdout
+            == "cluster store-7 accepted\n"
+        )
+        out, err = waiting.communicate(timeout=120)
+    finally:
+        if waiting.poll() is None:
+            waiting.kill()
+    assert waiting.returncode == 0, err
+    assert "enrollment pending" in err and "cluster store-7 is in the fleet" in out
+    assert hub.inventory() == {"store-7": {}}
+
+    # A denied request: the install says who denied it and why, in one line.
+    answer = hub.enroll(request_body("store-8"), token.read_text())
+    assert answer.json()["state"] == "pending"
+    fleetlet("hub", "clusters", "deny", "store-8", "--reason", "not ours", *admin)
+    assert (
+        json.loads(fleetlet("hub", "clusters", "list", *admin, "-o", "json").stdout)["items"][1][
+            "state"
+        ]
+        == "denied"
+    )
+    again = fleetlet("hub", "clusters", "accept", "store-8", *admin, check=False)
+    assert again.returncode == 1 and "cluster 'store-8' is already denied" in again.stderr
+
+
+STATUS_HOOK = """#!/bin/sh
+while read -r old new ref; do
+  [ "$ref" = "refs/heads/fleetlet/status/$REMOTE_USER" ] && continue
+  echo "fleetlet: $REMOTE_USER may not push $ref" >&2
+  exit 1
+done
+"""
+
+
+def test_accepted_credentials_push_only_the_clusters_own_status(
+    lab: Lab, git_server_factory: Any, tmp_path: Path
+) -> None:
+    """The hub's credentialsCommand issues a user per cluster on the git server; the hooks of
+    docs/operations.md ("Who may push what") keep each one to its own status branch."""
+    from tests.realenv.git_fixtures import GIT_USER
+
+    git = git_server_factory("http")
+    git.create_bare("status.git", hooks={"pre-receive": STATUS_HOOK})
+    git.create_bare(
+        "fleet.git",
+        hooks={"pre-receive": f'#!/bin/sh\n[ "$REMOTE_USER" = {GIT_USER} ] || exit 1\n'},
+    )
+    made = Hub(lab, tmp_path / "hub")
+    config = yaml.safe_load((made.dir / "config.yaml").read_text())
+    config |= {
+        "repo": git.url_for("fleet.git"),
+        "statusRepo": git.url_for("status.git"),
+        "credentialsCommand": [
+            sys.executable,
+            "-m",
+            "tests.realenv.git_issuer",
+            str(git.users_file),
+        ],
+    }
+    (made.dir / "config.yaml").write_text(yaml.safe_dump(config))
+    token = made.token("shops", "--max-clusters", "2").read_text()
+    work = tmp_path / "serve"
+    work.mkdir()
+    issued: dict[str, dict[str, str]] = {}
+    with serving_hub(
+        lab.status_url, work, ["--tokens", str(made.api_tokens), "--enroll", str(made.dir)]
+    ) as url:
+        made.url = url
+        for name in ("shop-a", "shop-b"):
+            key = nacl.public.PrivateKey.generate()
+            body = request_body(name) | {
+                "publicKey": base64.b64encode(bytes(key.public_key)).decode()
+            }
+            answer = made.enroll(body, token).json()
+            assert answer["state"] == "accepted", answer
+            sealed = base64.b64decode(answer["sealedCredentials"])
+            issued[name] = json.loads(nacl.public.SealedBox(key).decrypt(sealed))["statusGit"]
+            # Only the cluster's key opens them: the hub keeps none in clear.
+            stored = (made.dir / "requests" / f"{name}.json").read_text()
+            assert issued[name]["password"] not in stored
+
+    a = issued["shop-a"]
+    repo = tmp_path / "local"
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    subprocess.run(
+        ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q",
+         "--allow-empty", "-m", "status"],
+        check=True,
+    )  # fmt: skip
+
+    def push(
+        repository: str, ref: str, password: str = a["password"]
+    ) -> subprocess.CompletedProcess[str]:
+        where = git.url_for(repository).replace("http://", f"http://shop-a:{password}@")
+        return subprocess.run(
+            ["git", "-C", str(repo), "push", where, f"HEAD:{ref}"],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+
+    assert push("status.git", "refs/heads/fleetlet/status/shop-a").returncode == 0
+    refused = push("status.git", "refs/heads/fleetlet/status/shop-b")
+    assert refused.returncode != 0
+    assert "fleetlet: shop-a may not push refs/heads/fleetlet/status/shop-b" in refused.stderr
+    assert push("fleet.git", "refs/heads/fleetlet/clusters/shop-a").returncode != 0
+    assert push("status.git", "refs/heads/fleetlet/status/shop-a", "wrong").returncode != 0
+
+
+def test_with_commit_the_inventory_is_a_commit_in_the_fleet_checkout(
+    lab: Lab, tmp_path: Path
+) -> None:
+    """``commit: true``: each acceptance is a commit of the inventory file, which the next
+    ``load_fleet`` (what ``hub publish`` reads) sees."""
+    from hub.enroll.service import Enrollment
+    from hub.fleet.load import load_fleet
+
+    made = Hub(lab, tmp_path / "hub")
+    subprocess.run(["git", "init", "-q", str(made.fleet)], check=True)
+    config = yaml.safe_load((made.dir / "config.yaml").read_text()) | {"commit": True}
+    (made.dir / "config.yaml").write_text(yaml.safe_dump(config))
+    token = made.token("git", "--max-clusters", "0", "--allow-labels", "zone").read_text()
+    service = Enrollment(made.dir, known={"edge-1": {}})
+    for name in ("shop-x", "shop-y"):
+        assert service.submit(token, request_body(name, {"zone": "a"}))["state"] == "accepted"
+    log = subprocess.run(
+        ["git", "-C", str(made.fleet), "log", "--format=%s %an"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    assert log.splitlines() == [
+        "fleetlet: enroll cluster shop-y fleetlet hub",
+        "fleetlet: enroll cluster shop-x fleetlet hub",
+    ]
+    fleet = load_fleet(made.fleet)
+    assert {c.name: dict(c.labels) for c in fleet.clusters} == {
+        "edge-1": {"tier": "canary"},
+        "shop-x": {"zone": "a"},
+        "shop-y": {"zone": "a"},
+    }
+    # A poll never leaves the requests directory.
+    try:
+        service.poll(token, "../used")
+    except Exception as exc:
+        assert str(exc) == "no enrollment request '../used' by this token"
+    # A name the fleet repo already holds is not enrolled over.
+    try:
+        service.submit(token, request_body("edge-1"))
+    except Exception as exc:
+        assert str(exc) == "cluster 'edge-1' is already accepted: pick another name"
+    else:
+        raise AssertionError("edge-1 was enrolled over the fleet repo's cluster")
