@@ -530,7 +530,8 @@ def test_a_publication_never_committed_is_never_seen(
 
 
 def change_web(fleet: Path, cluster: str, replicas: int) -> None:
-    doc = (fleet / "bundles" / "web.yaml").read_text()
+    # One overrides list, replaced each time (a key twice is refused, as Kubernetes does).
+    doc = (fleet / "bundles" / "web.yaml").read_text().split("overrides:\n")[0]
     (fleet / "bundles" / "web.yaml").write_text(
         doc + f"overrides:\n- clusters: [{cluster}]\n  values: {{replicas: {replicas}}}\n"
     )

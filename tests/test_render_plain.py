@@ -259,7 +259,11 @@ def test_plugin_format_from_an_entry_point_is_finished_like_plain(tmp_path: Path
         ownership=Ownership(bundle="b", group="g", revision="1"),
     )
 
-    objects = render_bundle(tmp_path, format="echoformat", request=request)
+    # The bundle's tree apart from the plugin's installation: a plugin inside the tree being
+    # rendered is never imported (the tree is hostile; see test_render_plugins).
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    objects = render_bundle(tree, format="echoformat", request=request)
 
     assert "echoformat" in formats.available_formats()
     assert objects == [
