@@ -411,11 +411,12 @@ def test_the_encrypted_secret_is_open_in_every_store_and_in_clear_in_no_git_blob
         head.parent for head in demo.workdir.rglob("HEAD") if (head.parent / "objects").is_dir()
     )
     names = {str(r.relative_to(demo.workdir)) for r in repositories}
-    assert {"fleet/.git", "git/fleet-state.git", "git/fleet-status.git"} <= names, names
+    assert {"fleet/.git", "git/repos/fleet-state.git", "git/repos/fleet-status.git"} <= names, names
     for repository in repositories:
         repo = pygit2.Repository(str(repository))
         objects = [repo.odb.read(oid)[1] for oid in repo.odb]
-        assert objects, repository
+        if repository.relative_to(demo.workdir).parts[0] in ("fleet", "git"):
+            assert len(objects) > 10, repository  # the scan is not vacuous
         found = [n for n in needles for data in objects if n in data]
         assert not found, f"{repository}: the password in a git object"
 
