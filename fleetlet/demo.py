@@ -16,6 +16,14 @@ payments-config v2 reaches the canary, is promoted to the production stores and 
 broken shop-backend v2 reaches the canary only, and the hub halts its rollout and publishes the
 previous version back there (docs/rollouts.md).
 
+Once the stores' agents have reported their age keys, the demo encrypts a small Secret
+(``payments/payments-db``, a random password) with the real ``sops`` binary to the stores'
+recipients (``fleetlet hub recipients``), commits the encrypted file to its fleet copy, pushes it
+as the content of the bundle ``payments-db`` and publishes again: each store's agent decrypts it
+at render (docs/secrets.md, fleet-examples/README.md). The plaintext stays in
+``<workdir>/operator/``, outside every git repository. Without sops the demo says so and skips
+that step only.
+
 The demo runs from a source checkout: the components live in ``tests/realenv`` (test code, not
 shipped in the wheels). ``python -m fleetlet.demo pin [--check]`` recomputes the digests the
 example fleet pins from ``fleet-examples/content``.
@@ -24,8 +32,10 @@ example fleet pins from ``fleet-examples/content``.
 from __future__ import annotations
 
 import argparse
+import base64
 import contextlib
 import importlib
+import os
 import re
 import secrets
 import shutil
@@ -58,6 +68,9 @@ CANARY = "store-eu-1"
 APPROVALS = REPO_ROOT / "deploy" / "agent" / "approvals"
 AUTO_APPROVER = REPO_ROOT / "deploy" / "agent" / "auto-approver"
 APPROVER = "alice"
+SECRET_BUNDLE = "payments-db"  # the bundle of the encrypted Secret, added by the demo
+SECRET_NAMESPACE = "payments"
+SOPS_VERSION = "v3.13.3"  # the release the tests encrypt with (tests/realenv/binaries.py)
 OPERATOR = "ops-oncall"  # the name of the demo's admin token: who promotes a rollout
 # The production stores' own rule book: what touches no RBAC, CRD or webhook goes through.
 APPROVAL_POLICY = {
@@ -224,7 +237,10 @@ class Demo:
         self.publish_fleet()
         self.start_agents_and_hub()
         self.wait_for(self.all_ready, "every installation Ready")
+        secret = self.encrypted_secret()
         print(self.summary("Every installation is Ready"), flush=True)
+        if secret:
+            print(secret, flush=True)
         if self.scenario == "failed-upgrade":
             self.failed_upgrade()
         elif self.scenario == "approval":
@@ -386,6 +402,107 @@ class Demo:
             ],
         )  # fmt: skip
         _say(f"{len(self.clusters)} agents and the hub started; waiting for the fleet to settle")
+
+    def encrypted_secret(self) -> str | None:
+        """Encrypt a Secret to the stores' age recipients with sops, commit it to the fleet
+        copy, push it as ``payments-db``'s content, publish and wait until every store has it.
+
+        Returns the line the summary prints, or None when sops is missing (said in one line).
+        """
+        sops = _find_sops()
+        if sops is None:
+            _say(
+                f"sops is not installed (not on PATH, not in the cache): skipping the encrypted "
+                f"Secret (`python3 -m tests.realenv.binaries sops` builds {SOPS_VERSION})"
+            )
+            return None
+        status_repo = self.git.url_for("fleet-status.git")
+        listed: list[str] = []
+
+        def reported() -> str | None:
+            try:
+                out = self._fleetlet("hub", "recipients", str(self.fleet),
+                                     "--status-repo", status_repo)  # fmt: skip
+            except DemoError as exc:
+                return str(exc).splitlines()[-1]
+            listed[:] = [out.strip()]
+            return None
+
+        self.wait_for(reported, "every store's age key (fleetlet hub recipients)")
+        recipients = listed[0]
+        # The operator's side: the Secret in clear, in a directory of no git repository.
+        operator = self._dir("operator")
+        operator.chmod(0o700)
+        password = "pdb-" + secrets.token_urlsafe(18)
+        plain = operator / f"{SECRET_BUNDLE}.yaml"
+        plain.touch(mode=0o600)
+        plain.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Secret",
+                    "metadata": {"name": SECRET_BUNDLE, "namespace": SECRET_NAMESPACE},
+                    "type": "Opaque",
+                    "stringData": {"username": "payments", "password": password},
+                },
+                sort_keys=False,
+            )
+        )
+        done = subprocess.run(
+            [str(sops), "--encrypt", "--age", recipients,
+             "--encrypted-regex", "^(data|stringData)$", plain.name],
+            cwd=operator, capture_output=True, text=True, timeout=120,
+            env={k: v for k, v in os.environ.items() if not k.startswith("SOPS_")},
+        )  # fmt: skip
+        if done.returncode != 0:
+            raise DemoError(f"sops --encrypt: {done.stderr.strip()}")
+        if password in done.stdout:
+            raise DemoError("sops --encrypt left the password in clear")
+        content = self.fleet / "secrets" / SECRET_BUNDLE
+        content.mkdir(parents=True, exist_ok=True)
+        (content / "01_secret.yaml").write_text(done.stdout)
+        pushed = self.env.oci.push_bundle(
+            self.env.oci.OciClient(host=self.registry.host),
+            REPOSITORY_PREFIX + SECRET_BUNDLE, content, tag="v1",
+        )  # fmt: skip
+        bundle = {
+            "name": SECRET_BUNDLE,
+            "sources": [
+                {
+                    "kind": "image",
+                    "uri": f"{self.registry.host}/{REPOSITORY_PREFIX}{SECRET_BUNDLE}",
+                    "digest": pushed.digest,
+                }
+            ],
+            "formatOptions": {"targetNamespace": SECRET_NAMESPACE},
+            "dependsOn": ["payments-config"],  # its namespace
+            "targets": [{"clusterSelector": {}}],
+        }
+        (self.fleet / "bundles" / f"{SECRET_BUNDLE}.yaml").write_text(
+            "# The database password of the payment gateway: secrets/payments-db/01_secret.yaml,\n"
+            "# encrypted with sops to every store's age key (fleet-examples/README.md).\n"
+            + yaml.safe_dump(bundle, sort_keys=False)
+        )
+        self._commit("payments-db: a Secret encrypted with sops to the stores' age keys")
+        _say(
+            f"encrypted Secret {SECRET_NAMESPACE}/{SECRET_BUNDLE} with {sops} to "
+            f"{len(recipients.split(','))} age recipients; committed and pushed, publishing"
+        )
+        self._publish()
+        self.expected = self._expected()
+        self.wait_for(self.all_ready, f"every store to decrypt and apply {SECRET_BUNDLE}")
+        for name, cluster in self.clusters.items():
+            encoded = self._kubectl_out(
+                cluster, "-n", SECRET_NAMESPACE, "get", "secret", SECRET_BUNDLE,
+                "-o", "jsonpath={.data.password}",
+            )  # fmt: skip
+            if base64.b64decode(encoded).decode(errors="replace") != password:
+                raise DemoError(f"{name}: Secret {SECRET_NAMESPACE}/{SECRET_BUNDLE} not decrypted")
+        return (
+            f"\nSecret {SECRET_NAMESPACE}/{SECRET_BUNDLE}: encrypted with sops to the stores' "
+            f"age keys (only the ciphertext is in git), decrypted by each store's agent: in "
+            f"{', '.join(self.clusters)}. In clear only in {plain}"
+        )
 
     def failed_upgrade(self) -> None:
         """The canary's shop group gets a broken v2 and rolls back; every store gets a good
@@ -719,6 +836,17 @@ class Demo:
         if done.returncode != 0:
             raise DemoError(f"kubectl {' '.join(args)} on {cluster.name}: {done.stderr.strip()}")
 
+    def _kubectl_out(self, cluster: Any, *args: str) -> str:
+        done = subprocess.run(
+            [self.kubectl, "--kubeconfig", str(cluster.kubeconfig), *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        if done.returncode != 0:
+            raise DemoError(f"kubectl {' '.join(args)} on {cluster.name}: {done.stderr.strip()}")
+        return done.stdout
+
     def _kubectl_stdin(self, cluster: Any, stdin: str, *args: str) -> None:
         done = subprocess.run(
             [self.kubectl, "--kubeconfig", str(cluster.kubeconfig), *args],
@@ -818,6 +946,18 @@ class Demo:
     def _stop_processes(self) -> None:
         for process in reversed(self.processes):
             process.stop()
+
+
+def _find_sops() -> Path | None:
+    """The sops binary: on PATH, else the pinned release in the tools cache (where
+    scripts/install.sh builds it, beside helm and kustomize), else None."""
+    from agent.render.tools import default_cache_root
+
+    on_path = shutil.which("sops")
+    if on_path is not None:
+        return Path(on_path)
+    cached = default_cache_root() / "tools" / f"sops-{SOPS_VERSION}" / "sops"
+    return cached if cached.is_file() and os.access(cached, os.X_OK) else None
 
 
 def _git(where: Path, *args: str) -> None:

@@ -12,6 +12,7 @@ Artifact: a screenshot of the demo fleet's matrix, ``test-artifacts/demo/matrix.
 
 from __future__ import annotations
 
+import base64
 import os
 import re
 import signal
@@ -24,10 +25,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+import pygit2
 import pytest
 import requests
+import yaml
 from playwright.sync_api import Page, expect
 
+from agent.kube import KubeClient
+from tests.fleetlab import live
 from tests.realenv.browser import chromium
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -39,6 +44,7 @@ CLUSTERS = ("store-eu-1", "store-eu-2", "store-us-1")
 BUNDLES = (
     "metrics",
     "payments-config",
+    "payments-db",
     "platform-crds",
     "platform-operator",
     "shop-backend",
@@ -47,12 +53,16 @@ BUNDLES = (
 GROUPS = {
     "metrics": "metrics",
     "payments-config": "payments-config",
+    "payments-db": "payments-db",
     "platform-crds": "platform",
     "platform-operator": "platform",
     "shop-backend": "shop",
     "shop-frontend": "shop",
 }
 CANARY = "store-eu-1"
+# The Secret the demo encrypts with sops once the agents have reported their age keys, in
+# the publication after the first one (so every store's set is on serial 2 from then on).
+SECRET = ("payments", "payments-db")
 CODES = {"Ready": "R", "Progressing": "P", "Degraded": "D", "RolledBack": "RB", "Paused": "PA"}
 
 
@@ -119,11 +129,23 @@ def test_exit_when_ready_brings_the_example_fleet_to_ready_and_stops(tmp_path: P
     rows = summary(done.stdout, "Every installation is Ready")
     assert {k: v[1] for k, v in rows.items()} == ready_states()
     assert {b: g for (_, b), (g, _, _) in rows.items()} == GROUPS
-    # Everything installed is on the first serial; the paused bundle was never applied.
-    assert {v[2] for k, v in rows.items() if v[1] == "Ready"} == {"1"}
+    # Everything installed is on the first serial but the encrypted Secret, on the second; the
+    # paused bundle was never applied.
+    assert {v[2] for k, v in rows.items() if v[1] == "Ready" and k[1] != "payments-db"} == {"1"}
+    assert {v[2] for k, v in rows.items() if k[1] == "payments-db"} == {"2"}
     assert rows[("store-us-1", "metrics")][2] == "-"
+    assert (
+        "Secret payments/payments-db: encrypted with sops to the stores' age keys (only the "
+        "ciphertext is in git), decrypted by each store's agent: in "
+        "store-eu-1, store-eu-2, store-us-1." in done.stdout
+    )
     # Progress was shown while it started.
-    for said in ("[demo] starting 3 clusters", "[demo] pushed 8 bundle artifacts", "published"):
+    for said in (
+        "[demo] starting 3 clusters",
+        "[demo] pushed 8 bundle artifacts",
+        "published",
+        "[demo] encrypted Secret payments/payments-db with ",
+    ):
         assert said in done.stderr
     assert re.search(r"^Dashboard: http://127\.0\.0\.1:\d+/#token=read-", done.stdout, re.M)
     assert left_running(workdir) == []
@@ -144,7 +166,7 @@ def test_approval_scenario_previews_and_approves_on_the_canary(tmp_path: Path) -
     )
     assert done.returncode == 0, done.stderr[-4000:]
     request = re.search(
-        r"^\$ fleetlet preview (payments-config-s2-[0-9a-f]{6})$", done.stdout, re.M
+        r"^\$ fleetlet preview (payments-config-s3-[0-9a-f]{6})$", done.stdout, re.M
     )
     assert request is not None, done.stdout
     assert f"Request:      {request.group(1)}\nCluster:      {CANARY}" in done.stdout
@@ -154,7 +176,7 @@ def test_approval_scenario_previews_and_approves_on_the_canary(tmp_path: Path) -
     title = "Scenario approval: payments-config v2 approved by ApprovalPolicy store-defaults"
     rows = summary(done.stdout, title)
     for cluster in CLUSTERS:
-        assert rows[(cluster, "payments-config")][1:] == ("Ready", "2"), rows
+        assert rows[(cluster, "payments-config")][1:] == ("Ready", "3"), rows
     assert left_running(workdir) == []
 
 
@@ -180,12 +202,12 @@ def test_rollout_scenario_goes_canary_first_and_reverts_a_broken_version(tmp_pat
     assert f"rollout {payments.group(1)}: promoted by ops-oncall: wave production" in out
     shop = re.search(r"^rollout (shop-\S+): Reverted", out, re.M)
     assert shop is not None, out
-    assert f"  {CANARY}: shop-backend: serial 3 failed and was RolledBack" in out
-    assert re.search(rf"^{CANARY}\s+canary\s+reverted\s+4\s+reverted", out, re.M)
+    assert f"  {CANARY}: shop-backend: serial 4 failed and was RolledBack" in out
+    assert re.search(rf"^{CANARY}\s+canary\s+reverted\s+5\s+reverted", out, re.M)
     rows = summary(out, "Scenario rollout:")
     assert {k: v[1] for k, v in rows.items()} == ready_states()
     for cluster in CLUSTERS:
-        assert rows[(cluster, "payments-config")][2] == "2", rows
+        assert rows[(cluster, "payments-config")][2] == "3", rows
         assert rows[(cluster, "shop-backend")][2] == "1", rows
     assert left_running(workdir) == []
 
@@ -282,9 +304,10 @@ def test_the_scenario_rolls_the_canarys_shop_group_back_and_the_rest_moves_on(
     title = f"Scenario failed-upgrade: the shop group on {CANARY} rolled back"
     after = summary(text, title)
     assert {k: v[1] for k, v in after.items()} == upgraded_states()
-    # payments-config moved to serial 2 everywhere; the canary's shop group is back on 1.
+    # payments-config moved to serial 3 everywhere (2 brought the encrypted Secret); the
+    # canary's shop group is back on 1.
     for cluster in CLUSTERS:
-        assert after[(cluster, "payments-config")][2] == "2"
+        assert after[(cluster, "payments-config")][2] == "3"
     assert after[(CANARY, "shop-backend")][2] == after[(CANARY, "shop-frontend")][2] == "1"
     assert "catalog-api" in text.split(title, 1)[1].splitlines()[0]
 
@@ -295,7 +318,7 @@ def test_the_api_shows_the_rollback_its_runs_and_masked_outputs(demo: RunningDem
 
     runs = demo.get(f"/installations/{CANARY}/shop-backend/runs")["items"]
     latest = runs[0]
-    assert (latest["result"], latest["serial"], latest["operation"]) == ("RolledBack", 2, "upgrade")
+    assert (latest["result"], latest["serial"], latest["operation"]) == ("RolledBack", 3, "upgrade")
     assert latest["failedObject"] == "Deployment/shop/catalog-api", latest
     assert "health check timed out" in latest["message"], latest
     assert [(r["result"], r["serial"]) for r in runs[1:]] == [("Succeeded", 1)]
@@ -358,6 +381,44 @@ def test_the_dashboard_shows_the_demo_fleet(demo: RunningDemo) -> None:
             "Deployment/shop/catalog-api"
         )
         assert errors == []
+
+
+def test_the_encrypted_secret_is_open_in_every_store_and_in_clear_in_no_git_blob(
+    demo: RunningDemo,
+) -> None:
+    """The Secret the demo encrypted with sops to the stores' age keys: each store's API server
+    has it decrypted; the fleet copy holds the ciphertext; no object of any git repository the
+    demo made (fleet copy, cluster and status branches, the hub's and the agents' clones) holds
+    the password, in clear or base64."""
+    plain = yaml.safe_load((demo.workdir / "operator" / "payments-db.yaml").read_text())
+    password = plain["stringData"]["password"]
+    namespace, name = SECRET
+    assert (plain["metadata"]["namespace"], plain["metadata"]["name"]) == SECRET
+    for cluster in CLUSTERS:
+        kubeconfig = demo.workdir / "clusters" / cluster / "admin.kubeconfig"
+        secret = live(KubeClient(kubeconfig=str(kubeconfig)), "v1", "Secret", name, namespace)
+        assert secret is not None, f"{cluster}: no Secret {namespace}/{name}"
+        data = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
+        assert data == {"username": "payments", "password": password}, cluster
+        assert "sops" not in secret
+    committed = yaml.safe_load(
+        (demo.workdir / "fleet" / "secrets" / "payments-db" / "01_secret.yaml").read_text()
+    )
+    assert committed["stringData"]["password"].startswith("ENC[AES256_GCM,")
+    assert len(committed["sops"]["age"]) == len(CLUSTERS)
+    needles = [password.encode(), base64.b64encode(password.encode())]
+    repositories = sorted(
+        head.parent for head in demo.workdir.rglob("HEAD") if (head.parent / "objects").is_dir()
+    )
+    names = {str(r.relative_to(demo.workdir)) for r in repositories}
+    assert {"fleet/.git", "git/repos/fleet-state.git", "git/repos/fleet-status.git"} <= names, names
+    for repository in repositories:
+        repo = pygit2.Repository(str(repository))
+        objects = [repo.odb.read(oid)[1] for oid in repo.odb]
+        if repository.relative_to(demo.workdir).parts[0] in ("fleet", "git"):
+            assert len(objects) > 10, repository  # the scan is not vacuous
+        found = [n for n in needles for data in objects if n in data]
+        assert not found, f"{repository}: the password in a git object"
 
 
 def test_ctrl_c_stops_everything_the_demo_started(demo: RunningDemo) -> None:
