@@ -14,7 +14,11 @@ Used by ``tests/test_rollout_fleet.py`` (1,000 clusters) and ``bench/rollout.py`
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -30,6 +34,63 @@ from tests.statusfleet import AUTHOR, STATUS_PREFIX, bundle_in
 from tests.test_hub_status import make_status
 
 IMAGE = "registry.example/retail/web"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def fleetlet(*args: str) -> subprocess.CompletedProcess[str]:
+    """``fleetlet ARGS`` as its own process, from the repository's root."""
+    return subprocess.run(
+        [sys.executable, "-m", "fleetlet", *args],
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
+    )  # fmt: skip
+
+
+def ok(*args: str) -> Any:
+    """The JSON ``fleetlet ARGS -o json`` prints, asserting it succeeded."""
+    done = fleetlet(*args, "-o", "json")
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def until(check: Callable[[], Any], what: str, timeout: float = 90) -> Any:
+    """``check()``'s first true answer, polled; fails naming ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = check()
+        if found:
+            return found
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.3)
+
+
+def sim_repos(
+    git: Any, issuer: str, *, repo: str = "https://fleet.example.invalid/sim.git"
+) -> tuple[dict[str, Any], Path]:
+    """A fleet's settings over new bare ``fleet.git`` (cluster branches, ``shards.repo``) and
+    ``status.git`` (``shards.statusRepo``) on the git server ``git``, signed by the mini
+    Sigstore's default identity at ``issuer``: (settings, the status repo's path)."""
+    from tests.realenv.sigstore.mini import DEFAULT_IDENTITY
+
+    git.create_bare("fleet.git")
+    status_path = git.create_bare("status.git")
+    cluster_repo, status_repo = git.url_for("fleet.git"), git.url_for("status.git")
+    settings = {
+        "name": "sim",
+        "repo": repo,
+        "signing": {"identity": DEFAULT_IDENTITY, "issuer": issuer},
+        "shards": {"repo": cluster_repo, "statusRepo": status_repo},
+    }
+    return settings, Path(status_path)
+
+
+def signing_args(mini_sigstore: Any, tmp_path: Path) -> list[str]:
+    """``hub publish``'s keyless signing flags against the mini Sigstore (a token in
+    ``tmp_path``)."""
+    from tests.realenv.sigstore.mini import DEFAULT_IDENTITY
+
+    token = tmp_path / "oidc-token"
+    token.write_text(mini_sigstore.minter.mint(DEFAULT_IDENTITY, lifetime=3600))
+    return ["--trust-config", str(mini_sigstore.trust_config_path), "--identity-token", str(token)]
 
 
 def web_bundle(digest: str, **extra: Any) -> dict[str, Any]:

@@ -9,9 +9,6 @@ Version 2 of ``web`` starts a rollout whose first wave is the two canaries."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -22,12 +19,20 @@ import requests
 from hub.api.tokens import add_token
 from tests.realenv.hubserver import serving_hub
 from tests.realenv.sigstore import MiniSigstore
-from tests.realenv.sigstore.mini import DEFAULT_IDENTITY
-from tests.rolloutsim import Agent, SimulatedAgents, digest_of, inventory, web_bundle
+from tests.rolloutsim import (
+    Agent,
+    SimulatedAgents,
+    digest_of,
+    fleetlet,
+    inventory,
+    ok,
+    signing_args,
+    sim_repos,
+    web_bundle,
+)
 from tests.statusfleet import bundle_in
 from tests.test_hub_fleet import write_fleet
 
-ROOT = Path(__file__).resolve().parent.parent
 STRATEGY = {
     "waves": [
         {"name": "canary", "clusterSelector": {"matchLabels": {"tier": "canary"}}},
@@ -36,19 +41,6 @@ STRATEGY = {
     "soakTime": "1h",
 }
 REQUEST = "web-7d2f1"
-
-
-def fleetlet(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "fleetlet", *args],
-        capture_output=True, text=True, timeout=300, cwd=ROOT,
-    )  # fmt: skip
-
-
-def ok(*args: str) -> Any:
-    done = fleetlet(*args, "-o", "json")
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
 
 
 class ReportingAgents(SimulatedAgents):
@@ -101,30 +93,16 @@ def test_explain_names_an_approval_a_dependency_and_a_wave_not_reached(
     git_server_factory: Any, mini_sigstore: MiniSigstore, tmp_path: Path
 ) -> None:
     git = git_server_factory("daemon")
-    git.create_bare("fleet.git")
-    status_path = git.create_bare("status.git")
-    repo, status_repo = git.url_for("fleet.git"), git.url_for("status.git")
-    settings = {
-        "name": "sim",
-        "repo": "https://fleet.example.invalid/sim.git",
-        "signing": {"identity": DEFAULT_IDENTITY, "issuer": mini_sigstore.issuer},
-        "shards": {"repo": repo, "statusRepo": status_repo},
-    }
+    settings, status_path = sim_repos(git, mini_sigstore.issuer)
+    repo, status_repo = settings["shards"]["repo"], settings["shards"]["statusRepo"]
     clusters = inventory(6, canaries=2)
     fleet = write_fleet(
         tmp_path / "fleet", clusters=clusters, bundles=[web_bundle(digest_of(1))], settings=settings
     )
-    token = tmp_path / "oidc-token"
-    token.write_text(mini_sigstore.minter.mint(DEFAULT_IDENTITY, lifetime=3600))
-    signing = [
-        "--trust-config",
-        str(mini_sigstore.trust_config_path),
-        "--identity-token",
-        str(token),
-    ]
+    signing = signing_args(mini_sigstore, tmp_path)
     publish = ["hub", "publish", str(fleet), *signing, "--cache-dir", str(tmp_path / "ci")]
     ok(*publish)
-    agents = ReportingAgents(cluster_repo=repo, status_repo=Path(status_path), workdir=tmp_path)
+    agents = ReportingAgents(cluster_repo=repo, status_repo=status_path, workdir=tmp_path)
     agents.tick()
     write_fleet(
         fleet,

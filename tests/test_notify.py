@@ -13,10 +13,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import subprocess
-import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,12 +29,19 @@ from hub.notify import (
 )
 from tests.realenv.hubserver import serving_hub
 from tests.realenv.sigstore import MiniSigstore
-from tests.realenv.sigstore.mini import DEFAULT_IDENTITY
-from tests.rolloutsim import SimulatedAgents, digest_of, inventory, web_bundle
+from tests.rolloutsim import (
+    SimulatedAgents,
+    digest_of,
+    inventory,
+    ok,
+    signing_args,
+    sim_repos,
+    until,
+    web_bundle,
+)
 from tests.test_hub_fleet import write_fleet
 from tests.test_hub_review import Receiver, git
 
-ROOT = Path(__file__).resolve().parent.parent
 STRATEGY = {
     "waves": [
         {"name": "canary", "clusterSelector": {"matchLabels": {"tier": "canary"}}},
@@ -46,38 +50,14 @@ STRATEGY = {
 }
 
 
-def ok(*args: str) -> Any:
-    done = subprocess.run(
-        [sys.executable, "-m", "fleetlet", *args, "-o", "json"],
-        capture_output=True, text=True, timeout=300, cwd=ROOT,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
-
-
-def until(check: Callable[[], Any], what: str, timeout: float = 60) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        found = check()
-        if found:
-            return found
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.3)
-
-
 def test_commit_statuses_follow_the_rollout_and_a_halt_sends_one_alert(
     git_server_factory: Any, mini_sigstore: MiniSigstore, tmp_path: Path
 ) -> None:
     server = git_server_factory("daemon")
-    server.create_bare("fleet.git")
-    status_path = server.create_bare("status.git")
-    repo, status_repo = server.url_for("fleet.git"), server.url_for("status.git")
-    settings = {
-        "name": "sim",
-        "repo": "https://github.com/example/fleet.git",
-        "signing": {"identity": DEFAULT_IDENTITY, "issuer": mini_sigstore.issuer},
-        "shards": {"repo": repo, "statusRepo": status_repo},
-    }
+    settings, status_path = sim_repos(
+        server, mini_sigstore.issuer, repo="https://github.com/example/fleet.git"
+    )
+    repo, status_repo = settings["shards"]["repo"], settings["shards"]["statusRepo"]
     clusters = inventory(4, canaries=1)
     fleet = tmp_path / "fleet"
 
@@ -95,14 +75,7 @@ def test_commit_statuses_follow_the_rollout_and_a_halt_sends_one_alert(
     fleet.mkdir()
     git(fleet, "init", "-q", "-b", "main")
     commit(1)
-    token = tmp_path / "oidc-token"
-    token.write_text(mini_sigstore.minter.mint(DEFAULT_IDENTITY, lifetime=3600))
-    signing = [
-        "--trust-config",
-        str(mini_sigstore.trust_config_path),
-        "--identity-token",
-        str(token),
-    ]
+    signing = signing_args(mini_sigstore, tmp_path)
     publish = ["hub", "publish", str(fleet), *signing, "--cache-dir", str(tmp_path / "ci")]
     step = [
         "hub",
@@ -114,7 +87,7 @@ def test_commit_statuses_follow_the_rollout_and_a_halt_sends_one_alert(
         str(tmp_path / "ci-steps"),
     ]
     ok(*publish)
-    agents = SimulatedAgents(cluster_repo=repo, status_repo=Path(status_path), workdir=tmp_path)
+    agents = SimulatedAgents(cluster_repo=repo, status_repo=status_path, workdir=tmp_path)
     agents.tick()
 
     receiver = Receiver()

@@ -11,10 +11,6 @@ token's name, and the hub carries them out by itself.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +22,19 @@ from hub.api.tokens import add_token
 from tests.realenv.hubserver import serving_hub
 from tests.realenv.sigstore import MiniSigstore
 from tests.realenv.sigstore.mini import DEFAULT_IDENTITY
-from tests.rolloutsim import SimulatedAgents, digest_of, inventory, web_bundle
+from tests.rolloutsim import (
+    SimulatedAgents,
+    digest_of,
+    fleetlet,
+    inventory,
+    ok,
+    signing_args,
+    sim_repos,
+    until,
+    web_bundle,
+)
 from tests.test_hub_fleet import write_fleet
 
-ROOT = Path(__file__).resolve().parent.parent
 STRATEGY = {
     "waves": [
         {"name": "canary", "clusterSelector": {"matchLabels": {"tier": "canary"}}},
@@ -39,61 +44,21 @@ STRATEGY = {
 }
 
 
-def fleetlet(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "fleetlet", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=ROOT,
-    )
-
-
-def ok(*args: str) -> Any:
-    done = fleetlet(*args, "-o", "json")
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
-
-
-def until(check: Callable[[], Any], what: str, timeout: float = 90) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        found = check()
-        if found:
-            return found
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.3)
-
-
 def test_a_rollout_from_ci_then_from_the_hub(
     git_server_factory: Any, mini_sigstore: MiniSigstore, tmp_path: Path
 ) -> None:
     git = git_server_factory("daemon")
-    git.create_bare("fleet.git")
-    status_path = git.create_bare("status.git")
-    repo, status_repo = git.url_for("fleet.git"), git.url_for("status.git")
-    settings = {
-        "name": "sim",
-        "repo": "https://fleet.example.invalid/sim.git",
-        "signing": {"identity": DEFAULT_IDENTITY, "issuer": mini_sigstore.issuer},
-        "shards": {"repo": repo, "statusRepo": status_repo},
-    }
+    settings, status_path = sim_repos(git, mini_sigstore.issuer)
+    repo, status_repo = settings["shards"]["repo"], settings["shards"]["statusRepo"]
     clusters = inventory(30, canaries=3)
     fleet = write_fleet(
         tmp_path / "fleet", clusters=clusters, bundles=[web_bundle(digest_of(1))], settings=settings
     )
-    token = tmp_path / "oidc-token"
-    token.write_text(mini_sigstore.minter.mint(DEFAULT_IDENTITY, lifetime=3600))
-    signing = [
-        "--trust-config",
-        str(mini_sigstore.trust_config_path),
-        "--identity-token",
-        str(token),
-    ]
+    signing = signing_args(mini_sigstore, tmp_path)
     publish_cache = ["--cache-dir", str(tmp_path / "ci-publish")]
     cache = ["--cache-dir", str(tmp_path / "ci-rollouts")]
     assert ok("hub", "publish", str(fleet), *signing, *publish_cache)["rollouts"] == []
-    agents = SimulatedAgents(cluster_repo=repo, status_repo=Path(status_path), workdir=tmp_path)
+    agents = SimulatedAgents(cluster_repo=repo, status_repo=status_path, workdir=tmp_path)
     agents.tick()
 
     # CI: the publish of v2 starts the rollout and gives v2 to the three canaries.
