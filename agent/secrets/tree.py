@@ -25,6 +25,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -87,26 +88,34 @@ def open_tree(
             )
         document = documents[0]
         assert isinstance(document, dict)
-        if keyring is None:
-            found.files[relative] = count_encrypted(document)
-            continue
-        if not keyring.identities:
-            raise SopsError(
-                f"this cluster's age key could not be read: {keyring.problem}",
-                source=source,
-                file=relative,
-                rule="NoClusterKey",
-            )
-        opened = open_document(
-            document,
-            keyring.identities,
-            recipients=keyring.recipients,
+        opened = _open(document, relative, keyring, found, source=source)
+        if opened is not None:
+            _write_over(path, opened)
+    return found
+
+
+def _open(
+    document: dict[str, Any], relative: str, keyring: Keyring | None, found: Secrets, *, source: str
+) -> dict[str, Any] | None:
+    """``document`` decrypted with ``keyring`` (None: no keyring, its values only counted into
+    ``found``). Raises SopsError."""
+    if keyring is None:
+        found.files[relative] = count_encrypted(document)
+        return None
+    if not keyring.identities:
+        raise SopsError(
+            f"this cluster's age key could not be read: {keyring.problem}",
             source=source,
             file=relative,
+            rule="NoClusterKey",
         )
-        found.files[relative] = opened.values
-        _write_over(path, opened.document)
-    return found
+    opened = open_document(
+        document, keyring.identities, recipients=keyring.recipients, source=source, file=relative
+    )
+    found.files[relative] = opened.values
+    result = opened.document
+    assert isinstance(result, dict)
+    return result
 
 
 def _dotenv(
@@ -121,21 +130,9 @@ def _dotenv(
     except (UnicodeDecodeError, ValueError) as exc:
         raise SopsError(f"a SOPS dotenv file that does not read: {exc}", source=source,
                         file=relative, rule="SopsFormat") from None  # fmt: skip
-    if keyring is None:
-        found.files[relative] = count_encrypted(document)
-        return
-    if not keyring.identities:
-        raise SopsError(
-            f"this cluster's age key could not be read: {keyring.problem}",
-            source=source,
-            file=relative,
-            rule="NoClusterKey",
-        )
-    opened = open_document(
-        document, keyring.identities, recipients=keyring.recipients, source=source, file=relative
-    )
-    found.files[relative] = opened.values
-    _replace(path, dotenv.dump(opened.document))
+    opened = _open(document, relative, keyring, found, source=source)
+    if opened is not None:
+        _replace(path, dotenv.dump(opened))
 
 
 def _candidates(root: Path) -> list[Path]:
