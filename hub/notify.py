@@ -22,6 +22,7 @@ and minute, the rest wait their turn.
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import hmac
 import json
@@ -513,6 +514,83 @@ class Notifier:
                 log.warning("notifications: %s", exc)
 
 
+def notifier_from_args(
+    args: argparse.Namespace, *, rollouts: Any, queries: Callable[[], Any]
+) -> Notifier | None:
+    """The commit statuses and alerts of ``--commit-status`` and ``--alert-webhook`` of
+    ``hub serve`` (None: neither given), over its ``rollouts`` (None: none) and the status
+    queries ``queries()`` gives. Raises NotifyConfigError, ServeUsageError."""
+    from hub.serve import ServeUsageError, parse_duration
+
+    specs = getattr(args, "commit_status", None) or []
+    hooks = getattr(args, "alert_webhook", None) or []
+    if not specs and not hooks:
+        return None
+    statuses = [
+        status_target(
+            spec,
+            api=args.commit_status_api,
+            token_file=args.commit_status_token_file,
+            target_url=args.commit_status_url,
+        )
+        for spec in specs
+    ]
+    if statuses and rollouts is None:
+        raise ServeUsageError("--commit-status reports rollouts: it needs --fleet")
+    return Notifier(
+        statuses=statuses,
+        webhooks=[webhook(spec, secret_file=args.alert_secret_file) for spec in hooks],
+        rollouts=(lambda: rollouts.list()["items"]) if rollouts is not None else None,
+        queries=queries(),
+        moving=(lambda: _moving(rollouts)) if rollouts is not None else None,
+        interval=parse_duration(getattr(args, "refresh", None) or "10s").total_seconds(),
+    )
+
+
+def _moving(rollouts: Any) -> dict[str, set[str]]:
+    """Group -> the clusters its active rollout still moves (not final: halted included)."""
+    return {r.group: set(r.members) for r in rollouts.state().active() if not r.final}
+
+
+def add_notify_arguments(parser: argparse.ArgumentParser) -> None:
+    """``hub serve``'s options for commit statuses and alerts."""
+    notify = parser.add_argument_group(
+        "commit statuses and alerts",
+        "where a commit landed, said where operators look (docs/operations.md)",
+    )
+    notify.add_argument(
+        "--commit-status",
+        action="append",
+        metavar="KIND:REPO",
+        help="post each rollout's progress as a commit status on the fleet repo's commit: "
+        "github:OWNER/NAME, gitea:OWNER/NAME or gitlab:GROUP/PROJECT (needs --fleet)",
+    )
+    notify.add_argument(
+        "--commit-status-api",
+        metavar="URL",
+        help="the forge's API (default: https://api.github.com, https://gitlab.com/api/v4; "
+        "Gitea: https://HOST/api/v1)",
+    )
+    notify.add_argument(
+        "--commit-status-token-file", metavar="FILE", help="the token that posts statuses"
+    )
+    notify.add_argument(
+        "--commit-status-url", metavar="URL", help="the link a status carries (the dashboard)"
+    )
+    notify.add_argument(
+        "--alert-webhook",
+        action="append",
+        metavar="FORMAT:URL",
+        help="send alerts (rollout halted, rolled back, approval requested, clusters stale) "
+        "to URL as json, slack or teams (repeatable; FORMAT:@FILE reads the URL from FILE)",
+    )
+    notify.add_argument(
+        "--alert-secret-file",
+        metavar="FILE",
+        help="sign json alerts with HMAC-SHA256 of this secret (header X-Fleetlet-Signature-256)",
+    )
+
+
 __all__ = [
     "Alert",
     "CommitStatus",
@@ -521,8 +599,10 @@ __all__ = [
     "Outbox",
     "StatusTarget",
     "Webhook",
+    "add_notify_arguments",
     "alerts",
     "commit_statuses",
+    "notifier_from_args",
     "status_target",
     "webhook",
 ]

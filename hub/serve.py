@@ -220,7 +220,9 @@ def serve(args: argparse.Namespace) -> int:
     if parts.app is not None:
         # The matrix's cells before the first request, and again after each refresh that moved.
         parts.app.state.queries.warm()
-    notifier = notifier_from_args(args, parts)
+    from hub.notify import notifier_from_args
+
+    notifier = notifier_from_args(args, rollouts=parts.rollouts, queries=lambda: parts.queries)
     # The agents' channel sits in front of the API app: outside its middleware (timeouts).
     # With --workers each worker process puts its own in front of its app (worker_app).
     served, watcher = (
@@ -293,42 +295,6 @@ def enrollment_from_args(args: argparse.Namespace, labels: dict[str, Any] | None
     from hub.enroll.service import Enrollment
 
     return Enrollment(Path(directory), known=labels)
-
-
-def notifier_from_args(args: argparse.Namespace, parts: _Parts) -> Any:
-    """The commit statuses and alerts of ``--commit-status`` and ``--alert-webhook`` (None:
-    neither given). Raises NotifyConfigError."""
-    from hub.notify import Notifier, status_target, webhook
-
-    specs = getattr(args, "commit_status", None) or []
-    hooks = getattr(args, "alert_webhook", None) or []
-    if not specs and not hooks:
-        return None
-    rollouts = parts.rollouts
-    statuses = [
-        status_target(
-            spec,
-            api=args.commit_status_api,
-            token_file=args.commit_status_token_file,
-            target_url=args.commit_status_url,
-        )
-        for spec in specs
-    ]
-    if statuses and rollouts is None:
-        raise ServeUsageError("--commit-status reports rollouts: it needs --fleet")
-    return Notifier(
-        statuses=statuses,
-        webhooks=[webhook(spec, secret_file=args.alert_secret_file) for spec in hooks],
-        rollouts=(lambda: rollouts.list()["items"]) if rollouts is not None else None,
-        queries=parts.queries,
-        moving=(lambda: _moving(rollouts)) if rollouts is not None else None,
-        interval=parse_duration(getattr(args, "refresh", None) or "10s").total_seconds(),
-    )
-
-
-def _moving(rollouts: Any) -> dict[str, set[str]]:
-    """Group -> the clusters its active rollout still moves (not final: halted included)."""
-    return {r.group: set(r.members) for r in rollouts.state().active() if not r.final}
 
 
 def _plain(value: Any) -> bool:
@@ -657,41 +623,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="ENROLL_DIR",
         help="accept enrollment requests (tokens.yaml, config.yaml; docs/operations.md)",
     )
-    notify = parser.add_argument_group(
-        "commit statuses and alerts",
-        "where a commit landed, said where operators look (docs/operations.md)",
-    )
-    notify.add_argument(
-        "--commit-status",
-        action="append",
-        metavar="KIND:REPO",
-        help="post each rollout's progress as a commit status on the fleet repo's commit: "
-        "github:OWNER/NAME, gitea:OWNER/NAME or gitlab:GROUP/PROJECT (needs --fleet)",
-    )
-    notify.add_argument(
-        "--commit-status-api",
-        metavar="URL",
-        help="the forge's API (default: https://api.github.com, https://gitlab.com/api/v4; "
-        "Gitea: https://HOST/api/v1)",
-    )
-    notify.add_argument(
-        "--commit-status-token-file", metavar="FILE", help="the token that posts statuses"
-    )
-    notify.add_argument(
-        "--commit-status-url", metavar="URL", help="the link a status carries (the dashboard)"
-    )
-    notify.add_argument(
-        "--alert-webhook",
-        action="append",
-        metavar="FORMAT:URL",
-        help="send alerts (rollout halted, rolled back, approval requested, clusters stale) "
-        "to URL as json, slack or teams (repeatable; FORMAT:@FILE reads the URL from FILE)",
-    )
-    notify.add_argument(
-        "--alert-secret-file",
-        metavar="FILE",
-        help="sign json alerts with HMAC-SHA256 of this secret (header X-Fleetlet-Signature-256)",
-    )
+    from hub.notify import add_notify_arguments
+
+    add_notify_arguments(parser)
     rollouts = parser.add_argument_group(
         "rollouts",
         "progressive rollouts (docs/rollouts.md): shown with --fleet, stepped when signing",
