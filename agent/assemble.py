@@ -215,6 +215,7 @@ def status_pusher(settings: Any, credentials: Any, metrics: Any) -> Any:
     from agent.render.formats import available_formats
     from agent.report.push import StatusPusher
     from agent.source.credentials import GitCredentials
+    from agent.upgrade import AGENT_FORMAT
 
     status_dir = os.environ.get("FLEETLET_STATUS_GIT_CREDENTIALS_DIR")
     status_creds = credentials
@@ -231,7 +232,7 @@ def status_pusher(settings: Any, credentials: Any, metrics: Any) -> Any:
         connect_timeout=settings.network.connect_timeout,
         io_timeout=settings.network.read_timeout,
         metrics=metrics,
-        formats=available_formats(),
+        formats=[*available_formats(), AGENT_FORMAT],  # the agent's entry: agent.upgrade
     )
 
 

@@ -288,10 +288,15 @@ def _run(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
     supervisor = build_supervisor(settings, log_level=args.log_level, log_format=args.log_format)
     poll = settings.poll
+    from agent.upgrade.process import Upgrades  # one agent acts; upgrades: agent/upgrade/
+
+    upgrades = Upgrades(settings=settings, supervisor=supervisor)
     scheduler = AgentScheduler(
-        poll=supervisor.poll,
-        drift=supervisor.drift,
-        heartbeat=supervisor.heartbeat if supervisor.pusher is not None else None,
+        poll=upgrades.gate(supervisor.poll),
+        drift=upgrades.gate(supervisor.drift),
+        heartbeat=upgrades.gate(supervisor.heartbeat, exclusive=False)
+        if supervisor.pusher is not None
+        else None,
         interval=poll.interval,
         jitter=poll.jitter,
         drift_interval=poll.drift_interval,
@@ -313,11 +318,13 @@ def _run(args: argparse.Namespace) -> int:
         # and a worker may run up to --worker-timeout. Killing it is safe at any point.
         supervisor.stop()
         scheduler.stop(wait=False)
+        upgrades.stop()
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     if probe is not None:
         probe.start()
+    upgrades.start()  # the Lease first; a candidate proves itself here
     scheduler.start()
     if channel is not None:
         channel.start()
@@ -327,6 +334,8 @@ def _run(args: argparse.Namespace) -> int:
         if channel is not None:
             channel.stop()
         scheduler.stop(wait=True)
+        upgrades.stop()
+        upgrades.wait_child()
         if probe is not None:
             probe.stop()
     if supervisor.fatal is not None:

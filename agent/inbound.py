@@ -268,7 +268,8 @@ class InboundPipeline:
             self._refuse(state, commit, refused)
             raise refused from exc
         self._step("verified")
-        deployment_set = verified.deployment_set
+        # The agent's own version leaves the set here: no render or apply ever sees it.
+        deployment_set = self._take_agent_entry(verified.deployment_set)
         content_digest = _content_digest(deployment_set)
         accepted = replace(
             state,
@@ -332,6 +333,18 @@ class InboundPipeline:
             bundles=bundles,
             failed=tuple(failed),
         )
+
+    def _take_agent_entry(self, deployment_set: BundleDeploymentSet) -> BundleDeploymentSet:
+        """The set without the agent entry, whose wish is kept in the cluster
+        (:mod:`agent.upgrade.desired`). Raises the KubeClient's errors."""
+        from agent.upgrade.desired import UpgradeStore, take_agent_entry
+
+        store = UpgradeStore(self._kube, self._agent_namespace)
+        before, _record = store.read()
+        rest, desired = take_agent_entry(deployment_set, before)
+        if desired != before:
+            store.save_desired(desired)
+        return rest
 
     def _unreadable(
         self,

@@ -176,13 +176,15 @@ def build_parser(*, agent_only: bool = False) -> argparse.ArgumentParser:
     )
     demo.add_argument(
         "--scenario",
-        choices=["install", "failed-upgrade", "approval", "rollout"],
+        choices=["install", "failed-upgrade", "approval", "rollout", "agent-upgrade"],
         default="install",
         help="after the install: a broken upgrade rolled back on the canary (failed-upgrade), "
         "an upgrade that needs an approval, approved by the production stores' policy and "
         "by a person on the canary (approval; see docs/approvals.md), or progressive "
         "rollouts: a good version canary first, promoted to the rest, then a broken one "
-        "halted and reverted on the canary (rollout; see docs/rollouts.md)",
+        "halted and reverted on the canary (rollout; see docs/rollouts.md), or the agents "
+        "upgrading themselves in two waves, broken images rolled back on the canary "
+        "(agent-upgrade; see docs/operations.md)",
     )
     demo.add_argument(
         "--exit-when-ready",

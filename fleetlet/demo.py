@@ -247,6 +247,8 @@ class Demo:
             self.approval()
         elif self.scenario == "rollout":
             self.rollout()
+        elif self.scenario == "agent-upgrade":
+            __import__("fleetlet.demo_agent_upgrade").demo_agent_upgrade.agent_upgrade(self)
         print(
             f"\nDashboard: {self.dashboard}\n"
             f"API: {self.hub_url}/api/v1 (read-only token: {self.read_token})\n"

@@ -193,6 +193,9 @@ class StatusPusher:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self._repo = self._open_repo()
         self._latest: ClusterStatus | None = None
+        self.amend: Callable[[ClusterStatus], ClusterStatus] | None = None
+        """Changes every document before it is kept (``agent run``: the agent entry's report,
+        :mod:`agent.upgrade.process`)."""
         self._facts: bytes | None = None
         """``cluster.json`` as last given (None: none given yet: the remote's is kept)."""
         self._pushed_sequence = 0
@@ -222,6 +225,14 @@ class StatusPusher:
         # A disposable cache: anything there that is not a repository is made anew.
         shutil.rmtree(path, ignore_errors=True)
         return pygit2.init_repository(str(path), bare=True)
+
+    def resume(self) -> None:
+        """This agent acts again after another one wrote the branch (an agent upgrade's
+        hand-over or roll-back, :mod:`agent.upgrade.process`): the next push continues after
+        the remote's sequence instead of refusing to go back."""
+        with self._lock:
+            self._load_state()
+            self._fresh = True
 
     def _load_state(self) -> None:
         doc_path = self.workdir / STATUS_FILE
@@ -300,6 +311,8 @@ class StatusPusher:
                 self._write(FACTS_FILE, new_facts or b"")
             # ``truncated`` is ours to say (after bounding), not the caller's.
             status = dataclasses.replace(status, truncated=False)
+            if self.amend is not None:
+                status = self.amend(status)
             if self.formats and not status.formats:
                 status = dataclasses.replace(
                     status, formats=self.formats, schema_version=SCHEMA_VERSION

@@ -277,6 +277,7 @@ def _load_settings(root: Path, problems: _Problems) -> Settings | None:
         "shards",
         "rollout",
         "commitSigning",
+        "agent",  # the agent's own version: hub.fleet.agent
     }
     for key in sorted(set(raw) - known, key=str):
         problems.add(rel, str(key), "one of " + ", ".join(sorted(known)), _found("unknown field"))

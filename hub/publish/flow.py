@@ -36,6 +36,7 @@ from agent.errors import FieldProblem, TemporaryError, ValidationError, Verifica
 from agent.verify import TrustPolicy, verify_publication
 from agent.verify.publication import BUNDLE_FILE, PROOF_FILE, SET_FILE, STATEMENT_FILE
 from hub.errors import FleetRepoError, PublishError, PushRejectedError
+from hub.fleet.agent import with_agent
 from hub.fleet.commits import CommitPolicy, judge_commit
 from hub.fleet.load import load_fleet
 from hub.fleet.render import plan_clusters
@@ -134,7 +135,7 @@ def _prepare(
 ) -> Prepared:
     timings: dict[str, float] = {}
     started = time.perf_counter()
-    fleet = load_fleet(fleet_dir, cache_dir=cache_dir)
+    fleet = with_agent(load_fleet(fleet_dir, cache_dir=cache_dir))
     names = sorted(set(only)) if only is not None else None
     if names is not None:
         unknown = [n for n in names if fleet.cluster(n) is None]

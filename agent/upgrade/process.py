@@ -1,0 +1,440 @@
+"""The upgrade half of ``agent run``: one agent acts at a time, and a new one proves itself
+before the old one stops acting.
+
+Read top to bottom, an upgrade of the acting agent (:meth:`Upgrades.attempt`):
+
+1. **want**: the accepted set pins an agent image (:mod:`agent.upgrade.desired`) other than
+   the one this agent runs, not tried yet for that set;
+2. **pull**: the image by digest (:mod:`agent.upgrade.artifact`);
+3. **start** the candidate: ``agent run`` again, same flags, from the image, with
+   ``FLEETLET_AGENT_CANDIDATE`` set; the old agent goes on acting;
+4. **self-check** (in the candidate, acting on nothing): it started, reaches the API server and
+   git, and verifies the set the cluster runs (signature, identity, inclusion proof) with its
+   own code; then it says so on the Lease (:mod:`agent.upgrade.lease`);
+5. **hand over**: the old agent finishes its running job, stops acting and gives the candidate
+   the Lease; the candidate runs one sync (poll, verify, reconcile) and says it proved itself;
+6. **done**: the old agent stays only as the candidate's parent (the process the demo or the
+   service manager started; in a pod, the new ReplicaSet's pod replaces it), and the candidate
+   acts and renews the Lease.
+
+Any step that fails, or a candidate that exits or has not proved itself within the deadline
+(``FLEETLET_AGENT_UPGRADE_DEADLINE``, 120 s), is rolled back by the agent that still runs: it
+stops the candidate, takes the Lease back, goes on acting, and records the failure, which the
+agent entry's report says (RolledBack, with the serial that asked for it): the hub's rollout
+halts there and reverts. The same image is not tried again until a newer set asks for it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from agent.errors import FleetletError, TemporaryError
+from agent.upgrade.artifact import pull
+from agent.upgrade.desired import (
+    Desired,
+    Record,
+    UpgradeStore,
+    agent_report,
+    with_agent_report,
+)
+from agent.upgrade.lease import FAILED, PROVEN, READY, AgentLease
+
+log = logging.getLogger(__name__)
+
+ENV_CANDIDATE = "FLEETLET_AGENT_CANDIDATE"
+"""Set in a candidate agent: the attempt it is (``<digest>/<since>``)."""
+ENV_IMAGE = "FLEETLET_AGENT_IMAGE"
+"""The digest of the agent image this process runs (unset: started from elsewhere)."""
+ENV_VERSION = "FLEETLET_AGENT_VERSION"
+ENV_DEADLINE = "FLEETLET_AGENT_UPGRADE_DEADLINE"
+
+
+class UpgradeFailed(FleetletError):
+    """A candidate did not prove itself; ``reason`` says at which step."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class Upgrades:
+    """The upgrade half of one ``agent run`` process (see the module docstring)."""
+
+    def __init__(self, *, settings: Any, supervisor: Any) -> None:
+        from agent.kube import KubeClient
+
+        self.settings = settings
+        self.supervisor = supervisor
+        net = settings.network
+        self.kube = KubeClient(
+            kubeconfig=settings.kubeconfig,
+            connect_timeout=net.connect_timeout,
+            read_timeout=net.read_timeout,
+        )
+        namespace = settings.namespace
+        self.store = UpgradeStore(self.kube, namespace)
+        self.identity = f"{socket.gethostname()}-{os.getpid()}"
+        self.lease = AgentLease(self.kube, namespace, self.identity)
+        self.image = os.environ.get(ENV_IMAGE, "")
+        self.version = os.environ.get(ENV_VERSION, "")[:64]
+        self.attempt_id = os.environ.get(ENV_CANDIDATE)
+        self.deadline = float(os.environ.get(ENV_DEADLINE) or 120.0)
+        self.interval = min(max(settings.poll.interval, 1.0), 5.0)
+        self.acting = threading.Event()
+        self.stopped = threading.Event()
+        self.child: subprocess.Popen[bytes] | None = None
+        self.handed_over = False
+        self.unleased = False
+        self._job = threading.Lock()
+        self._report: Any = None
+        self._thread: threading.Thread | None = None
+        pusher = supervisor.pusher
+        if pusher is not None:
+            pusher.amend = lambda doc: with_agent_report(doc, self._report, self.version)
+
+    # -- the jobs of the scheduler, gated on acting -------------------------------------------
+
+    def gate(self, job: Callable[[], None], *, exclusive: bool = True) -> Callable[[], None]:
+        """``job`` run only while this agent acts (``exclusive``: a hand-over waits for it)."""
+
+        def gated() -> None:
+            if not self.acting.is_set():
+                return
+            if not exclusive:
+                job()
+                return
+            with self._job:
+                if self.acting.is_set():
+                    job()
+
+        return gated
+
+    # -- start and stop ----------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Before the scheduler starts: an agent started as itself takes the Lease (waiting for
+        a crashed holder's to expire); a candidate checks itself, waits for the Lease and proves
+        itself with one sync, or exits (raises) so the agent that acts rolls it back."""
+        if self.attempt_id is not None:
+            self._prove()
+        else:
+            try:
+                self._take_lease(wait=4 * 15)
+            except TemporaryError as exc:
+                # Nobody acts on a cluster whose API server is away: act, and take the Lease
+                # as soon as it answers.
+                log.warning("acting without the Lease until the API server answers: %s", exc)
+                self.unleased = True
+        self.acting.set()
+        self._thread = threading.Thread(target=self._loop, name="agent-upgrade", daemon=True)
+        self._thread.start()
+
+    def _take_lease(self, *, wait: float) -> bool:
+        """The Lease held, and the record saying which image acts. Raises UpgradeFailed when
+        another live agent holds it past ``wait``; the KubeClient's errors."""
+        if not self.lease.acquire(wait=wait, stopped=self.stopped):
+            if wait == 0:
+                return False
+            raise UpgradeFailed(
+                "LeaseHeld",
+                f"another agent holds Lease {self.lease.namespace}/fleetlet-agent and renews it",
+            )
+        self.unleased = False
+        _desired, record = self.store.read()
+        if record.running != self.image:
+            self.store.save_record(Record(running=self.image, version=self.version, at=_now()))
+        return True
+
+    def stop(self) -> None:
+        """``agent run`` stops: so does the candidate or the agent that took over. Safe in a
+        signal handler."""
+        self.stopped.set()
+        child = self.child
+        if child is not None and child.poll() is None:
+            child.send_signal(signal.SIGTERM)
+
+    def wait_child(self) -> None:
+        """After the scheduler stopped: the candidate's (or successor's) end, killed past 30 s."""
+        child = self.child
+        if child is None:
+            return
+        try:
+            child.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+
+    # -- the candidate's side ----------------------------------------------------------------
+
+    def _prove(self) -> None:
+        attempt = self.attempt_id or ""
+        try:
+            self._self_check()
+        except Exception as exc:
+            reason = exc.reason if isinstance(exc, FleetletError) else "SelfCheckFailed"
+            self.lease.say(FAILED, f"{attempt} {reason}: {exc}")
+            raise UpgradeFailed(reason, f"candidate {attempt}: self-check: {exc}") from exc
+        self.lease.say(READY, attempt)
+        log.info("candidate %s: self-check passed; waiting for the Lease", attempt)
+        deadline = time.monotonic() + self.deadline
+        while True:
+            view = self.lease.read()
+            if view is not None and view.holder == self.identity:
+                break
+            if self.stopped.is_set() or time.monotonic() > deadline:
+                raise UpgradeFailed("NotHandedOver", "the acting agent did not hand the Lease over")
+            time.sleep(0.5)
+        if self.supervisor.pusher is not None:
+            self.supervisor.pusher.resume()
+        try:
+            self.supervisor.poll()  # the one sync, as the acting agent now
+        except Exception as exc:
+            reason = exc.reason if isinstance(exc, FleetletError) else "SyncFailed"
+            self.lease.say(FAILED, f"{attempt} {reason}: first sync: {exc}")
+            raise UpgradeFailed(reason, f"candidate {attempt}: first sync: {exc}") from exc
+        _desired, before = self.store.read()
+        self.store.save_record(
+            Record(
+                running=self.image,
+                version=self.version,
+                previous=before.running,
+                attempt=self.image,
+                attempt_since=before.attempt_since,
+                attempt_serial=before.attempt_serial,
+                state="Succeeded",
+                message="the new agent proved itself and acts",
+                at=_now(),
+            )
+        )
+        self.lease.say(PROVEN, attempt)
+        log.info("candidate %s: proved itself (one sync); acting", attempt)
+
+    def _self_check(self) -> None:
+        """Start, API server, git, the running set verified: nothing acted on."""
+        from agent.assemble import branch_watcher, git_credentials, trust_policy
+        from agent.verify import verify_publication
+
+        self.kube.server_version()
+        watcher = branch_watcher(self.settings, git_credentials())
+        commit = watcher.poll()
+        if commit is None:
+            raise UpgradeFailed("SelfCheckFailed", "the cluster's branch is missing")
+        verify_publication(
+            files=watcher.fetch(commit),
+            cluster=self.settings.repo.cluster,
+            last_serial=None,
+            trust=trust_policy(self.settings),
+            now=datetime.now(UTC),
+            clock_skew=self.settings.trust.clock_skew,
+        )
+
+    # -- the acting agent's side -------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while not self.stopped.wait(self.interval):
+            try:
+                self._check()
+            except Exception as exc:  # the API server away: the next check tries again
+                log.warning("agent upgrade check: %s", exc)
+
+    def _check(self) -> None:
+        if self.handed_over:
+            self._watch_successor()
+            return
+        if not self.acting.is_set():
+            return
+        if self.unleased:
+            if not self._take_lease(wait=0):
+                return
+        else:
+            self.lease.renew()
+        desired, record = self.store.read()
+        if (
+            desired is not None
+            and desired.digest
+            and desired.digest != self.image
+            and not (record.attempt == desired.digest and record.attempt_since == desired.since)
+        ):
+            self.attempt(desired, record)
+            if self.handed_over:
+                return  # the successor reports from now on
+            desired, record = self.store.read()
+        self._show(agent_report(desired, record))
+
+    def _show(self, report: Any) -> None:
+        """The agent entry's report into the status document (pushed when it changed)."""
+        if report == self._report:
+            return
+        self._report = report
+        pusher = self.supervisor.pusher
+        if pusher is not None and pusher.latest is not None:
+            with_agent = pusher.latest
+            if pusher.update(with_agent):
+                pusher.tick()
+
+    def attempt(self, desired: Desired, record: Record) -> None:
+        """One upgrade to ``desired`` (see the module docstring); rolled back on failure."""
+        start = Record(
+            running=self.image,
+            version=self.version,
+            previous=record.previous,
+            attempt=desired.digest,
+            attempt_since=desired.since,
+            attempt_serial=desired.serial,
+            state="Progressing",
+            message="pulling the new agent image",
+            at=_now(),
+        )
+        self.store.save_record(start)
+        self._show(agent_report(desired, start))
+        log.info("upgrading the agent to %s (serial %s)", desired.digest, desired.serial)
+        try:
+            self._try(desired, start)
+        except UpgradeFailed as exc:
+            self._roll_back(desired, start, exc.reason, str(exc))
+        except FleetletError as exc:
+            self._roll_back(desired, start, exc.reason, str(exc))
+
+    def _try(self, desired: Desired, start: Record) -> None:
+        from agent.source.oci import OciFetcher, OciSettings
+
+        net = self.settings.network
+        fetcher = OciFetcher(
+            settings=OciSettings(
+                plain_http=self.settings.plain_http_registries,
+                connect_timeout=net.connect_timeout,
+                timeout=net.read_timeout,
+                attempts=net.attempts,
+            )
+        )
+        image = pull(
+            fetcher,
+            uri=desired.uri,
+            digest=desired.digest,
+            cache=self.settings.repo.cache_dir / "agent-images",
+        )
+        attempt = f"{desired.digest}/{desired.since}"
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(image.root),
+            ENV_CANDIDATE: attempt,
+            ENV_IMAGE: desired.digest,
+            ENV_VERSION: image.version,
+        }
+        self.child = subprocess.Popen(
+            [sys.executable, "-m", "fleetlet", *sys.argv[1:]], cwd=image.root, env=env
+        )
+        log.info("candidate agent %s started (pid %s)", image.version, self.child.pid)
+        self._progress(desired, start, f"candidate {image.version} checks itself")
+        deadline = time.monotonic() + self.deadline
+        self._await(READY, attempt, deadline, "its self-check")
+        # Hand over: the job running now ends first; no job starts after.
+        self.acting.clear()
+        with self._job:
+            self.lease.hand_to(self._candidate_identity())
+        self.handed_over = True
+        self._progress(desired, start, f"candidate {image.version} holds the Lease; first sync")
+        self._await(PROVEN, attempt, deadline, "one successful sync")
+        log.info("agent %s proved itself and acts; this agent stops acting", image.version)
+        self._report = None  # the successor reports now
+
+    def _candidate_identity(self) -> str:
+        assert self.child is not None
+        return f"{socket.gethostname()}-{self.child.pid}"
+
+    def _progress(self, desired: Desired, start: Record, message: str) -> None:
+        now = Record(**{**_fields(start), "message": message})
+        self.store.save_record(now)
+        self._show(agent_report(desired, now))
+
+    def _await(self, key: str, attempt: str, deadline: float, what: str) -> None:
+        child = self.child
+        assert child is not None
+        while True:
+            view = self.lease.read()
+            said = view.annotations if view is not None else {}
+            if said.get(key) == attempt:
+                return
+            failed = said.get(FAILED, "")
+            if failed.startswith(attempt + " "):
+                reason, _, message = failed[len(attempt) + 1 :].partition(": ")
+                raise UpgradeFailed(reason or "SelfCheckFailed", message or failed)
+            code = child.poll()
+            if code is not None:
+                raise UpgradeFailed(
+                    "CannotStart" if key == READY else "Exited",
+                    f"the candidate exited (code {code}) before {what}",
+                )
+            if time.monotonic() > deadline:
+                raise UpgradeFailed(
+                    "DeadlineExceeded",
+                    f"the candidate did not pass {what} within {self.deadline:.0f}s",
+                )
+            if self.stopped.is_set():
+                raise UpgradeFailed("Stopped", "agent run is stopping")
+            time.sleep(0.5)
+
+    def _roll_back(self, desired: Desired, start: Record, reason: str, message: str) -> None:
+        child = self.child
+        if child is not None and child.poll() is None:
+            child.send_signal(signal.SIGTERM)
+            try:
+                child.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+        self.child = None
+        self.handed_over = False
+        self.lease.hand_to(self.identity)
+        failed = Record(
+            **{
+                **_fields(start),
+                "state": "Failed",
+                "reason": reason,
+                "message": message,
+                "at": _now(),
+            }
+        )
+        self.store.save_record(failed)
+        if self.supervisor.pusher is not None:
+            self.supervisor.pusher.resume()
+        self.acting.set()
+        log.error("agent upgrade to %s rolled back: %s: %s", desired.digest, reason, message)
+        self._show(agent_report(desired, failed))
+
+    def _watch_successor(self) -> None:
+        """The successor acts; should it exit, this agent acts again (it still runs)."""
+        child = self.child
+        if child is None or child.poll() is None or self.stopped.is_set():
+            return
+        log.error("the agent that took over exited (code %s): acting again", child.returncode)
+        self.child = None
+        self.handed_over = False
+        if self.lease.acquire(wait=4 * 15, stopped=self.stopped):
+            self.store.save_record(Record(running=self.image, version=self.version, at=_now()))
+            if self.supervisor.pusher is not None:
+                self.supervisor.pusher.resume()
+            self.acting.set()
+
+
+def _fields(record: Record) -> dict[str, Any]:
+    import dataclasses
+
+    return dataclasses.asdict(record)
+
+
+__all__ = ["ENV_CANDIDATE", "ENV_IMAGE", "ENV_VERSION", "UpgradeFailed", "Upgrades"]
