@@ -335,7 +335,7 @@ def _run(args: argparse.Namespace) -> int:
             channel.stop()
         scheduler.stop(wait=True)
         upgrades.stop()
-        upgrades.wait_child()
+        upgrades.finish()
         if probe is not None:
             probe.stop()
     if supervisor.fatal is not None:

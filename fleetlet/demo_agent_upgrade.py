@@ -140,8 +140,7 @@ def agent_upgrade(demo: Demo) -> None:
         demo.wait_for(running("v2", demo.clusters), f"every store's agent on v2 after {broken}")
         print(f"\n$ fleetlet hub rollout status {broken_id}", flush=True)
         print(demo._fleetlet("hub", "rollout", "status", broken_id, *demo._hub_args()), flush=True)
-        history = demo._installation(CANARY, AGENT_ENTRY)
-        _say(f"{CANARY}'s agent entry: {_said(history)}")
+        _say(f"{CANARY}'s agent after {broken}: {_said(demo._installation(CANARY, AGENT_ENTRY))}")
     if (after := _newest_runs(demo)) != runs_before:
         moved = sorted(k for k in after if after[k] != runs_before.get(k))
         raise DemoError(f"bundles applied again during the agent upgrades: {moved}")

@@ -44,6 +44,7 @@ from agent.secrets.sops import count_encrypted, is_sops_document
 from agent.source.cache import ContentCache
 from agent.source.compose import ContentStore
 from agent.source.oci import OciFetcher, OciSettings
+from agent.upgrade import AGENT_ENTRY
 from agent.verify.publication import SET_FILE
 from hub.errors import PublishError
 from hub.publish.flow import ClusterDiff, Prepared
@@ -109,6 +110,9 @@ class BundleRenderer:
         root = Path(tempfile.mkdtemp(prefix="preview-", dir=self._workdir()))
         try:
             for entry in entries:
+                if entry.name == AGENT_ENTRY:
+                    out[entry.name] = []  # the agent's own image: never rendered (agent.upgrade)
+                    continue
                 objects = render_entry(
                     self.renders,
                     entry,

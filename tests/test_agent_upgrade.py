@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.api import load_set
+from agent.api import load_set, to_dict
 from agent.upgrade import AGENT_ENTRY, AGENT_FORMAT
 from agent.upgrade.desired import Desired, Record, agent_report, take_agent_entry
 from hub.errors import FleetRepoError
@@ -128,11 +128,7 @@ def test_the_agent_report_reads_as_the_rollout_verdicts_expect() -> None:
     def verdict(record: Record) -> str:
         report = agent_report(wanted, record, now)
         assert report is not None
-        from agent.api import to_dict
-        from agent.api.status import BundleStatusReport
-
         item = to_dict(report)
-        assert isinstance(report, BundleStatusReport)
         applied = (item.get("appliedRevision") or {}).get("serial", 0)
         run = (item.get("runs") or [{}])[0].get("serial", 0)
         seen = Observation(
@@ -157,6 +153,13 @@ def test_the_agent_report_reads_as_the_rollout_verdicts_expect() -> None:
         message="the candidate exited (code 1) before its self-check",
     )
     assert verdict(failed) == f"failed: {AGENT_ENTRY}: serial 9 failed and was RolledBack"
+    # Reverted: the previous image is wanted again, and runs; the attempt stays as history.
+    back = Desired(uri=wanted.uri, digest=failed.running, serial=10, since=10)
+    report = agent_report(back, failed, now)
+    assert report is not None and report.conditions[0].status == "True"
+    assert "was rolled back (CannotStart: the candidate exited" in report.conditions[0].message
+    assert [(r.result, r.serial) for r in report.runs] == [("RolledBack", 9)]
+    assert installation_state(to_dict(report), stale=False, accepted=10) == "Ready"
     progressing = Record(running="sha256:" + "a" * 64, attempt=NEWER, attempt_since=8)
     assert verdict(progressing).startswith("pending")
 
@@ -175,8 +178,11 @@ def test_the_demo_upgrades_its_agents_in_waves_and_reverts_broken_images(tmp_pat
     out = done.stdout
     good = re.search(r"^rollout (fleetlet-agent-\S+): Completed", out, re.M)
     assert good is not None, out
-    for reason in ("CannotStart", "SelfCheckFailed"):
-        assert re.search(rf"{CANARY}.*{reason}", done.stderr), done.stderr[-4000:]
+    for broken, reason in (("broken-start", "CannotStart"), ("broken-check", "SelfCheckFailed")):
+        said = re.search(rf"^\[demo\] {CANARY}'s agent after {broken}: (.*)$", done.stderr, re.M)
+        assert said is not None, done.stderr[-4000:]
+        assert "acts in this cluster; the last upgrade, to sha256:" in said.group(1)
+        assert f"was rolled back ({reason}: " in said.group(1)
     assert len(re.findall(r"^rollout (fleetlet-agent-\S+): Reverted", out, re.M)) == 2, out
     assert f"  {CANARY}: {AGENT_ENTRY}: serial" in out
     rows = summary(out, "Scenario agent-upgrade:")

@@ -289,6 +289,8 @@ def test_agent_may_update_bundledeployment_status(install: Install) -> None:
         ("patch", "configmaps"),
         ("create", "events"),
         ("impersonate", "serviceaccounts"),
+        ("create", "leases.coordination.k8s.io"),  # which agent acts: agent.upgrade
+        ("patch", "leases.coordination.k8s.io"),
     ],
 )
 def test_agent_may_use_its_own_namespace(install: Install, verb: str, resource: str) -> None:

@@ -229,6 +229,12 @@ def rbac_objects(namespace: str) -> list[Object]:
             # Act as the ServiceAccount a bundle names: only those of this namespace (the
             # authorization of impersonation is namespaced). Narrow with resourceNames.
             {"apiGroups": [""], "resources": ["serviceaccounts"], "verbs": ["impersonate"]},
+            # Which agent acts (one at a time, also during an agent upgrade: agent.upgrade).
+            {
+                "apiGroups": ["coordination.k8s.io"],
+                "resources": ["leases"],
+                "verbs": ["get", "create", "update", "patch"],
+            },
         ],
     }
     events_role: Object = {

@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 from agent.api import BundleDeploymentSet
 from agent.api.models import Condition, Revision
+from agent.api.reasons import Reason
 from agent.api.status import BundleStatusReport, ClusterStatus, Run
 from agent.kube import KubeClient
 from agent.upgrade import AGENT_ENTRY
@@ -146,19 +147,22 @@ def agent_report(
 
     short = desired.digest[7:19]
     if record.running == desired.digest:
+        said = f"agent {record.version or short} ({desired.digest}) acts in this cluster"
+        history: tuple[Run, ...] = ()
+        if record.state == "Failed" and record.attempt != desired.digest:
+            # History, as a bundle's rolled back run is once a newer set is running.
+            said += (
+                f"; the last upgrade, to {record.attempt}, was rolled back "
+                f"({record.reason}: {record.message})"
+            )
+            history = (_rolled_back(record, at),)
         return BundleStatusReport(
             name=AGENT_ENTRY,
             group=AGENT_ENTRY,
-            conditions=(
-                condition(
-                    "Ready",
-                    "True",
-                    "Running",
-                    f"agent {record.version or short} ({desired.digest}) acts in this cluster",
-                ),
-            ),
+            conditions=(condition("Ready", "True", Reason.HEALTHY, said),),
             applied_revision=Revision(serial=desired.serial, sources=(desired.digest,)),
             last_healthy_revision=Revision(serial=desired.serial, sources=(desired.digest,)),
+            runs=history,
         )
     applied = (
         Revision(serial=max(desired.since - 1, 1), sources=(record.running,))
@@ -167,15 +171,7 @@ def agent_report(
     )
     mine = record.attempt == desired.digest and record.attempt_since == desired.since
     if mine and record.state == "Failed":
-        run = Run(
-            id=f"agent-{short}-{desired.since}",
-            operation="upgrade",
-            serial=record.attempt_serial or desired.serial,
-            source_digests=(desired.digest,),
-            started_at=at,
-            finished_at=at,
-            result="RolledBack",
-        )
+        run = _rolled_back(record, at)
         message = (
             f"agent {desired.digest} did not prove itself ({record.reason}: {record.message}); "
             f"the previous agent {record.running or 'as started'} goes on acting"
@@ -212,6 +208,18 @@ def agent_report(
         ),
         applied_revision=applied,
         runs=(run,),
+    )
+
+
+def _rolled_back(record: Record, at: datetime) -> Run:
+    return Run(
+        id=f"agent-{record.attempt[7:19]}-{record.attempt_since}",
+        operation="upgrade",
+        serial=record.attempt_serial,
+        source_digests=(record.attempt,),
+        started_at=at,
+        finished_at=at,
+        result="RolledBack",
     )
 
 

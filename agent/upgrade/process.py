@@ -38,7 +38,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from agent.errors import FleetletError, TemporaryError
+from agent.errors import FleetletError
 from agent.upgrade.artifact import pull
 from agent.upgrade.desired import (
     Desired,
@@ -134,10 +134,12 @@ class Upgrades:
         else:
             try:
                 self._take_lease(wait=4 * 15)
-            except TemporaryError as exc:
-                # Nobody acts on a cluster whose API server is away: act, and take the Lease
-                # as soon as it answers.
-                log.warning("acting without the Lease until the API server answers: %s", exc)
+            except UpgradeFailed:
+                raise
+            except FleetletError as exc:
+                # The API server away (nobody acts on it then) or an older RBAC without
+                # leases: act, and take the Lease as soon as it can be had.
+                log.warning("acting without the Lease until it can be taken: %s", exc)
                 self.unleased = True
         self.acting.set()
         self._thread = threading.Thread(target=self._loop, name="agent-upgrade", daemon=True)
@@ -167,16 +169,23 @@ class Upgrades:
         if child is not None and child.poll() is None:
             child.send_signal(signal.SIGTERM)
 
-    def wait_child(self) -> None:
-        """After the scheduler stopped: the candidate's (or successor's) end, killed past 30 s."""
+    def finish(self) -> None:
+        """After the scheduler stopped: the candidate's (or successor's) end, killed past 30 s;
+        the Lease released if this agent holds it (whoever comes next takes it at once)."""
         child = self.child
-        if child is None:
-            return
-        try:
-            child.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.wait()
+        if child is not None:
+            try:
+                child.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+        if self.acting.is_set() and not self.unleased:
+            try:
+                view = self.lease.read()
+                if view is not None and view.holder == self.identity:
+                    self.lease.hand_to("", view=view)
+            except FleetletError as exc:
+                log.warning("the Lease was not released (it expires by itself): %s", exc)
 
     # -- the candidate's side ----------------------------------------------------------------
 
@@ -258,7 +267,11 @@ class Upgrades:
         if not self.acting.is_set():
             return
         if self.unleased:
-            if not self._take_lease(wait=0):
+            try:
+                if not self._take_lease(wait=0):
+                    return
+            except FleetletError as exc:
+                log.debug("the Lease still cannot be taken: %s", exc)
                 return
         else:
             self.lease.renew()
