@@ -170,12 +170,12 @@ class Upgrades:
             child.send_signal(signal.SIGTERM)
 
     def finish(self) -> None:
-        """After the scheduler stopped: the candidate's (or successor's) end, killed past 30 s;
+        """After the scheduler stopped: the candidate's (or successor's) end, killed past 15 s;
         the Lease released if this agent holds it (whoever comes next takes it at once)."""
         child = self.child
         if child is not None:
             try:
-                child.wait(timeout=30)
+                child.wait(timeout=15)
             except subprocess.TimeoutExpired:
                 child.kill()
                 child.wait()
@@ -254,7 +254,14 @@ class Upgrades:
     # -- the acting agent's side -------------------------------------------------------------
 
     def _loop(self) -> None:
+        parent = os.getppid()
         while not self.stopped.wait(self.interval):
+            if self.attempt_id is not None and os.getppid() != parent:
+                # The process that started this one is gone (killed): so is this agent, as a
+                # container's processes end with it; whoever restarts it starts over.
+                log.error("the agent that started this one is gone: stopping")
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
             try:
                 self._check()
             except Exception as exc:  # the API server away: the next check tries again
