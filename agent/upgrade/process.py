@@ -180,12 +180,18 @@ class Upgrades:
                 child.kill()
                 child.wait()
         if self.acting.is_set() and not self.unleased:
-            try:
-                view = self.lease.read()
-                if view is not None and view.holder == self.identity:
-                    self.lease.hand_to("", view=view)
-            except FleetletError as exc:
-                log.warning("the Lease was not released (it expires by itself): %s", exc)
+            # Bounded: a frozen API server must not hold agent run (the Lease then expires).
+            releasing = threading.Thread(target=self._release, name="lease-release", daemon=True)
+            releasing.start()
+            releasing.join(timeout=2.0)
+
+    def _release(self) -> None:
+        try:
+            view = self.lease.read()
+            if view is not None and view.holder == self.identity:
+                self.lease.hand_to("", view=view)
+        except FleetletError as exc:
+            log.warning("the Lease was not released (it expires by itself): %s", exc)
 
     # -- the candidate's side ----------------------------------------------------------------
 
@@ -324,9 +330,11 @@ class Upgrades:
         log.info("upgrading the agent to %s (serial %s)", desired.digest, desired.serial)
         try:
             self._try(desired, start)
-        except UpgradeFailed as exc:
-            self._roll_back(desired, start, exc.reason, str(exc))
         except FleetletError as exc:
+            if self.stopped.is_set():
+                # Not the candidate's failure: the next start tries again.
+                self._roll_back(desired, Record(running=self.image, version=self.version), "", "")
+                return
             self._roll_back(desired, start, exc.reason, str(exc))
 
     def _try(self, desired: Desired, start: Record) -> None:
@@ -420,6 +428,9 @@ class Upgrades:
         self.child = None
         self.handed_over = False
         self.lease.hand_to(self.identity)
+        if not reason:  # stopping: the attempt is forgotten, not failed
+            self.store.save_record(start)
+            return
         failed = Record(
             **{
                 **_fields(start),
