@@ -27,7 +27,7 @@ from hub.serve import add_serve_arguments
 
 def register(sub: Any) -> Any:
     """``fleetlet hub ...`` under ``sub``; returns the hub's subparsers, where ``fleetlet.cli``
-    adds ``hub rollout`` (:func:`hub.rollout.command.register`, which builds on this module)."""
+    adds ``hub rollout`` (:func:`hub.rollout.command.register`, which builds on :mod:`hub.cli`)."""
     hub = sub.add_parser(
         "hub",
         help="publish a fleet repo and serve fleet status",
