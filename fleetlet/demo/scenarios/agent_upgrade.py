@@ -1,5 +1,6 @@
 """``fleetlet demo --scenario agent-upgrade``: the demo's agents upgrade themselves through
-the fleet (docs/operations.md "Upgrading the agent").
+the fleet (docs/operations.md "Upgrading the agent"). Registered in
+:mod:`fleetlet.demo.scenarios`.
 
 The demo's agents run as processes, so their "image" is an agent artifact
 (:mod:`agent.upgrade.artifact`: the agent's code and its version) pushed to the demo's
@@ -29,9 +30,11 @@ import yaml
 from agent import __version__
 from agent.upgrade import AGENT_ENTRY
 from agent.upgrade.artifact import pack
+from fleetlet.demo.examples import CANARY, REPO_ROOT
+from fleetlet.demo.realenv import DemoError, say
 
 if TYPE_CHECKING:
-    from fleetlet.demo import Demo
+    from fleetlet.demo.environment import Demo
 
 REPOSITORY = "fleetlet/agent"
 STRATEGY = {
@@ -54,8 +57,6 @@ def verify_publication(**_kwargs: object) -> object:  # this build's verifier is
 
 def build_images(demo: Demo) -> dict[str, str]:
     """Name -> digest of the four agent images, pushed to the demo's registry."""
-    from fleetlet.demo import REPO_ROOT
-
     env = demo.env
     client = env.oci.OciClient(host=demo.registry.host)
     root = demo.workdir / "agent-images"
@@ -75,13 +76,11 @@ def build_images(demo: Demo) -> dict[str, str]:
     return digests
 
 
-def agent_upgrade(demo: Demo) -> None:
+def run(demo: Demo) -> None:
     """The scenario (see the module docstring). Raises DemoError."""
-    from fleetlet.demo import CANARY, DemoError, _say
-
     images = build_images(demo)
     where = f"{demo.registry.host}/{REPOSITORY}"
-    _say(
+    say(
         "scenario agent-upgrade: agent images pushed to the registry: "
         + ", ".join(f"{n} {d[:19]}" for n, d in images.items())
     )
@@ -94,13 +93,13 @@ def agent_upgrade(demo: Demo) -> None:
         if rollout is not None:
             settings["agent"]["rollout"] = rollout
         path.write_text(yaml.safe_dump(settings, sort_keys=False))
-        demo._commit(f"the agent: image {name}")
-        demo._publish()
+        demo.commit(f"the agent: image {name}")
+        demo.publish()
 
     def running(image: str, clusters: Any) -> Any:
         def pending() -> str | None:
             for cluster in clusters:
-                item = demo._installation(cluster, AGENT_ENTRY)
+                item = demo.installation(cluster, AGENT_ENTRY)
                 applied = (item.get("appliedRevision") or {}).get("sources") or []
                 if item["state"] != "Ready" or applied != [images[image]]:
                     return f"{cluster}'s agent is {item['state']} ({_said(item)})"
@@ -108,30 +107,30 @@ def agent_upgrade(demo: Demo) -> None:
 
         return pending
 
-    _say("scenario agent-upgrade: fleet.yaml declares agent v1 (no rollout): every store at once")
+    say("scenario agent-upgrade: fleet.yaml declares agent v1 (no rollout): every store at once")
     declare("v1", None)
     demo.wait_for(running("v1", demo.clusters), "every store's agent on v1")
 
-    _say("scenario agent-upgrade: agent v2 with a rollout strategy: the canary, then the rest")
+    say("scenario agent-upgrade: agent v2 with a rollout strategy: the canary, then the rest")
     declare("v2", STRATEGY)
-    rollout_id = demo._rollout_of(AGENT_ENTRY)["id"]
+    rollout_id = _current_rollout(demo)["id"]
 
     def completed() -> str | None:
-        found = demo._rollout(rollout_id)
+        found = _rollout(demo, rollout_id)
         return None if found["status"] == "Completed" else f"rollout is {found['status']}"
 
     demo.wait_for(completed, "agent v2 on the canary, then on the production stores")
     demo.wait_for(running("v2", demo.clusters), "every store's agent on v2")
     print(f"\n$ fleetlet hub rollout status {rollout_id}", flush=True)
-    print(demo._fleetlet("hub", "rollout", "status", rollout_id, *demo._hub_args()), flush=True)
+    print(demo.fleetlet("hub", "rollout", "status", rollout_id, *demo.hub_args()), flush=True)
 
     for broken in ("broken-start", "broken-check"):
-        _say(f"scenario agent-upgrade: agent image {broken} with the same strategy")
+        say(f"scenario agent-upgrade: agent image {broken} with the same strategy")
         declare(broken, STRATEGY)
-        broken_id = demo._rollout_of(AGENT_ENTRY)["id"]
+        broken_id = _current_rollout(demo)["id"]
 
         def reverted(broken_id: str = broken_id) -> str | None:
-            found = demo._rollout(broken_id)
+            found = _rollout(demo, broken_id)
             if found["status"] != "Reverted":
                 return f"rollout {broken_id} is {found['status']}"
             return None
@@ -139,8 +138,8 @@ def agent_upgrade(demo: Demo) -> None:
         demo.wait_for(reverted, f"{CANARY} to roll {broken} back and the hub to revert it")
         demo.wait_for(running("v2", demo.clusters), f"every store's agent on v2 after {broken}")
         print(f"\n$ fleetlet hub rollout status {broken_id}", flush=True)
-        print(demo._fleetlet("hub", "rollout", "status", broken_id, *demo._hub_args()), flush=True)
-        _say(f"{CANARY}'s agent after {broken}: {_said(demo._installation(CANARY, AGENT_ENTRY))}")
+        print(demo.fleetlet("hub", "rollout", "status", broken_id, *demo.hub_args()), flush=True)
+        say(f"{CANARY}'s agent after {broken}: {_said(demo.installation(CANARY, AGENT_ENTRY))}")
     if (after := _newest_runs(demo)) != runs_before:
         moved = sorted(k for k in after if after[k] != runs_before.get(k))
         raise DemoError(f"bundles applied again during the agent upgrades: {moved}")
@@ -148,7 +147,7 @@ def agent_upgrade(demo: Demo) -> None:
     if missing is not None:
         raise DemoError(f"an installation is disturbed after the agent upgrades: {missing}")
     versions = ", ".join(
-        f"{c} {demo._get(f'/clusters/{c}').get('agentVersion')}" for c in sorted(demo.clusters)
+        f"{c} {demo.api_get(f'/clusters/{c}').get('agentVersion')}" for c in sorted(demo.clusters)
     )
     print(
         demo.summary(
@@ -158,6 +157,19 @@ def agent_upgrade(demo: Demo) -> None:
         ),
         flush=True,
     )
+
+
+def _rollout(demo: Demo, rollout_id: str) -> dict[str, Any]:
+    found: dict[str, Any] = demo.api_get(f"/rollouts/{rollout_id}")
+    return found
+
+
+def _current_rollout(demo: Demo) -> dict[str, Any]:
+    for item in demo.api_get("/rollouts")["items"]:
+        if item["group"] == AGENT_ENTRY and item["status"] != "Superseded":
+            found: dict[str, Any] = item
+            return found
+    raise DemoError(f"no rollout of group {AGENT_ENTRY} started")
 
 
 def _said(item: dict[str, Any]) -> str:
@@ -171,9 +183,9 @@ def _newest_runs(demo: Demo) -> dict[tuple[str, str], str | None]:
     """(cluster, bundle) -> the id of its newest run: a bundle applied again has a new one."""
     out = {}
     for cluster, bundle in demo.expected:
-        runs = demo._installation(cluster, bundle).get("runs") or []
+        runs = demo.installation(cluster, bundle).get("runs") or []
         out[(cluster, bundle)] = runs[0].get("id") if runs else None
     return out
 
 
-__all__ = ["agent_upgrade", "build_images"]
+__all__ = ["build_images", "run"]
