@@ -487,6 +487,48 @@ def test_apiservice_namespace_pdb() -> None:
     assert assess(pdb).status is Status.CURRENT
 
 
+def test_apiservice_with_endpoints_judgement() -> None:
+    """``healthChecks.apiServices: Endpoints``: an APIService whose Service has ready
+    endpoints the API server cannot reach is healthy; one with no Service, no ready endpoint,
+    or a server answering with an error is not (helm --wait and kstatus take all as ready)."""
+    url = "https://10.0.0.7:443/apis/metrics.k8s.io/v1beta1"
+
+    def api(reason: str, message: str) -> dict[str, Any]:
+        return {
+            "apiVersion": "apiregistration.k8s.io/v1",
+            "kind": "APIService",
+            "metadata": {"name": "v1beta1.metrics.k8s.io"},
+            "status": {"conditions": [cond("Available", "False", reason, message)]},
+        }
+
+    unreached = api(
+        "FailedDiscoveryCheck",
+        f'failing or missing response from {url}: Get "{url}": dial tcp 10.0.0.7:443: i/o timeout',
+    )
+    by_endpoints = assess(unreached, api_service_endpoints=True)
+    assert (by_endpoints.status, by_endpoints.reason) == (Status.CURRENT, "EndpointsReady")
+    assert "i/o timeout" in by_endpoints.message
+    assert assess(unreached).status is Status.IN_PROGRESS  # the default: Available
+    for reason, message in [
+        ("MissingEndpoints", "endpoints for service/ns/metrics-server have no addresses"),
+        ("ServiceNotFound", 'service/metrics-server in "ns" is not present'),
+        (
+            "FailedDiscoveryCheck",
+            f"failing or missing response from {url}: bad status from {url}: 403",
+        ),
+        (
+            "FailedDiscoveryCheck",
+            f'failing or missing response from {url}: Get "{url}": tls: '
+            "failed to verify certificate: x509: certificate signed by unknown authority",
+        ),
+    ]:
+        judged = assess(api(reason, message), api_service_endpoints=True)
+        assert (judged.status, judged.reason) == (Status.IN_PROGRESS, reason), message
+    no_status = api("x", "y")
+    del no_status["status"]
+    assert assess(no_status, api_service_endpoints=True).status is Status.IN_PROGRESS
+
+
 # --- the bundle's own checks -------------------------------------------------------------------
 
 

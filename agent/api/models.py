@@ -84,6 +84,7 @@ MAX_NAMES = 256
 SourceKind = Literal["image", "git", "http", "helm"]
 Approval = Literal["none", "manual"]
 DeletionPolicy = Literal["Delete", "Orphan"]
+ApiServiceHealth = Literal["Available", "Endpoints"]
 ConditionStatus = Literal["True", "False", "Unknown"]
 
 
@@ -622,6 +623,14 @@ class HealthChecks(ApiObject):
         "healthy once it has a cluster IP, as in kstatus: most edge clusters have no "
         "load-balancer controller).",
         default=False,
+    )
+    api_services: ApiServiceHealth = api_field(
+        "When an APIService is healthy: `Available`, once the API server reached the server "
+        "behind it and its discovery answered (as Argo CD judges it); `Endpoints`, once its "
+        "Service has ready endpoints, even if the API server cannot reach them (control planes "
+        "outside the pod network). Never while the Service is missing or no pod behind it is "
+        "ready, which helm --wait and kstatus accept.",
+        default="Available",
     )
 
 
