@@ -489,8 +489,8 @@ def test_apiservice_namespace_pdb() -> None:
 
 def test_apiservice_with_endpoints_judgement() -> None:
     """``healthChecks.apiServices: Endpoints``: an APIService whose Service has ready
-    endpoints the API server cannot reach is healthy; one with no Service, no ready endpoint,
-    or a server answering with an error is not (helm --wait and kstatus take all as ready)."""
+    endpoints is healthy without the API server's discovery request through them; one with
+    no Service or no ready endpoint is not (helm --wait and kstatus take both as ready)."""
     url = "https://10.0.0.7:443/apis/metrics.k8s.io/v1beta1"
 
     def api(reason: str, message: str) -> dict[str, Any]:
@@ -501,26 +501,26 @@ def test_apiservice_with_endpoints_judgement() -> None:
             "status": {"conditions": [cond("Available", "False", reason, message)]},
         }
 
-    unreached = api(
-        "FailedDiscoveryCheck",
-        f'failing or missing response from {url}: Get "{url}": dial tcp 10.0.0.7:443: i/o timeout',
-    )
-    by_endpoints = assess(unreached, api_service_endpoints=True)
-    assert (by_endpoints.status, by_endpoints.reason) == (Status.CURRENT, "EndpointsReady")
-    assert "i/o timeout" in by_endpoints.message
-    assert assess(unreached).status is Status.IN_PROGRESS  # the default: Available
+    for failure in (
+        f'Get "{url}": dial tcp 10.0.0.7:443: i/o timeout',
+        f"bad status from {url}: 404",
+    ):
+        unreached = api(
+            "FailedDiscoveryCheck", f"failing or missing response from {url}: {failure}"
+        )
+        by_endpoints = assess(unreached, api_service_endpoints=True)
+        assert (by_endpoints.status, by_endpoints.reason) == (Status.CURRENT, "EndpointsReady")
+        assert failure in by_endpoints.message
+        by_default = assess(unreached)  # Available
+        assert (by_default.status, by_default.reason) == (
+            Status.IN_PROGRESS,
+            "FailedDiscoveryCheck",
+        )
     for reason, message in [
         ("MissingEndpoints", "endpoints for service/ns/metrics-server have no addresses"),
+        ("EndpointsNotFound", "cannot find endpoints for service/ns/metrics-server"),
         ("ServiceNotFound", 'service/metrics-server in "ns" is not present'),
-        (
-            "FailedDiscoveryCheck",
-            f"failing or missing response from {url}: bad status from {url}: 403",
-        ),
-        (
-            "FailedDiscoveryCheck",
-            f'failing or missing response from {url}: Get "{url}": tls: '
-            "failed to verify certificate: x509: certificate signed by unknown authority",
-        ),
+        ("ServicePortError", 'service/metrics-server in "ns" is not listening on port 443'),
     ]:
         judged = assess(api(reason, message), api_service_endpoints=True)
         assert (judged.status, judged.reason) == (Status.IN_PROGRESS, reason), message

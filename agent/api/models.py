@@ -627,9 +627,9 @@ class HealthChecks(ApiObject):
     api_services: ApiServiceHealth = api_field(
         "When an APIService is healthy: `Available`, once the API server reached the server "
         "behind it and its discovery answered (as Argo CD judges it); `Endpoints`, once its "
-        "Service has ready endpoints, even if the API server cannot reach them (control planes "
-        "outside the pod network). Never while the Service is missing or no pod behind it is "
-        "ready, which helm --wait and kstatus accept.",
+        "Service has ready endpoints, without the API server's discovery request through them "
+        "(control planes outside the pod network). Never while the Service is missing or no "
+        "pod behind it is ready, which helm --wait and kstatus accept.",
         default="Available",
     )
 

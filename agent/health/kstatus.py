@@ -391,32 +391,26 @@ def _crd(obj: Mapping[str, Any]) -> Assessment:
 
 # kube-aggregator's availability controller checks, in order: the backing Service exists
 # (ServiceNotFound), its port (ServicePortError), ready endpoints behind it (EndpointsNotFound,
-# MissingEndpoints), then a discovery request through them (FailedDiscoveryCheck). Its message
-# says "bad status from URL: CODE" when the server answered with an error, and carries Go's
-# TLS error when it answered with a certificate the API server does not trust.
-_UNREACHED = "FailedDiscoveryCheck"
-_ANSWERED_WRONGLY = ("bad status from", "x509:", "tls:")
+# MissingEndpoints), then a discovery request through them (FailedDiscoveryCheck): that reason
+# says the Service has ready endpoints.
+_ENDPOINTS_READY = "FailedDiscoveryCheck"
 
 
 def _apiservice(obj: Mapping[str, Any], *, api_service_endpoints: bool = False) -> Assessment:
     # fleetlet: kstatus has no rule (so helm --wait and Flux take any APIService as ready);
     # an aggregated API is usable when Available, as Argo CD judges it.
-    # ``api_service_endpoints``: also when its Service has ready endpoints and the API server
-    # only could not reach them (a control plane outside the pod network); never while the
-    # Service is missing, none of its pods is ready, or the server answers with an error.
+    # ``api_service_endpoints``: also once its Service has ready endpoints, without the API
+    # server's discovery request through them (a control plane outside the pod network);
+    # never while the Service is missing or none of its pods is ready.
     available = _condition(_conditions(obj), "Available")
     if available is not None and available.status == "True":
         return _current("APIService is available")
     if available is None:
         return _in_progress("NotAvailable", "APIService has no Available condition yet")
-    if (
-        api_service_endpoints
-        and available.reason == _UNREACHED
-        and not any(marker in available.message for marker in _ANSWERED_WRONGLY)
-    ):
+    if api_service_endpoints and available.reason == _ENDPOINTS_READY:
         return _current(
-            "APIService's Service has ready endpoints, which the API server does not reach "
-            f"({available.reason}: {available.message})",
+            "APIService's Service has ready endpoints; the API server's discovery request "
+            f"through them is not required ({available.reason}: {available.message})",
             "EndpointsReady",
         )
     return _in_progress(available.reason or "NotAvailable", available.message)
