@@ -10,6 +10,7 @@ The default, ``Available``, is the judgement of the differential tier
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from agent.kube import KubeClient, ObjectRef
 from tests.fleetlab import Lab, conditions, deployment, namespace_manifest
@@ -46,22 +47,25 @@ spec:
 """
 
 
-def test_an_apiservice_with_no_ready_pod_is_not_ready_by_endpoints_then_is_once_pods_are(
+def test_apiservice_by_endpoints_not_ready_without_pods_ready_with_them_and_only_its_own(
     lab: Lab, crds: Cluster, namespace: str, tmp_path: Path
 ) -> None:
     kube = KubeClient(kubeconfig=str(crds.kubeconfig))
     name, ns, group = lab.name("aggregated"), lab.name("metrics"), f"{lab.name('m')}.example.com"
+    other_group = f"{lab.name('other')}.example.com"
     files = {
         "01_namespace.yaml": namespace_manifest(ns),
         "02_service.yaml": _service("server", ns),
         "03_apiservice.yaml": _apiservice(group, "server", ns),
     }
 
-    def publish(files: dict[str, str], tag: str, timeout: int) -> None:
+    def publish(files: dict[str, str], tag: str, timeout: int, *also: dict[str, Any]) -> None:
         digest = lab.push("aggregated", files, tag=tag)
         health = {"apiServices": "Endpoints", "timeoutSeconds": timeout}
         source = lab.source("aggregated", digest)
-        assert lab.publish([{"name": name, "sources": [source], "healthChecks": health}])
+        lockstep = {"group": lab.name("lockstep")}
+        first = {"name": name, "sources": [source], "healthChecks": health, **lockstep}
+        assert lab.publish([first, *({**b, **lockstep} for b in also)])
 
     agent = lab.agent("edge-1", crds, namespace=namespace, workdir=tmp_path / "agent")
     try:
@@ -84,7 +88,28 @@ def test_an_apiservice_with_no_ready_pod_is_not_ready_by_endpoints_then_is_once_
         assert api is not None
         available = {c["type"]: c for c in api["status"]["conditions"]}["Available"]
         assert (available["status"], available["reason"]) == ("False", "FailedDiscoveryCheck")
+
+        # 3. Beside it in one lockstep group, a bundle with the default judgement and its own
+        # APIService on the same ready pods: that one is judged by Available, so the group
+        # fails on it alone (one bundle's option never relaxes another's APIServices).
+        other = {"03_apiservice.yaml": _apiservice(other_group, "server", ns)}
+        source = lab.source("aggregated", lab.push("aggregated", other, tag="other"))
+        bundle = {
+            "name": lab.name("other"),
+            "sources": [source],
+            "healthChecks": {"timeoutSeconds": 5},
+        }
+        publish(files, "with-pods", 5, bundle)
+        agent.tick()
+        ready = conditions(kube, bundle["name"])["Ready"]
+        assert ready["status"] == "False", ready
+        assert f"APIService/v1alpha1.{other_group}: InProgress" in ready["message"], ready
+        assert f"APIService/v1alpha1.{group}:" not in ready["message"], ready
     finally:
-        kube.delete(ObjectRef("fleetlet.io/v1alpha1", "BundleDeployment", name))
-        kube.delete(ObjectRef("apiregistration.k8s.io/v1", "APIService", f"v1alpha1.{group}"))
+        for bundle_name in (name, lab.name("other")):
+            kube.delete(ObjectRef("fleetlet.io/v1alpha1", "BundleDeployment", bundle_name))
+        for api_group in (group, other_group):
+            kube.delete(
+                ObjectRef("apiregistration.k8s.io/v1", "APIService", f"v1alpha1.{api_group}")
+            )
         kube.delete(ObjectRef("v1", "Namespace", ns), propagation="Background")
