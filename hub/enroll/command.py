@@ -26,6 +26,7 @@ def _create(args: argparse.Namespace) -> int:
         max_clusters=args.max_clusters,
         expires=parse_duration(args.expires),
         approve=args.approve,
+        policy=args.policy or "",
     )
     print(token)
     print(
@@ -53,6 +54,7 @@ def _list(args: argparse.Namespace) -> int:
                 "maxClusters": t.max_clusters,
                 "expiresAt": t.expires_at.strftime("%Y-%m-%dT%H:%M:%SZ"),
                 "approve": t.approve,
+                "policy": t.policy,
             }
         )
     if args.output == "table":
@@ -140,6 +142,13 @@ def register(hub_sub: Any) -> None:
         default="auto",
         help="auto: a request within scope is accepted; manual: it waits for "
         "`hub clusters accept` (auto)",
+    )
+    create.add_argument(
+        "--policy",
+        metavar="CEL",
+        help="accept automatically only when this CEL expression is true (else the request "
+        "waits for a decision): over cluster, labels, claimed, facts, token; e.g. "
+        "\"'apps/v1' in facts.apiGroupVersions\"",
     )
     create.set_defaults(handler=_create)
     lst = sub.add_parser("list", help="the tokens and their scope (never the tokens)")
