@@ -653,3 +653,32 @@ def test_with_commit_the_inventory_is_a_commit_in_the_fleet_checkout(
         assert str(exc) == "cluster 'edge-1' is already accepted: pick another name"
     else:
         raise AssertionError("edge-1 was enrolled over the fleet repo's cluster")
+
+
+def test_the_openapi_document_has_the_enrollment_endpoints(hub: Hub) -> None:
+    from openapi_spec_validator import validate as validate_spec
+
+    document = requests.get(
+        f"{hub.url}/api/v1/openapi.json", headers={"Authorization": f"Bearer {READ}"}, timeout=30
+    ).json()
+    validate_spec(document)
+    paths = document["paths"]
+    assert {
+        "/api/v1/enroll": ["post"],
+        "/api/v1/enroll/{cluster}": ["get"],
+        "/api/v1/enrollments": ["get"],
+        "/api/v1/enrollments/{cluster}/{verdict}": ["post"],
+    }.items() <= {p: list(v) for p, v in paths.items()}.items()
+    states = document["components"]["schemas"]["EnrollmentRequest"]["properties"]["state"]
+    assert states["enum"] == ["pending", "accepted", "denied"]
+    # Each answer it declares for the listing matches what the hub says.
+    listed = requests.get(
+        f"{hub.url}/api/v1/enrollments", headers={"Authorization": f"Bearer {READ}"}, timeout=30
+    )
+    assert listed.status_code == 200 and listed.json() == {"items": []}
+    wrong = requests.get(
+        f"{hub.url}/api/v1/enrollments?state=maybe",
+        headers={"Authorization": f"Bearer {READ}"},
+        timeout=30,
+    )
+    assert wrong.status_code == 400 and "400" in paths["/api/v1/enrollments"]["get"]["responses"]

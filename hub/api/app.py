@@ -289,7 +289,11 @@ def create_app(
     routes: list[BaseRoute] = [
         Route(
             f"{p}/openapi.json",
-            guarded(lambda r, a: openapi_document(rollouts=rollouts is not None)),
+            guarded(
+                lambda r, a: openapi_document(
+                    rollouts=rollouts is not None, enrollment=enrollment is not None
+                )
+            ),
         ),
         Route(
             f"{p}/clusters",

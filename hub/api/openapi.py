@@ -1,5 +1,6 @@
 """The hub API's OpenAPI 3.1 document (served at ``/api/v1/openapi.json``): every endpoint,
-its parameters and its answers' schemas, with the rollout endpoints when the hub runs rollouts.
+its parameters and its answers' schemas, with the rollout endpoints when the hub runs rollouts
+and the enrollment endpoints when it takes enrollment requests (:mod:`hub.enroll.openapi`).
 """
 
 from __future__ import annotations
@@ -110,7 +111,7 @@ _EXPLANATION: dict[str, Any] = {
 }
 
 
-def openapi_document(*, rollouts: bool = False) -> dict[str, Any]:
+def openapi_document(*, rollouts: bool = False, enrollment: bool = False) -> dict[str, Any]:
     """The OpenAPI 3.1 document of this API (``rollouts``: with the rollout endpoints)."""
     installation_props: dict[str, Any] = {
         "cluster": {"type": "string"},
@@ -397,6 +398,10 @@ def openapi_document(*, rollouts: bool = False) -> dict[str, Any]:
     }
     if rollouts:
         _rollout_api(schemas, paths, op)
+    if enrollment:
+        from hub.enroll.openapi import enroll_api
+
+        enroll_api(schemas, paths)
     return {
         "openapi": "3.1.0",
         "info": {
