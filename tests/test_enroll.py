@@ -480,6 +480,7 @@ def test_acceptance_by_hand_and_denial_through_the_cli(
     table = fleetlet("hub", "clusters", "list", "--state", "denied", *admin).stdout.splitlines()
     assert table[0].split()[:3] == ["CLUSTER", "STATE", "TOKEN"]
     assert table[1].split()[:3] == ["store-8", "denied", "manual"] and len(table) == 2
+    assert " by token-" in table[1] and table[1].endswith(": not ours"), table[1]
     again = fleetlet("hub", "clusters", "accept", "store-8", *admin, check=False)
     assert again.returncode == 1 and "cluster 'store-8' is already denied" in again.stderr
 

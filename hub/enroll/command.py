@@ -84,12 +84,16 @@ def _clusters_list(args: argparse.Namespace) -> int:
     query = f"?state={urllib.parse.quote(args.state)}" if args.state else ""
     data = _hub_call(args, "GET", f"/enrollments{query}")
     if args.output == "table":
-        print(f"{'CLUSTER':<32} {'STATE':<9} {'TOKEN':<20} {'REQUESTED':<21} LABELS")
+        print(f"{'CLUSTER':<32} {'STATE':<9} {'TOKEN':<20} {'REQUESTED':<21} {'LABELS':<24} WHY")
         for r in data["items"]:
-            labels = ",".join(f"{k}={v}" for k, v in sorted(r["labels"].items()))
+            labels = ",".join(f"{k}={v}" for k, v in sorted(r["labels"].items())) or "-"
+            # Who decided and why, or why the token's policy left it waiting.
+            why = r.get("waiting") or ""
+            if r.get("decidedBy"):
+                why = f"by {r['decidedBy']}" + (f": {r['reason']}" if r.get("reason") else "")
             print(
                 f"{r['cluster']:<32} {r['state']:<9} {r['token']:<20} {r['requestedAt']:<21} "
-                f"{labels}"
+                f"{labels:<24} {why}".rstrip()
             )
     else:
         _emit(data, args.output)
