@@ -5,7 +5,9 @@ The hub runs as users run it (``python -m hub.serve`` with ``--tokens``, ``--hub
 The fleet has an installation in every state (Ready, Progressing, Degraded, RolledBack,
 Paused) and a stale cluster; the tests check what a user sees: the state of every cell, the
 filters, the cluster and installation pages, sensitive outputs masked for a read token and
-shown to an admin token, the message for a missing or bad token, refreshes without reloads.
+shown to an admin token, the message for a missing or bad token, refreshes without reloads,
+the rollouts and the enrollment requests (pending, accepted, denied) of a hub run with
+``--enroll``.
 
 Artifact: a screenshot of the matrix is written to ``test-artifacts/dashboard/matrix.png`` at
 the repository root (git-ignored), or under ``$FLEETLET_TEST_ARTIFACTS`` when set.
