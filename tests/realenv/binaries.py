@@ -71,8 +71,12 @@ _TOOL_LDFLAGS = {"helm": "-X helm.sh/helm/v4/internal/version.version={version}"
 # Tools only the tests run, never fleetlet: `sops` encrypts the SOPS files the agent decrypts
 # in Python (agent/secrets), so compatibility is proven against the binary users have. v3.13.3:
 # the newest release (its go.mod asks for Go 1.25).
-TEST_TOOLS = {"sops": "v3.13.3"}
+# `cosign` signs the OCI artifacts whose signatures the hub verifies in Python (sigstore-python
+# and cryptography; hub/resolve/signatures.py): v3.1.3, the newest release.
+TEST_TOOLS = {"sops": "v3.13.3", "cosign": "v3.1.3"}
 _TOOL_PACKAGES["sops"] = "github.com/getsops/sops/v3/cmd/sops"
+_TOOL_PACKAGES["cosign"] = "github.com/sigstore/cosign/v3/cmd/cosign"
+_TOOL_LDFLAGS["cosign"] = "-X sigs.k8s.io/release-utils/version.gitVersion={version}"
 
 
 class BinaryError(RuntimeError):
