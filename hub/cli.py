@@ -162,6 +162,8 @@ def _prepare(args: argparse.Namespace, progress: Progress) -> Any:
         # parsed again.
         cache_dir=Path(cache) / "fleet-files" if cache else None,
         commit_policy=commit_policy,
+        # Sources whose signatures passed are not read again (hub/resolve/signatures.py).
+        signature_cache=Path(cache) / "signatures" if cache else None,
     )
     if prepared.commit is not None:
         verdict = prepared.commit
@@ -482,6 +484,9 @@ def _diff(args: argparse.Namespace) -> int:
             if verdict.ok
             else f"fleet commit: {verdict.refusal()}: hub publish would refuse it"
         )
+    refused = prepared.signatures.refusal() if prepared.signatures is not None else None
+    if refused is not None:
+        print(f"{refused}\nhub publish would refuse them")
     for d in diffs:
         serial = f" (serial {d.serial_before})" if d.serial_before is not None else ""
         print(f"{d.cluster}: {d.status}{serial}")

@@ -20,6 +20,7 @@ import yaml
 
 from agent.api.depgraph import find_cycle
 from agent.api.reasons import Phase, RunResult
+from agent.api.signatures import SourceSignature
 from agent.api.validation import ApiObject, PinProblem, Rule, api_field, show
 from agent.api.yamlio import KUBE_LOADER
 from agent.errors import FieldProblem
@@ -227,6 +228,7 @@ class Source(ApiObject):
         _pinned("version", "version", "helm", CHART_VERSION_TEXT),
         _pinned("archiveUrl", "archive_url", "helm", HTTP_URL_TEXT),
         _only("digest", "digest", "image"),
+        _only("signature", "signature", "image"),
         _only("commit", "commit", "git"),
         _only_kinds("sha256", "sha256", ("http", "helm")),
         _only("directory", "directory", "git"),
@@ -337,6 +339,11 @@ class Source(ApiObject):
     )
     auth: SourceAuth | None = api_field(
         "Credentials, as a reference to a Secret in the agent's namespace.", default=None
+    )
+    signature: SourceSignature | None = api_field(
+        "`image` only: the source's signature as the hub verified it before publishing "
+        "(absent: no signature policy covers it).",
+        default=None,
     )
 
     @property

@@ -330,9 +330,14 @@ def _by_key(keys: tuple[PublicKey, ...], message: bytes, signature: bytes) -> st
         public = serialization.load_pem_public_key(key.pem.encode())
         try:
             if isinstance(public, ec.EllipticCurvePublicKey):
-                algorithm = hashes.SHA384() if public.curve.key_size == 384 else hashes.SHA256()
-                if public.curve.key_size > 384:
-                    algorithm = hashes.SHA512()
+                size = public.curve.key_size
+                algorithm: hashes.HashAlgorithm = (
+                    hashes.SHA256()
+                    if size <= 256
+                    else hashes.SHA384()
+                    if size <= 384
+                    else hashes.SHA512()
+                )
                 public.verify(signature, message, ec.ECDSA(algorithm))
             elif isinstance(public, ed25519.Ed25519PublicKey):
                 public.verify(signature, message)

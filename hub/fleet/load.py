@@ -48,6 +48,7 @@ from hub.fleet.model import (
     Target,
 )
 from hub.fleet.selectors import label_key_ok, label_value_ok, parse_selector
+from hub.fleet.signing import SourceSigning, parse_source_signing
 from hub.rollout.model import NONE, Strategy, parse_strategy
 
 if TYPE_CHECKING:
@@ -70,7 +71,15 @@ _CHART = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$")
 _SOURCE_PASSTHROUGH = ("directory", "destination", "auth")
 # Keys of a bundle file the hub consumes itself; every other key is passed to the
 # BundleDeployment spec unchanged (the agent's API validates it).
-_BUNDLE_OWN_KEYS = ("name", "sources", "targets", "overrides", "rollout", "encryptedValues")
+_BUNDLE_OWN_KEYS = (
+    "name",
+    "sources",
+    "targets",
+    "overrides",
+    "rollout",
+    "encryptedValues",
+    "verify",
+)
 # What an override changes (it needs one at least), and every key it may have.
 _OVERRIDE_FIELDS = (
     "sources",
@@ -277,6 +286,7 @@ def _load_settings(root: Path, problems: _Problems) -> Settings | None:
         "shards",
         "rollout",
         "commitSigning",
+        "sourceSigning",
     }
     for key in sorted(set(raw) - known, key=str):
         problems.add(rel, str(key), "one of " + ", ".join(sorted(known)), _found("unknown field"))
@@ -351,6 +361,7 @@ def _load_settings(root: Path, problems: _Problems) -> Settings | None:
         shards=_load_sharding(raw.get("shards"), rel, problems),
         rollout=_default_rollout(raw.get("rollout"), rel, problems),
         commit_signing=_commit_signing(raw.get("commitSigning"), rel, problems),
+        source_signing=_source_signing(raw, root, rel, problems),
     )
 
 
@@ -361,6 +372,17 @@ def _commit_signing(raw: Any, rel: str, problems: _Problems) -> CommitPolicy | N
     policy = parse_commit_policy(raw, "commitSigning", found)
     problems.extend(rel, found)
     return policy
+
+
+def _source_signing(
+    raw: Mapping[str, Any], root: Path, rel: str, problems: _Problems
+) -> SourceSigning | None:
+    if "sourceSigning" not in raw:
+        return None
+    found: list[FieldProblem] = []
+    signing = parse_source_signing(raw["sourceSigning"], root, found)
+    problems.extend(rel, found)
+    return signing
 
 
 def _default_rollout(raw: Any, rel: str, problems: _Problems) -> Strategy | None:
@@ -538,6 +560,9 @@ def _load_bundle_file(
         found: list[FieldProblem] = []
         rollout = parse_strategy(raw["rollout"], "rollout", found)
         problems.extend(rel, found)
+    verify = raw.get("verify")
+    if verify is not None and (not isinstance(verify, str) or not verify):
+        problems.add(rel, "verify", "the name of a sourceSigning policy", verify)
     if len(problems.items) > start:
         return None
     return Bundle(
@@ -549,6 +574,7 @@ def _load_bundle_file(
         overrides=tuple(overrides),
         rollout=rollout,
         encrypted_values=encrypted,
+        verify=verify,
     )
 
 
@@ -587,6 +613,8 @@ def _load_sources(
         allowed = {"kind", "uri", *ref_fields, *_SOURCE_PASSTHROUGH}
         if kind == "helm":
             allowed.add("chart")
+        if kind == "image":
+            allowed.add("verify")  # the signature policy's name (hub.fleet.signing)
         for key in sorted(set(s) - allowed, key=str):
             problems.add(
                 rel,
@@ -630,9 +658,19 @@ def _load_sources(
             problems.add(rel, f"{where}.{ref_field}", _REF_EXPECTED[ref_field], ref)
             continue
         extra = tuple((k, s[k]) for k in _SOURCE_PASSTHROUGH if k in s)
+        verify = s.get("verify", "")
+        if not isinstance(verify, str):
+            problems.add(rel, f"{where}.verify", "the name of a sourceSigning policy", verify)
+            continue
         out.append(
             SourceRef(
-                kind=kind, uri=uri, ref_field=ref_field, ref=str(ref), extra=extra, chart=chart
+                kind=kind,
+                uri=uri,
+                ref_field=ref_field,
+                ref=str(ref),
+                extra=extra,
+                chart=chart,
+                verify=verify,
             )
         )
     return out

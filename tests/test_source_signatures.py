@@ -1,0 +1,372 @@
+"""Source signatures: ``hub publish`` publishes an OCI source only when its cosign signature
+satisfies the fleet's signature policy, and the sets carry the proof.
+
+The real pinned ``cosign`` signs Helm charts that the real ``helm`` pushed to the test
+registry: with a key pair, in both of cosign's layouts (a Sigstore bundle as an OCI referrer,
+the older ``sha256-<digest>.sig`` tag), and keyless through the mini Sigstore (its Fulcio and
+Rekor). What an operator checks: a signed chart publishes and every cluster's verified set
+records who signed it and the policy's digest; an unsigned chart, one signed by another key
+or identity, and one carrying a signature made for another digest are each refused naming
+the bundle, the source, the digest and what was missing, and nothing reaches the git server;
+an unchanged source is not read again on the next publish.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from agent.verify import IdentityPolicy, TrustPolicy, verify_publication
+from agent.verify.sources import load_public_key
+from hub.errors import FleetRepoError
+from hub.publish.flow import UnsignedSourceError, prepare, publish
+from hub.publish.git import BranchStore
+from hub.publish.sign import PublicationSigner
+from tests.realenv.cosign import Cosign
+from tests.realenv.gitserver import GitDaemon
+from tests.realenv.helm import HelmCli, copy_chart
+from tests.realenv.registry import Registry
+from tests.realenv.sigstore import MiniSigstore
+from tests.realenv.sigstore.mini import DEFAULT_IDENTITY
+from tests.test_hub_fleet import write_fleet
+from tests.test_hub_publish import branch_files, server_refs
+
+CLUSTERS = [{"name": "eu-1", "labels": {"region": "eu"}}, {"name": "us-1", "labels": {}}]
+CI = "ci@charts.test"
+_ACCEPT = "application/vnd.oci.image.manifest.v1+json, application/vnd.oci.image.index.v1+json"
+
+
+@dataclass
+class Charts:
+    """Charts pushed to the test registry under a namespace of this test's own."""
+
+    registry: Registry
+    helm: HelmCli
+    namespace: str
+    tmp: Path
+
+    def push(self, version: str) -> tuple[str, str]:
+        """Push the greeter chart at ``version``: (repository uri, manifest digest)."""
+        chart = copy_chart("greeter", self.tmp / f"src-{version}", version=version)
+        archive = self.helm.package(chart, self.tmp / "packages")
+        digest = self.helm.push(archive, self.registry.host, namespace=self.namespace)
+        return f"{self.registry.host}/{self.namespace}/greeter", digest
+
+    def copy_sig_tag(self, uri: str, source: str, target: str) -> None:
+        """Put the ``.sig`` manifest of digest ``source`` under ``target``'s ``.sig`` tag: a
+        signature made for another artifact, replayed."""
+        repo = uri.split("/", 1)[1]
+        base = f"http://{self.registry.host}/v2/{repo}/manifests"
+        got = requests.get(
+            f"{base}/{source.replace(':', '-')}.sig", headers={"Accept": _ACCEPT}, timeout=30
+        )
+        got.raise_for_status()
+        put = requests.put(
+            f"{base}/{target.replace(':', '-')}.sig",
+            data=got.content,
+            headers={"Content-Type": got.headers["Content-Type"]},
+            timeout=30,
+        )
+        put.raise_for_status()
+
+
+@pytest.fixture
+def charts(registry: Registry, tmp_path: Path) -> Charts:
+    return Charts(registry, HelmCli(tmp_path / "helm"), f"signed-{tmp_path.name[-24:]}", tmp_path)
+
+
+@pytest.fixture
+def cosign(cosign_binary: Path, tmp_path: Path) -> Cosign:
+    return Cosign(cosign_binary, tmp_path / "cosign")
+
+
+def write_signed_fleet(
+    root: Path,
+    uri: str,
+    digest_or_tag: dict[str, str],
+    policies: dict[str, Any],
+    *,
+    files: dict[str, Path] | None = None,
+    default: str | None = "release",
+    verify: str | None = None,
+) -> Path:
+    """A fleet whose bundle ``web`` deploys the chart at ``uri``, with ``policies`` in
+    fleet.yaml (and ``files`` copied into the fleet repository)."""
+    signing: dict[str, Any] = {"policies": policies}
+    if default is not None:
+        signing["default"] = default
+    bundle: dict[str, Any] = {
+        "name": "web",
+        "format": "helm",
+        "sources": [{"kind": "image", "uri": uri, **digest_or_tag}],
+        "targets": [{"clusterSelector": {}}],
+    }
+    if verify is not None:
+        bundle["verify"] = verify
+    write_fleet(
+        root,
+        clusters=CLUSTERS,
+        bundles=[bundle],
+        settings={"name": "signed-sources", "sourceSigning": signing},
+    )
+    for relative, source in (files or {}).items():
+        (root / relative).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, root / relative)
+    return root
+
+
+def signer(sigstore: MiniSigstore) -> PublicationSigner:
+    return PublicationSigner.from_trust_config(
+        trust_config=sigstore.trust_config_path, token=sigstore.mint_token()
+    )
+
+
+def test_a_key_signed_chart_publishes_and_every_set_carries_the_proof(
+    charts: Charts,
+    cosign: Cosign,
+    git_daemon: GitDaemon,
+    mini_sigstore: MiniSigstore,
+    tmp_path: Path,
+) -> None:
+    uri, digest = charts.push("1.0.0")
+    private, public = cosign.key_pair("release")
+    cosign.sign(f"{uri}@{digest}", private)
+    fleet = write_signed_fleet(
+        tmp_path / "fleet",
+        uri,
+        {"tag": "1.0.0"},
+        {"release": {"keys": ["keys/release.pub"]}},
+        files={"keys/release.pub": public},
+    )
+    prepared = prepare(fleet)
+    assert prepared.signatures is not None
+    (verdict,) = prepared.signatures.verdicts.values()
+    fingerprint = load_public_key(public.read_text())
+    assert fingerprint is not None
+    assert verdict.check.ok, verdict.check.reason
+    assert verdict.check.signer == f"key {fingerprint.fingerprint}"
+    assert verdict.check.layout == "bundle"
+    name = f"signed-src-{tmp_path.name}.git"
+    repo = git_daemon.create_bare(name)
+    with BranchStore(url=git_daemon.url_for(name)) as store:
+        report = publish(prepared, store, signer=signer(mini_sigstore))
+    assert sorted(report.pushed) == ["eu-1", "us-1"]
+    trust = TrustPolicy(
+        trusted_root=mini_sigstore.trusted_root_path,
+        identity=IdentityPolicy(issuer=mini_sigstore.issuer, subject=DEFAULT_IDENTITY),
+    )
+    for cluster in ("eu-1", "us-1"):
+        verified = verify_publication(
+            files=branch_files(repo, cluster), cluster=cluster, last_serial=None, trust=trust
+        )
+        (entry,) = verified.deployment_set.bundle_deployments
+        (source,) = entry.spec.sources
+        assert source.digest == digest
+        assert source.signature is not None
+        assert source.signature.signer == f"key {fingerprint.fingerprint}"
+        assert source.signature.policy == verdict.policy.digest()
+        assert source.signature.layout == "bundle"
+
+
+def test_the_older_sig_tag_layout_is_verified_too(
+    charts: Charts, cosign: Cosign, tmp_path: Path
+) -> None:
+    uri, digest = charts.push("1.1.0")
+    private, public = cosign.key_pair("release")
+    cosign.sign(f"{uri}@{digest}", private, legacy=True)
+    pem = public.read_text()
+    fleet = write_signed_fleet(
+        tmp_path / "fleet", uri, {"digest": digest}, {"release": {"keys": [pem]}}
+    )
+    prepared = prepare(fleet)
+    assert prepared.signatures is not None
+    (verdict,) = prepared.signatures.verdicts.values()
+    assert verdict.check.ok, verdict.check.reason
+    assert verdict.check.layout == "sig-tag"
+    prepared.require_signed_sources()  # nothing to refuse
+
+
+@pytest.mark.parametrize("case", ["unsigned", "another key", "another digest"])
+def test_publish_refuses_a_chart_not_signed_as_its_policy_wants(
+    charts: Charts, cosign: Cosign, git_daemon: GitDaemon, tmp_path: Path, case: str
+) -> None:
+    uri, digest = charts.push("2.0.0")
+    private, public = cosign.key_pair("release")
+    if case == "another key":
+        other, _ = cosign.key_pair("mallory")
+        cosign.sign(f"{uri}@{digest}", other)
+        expected = "1 signature found, none acceptable: "
+        reason = "the signature verifies with none of the policy's keys"
+    elif case == "another digest":
+        # A genuine signature of another chart of the same repository, replayed onto this one.
+        _, signed = charts.push("2.0.1")
+        cosign.sign(f"{uri}@{signed}", private, legacy=True)
+        charts.copy_sig_tag(uri, signed, digest)
+        expected = "1 signature found, none acceptable: "
+        reason = f"the signature is for {signed}, not for {digest}"
+    else:
+        expected = "unsigned: no cosign signature found"
+        reason = "neither a Sigstore bundle referrer nor a sha256-<digest>.sig tag"
+    fleet = write_signed_fleet(
+        tmp_path / "fleet",
+        uri,
+        {"tag": "2.0.0"},
+        {"release": {"keys": ["keys/release.pub"]}},
+        files={"keys/release.pub": public},
+        default=None,
+        verify="release",
+    )
+    name = f"refused-src-{tmp_path.name}.git"
+    repo = git_daemon.create_bare(name)
+    with (
+        pytest.raises(UnsignedSourceError) as refused,
+        BranchStore(url=git_daemon.url_for(name)) as store,
+    ):
+        publish(prepare(fleet), store, signer=None)
+    message = str(refused.value)
+    assert f"web: image {uri}@{digest} is not signed as policy 'release'" in message
+    assert expected in message
+    assert reason in message
+    assert "the policy wants a cosign signature by one of: key sha256:" in message
+    assert "nothing was pushed" in message
+    assert server_refs(repo, every=True) == {}
+
+
+def test_keyless_signatures_by_the_policy_identity_only(
+    charts: Charts,
+    cosign: Cosign,
+    mini_sigstore: MiniSigstore,
+    other_sigstore: MiniSigstore,
+    tmp_path: Path,
+) -> None:
+    """cosign signs keyless through the mini Sigstore (Fulcio certificate, Rekor entry); the
+    hub verifies with sigstore-python against the policy's trusted root and identities."""
+    uri, digest = charts.push("3.0.0")
+    cosign.sign_keyless(f"{uri}@{digest}", mini_sigstore, CI)
+    root = {"trust/root.json": mini_sigstore.trusted_root_path}
+    identity = {"issuer": mini_sigstore.issuer, "subjectRegExp": r"ci@charts\.test"}
+    fleet = write_signed_fleet(
+        tmp_path / "ok",
+        uri,
+        {"digest": digest},
+        {"ci": {"identities": [identity], "trustedRoot": "trust/root.json"}},
+        files=root,
+        default="ci",
+    )
+    prepared = prepare(fleet)
+    assert prepared.signatures is not None
+    (verdict,) = prepared.signatures.verdicts.values()
+    assert verdict.check.ok, verdict.check.reason
+    assert verdict.check.signer == f"{CI} ({mini_sigstore.issuer})"
+    # Another identity of the same trusted Sigstore.
+    fleet = write_signed_fleet(
+        tmp_path / "other-identity",
+        uri,
+        {"digest": digest},
+        {"ci": {"identities": [{**identity, "subjectRegExp": "release@.*"}], "trustedRoot": "r"}},
+        files={"r": mini_sigstore.trusted_root_path},
+        default="ci",
+    )
+    with pytest.raises(UnsignedSourceError) as refused:
+        prepare(fleet).require_signed_sources()
+    assert f"signed by {CI} ({mini_sigstore.issuer}), not an identity of the policy" in str(
+        refused.value
+    )
+    # The right identity, certified by a Sigstore the policy does not trust.
+    fleet = write_signed_fleet(
+        tmp_path / "other-root",
+        uri,
+        {"digest": digest},
+        {"ci": {"identities": [identity], "trustedRoot": "r"}},
+        files={"r": other_sigstore.trusted_root_path},
+        default="ci",
+    )
+    with pytest.raises(UnsignedSourceError) as refused:
+        prepare(fleet).require_signed_sources()
+    assert "the certificate does not verify against the policy's trusted root" in str(refused.value)
+
+
+def test_a_verified_digest_is_not_read_again(
+    charts: Charts, cosign: Cosign, registry: Registry, tmp_path: Path
+) -> None:
+    uri, digest = charts.push("4.0.0")
+    private, public = cosign.key_pair("release")
+    cosign.sign(f"{uri}@{digest}", private)
+    fleet = write_signed_fleet(
+        tmp_path / "fleet",
+        uri,
+        {"digest": digest},
+        {"release": {"keys": ["keys/release.pub"]}},
+        files={"keys/release.pub": public},
+    )
+    cache = tmp_path / "signatures"
+    first = prepare(fleet, signature_cache=cache).signatures
+    assert first is not None and (first.checked, first.cached) == (1, 0)
+    assert first.requests >= 2
+    again = prepare(fleet, signature_cache=cache).signatures
+    assert again is not None and (again.checked, again.cached, again.requests) == (1 - 1, 1, 0)
+    (verdict,) = again.verdicts.values()
+    assert verdict.check.ok
+    # A refusal is never remembered: the same digest under a policy it fails is read again.
+    _, stranger = cosign.key_pair("stranger")
+    fleet = write_signed_fleet(
+        tmp_path / "fleet",
+        uri,
+        {"digest": digest},
+        {"release": {"keys": ["keys/release.pub"]}},
+        files={"keys/release.pub": stranger},
+    )
+    for _ in range(2):
+        failed = prepare(fleet, signature_cache=cache).signatures
+        assert failed is not None and (failed.checked, failed.cached) == (1, 0)
+        assert not next(iter(failed.verdicts.values())).check.ok
+
+
+@pytest.mark.parametrize(
+    ("policies", "verify", "problem"),
+    [
+        ({"release": {}}, None, "sourceSigning.policies.release: expected at least one of keys"),
+        (
+            {"release": {"keys": ["keys/missing.pub"]}},
+            None,
+            "sourceSigning.policies.release.keys[0]: expected a readable file",
+        ),
+        (
+            {"release": {"identities": [{"issuer": "https://x", "subjectRegExp": "("}]}},
+            None,
+            "subjectRegExp: expected a valid regular expression",
+        ),
+        ({"release": {"keys": ["../../etc/passwd"]}}, None, "leaves"),
+        ({"release": {"keys": ["PEM"]}}, "nightly", "bundles/web.yaml: verify: expected the name"),
+    ],
+)
+def test_a_broken_policy_is_refused_naming_the_field(
+    tmp_path: Path, policies: dict[str, Any], verify: str | None, problem: str
+) -> None:
+    pem = (
+        ec.generate_private_key(ec.SECP256R1())
+        .public_key()
+        .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+        .decode()
+    )
+    for body in policies.values():
+        if body.get("keys") == ["PEM"]:
+            body["keys"] = [pem]
+    fleet = write_signed_fleet(
+        tmp_path / "fleet",
+        "127.0.0.1:1/none/chart",
+        {"digest": "sha256:" + "0" * 64},
+        policies,
+        default=None,
+        verify=verify,
+    )
+    with pytest.raises(FleetRepoError) as refused:
+        prepare(fleet)
+    assert problem in str(refused.value)
