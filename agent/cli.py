@@ -112,6 +112,7 @@ def settings_from_args(args: argparse.Namespace) -> Any:
             issuer=args.issuer or "",
             max_validity=args.max_publication_validity,
             clock_skew=args.clock_skew,
+            source_policy=Path(args.verify_sources) if args.verify_sources else None,
         ),
         reconcile=ReconcileSettings(
             agent_namespace=args.namespace,
@@ -392,6 +393,13 @@ def _add_agent_connection(p: argparse.ArgumentParser) -> None:
     flag("--trusted-root", "FLEETLET_TRUSTED_ROOT", "Sigstore trusted_root.json", metavar="FILE")
     flag("--identity", "FLEETLET_IDENTITY", "expected signer identity (SAN)", metavar="SUBJECT")
     flag("--issuer", "FLEETLET_ISSUER", "expected OIDC issuer of the signer", metavar="URL")
+    flag(
+        "--verify-sources",
+        "FLEETLET_SOURCE_POLICY",
+        "this cluster's own source signature policy: image sources are verified by the agent "
+        "before use (docs/supply-chain.md)",
+        metavar="FILE",
+    )
     flag(
         "--namespace",
         "FLEETLET_NAMESPACE",

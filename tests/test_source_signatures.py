@@ -13,6 +13,7 @@ an unchanged source is not read again on the next publish.
 
 from __future__ import annotations
 
+import base64
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,9 +21,16 @@ from typing import Any
 
 import pytest
 import requests
+import yaml
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from agent.install.manifests import InstallConfigError
+from agent.source.cache import ContentCache
+from agent.source.compose import ContentStore
+from agent.source.oci import OciFetcher, OciSettings
+from agent.source.registry import RegistrySettings
+from agent.source.signed import SourceSignatureError, SourceVerifier, load_cluster_policy
 from agent.verify import IdentityPolicy, TrustPolicy, verify_publication
 from agent.verify.sources import load_public_key
 from hub.errors import FleetRepoError
@@ -370,3 +378,118 @@ def test_a_broken_policy_is_refused_naming_the_field(
     with pytest.raises(FleetRepoError) as refused:
         prepare(fleet)
     assert problem in str(refused.value)
+
+
+# --- the cluster's own check (agent install --verify-sources) ------------------------------
+
+
+def test_the_agent_refuses_a_source_the_hub_vouched_for_when_its_policy_disagrees(
+    charts: Charts, cosign: Cosign, tmp_path: Path
+) -> None:
+    """The hub publishes a chart signed by the fleet's release key; a cluster whose own policy
+    trusts only its platform team's key refuses it before fetching a byte, naming both the
+    hub's word and its own policy; a cluster that trusts the release key uses it."""
+    uri, digest = charts.push("5.0.0")
+    private, public = cosign.key_pair("release")
+    cosign.sign(f"{uri}@{digest}", private)
+    _, platform = cosign.key_pair("platform")
+    fleet = write_signed_fleet(
+        tmp_path / "fleet",
+        uri,
+        {"digest": digest},
+        {"release": {"keys": ["keys/release.pub"]}},
+        files={"keys/release.pub": public},
+    )
+    (entry,) = prepare(fleet).plans["eu-1"].entries
+    (source,) = entry.spec.sources
+    assert source.signature is not None  # the hub vouched for it
+    hub_signer = source.signature.signer
+
+    def store(policy_key: Path, name: str) -> tuple[ContentStore, SourceVerifier]:
+        policy_file = tmp_path / name / "policy.yaml"
+        policy_file.parent.mkdir()
+        shutil.copyfile(policy_key, policy_file.parent / "key.pub")
+        policy_file.write_text("keys: [key.pub]\n")
+        verifier = SourceVerifier(
+            load_cluster_policy(policy_file),
+            cache_dir=tmp_path / name / "signatures",
+            settings=RegistrySettings(plain_http=True),
+        )
+        cache = ContentCache(root=tmp_path / name / "content", max_bytes=64 << 20)
+        oci = OciFetcher(settings=OciSettings(plain_http=True))
+        return ContentStore(cache=cache, oci=oci, verifier=verifier), verifier
+
+    strict, _ = store(platform, "strict")
+    before = charts.registry.request_count()
+    with pytest.raises(SourceSignatureError) as refused:
+        strict.tree(source)
+    message = str(refused.value)
+    assert f"image {uri}" in message and digest in message
+    assert "not signed as the cluster's source policy" in message
+    assert "the signature verifies with none of the policy's keys" in message
+    assert f"the hub vouched for it (signed by {hub_signer}" in message
+    assert refused.value.reason == "SourceSignatureRefused"
+    # Only signatures were read: no manifest or layer of the chart itself.
+    read = [r.path for r in charts.registry.requests(since=before)]
+    assert not any(f"/manifests/{digest}" in p for p in read), read
+    trusting, verifier = store(public, "trusting")
+    tree = trusting.tree(source)
+    assert (tree / "greeter" / "Chart.yaml").is_file()
+    trusting.tree(source)  # cached content, and a cached pass: no second check
+    assert verifier.checked == 1
+
+
+def test_agent_install_carries_the_cluster_policy(
+    cosign: Cosign, mini_sigstore: MiniSigstore, tmp_path: Path
+) -> None:
+    from agent.install.command import config_from_args
+    from agent.install.manifests import install_objects
+    from fleetlet.cli import build_parser
+
+    _, public = cosign.key_pair("platform")
+    policy = tmp_path / "policy" / "sources.yaml"
+    policy.parent.mkdir()
+    shutil.copyfile(public, policy.parent / "platform.pub")
+    shutil.copyfile(mini_sigstore.trusted_root_path, policy.parent / "root.json")
+    policy.write_text(
+        "keys: [platform.pub]\n"
+        f"identities: [{{issuer: '{mini_sigstore.issuer}', subjectRegExp: '.+@charts\\.test'}}]\n"
+        "trustedRoot: root.json\n"
+    )
+    args = build_parser().parse_args(
+        [
+            "agent", "install",
+            "--image", "registry.example.test/fleetlet-agent@sha256:" + "1" * 64,
+            "--repo", "https://git.example.test/state.git",
+            "--status-repo", "https://git.example.test/status.git",
+            "--cluster", "edge-1",
+            "--identity", "https://ci.example.test/publish",
+            "--issuer", mini_sigstore.issuer,
+            "--trusted-root", str(mini_sigstore.trusted_root_path),
+            "--verify-sources", str(policy),
+        ]
+    )  # fmt: skip
+    objects = install_objects(config_from_args(args))
+    (trust,) = [
+        o for o in objects if o["kind"] == "Secret" and o["metadata"]["name"] == "fleetlet-trust"
+    ]
+    files = {k: base64.b64decode(v).decode() for k, v in trust["data"].items()}
+    stored = yaml.safe_load(files["source-policy.yaml"])
+    assert stored["trustedRoot"] == "source-trusted-root.json"
+    assert files["source-trusted-root.json"] == mini_sigstore.trusted_root_path.read_text()
+    assert "BEGIN PUBLIC KEY" in stored["keys"][0]  # self-contained: the key inline
+    (deployment,) = [o for o in objects if o["kind"] == "Deployment"]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["FLEETLET_SOURCE_POLICY"] == "/etc/fleetlet/trust/source-policy.yaml"
+    # What the agent will read there is the same policy.
+    mounted = tmp_path / "mounted"
+    mounted.mkdir()
+    for name, text in files.items():
+        (mounted / name).write_text(text)
+    original = load_cluster_policy(policy)
+    assert load_cluster_policy(mounted / "source-policy.yaml").digest() == original.digest()
+    # A broken policy stops the install, naming the field.
+    policy.write_text("keys: [missing.pub]\n")
+    with pytest.raises(InstallConfigError, match=r"policy.keys\[0\]: expected a readable file"):
+        config_from_args(args)

@@ -31,7 +31,10 @@ import base64
 import binascii
 import hashlib
 import json
+import os
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import requests
@@ -115,6 +118,39 @@ class SignatureCheck:
             )
         except (KeyError, TypeError) as exc:
             raise ValueError(f"not a signature check: {exc}") from exc
+
+
+class PassCache:
+    """Passed checks by (digest, policy digest), one small JSON file each in ``directory``: a
+    digest never changes, so its pass holds until the policy does. Refusals are not kept (a
+    signature may be added). Every failure to read or write it only costs a check."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+
+    def _path(self, digest: str, policy: str) -> Path:
+        name = hashlib.sha256(f"{policy}\n{digest}".encode()).hexdigest()
+        return self.directory / f"{name}.json"
+
+    def get(self, digest: str, policy: str) -> SignatureCheck | None:
+        try:
+            check = SignatureCheck.from_json(self._path(digest, policy).read_bytes())
+        except (OSError, ValueError):
+            return None
+        ok = check.ok and check.digest == digest and check.policy == policy
+        return check if ok else None
+
+    def put(self, check: SignatureCheck) -> None:
+        if not check.ok:
+            return
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".check-")
+            with os.fdopen(fd, "w") as handle:
+                handle.write(check.to_json())
+            os.replace(tmp, self._path(check.digest, check.policy))
+        except OSError:
+            return
 
 
 @dataclass(frozen=True, slots=True)

@@ -121,6 +121,18 @@ class SourcePolicy:
     def describe(self) -> str:
         return f"policy {self.name!r} ({self.digest()[:19]})"
 
+    def document(self, trusted_root_file: str) -> dict[str, Any]:
+        """The policy as one self-contained document (keys inline), its trusted root named
+        ``trusted_root_file``: what ``agent install --verify-sources`` stores."""
+        doc: dict[str, Any] = {}
+        if self.keys:
+            doc["keys"] = [k.pem + "\n" for k in self.keys]
+        if self.identities:
+            doc["identities"] = [i.to_dict() for i in self.identities]
+        if self.trusted_root is not None:
+            doc["trustedRoot"] = trusted_root_file
+        return doc
+
 
 def parse_source_policy(
     raw: Any, *, name: str, where: str, read: ReadFile, problems: list[FieldProblem]

@@ -16,9 +16,6 @@ naming each bundle, source, digest, and what was missing.
 
 from __future__ import annotations
 
-import hashlib
-import os
-import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +24,7 @@ from typing import Any
 from agent.errors import FieldProblem
 from agent.source.content import Credentials
 from agent.source.registry import RegistryClient, RegistrySettings
-from agent.verify.cosign import SignatureCheck, SignatureReader, check_signatures
+from agent.verify.cosign import PassCache, SignatureCheck, SignatureReader, check_signatures
 from agent.verify.sources import SourcePolicy
 from hub.errors import FleetRepoError
 from hub.fleet.model import Bundle, ChartPin, Fleet, Pin, SourceRef
@@ -129,7 +126,7 @@ def verify_sources(
     done: dict[tuple[str, str], SignatureCheck] = {}
     readers: dict[tuple[str, str], SignatureReader] = {}
     clients: dict[tuple[str, bool], RegistryClient] = {}
-    cache = _Cache(cache_dir) if cache_dir is not None else None
+    cache = PassCache(cache_dir) if cache_dir is not None else None
     for (src, name), users in sorted(wanted.items(), key=lambda kv: (kv[0][0].uri, kv[0][1])):
         pin = pins[src]
         digest = pin.pin if isinstance(pin, ChartPin) else pin
@@ -186,34 +183,3 @@ def _reader(
     )
     readers[(host, repo)] = reader
     return reader
-
-
-class _Cache:
-    """Passed checks by (digest, policy digest), one small JSON file each; every failure to
-    read or write it only costs a check."""
-
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
-
-    def _path(self, digest: str, policy: str) -> Path:
-        name = hashlib.sha256(f"{policy}\n{digest}".encode()).hexdigest()
-        return self.directory / f"{name}.json"
-
-    def get(self, digest: str, policy: str) -> SignatureCheck | None:
-        try:
-            check = SignatureCheck.from_json(self._path(digest, policy).read_bytes())
-        except (OSError, ValueError):
-            return None
-        if not check.ok or check.digest != digest or check.policy != policy:
-            return None
-        return check
-
-    def put(self, check: SignatureCheck) -> None:
-        try:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".check-")
-            with os.fdopen(fd, "w") as handle:
-                handle.write(check.to_json())
-            os.replace(tmp, self._path(check.digest, check.policy))
-        except OSError:
-            return
