@@ -209,6 +209,12 @@ class InboundPipeline:
         self._failed_serial: int | None = None
 
     @property
+    def source_policy(self) -> str | None:
+        """The digest of the cluster's own source policy (``--verify-sources``), or None."""
+        verifier = getattr(self._content, "verifier", None)
+        return verifier.policy.digest() if verifier is not None else None
+
+    @property
     def _policy(self) -> str:
         """Who may sign and which CAs are trusted: a refusal is remembered under this policy."""
         if self._policy_digest is None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import shutil
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,24 +26,35 @@ import yaml
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from agent.api import load_set, to_dict
 from agent.install.manifests import InstallConfigError
+from agent.kube import KubeClient
+from agent.report.bundles import BundleDeployments
 from agent.source.cache import ContentCache
 from agent.source.compose import ContentStore
 from agent.source.oci import OciFetcher, OciSettings
 from agent.source.registry import RegistrySettings
-from agent.source.signed import SourceSignatureError, SourceVerifier, load_cluster_policy
+from agent.source.signed import (
+    SourceSignatureError,
+    SourceVerifier,
+    load_cluster_policy,
+    signed_sources,
+)
 from agent.verify import IdentityPolicy, TrustPolicy, verify_publication
 from agent.verify.sources import load_public_key
 from hub.errors import FleetRepoError
-from hub.publish.flow import UnsignedSourceError, prepare, publish
+from hub.publish.flow import UnsignedSourceError, prepare, publish, render
 from hub.publish.git import BranchStore
 from hub.publish.sign import PublicationSigner
+from tests.realenv.binaries import kubectl
 from tests.realenv.cosign import Cosign
 from tests.realenv.gitserver import GitDaemon
 from tests.realenv.helm import HelmCli, copy_chart
+from tests.realenv.kube import Cluster
 from tests.realenv.registry import Registry
 from tests.realenv.sigstore import MiniSigstore
 from tests.realenv.sigstore.mini import DEFAULT_IDENTITY
+from tests.test_crds import crds as crds  # the fixture: the CRDs installed
 from tests.test_hub_fleet import write_fleet
 from tests.test_hub_publish import branch_files, server_refs
 
@@ -493,3 +505,47 @@ def test_agent_install_carries_the_cluster_policy(
     policy.write_text("keys: [missing.pub]\n")
     with pytest.raises(InstallConfigError, match=r"policy.keys\[0\]: expected a readable file"):
         config_from_args(args)
+
+
+def test_the_cluster_shows_the_proof_on_each_bundledeployment(
+    charts: Charts, cosign: Cosign, crds: Cluster, namespace: str, tmp_path: Path
+) -> None:
+    """What ``kubectl get bundledeployments -o yaml`` and the status document show."""
+    uri, digest = charts.push("6.0.0")
+    private, public = cosign.key_pair("release")
+    cosign.sign(f"{uri}@{digest}", private)
+    fleet = write_signed_fleet(
+        tmp_path / "fleet",
+        uri,
+        {"digest": digest},
+        {"release": {"keys": ["keys/release.pub"]}},
+        files={"keys/release.pub": public},
+    )
+    prepared = prepare(fleet)
+    (written,) = [p for p in render(prepared, tmp_path / "sets") if p.stem == "eu-1"]
+    deployment_set = load_set(written.read_bytes(), origin=str(written))
+    policy = load_public_key(public.read_text())
+    assert policy is not None
+    kube = KubeClient(kubeconfig=str(crds.kubeconfig))
+    bundles = BundleDeployments(kube=kube, owner=namespace)
+    bundles.publish(deployment_set)
+    try:
+        shown = subprocess.run(
+            [kubectl(), "--kubeconfig", str(crds.kubeconfig), "get", "bundledeployment", "web",
+             "-o", "yaml"],
+            capture_output=True, text=True, check=True, timeout=60,
+        ).stdout  # fmt: skip
+        (source,) = yaml.safe_load(shown)["spec"]["sources"]
+        assert source["digest"] == digest
+        assert source["signature"] == {
+            "policy": prepared.fleet.settings.source_signing.policies["release"].digest(),  # type: ignore[union-attr]
+            "signer": f"key {policy.fingerprint}",
+            "layout": "bundle",
+        }
+    finally:
+        bundles.delete("web")
+    # The status document's record of the bundle (agent.loop builds it with this).
+    (entry,) = deployment_set.bundle_deployments
+    (signed,) = signed_sources(entry, cluster_policy=None)
+    assert (signed.digest, signed.signer) == (digest, f"key {policy.fingerprint}")
+    assert to_dict(signed)["policy"] == source["signature"]["policy"]

@@ -35,4 +35,31 @@ class SourceSignature(ApiObject):
     )
 
 
-__all__ = ["SourceSignature"]
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SignedSource(ApiObject):
+    """In the status document: an image source of the bundle, whose signature the hub
+    verified (and the cluster too, under its own policy, when ``clusterPolicy`` is set)."""
+
+    digest: str = api_field(
+        "The source's manifest digest.", pattern=_DIGEST, expected=_DIGEST_TEXT, max_length=71
+    )
+    signer: str = api_field(
+        "Who signed, as the hub verified it.", expected="the signer", max_length=1024
+    )
+    policy: str = api_field(
+        "Digest of the fleet's signature policy the hub verified it against.",
+        pattern=_DIGEST,
+        expected=_DIGEST_TEXT,
+        max_length=71,
+    )
+    cluster_policy: str | None = api_field(
+        "Digest of the cluster's own source policy (`--verify-sources`), which the agent "
+        "verified the signature against before using the source.",
+        default=None,
+        pattern=_DIGEST,
+        expected=_DIGEST_TEXT,
+        max_length=71,
+    )
+
+
+__all__ = ["SignedSource", "SourceSignature"]

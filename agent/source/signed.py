@@ -13,7 +13,7 @@ never is.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.errors import FieldProblem
 from agent.source.content import ContentRefusedError, Credentials
@@ -21,6 +21,9 @@ from agent.source.oci import parse_reference
 from agent.source.registry import RegistryClient, RegistrySettings
 from agent.verify.cosign import PassCache, SignatureCheck, SignatureReader, check_signatures
 from agent.verify.sources import SourcePolicy, file_reader, parse_source_policy
+
+if TYPE_CHECKING:
+    from agent.api.signatures import SignedSource
 
 
 class SourceSignatureError(ContentRefusedError):
@@ -121,3 +124,20 @@ class SourceVerifier:
             )
         self.cache.put(check)
         return check
+
+
+def signed_sources(entry: Any, cluster_policy: str | None) -> tuple[SignedSource, ...]:
+    """The status document's record of a bundle's image sources the hub verified (and the
+    cluster too, under ``cluster_policy``, the digest of its own policy when it has one)."""
+    from agent.api.signatures import SignedSource
+
+    return tuple(
+        SignedSource(
+            digest=str(s.digest),
+            signer=s.signature.signer,
+            policy=s.signature.policy,
+            cluster_policy=cluster_policy,
+        )
+        for s in entry.spec.sources
+        if s.kind == "image" and s.signature is not None
+    )[:16]
