@@ -2,8 +2,8 @@
 # Installs everything fleetlet's tests and demo need on a fresh Debian machine of this kind:
 # Debian packages, the project with its extras, the Kubernetes/etcd/kwok binaries (taken from
 # KUBEBUILDER_ASSETS or the cache, else built once from the Go module proxy), the pinned helm
-# and kustomize fleetlet renders with and the sops and cosign the tests encrypt and sign with (same machinery,
-# ~/.cache/fleetlet/tools/<name>-<version>/).
+# and kustomize fleetlet renders with, and the sops and cosign the tests encrypt and sign with
+# (same machinery, ~/.cache/fleetlet/tools/<name>-<version>/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
