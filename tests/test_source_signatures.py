@@ -57,6 +57,7 @@ from tests.realenv.sigstore.mini import DEFAULT_IDENTITY
 from tests.test_crds import crds as crds  # the fixture: the CRDs installed
 from tests.test_hub_fleet import write_fleet
 from tests.test_hub_publish import branch_files, server_refs
+from tests.test_signed_commits import cli
 
 CLUSTERS = [{"name": "eu-1", "labels": {"region": "eu"}}, {"name": "us-1", "labels": {}}]
 CI = "ci@charts.test"
@@ -549,3 +550,30 @@ def test_the_cluster_shows_the_proof_on_each_bundledeployment(
     (signed,) = signed_sources(entry, cluster_policy=None)
     assert (signed.digest, signed.signer) == (digest, f"key {policy.fingerprint}")
     assert to_dict(signed)["policy"] == source["signature"]["policy"]
+
+
+def test_hub_diff_reports_and_hub_publish_refuses_on_the_command_line(
+    charts: Charts, cosign: Cosign, git_daemon: GitDaemon, tmp_path: Path
+) -> None:
+    uri, digest = charts.push("7.0.0")
+    _, public = cosign.key_pair("release")  # the chart stays unsigned
+    fleet = write_signed_fleet(
+        tmp_path / "fleet",
+        uri,
+        {"tag": "7.0.0"},
+        {"release": {"keys": ["keys/release.pub"]}},
+        files={"keys/release.pub": public},
+    )
+    name = f"cli-src-{tmp_path.name}.git"
+    repo = git_daemon.create_bare(name)
+    url = git_daemon.url_for(name)
+    shown = cli("diff", str(fleet), "--repo", url, "-q")
+    assert shown.returncode == 0, shown.stderr
+    assert f"web: image {uri}@{digest} is not signed as policy 'release'" in shown.stdout
+    assert "hub publish would refuse them" in shown.stdout
+    refused = cli("publish", str(fleet), "--repo", url, "--no-sign", "-q")
+    assert refused.returncode != 0
+    assert f"web: image {uri}@{digest} is not signed as policy 'release'" in refused.stderr
+    assert "unsigned: no cosign signature found" in refused.stderr
+    assert "nothing was pushed" in refused.stderr
+    assert server_refs(repo, every=True) == {}
