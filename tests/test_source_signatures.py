@@ -312,6 +312,22 @@ def test_keyless_signatures_by_the_policy_identity_only(
     with pytest.raises(UnsignedSourceError) as refused:
         prepare(fleet).require_signed_sources()
     assert "the certificate does not verify against the policy's trusted root" in str(refused.value)
+    # The right identity and root, but the older .sig layout: no inclusion proof to check.
+    _, older = charts.push("3.0.1")
+    cosign.sign_keyless(f"{uri}@{older}", mini_sigstore, CI, legacy=True)
+    fleet = write_signed_fleet(
+        tmp_path / "older-layout",
+        uri,
+        {"digest": older},
+        {"ci": {"identities": [identity], "trustedRoot": "trust/root.json"}},
+        files=root,
+        default="ci",
+    )
+    with pytest.raises(UnsignedSourceError) as refused:
+        prepare(fleet).require_signed_sources()
+    assert "a keyless signature in the older .sig layout, which carries no transparency-log" in (
+        str(refused.value)
+    )
 
 
 def test_a_verified_digest_is_not_read_again(

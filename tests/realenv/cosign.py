@@ -61,21 +61,35 @@ class Cosign:
             reference,
         )
 
-    def sign_keyless(self, reference: str, sigstore: MiniSigstore, identity: str) -> None:
+    def sign_keyless(
+        self, reference: str, sigstore: MiniSigstore, identity: str, *, legacy: bool = False
+    ) -> None:
         """Sign ``reference`` keyless through ``sigstore`` (its Fulcio and Rekor) as
-        ``identity``: a Sigstore bundle referrer, as cosign v3 writes by default."""
+        ``identity``: a Sigstore bundle referrer, as cosign v3 writes by default; ``legacy``:
+        the older ``.sig`` tag (cosign then takes the services' URLs, not a signing config)."""
         # cosign writes the bundle as protobuf JSON, which omits a zero logIndex, and
         # sigstore-python then refuses the bundle as incomplete: only the first entry of a
         # log has index 0, so make sure this one is not the first (public Rekor is far past).
         sigstore.sign(b"an entry before cosign's")
         token = self.home / "token"
         token.write_text(sigstore.mint_token(identity))
+        where = (
+            [
+                "--use-signing-config=false",
+                "--fulcio-url",
+                sigstore.url,
+                "--rekor-url",
+                sigstore.url,
+            ]
+            if legacy
+            else ["--signing-config", str(sigstore.signing_config_path)]
+        )
         self.run(
             "sign",
             "--identity-token",
             str(token),
-            "--signing-config",
-            str(sigstore.signing_config_path),
+            *where,
+            f"--new-bundle-format={'false' if legacy else 'true'}",
             "--trusted-root",
             str(sigstore.trusted_root_path),
             "--allow-http-registry",
