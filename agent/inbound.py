@@ -218,7 +218,10 @@ class InboundPipeline:
     def _policy(self) -> str:
         """Who may sign and which CAs are trusted: a refusal is remembered under this policy."""
         if self._policy_digest is None:
-            self._policy_digest = self._trust.digest()
+            digest = self._trust.digest()
+            # The cluster's source policy judges the set too: a changed one tries it again.
+            source = self.source_policy
+            self._policy_digest = f"{digest} sources {source}" if source else digest
         return self._policy_digest
 
     def sync(self) -> SyncResult:

@@ -46,6 +46,8 @@ from hub.errors import FleetRepoError
 from hub.publish.flow import UnsignedSourceError, prepare, publish, render
 from hub.publish.git import BranchStore
 from hub.publish.sign import PublicationSigner
+from tests.fleetlab import Lab, configmap, live, namespace_manifest
+from tests.fleetlab import lab as lab  # the fixture
 from tests.realenv.binaries import kubectl
 from tests.realenv.cosign import Cosign
 from tests.realenv.gitserver import GitDaemon
@@ -593,3 +595,97 @@ def test_hub_diff_reports_and_hub_publish_refuses_on_the_command_line(
     assert "unsigned: no cosign signature found" in refused.stderr
     assert "nothing was pushed" in refused.stderr
     assert server_refs(repo, every=True) == {}
+
+
+def test_an_agent_with_its_own_policy_refuses_what_the_hub_vouched_for(
+    lab: Lab,
+    cosign: Cosign,
+    crds: Cluster,
+    namespace: str,
+    app_namespace: str,
+    tmp_path: Path,
+) -> None:
+    """End to end: the hub publishes a bundle image signed by the fleet's release key (the set
+    says so); an agent whose cluster policy trusts only the platform key refuses the
+    publication (SourceSignatureRefused, nothing applied); an agent with the release key in its
+    policy applies it."""
+    kube = KubeClient(kubeconfig=str(crds.kubeconfig))
+    name = lab.name("signed")
+    target = lab.name("signed-ns")
+    files = {
+        "01_ns.yaml": namespace_manifest(target),
+        "02_cm.yaml": configmap("signed", target, {"a": "1"}),
+    }
+    digest = lab.push("signed", files, tag="v1")
+    release, release_pub = cosign.key_pair("release")
+    _, platform_pub = cosign.key_pair("platform")
+    cosign.sign(f"{lab.registry.host}/signed@{digest}", release)
+    fleet = write_fleet(
+        tmp_path / "fleet",
+        clusters=lab.clusters,
+        bundles=[
+            {
+                "name": name,
+                "sources": [lab.source("signed", digest)],
+                "targets": [{"clusterSelector": {}}],
+            }
+        ],
+        settings={
+            "name": "lab",
+            "signing": {"identity": DEFAULT_IDENTITY, "issuer": lab.sigstore.issuer},
+            "sourceSigning": {
+                "policies": {"release": {"keys": [release_pub.read_text()]}},
+                "default": "release",
+            },
+        },
+    )
+    signer = PublicationSigner.from_trust_config(
+        trust_config=lab.sigstore.trust_config_path, token=lab.sigstore.mint_token()
+    )
+    with BranchStore(url=lab.url, cache_dir=tmp_path / "hub-cache") as store:
+        publish(prepare(fleet), store, signer=signer)
+
+    def policy(key: Path, where: str) -> Path:
+        home = tmp_path / where
+        home.mkdir()
+        shutil.copyfile(key, home / "key.pub")
+        (home / "policy.yaml").write_text("keys: [key.pub]\n")
+        return home / "policy.yaml"
+
+    strict = lab.agent(
+        "edge-1",
+        crds,
+        namespace=namespace,
+        workdir=tmp_path / "strict",
+        extra=["--verify-sources", str(policy(platform_pub, "platform"))],
+    )
+    with pytest.raises(SourceSignatureError) as refused:
+        strict.tick()
+    message = str(refused.value)
+    assert f"image {lab.registry.host}/signed@{digest}" in message
+    assert "not signed as the cluster's source policy" in message
+    assert "the hub vouched for it (signed by key sha256:" in message
+    # The whole publication is refused, as for hostile content: remembered in the cluster,
+    # reported in the status document, nothing of it applied.
+    state = strict.state.load()
+    assert state.refusal_reason == "SourceSignatureRefused" and state.last_serial is None
+    document = strict.status_document()
+    assert document.last_refusal is not None
+    assert document.last_refusal.reason == "SourceSignatureRefused"
+    assert live(kube, "v1", "ConfigMap", "signed", target) is None
+
+    # A cluster whose policy trusts the release key applies it, and shows the proof.
+    trusting = lab.agent(
+        "edge-1",
+        crds,
+        namespace=app_namespace,
+        workdir=tmp_path / "trusting",
+        extra=["--verify-sources", str(policy(release_pub, "release"))],
+    )
+    trusting.tick()
+    assert live(kube, "v1", "ConfigMap", "signed", target) is not None
+    bd = live(kube, "fleetlet.io/v1alpha1", "BundleDeployment", name)
+    assert bd is not None and bd["spec"]["sources"][0]["signature"]["layout"] == "bundle"
+    (report,) = [b for b in trusting.status_document().bundles if b.name == name]
+    (signed,) = report.signed_sources
+    assert signed.digest == digest and signed.cluster_policy is not None

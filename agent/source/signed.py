@@ -15,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from agent.api.reasons import Reason
 from agent.errors import FieldProblem
 from agent.source.content import ContentRefusedError, Credentials
 from agent.source.oci import parse_reference
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
 class SourceSignatureError(ContentRefusedError):
     """An image source's signature does not satisfy the cluster's source policy."""
 
-    reason = "SourceSignatureRefused"
+    reason = Reason.SOURCE_SIGNATURE_REFUSED
 
 
 class SourcePolicyError(ContentRefusedError):
