@@ -102,7 +102,8 @@ def compare(
                         f"policies {mode}, run {run + 1}: full {full['seconds']:.2f} s "
                         f"(signatures {full['phases'].get('signatures', 0):.2f} s), "
                         f"incremental {inc['seconds']:.2f} s "
-                        f"(signatures {inc['phases'].get('signatures', 0):.2f} s)",
+                        f"(signatures {inc['phases'].get('signatures', 0):.2f} s) "
+                        f"{inc['phases']}",
                         flush=True,
                     )
     summary = summarize(args, results, len(touched))
