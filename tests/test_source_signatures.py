@@ -588,7 +588,7 @@ def test_hub_diff_reports_and_hub_publish_refuses_on_the_command_line(
     shown = cli("diff", str(fleet), "--repo", url, "-q")
     assert shown.returncode == 0, shown.stderr
     assert f"web: image {uri}@{digest} is not signed as policy 'release'" in shown.stdout
-    assert "hub publish would refuse them" in shown.stdout
+    assert "hub publish would refuse it" in shown.stdout
     refused = cli("publish", str(fleet), "--repo", url, "--no-sign", "-q")
     assert refused.returncode != 0
     assert f"web: image {uri}@{digest} is not signed as policy 'release'" in refused.stderr

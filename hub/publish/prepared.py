@@ -59,7 +59,7 @@ class Prepared:
         """Raise UnsignedSourceError naming every source that fails its signature policy."""
         refusal = self.signatures.refusal() if self.signatures is not None else None
         if refusal is not None:
-            raise UnsignedSourceError(refusal + "\nnothing was pushed")
+            raise UnsignedSourceError(f"{refusal}; nothing was pushed")
 
     @property
     def shard_map(self) -> ShardMap:

@@ -78,12 +78,17 @@ class SourceSignatures:
     def proofs(self) -> dict[SourceRef, dict[str, Any]]:
         return {s: v.proof() for s, v in self.verdicts.items() if v.check.ok}
 
+    def refusals(self) -> list[str]:
+        """Every failing source's refusal, one line each (sorted)."""
+        return sorted(v.refusal() for v in self.failed())
+
     def refusal(self) -> str | None:
-        """Every failing source, one per line (None: all pass)."""
-        failed = sorted(v.refusal() for v in self.failed())
-        if not failed:
-            return None
-        return "sources not signed as their policies require:\n  " + "\n  ".join(failed)
+        """Every failing source in one line, numbered when several (None: all pass)."""
+        failed = self.refusals()
+        if len(failed) <= 1:
+            return f"a source is not signed as its policy requires: {failed[0]}" if failed else None
+        shown = " ".join(f"[{i}] {line}" for i, line in enumerate(failed, 1))
+        return f"{len(failed)} sources are not signed as their policies require: {shown}"
 
 
 def verify_sources(
