@@ -33,6 +33,13 @@ def _add_agent_connection(p: argparse.ArgumentParser) -> None:
     flag("--identity", "FLEETLET_IDENTITY", "expected signer identity (SAN)", metavar="SUBJECT")
     flag("--issuer", "FLEETLET_ISSUER", "expected OIDC issuer of the signer", metavar="URL")
     flag(
+        "--verify-sources",
+        "FLEETLET_SOURCE_POLICY",
+        "this cluster's own source signature policy: image sources are verified by the agent "
+        "before use (docs/supply-chain.md)",
+        metavar="FILE",
+    )
+    flag(
         "--namespace",
         "FLEETLET_NAMESPACE",
         "the agent's own namespace (state, revision store, credentials Secrets)",

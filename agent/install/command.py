@@ -95,6 +95,26 @@ def _registry_config(args: argparse.Namespace) -> str | None:
     return registry
 
 
+def _source_policy(path: str | None) -> dict[str, Any]:
+    """``--verify-sources FILE``, checked now and made self-contained for the Secret."""
+    if not path:
+        return {}
+    import yaml
+
+    from agent.install.manifests import SOURCE_TRUSTED_ROOT
+    from agent.source.signed import SourcePolicyError, load_cluster_policy
+
+    try:
+        policy = load_cluster_policy(Path(path))
+    except SourcePolicyError as exc:
+        raise InstallConfigError(f"--verify-sources {exc}") from exc
+    root = policy.trusted_root.decode() if policy.trusted_root is not None else None
+    return {
+        "source_policy": yaml.safe_dump(policy.document(SOURCE_TRUSTED_ROOT), sort_keys=False),
+        "source_trusted_root": root,
+    }
+
+
 def config_from_args(args: argparse.Namespace) -> InstallConfig:
     """The installation the flags describe. Raises InstallConfigError."""
     for flag in ("repo", "cluster", "identity", "issuer"):
@@ -133,6 +153,7 @@ def config_from_args(args: argparse.Namespace) -> InstallConfig:
         status_git=_credentials(args, "status-git"),
         registry_config=registry,
         hub_public_key=_read("--hub-public-key", args.hub_public_key),
+        **_source_policy(args.verify_sources),
         poll_interval=args.interval,
         log_format=args.agent_log_format,
         service_monitor=args.service_monitor,
@@ -194,6 +215,7 @@ def _run_enroll(args: argparse.Namespace) -> int:
             poll_interval=args.interval,
             log_format=args.agent_log_format,
             service_monitor=args.service_monitor,
+            **_source_policy(args.verify_sources),
         )
         changes = install(
             kube, install_objects(config), report=None if args.output != "table" else _print
@@ -348,6 +370,13 @@ def add_install_arguments(p: argparse.ArgumentParser) -> None:
         "--hub-public-key",
         metavar="FILE",
         help="the hub's X25519 public key: sensitive outputs are sealed to it",
+    )
+    p.add_argument(
+        "--verify-sources",
+        metavar="FILE",
+        help="this cluster's own source signature policy (YAML: keys, identities, "
+        "trustedRoot): the agent verifies every image source's cosign signature itself "
+        "before using it, whatever the hub vouched for (docs/supply-chain.md)",
     )
     p.add_argument("--namespace", default=DEFAULT_NAMESPACE, help="the agent's namespace")
     p.add_argument("--interval", type=float, metavar="SECONDS", help="poll interval (30)")

@@ -112,6 +112,10 @@ class InstallConfig:
     registry_config: str | None = None
     """A docker config JSON: the Secret ``fleetlet-registry-credentials`` bundle sources name."""
     hub_public_key: str | None = None
+    source_policy: str | None = None
+    """``--verify-sources``: the cluster's source signature policy, self-contained (YAML, keys
+    inline; its trusted root in ``source_trusted_root``)."""
+    source_trusted_root: str | None = None
     poll_interval: float | None = None
     log_format: str = "json"
     service_monitor: bool = False
@@ -311,6 +315,7 @@ def deployment(
     image: str,
     config_hash: str | None = None,
     hub_public_key: bool = False,
+    source_policy: tuple[str, ...] = (),
     poll_interval: float | None = None,
     log_format: str = "json",
     extra_env: Mapping[str, str] | None = None,
@@ -367,7 +372,9 @@ def deployment(
             "name": "trust",
             "secret": {
                 "secretName": TRUST_SECRET,
-                "items": [{"key": "trusted_root.json", "path": "trusted_root.json"}],
+                "items": [
+                    {"key": key, "path": key} for key in ("trusted_root.json", *source_policy)
+                ],
                 "defaultMode": 0o440,
             },
         },
@@ -385,6 +392,10 @@ def deployment(
         {"name": "cache", "emptyDir": {"sizeLimit": "1Gi"}},
         {"name": "tmp", "emptyDir": {"sizeLimit": "256Mi"}},
     ]
+    if source_policy:  # the cluster's own source signature policy (--verify-sources)
+        env.append(
+            {"name": "FLEETLET_SOURCE_POLICY", "value": f"/etc/fleetlet/trust/{SOURCE_POLICY}"}
+        )
     if hub_public_key:
         env.append({"name": "FLEETLET_HUB_PUBLIC_KEY", "value": "/etc/fleetlet/hub/hub.pub"})
         mounts.append({"name": "hub-key", "mountPath": "/etc/fleetlet/hub", "readOnly": True})
@@ -460,6 +471,20 @@ def _secret(name: str, namespace: str, data: Mapping[str, str], type_: str = "Op
     }
 
 
+SOURCE_POLICY = "source-policy.yaml"
+SOURCE_TRUSTED_ROOT = "source-trusted-root.json"
+
+
+def source_policy_files(config: InstallConfig) -> dict[str, str]:
+    """The Secret ``fleetlet-trust``'s files of the cluster's source policy (none without)."""
+    files: dict[str, str] = {}
+    if config.source_policy:
+        files[SOURCE_POLICY] = config.source_policy
+        if config.source_trusted_root:
+            files[SOURCE_TRUSTED_ROOT] = config.source_trusted_root
+    return files
+
+
 def _config_map(name: str, namespace: str, data: Mapping[str, str]) -> Object:
     return {
         "apiVersion": "v1",
@@ -487,6 +512,7 @@ def config_objects(config: InstallConfig) -> list[Object]:
                 "trusted_root.json": config.trusted_root,
                 "identity": config.identity,
                 "issuer": config.issuer,
+                **source_policy_files(config),
             },
         ),
     ]
@@ -543,6 +569,7 @@ def install_objects(config: InstallConfig) -> list[Object]:
             image=config.image,
             config_hash=config_hash(configuration),
             hub_public_key=bool(config.hub_public_key),
+            source_policy=tuple(source_policy_files(config)),
             poll_interval=config.poll_interval,
             log_format=config.log_format,
             extra_env=config.extra_env,

@@ -18,7 +18,15 @@ from hub.rollout.model import Strategy, parse_strategy
 
 # Keys of a bundle file the hub consumes itself; every other key is passed to the
 # BundleDeployment spec unchanged (the agent's API validates it).
-_BUNDLE_OWN_KEYS = ("name", "sources", "targets", "overrides", "rollout", "encryptedValues")
+_BUNDLE_OWN_KEYS = (
+    "name",
+    "sources",
+    "targets",
+    "overrides",
+    "rollout",
+    "encryptedValues",
+    "verify",  # the signature policy of its image sources (hub.fleet.signing)
+)
 # What an override changes (it needs one at least), and every key it may have.
 _OVERRIDE_FIELDS = (
     "sources",
@@ -80,6 +88,9 @@ def _load_bundle_file(
         found: list[FieldProblem] = []
         rollout = parse_strategy(raw["rollout"], "rollout", found)
         problems.extend(rel, found)
+    verify = raw.get("verify")
+    if verify is not None and (not isinstance(verify, str) or not verify):
+        problems.add(rel, "verify", "the name of a sourceSigning policy", verify)
     if len(problems.items) > start:
         return None
     return Bundle(
@@ -91,6 +102,7 @@ def _load_bundle_file(
         overrides=tuple(overrides),
         rollout=rollout,
         encrypted_values=encrypted,
+        verify=verify,
     )
 
 
