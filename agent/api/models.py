@@ -19,6 +19,16 @@ from typing import Any, ClassVar, Literal
 import yaml
 
 from agent.api.depgraph import find_cycle
+from agent.api.helmsets import (
+    HELM_SET_RULES,
+    MAX_SET_CHARS,
+    MAX_SET_ITEMS,
+    SET_ASSIGNMENT,
+    SET_ASSIGNMENT_TEXT,
+    SET_FILE,
+    SET_FILE_INSIDE,
+    SET_FILE_TEXT,
+)
 from agent.api.reasons import Phase, RunResult
 from agent.api.validation import ApiObject, PinProblem, Rule, api_field, show
 from agent.api.yamlio import KUBE_LOADER
@@ -375,6 +385,33 @@ class FormatOptions(ApiObject):
         max_items=32,
         rules=(STAYS_INSIDE,),
     )
+    set_json: tuple[str, ...] = api_field(
+        "`helm`: helm's `--set-json` arguments (`key=<JSON>`), applied in order over `values`.",
+        default=(),
+        pattern=SET_ASSIGNMENT,
+        expected=SET_ASSIGNMENT_TEXT,
+        max_length=MAX_SET_CHARS,
+        max_items=MAX_SET_ITEMS,
+    )
+    set_string: tuple[str, ...] = api_field(
+        "`helm`: helm's `--set-string` arguments (`a.b=x,c[0]=y`: every value a string), "
+        "applied in order over `values` and `setJson`.",
+        default=(),
+        pattern=SET_ASSIGNMENT,
+        expected=SET_ASSIGNMENT_TEXT,
+        max_length=MAX_SET_CHARS,
+        max_items=MAX_SET_ITEMS,
+    )
+    set_file: tuple[str, ...] = api_field(
+        "`helm`: helm's `--set-file` arguments (`key=path`, a file of the bundle tree whose "
+        "text becomes the value), applied in order over everything else.",
+        default=(),
+        pattern=SET_FILE,
+        expected=SET_FILE_TEXT,
+        max_length=1024,
+        max_items=MAX_SET_ITEMS,
+        rules=(SET_FILE_INSIDE,),
+    )
     release_name: str | None = api_field(
         "`helm`: the release name (`.Release.Name`). Default: the bundle's name.",
         default=None,
@@ -705,6 +742,7 @@ class BundleDeploymentSpec(ApiObject):
             ("plain", "kustomize", "registry+v1"),
             "helm or a plugin format",
         ),
+        *HELM_SET_RULES,
         _format_option_only(
             "installNamespace",
             "install_namespace",

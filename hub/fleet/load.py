@@ -29,6 +29,7 @@ from agent.errors import FieldProblem
 from hub.errors import FleetRepoError
 from hub.fleet.commits import CommitPolicy, parse_commit_policy
 from hub.fleet.durations import parse_duration
+from hub.fleet.helmsets import check_sets
 from hub.fleet.jump import shard_of_name
 from hub.fleet.model import (
     APPROVALS,
@@ -81,6 +82,9 @@ _OVERRIDE_FIELDS = (
     "namespace",
     "path",
     "patches",
+    "setString",
+    "setJson",
+    "setFile",
 )
 _OVERRIDE_KEYS = ("clusters", "clusterSelector", *_OVERRIDE_FIELDS)
 
@@ -533,6 +537,8 @@ def _load_bundle_file(
         if ov is not None:
             overrides.append(ov)
     spec = {k: v for k, v in raw.items() if k not in _BUNDLE_OWN_KEYS}
+    if isinstance(spec.get("formatOptions"), dict):
+        check_sets(spec["formatOptions"], "formatOptions", functools.partial(problems.add, rel))
     rollout: Strategy | str | None = None
     if "rollout" in raw:
         found: list[FieldProblem] = []
@@ -763,6 +769,9 @@ def _load_override(
     ):
         problems.add(rel, f"{where}.patches", "a list of patches ({patch, target})", patches)
         ok = False
+    start = len(problems.items)
+    sets = check_sets(raw, where, functools.partial(problems.add, rel))
+    ok = ok and len(problems.items) == start
     sources = None
     if "sources" in raw:
         start = len(problems.items)
@@ -784,4 +793,5 @@ def _load_override(
         path=path,
         patches=tuple(patches) if patches is not None else None,
         encrypted_values=encrypted,
+        sets=sets,
     )
