@@ -578,9 +578,9 @@ def _duration(text: str) -> Any:
 
 
 def _lazy(parser: argparse.ArgumentParser, add: str, run: str) -> None:
-    """Flags and handler from :mod:`agent.install.command` (imported only by these commands'
-    registration, which is cheap: the Kubernetes client is imported when they run)."""
-    from agent.install import command
+    """Flags and handler from :mod:`agent.install.flags` (the command's module, its
+    manifests and the Kubernetes client are imported when one of these commands runs)."""
+    from agent.install import flags as command
 
     getattr(command, add)(parser)
     parser.set_defaults(handler=getattr(command, run))

@@ -67,7 +67,7 @@ SETS = {
     # Written out of helm's order: helm applies setJson, then setString, then setFile.
     "setFile": ["config=files/app.conf"],
     "setString": ["tag=1.10,port=080", "replicas=7", "labels.team\\.io/owner=web"],
-    "setJson": ['resources={"cpu":"500m","count":3},replicas=5', "extra=[1,{\"a\":null}]"],
+    "setJson": ['resources={"cpu":"500m","count":3},replicas=5', 'extra=[1,{"a":null}]'],
 }
 
 
@@ -105,9 +105,9 @@ def test_set_fields_from_the_fleet_repo_render_as_helm_template_with_the_same_fl
     assert shown["replicas"] == "7" and shown["tag"] == "1.10" and shown["port"] == "080"
     assert shown["config"] == "listen = 8080\nname = 'shop, eu'\n"
     assert shown["labels"] == {"team.io/owner": "web"}
-    assert "replicas:string" in expected_eu["types"] and "extra:[]interface {}" in expected_eu[
-        "types"
-    ]
+    assert (
+        "replicas:string" in expected_eu["types"] and "extra:[]interface {}" in expected_eu["types"]
+    )
 
     expected_us = _helm_template(
         chart, base, *flags, "--set-string=tag=2.0", f"--set-file=motd={files / 'motd.txt'}"
