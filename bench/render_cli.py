@@ -92,17 +92,22 @@ def cases(scratch: Path) -> list[Case]:
 
 
 CODE = ROOT
+# Where the commands run: not a checkout (``python -m`` puts its directory first on sys.path).
+_NEUTRAL = "/"
 
 
 def _env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(CODE)
+    # As installed by pip: modules compiled once (the warm-up round writes __pycache__), not
+    # compiled again by every command, whatever this shell says.
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     return env
 
 
 def _run(case: Case, env: dict[str, str]) -> float:
     start = time.perf_counter()
-    done = subprocess.run(case.argv, env=env, capture_output=True, check=False)
+    done = subprocess.run(case.argv, env=env, capture_output=True, check=False, cwd=_NEUTRAL)
     elapsed = time.perf_counter() - start
     if done.returncode != 0:
         raise SystemExit(f"{case.name}: exit {done.returncode}: {done.stderr.decode()[-400:]}")
@@ -118,7 +123,7 @@ def _modules(case: Case, env: dict[str, str]) -> int | None:
         argv = [sys.executable, "-X", "importtime", "-m", "fleetlet", *argv[1:]]
     else:
         return None
-    done = subprocess.run(argv, env=env, capture_output=True, check=False)
+    done = subprocess.run(argv, env=env, capture_output=True, check=False, cwd=_NEUTRAL)
     return done.stderr.decode().count("import time:") - 1  # the header line
 
 
@@ -148,7 +153,9 @@ def report(
         "",
         f"`python -m bench.render_cli --repeat {repeat} --write`: whole processes as a user "
         f"runs them, the cases taking turns in each of {repeat} rounds after a warm-up round; "
-        "median wall time. `fleetlet` is the console script with this checkout's code; helm "
+        "median wall time. `fleetlet` is the console script with this checkout's code, its "
+        "modules compiled once as pip installs them (`__pycache__`: this machine's shells set "
+        "`PYTHONDONTWRITEBYTECODE`, which would compile every module on every command); helm "
         "and kustomize are the pinned binaries. Machine: "
         f"{platform.machine()}, {os.cpu_count()} CPUs shared with other work, load average "
         f"{load:.1f}, Python {platform.python_version()}.",
