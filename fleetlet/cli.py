@@ -34,7 +34,7 @@ EXIT_NOT_IMPLEMENTED = 3
 
 def _demo(args: argparse.Namespace) -> int:
     # Imported here: the demo needs the test environment of a source checkout.
-    from fleetlet.demo import run_demo
+    from fleetlet.demo.command import run_demo
 
     return run_demo(args)
 
@@ -185,6 +185,8 @@ def _register_import(sub: Any) -> None:
 
 
 def _register_demo(sub: Any) -> None:
+    from fleetlet.demo.scenarios import SCENARIOS  # the registry only: no component imported
+
     demo = sub.add_parser(
         "demo",
         help="run a local demo fleet: clusters, git server, registry, Sigstore, hub, agents",
@@ -195,7 +197,7 @@ def _register_demo(sub: Any) -> None:
     )
     demo.add_argument(
         "--scenario",
-        choices=["install", "failed-upgrade", "approval", "rollout"],
+        choices=list(SCENARIOS),
         default="install",
         help="after the install: a broken upgrade rolled back on the canary (failed-upgrade), "
         "an upgrade that needs an approval, approved by the production stores' policy and "
