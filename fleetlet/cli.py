@@ -120,7 +120,7 @@ def build_parser(
     parser.add_argument("--version", action="version", version=f"fleetlet {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     if agent_only:
-        agent_cli.register(sub)
+        agent_cli.register(sub, only=command)
         return parser
     if command == "--version":
         return parser
