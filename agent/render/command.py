@@ -105,8 +105,9 @@ def _format_options(options: RenderOptions) -> dict[str, Any]:
     }
     checked = {k: v for k, v in checked.items() if v is not None}
     if checked:
-        # Imported here: a render without options never loads the API's types.
-        from agent.api import FormatOptions, from_dict
+        # Imported here, and only these: a render without options never loads the API's types.
+        from agent.api.models import FormatOptions
+        from agent.api.validation import from_dict
 
         try:
             from_dict(FormatOptions, checked)
