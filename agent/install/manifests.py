@@ -41,11 +41,11 @@ from agent.api.crds import CRDS, crd_document
 from agent.api.generated import write_or_check
 from agent.approve.admission import approver_objects, auto_approver_objects, policy_objects
 from agent.errors import PermanentError
+from agent.install.names import DEFAULT_NAMESPACE
 
 Object = dict[str, Any]
 
 NAME = "fleetlet-agent"
-DEFAULT_NAMESPACE = "fleetlet-system"
 EVENTS_NAMESPACE = "default"
 """Events about cluster-scoped objects (BundleDeployments) go here, as client-go does."""
 FIELD_MANAGER = "fleetlet-install"

@@ -193,6 +193,9 @@ class Override:
     """Appended to the bundle's ``patches`` (checked by the agent's API when rendered)."""
     encrypted_values: Mapping[str, Any] | None = None
     """Replaces the bundle's encrypted values (a SOPS document, :mod:`hub.fleet.secrets`)."""
+    sets: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    """helm's ``setString``/``setJson``/``setFile`` items, appended after the bundle's
+    (:mod:`hub.fleet.helmsets`)."""
 
     @property
     def by_name(self) -> bool:

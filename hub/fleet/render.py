@@ -38,6 +38,7 @@ from agent.api import (
 from agent.api.depgraph import find_cycle
 from agent.errors import FieldProblem, ValidationError
 from hub.errors import FleetRepoError
+from hub.fleet.helmsets import apply_sets
 from hub.fleet.model import (
     Bundle,
     ChartPin,
@@ -258,6 +259,7 @@ def bundle_spec(
             _set_path(spec, NAMESPACE_PATH, o.namespace, merge=False)
         if o.path is not None:
             _set_path(spec, PATH_PATH, o.path, merge=False)
+        apply_sets(spec, o.sets)
         own = spec.get("patches")
         if o.patches is not None and (own is None or isinstance(own, list)):
             # (a bundle's own patches that are not a list are reported by the validation)

@@ -5,11 +5,13 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from agent.errors import FieldProblem
+from hub.fleet.helmsets import check_sets
 from hub.fleet.load._problems import _NAME, _found, _load_yaml, _Problems
 from hub.fleet.load._sources import _load_sources
 from hub.fleet.model import APPROVALS, Bundle, Cluster, Override, Target
@@ -37,6 +39,9 @@ _OVERRIDE_FIELDS = (
     "namespace",
     "path",
     "patches",
+    "setString",
+    "setJson",
+    "setFile",
 )
 _OVERRIDE_KEYS = ("clusters", "clusterSelector", *_OVERRIDE_FIELDS)
 
@@ -83,6 +88,8 @@ def _load_bundle_file(
         if ov is not None:
             overrides.append(ov)
     spec = {k: v for k, v in raw.items() if k not in _BUNDLE_OWN_KEYS}
+    if isinstance(spec.get("formatOptions"), dict):
+        check_sets(spec["formatOptions"], "formatOptions", functools.partial(problems.add, rel))
     rollout: Strategy | str | None = None
     if "rollout" in raw:
         found: list[FieldProblem] = []
@@ -199,6 +206,9 @@ def _load_override(
     ):
         problems.add(rel, f"{where}.patches", "a list of patches ({patch, target})", patches)
         ok = False
+    start = len(problems.items)
+    sets = check_sets(raw, where, functools.partial(problems.add, rel))
+    ok = ok and len(problems.items) == start
     sources = None
     if "sources" in raw:
         start = len(problems.items)
@@ -220,4 +230,5 @@ def _load_override(
         path=path,
         patches=tuple(patches) if patches is not None else None,
         encrypted_values=encrypted,
+        sets=sets,
     )
