@@ -58,6 +58,7 @@ import pygit2  # noqa: E402
 import yaml  # noqa: E402
 
 from agent.api.status import ClusterStatus, load_status  # noqa: E402
+from bench import _stages as stages  # noqa: E402
 from fleetlet.demo import CANARY, Demo, _free_port, bundle_files  # noqa: E402
 
 CONVERGE_BUNDLE = "payments-config"
@@ -187,7 +188,7 @@ def set_canary_backend(fleet: Fleet, version: str | None) -> None:
 def converge(fleet: Fleet, version: str) -> dict[str, float]:
     """One publish-to-Ready sample: seconds to each cluster and to all, and of the publish."""
     set_payments(fleet, version)
-    began = time.monotonic()
+    began, began_wall = time.monotonic(), time.time()
     serials = fleet.publish()
     published = time.monotonic()
     if not serials:
@@ -204,7 +205,7 @@ def converge(fleet: Fleet, version: str) -> dict[str, float]:
         return len(done) == len(serials)
 
     end = wait(all_reported, f"{CONVERGE_BUNDLE} {version} Ready everywhere", fleet.demo)
-    return {"all": end - began, "publish": published - began, **done}
+    return {"all": end - began, "publish": published - began, "began": began_wall, **done}
 
 
 def roll_back(fleet: Fleet, run: int) -> dict[str, float]:
@@ -297,6 +298,10 @@ def main(argv: list[str] | None = None) -> int:
     load_start = os.getloadavg()[0]
     workdir = args.keep or Path(tempfile.mkdtemp(prefix="fleetlet-e2e-"))
     workdir.mkdir(parents=True, exist_ok=True)
+    # Every process started from here on (hub, agents, their workers) traces its stages.
+    trace = workdir / "trace.jsonl"
+    trace.unlink(missing_ok=True)
+    os.environ["FLEETLET_TRACE"] = str(trace)
     demo = Demo(
         workdir=workdir,
         scenario="install",
@@ -329,7 +334,8 @@ def main(argv: list[str] | None = None) -> int:
                 channel.wait(timeout=30)
                 time.sleep(2)  # the agents saw it go: polling at --interval again
             for run in range(args.runs):
-                sample = converge(fleet, "v2" if run % 2 == 0 else "v1")
+                # Alternating on from the runs with the channel (an odd count of them too).
+                sample = converge(fleet, "v2" if (len(told) + run) % 2 == 0 else "v1")
                 converged.append(sample)
                 print(
                     f"publish to Ready {run + 1}/{args.runs}: {sample['all']:.1f} s",
@@ -348,7 +354,9 @@ def main(argv: list[str] | None = None) -> int:
                 channel.kill()
             demo._stop_processes()
     jitter = args.interval / 4
-    clusters = sorted(k for k in converged[0] if k not in ("all", "publish")) if converged else []
+    clusters = (
+        sorted(k for k in converged[0] if k not in ("all", "publish", "began")) if converged else []
+    )
 
     def row(label: str, values: list[float]) -> str:
         if not values:  # --rollbacks 0, or no --channel
@@ -387,6 +395,11 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.interval:g} s + up to {jitter:g} s jitter; {machine}\n"
     )
     print("\n".join(r for r in rows if r))
+    lines = stages.read(trace)
+    for samples, title in ((told, "with the channel"), (converged, "polling")):
+        if samples and lines:
+            print("\nWhere the time goes, " + title + " (median over runs and clusters)\n")
+            print("\n".join(stages.table(samples, lines, "stage, " + title)))
     print(
         json.dumps(
             {

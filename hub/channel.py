@@ -53,6 +53,7 @@ import yaml
 
 from agent.backoff import Backoff
 from agent.errors import FleetletError
+from agent.report import trace
 from hub.api.tokens import HubConfigError, new_token, token_digest
 
 log = logging.getLogger(__name__)
@@ -288,6 +289,7 @@ class ChannelApp:
                 await send({"type": "http.response.body", "body": body, "more_body": True})
                 if body is LOOK:
                     self.listeners.told += 1
+                    trace.mark("hub:told", cluster)
         except OSError:
             pass  # the agent went away mid-send
         finally:
@@ -371,6 +373,9 @@ class BranchWatcher:
         if known is None:
             return []
         changed = sorted(c for c, tip in tips.items() if known.get(c) != tip)
+        if changed and trace.enabled():
+            for cluster in changed:
+                trace.mark("hub:noticed", cluster)
         if changed:
             self.moved(changed)
         return changed

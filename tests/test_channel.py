@@ -290,3 +290,129 @@ def test_a_publish_reaches_the_agent_through_the_channel_and_polling_covers_the_
             agent.kill()
             agent.wait()
         print(log.read_text()[-5000:])  # shown when the test fails
+
+
+class ForgedHub:
+    """Not the hub: a server that speaks the channel's protocol to whoever connects (no token
+    checked) and sends what the test gives it. What a forger or a replaying proxy can do."""
+
+    def __init__(self) -> None:
+        import http.server
+        import queue
+
+        self.sent: queue.Queue[bytes] = queue.Queue()
+        hub = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.end_headers()
+                self.wfile.write(b": ping\n\n")
+                self.wfile.flush()
+                while True:
+                    try:
+                        body = hub.sent.get(timeout=0.5)
+                    except queue.Empty:
+                        body = b": ping\n\n"
+                    self.wfile.write(body)
+                    self.wfile.flush()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_forged_replayed_and_other_clusters_notifications_cost_at_most_one_ls_refs_each(
+    lab: Lab, crds: Cluster, namespace: str, tmp_path: Path
+) -> None:
+    """The agent trusts nothing in a notification: one that names another cluster, one from a
+    server that is not the hub, the same one replayed, each makes it list its branch at most
+    once (one ``upload-pack`` request to the desired-state repository) and nothing else: no
+    fetch, no worker, nothing applied. An event it does not know is ignored."""
+    kube = KubeClient(kubeconfig=str(crds.kubeconfig))
+    ns, name = lab.name("forge"), lab.name("cfg")
+    _publish(lab, name, ns, "one")
+    forged = ForgedHub()
+    (tmp_path / "token").write_text("not-a-channel-token\n")
+    log = tmp_path / "agent.log"
+
+    def listings() -> int:
+        return sum(
+            1
+            for r in lab.git.requests()
+            if r.method == "upload-pack" and r.path.endswith(lab.repo_name)
+        )
+
+    def workers() -> int:
+        return log.read_text().count("agent.runner.supervisor")
+
+    def settled() -> int:
+        """The listings once none came for 2 s."""
+        count, quiet_since = listings(), time.monotonic()
+        while time.monotonic() - quiet_since < 2:
+            time.sleep(0.2)
+            now = listings()
+            if now != count:
+                count, quiet_since = now, time.monotonic()
+        return count
+
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "fleetlet", "agent", "run",
+         *lab.agent_args("edge-1", crds, namespace=namespace, workdir=tmp_path / "agent"),
+         "--interval", "3600", "--notify-poll-interval", "3600",
+         "--notify-url", forged.url, "--notify-token-file", str(tmp_path / "token")],
+        cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=log.open("w"),
+    )  # fmt: skip
+    try:
+        _wait(
+            lambda: (
+                (live(kube, "v1", "ConfigMap", "c", ns) or {}).get("data", {}).get("value") == "one"
+            ),
+            "the first publication",
+            120,
+        )
+        _wait(lambda: "notify channel up" in log.read_text(), "the (forged) channel up")
+        _wait(lambda: workers() >= 1, "the first worker's summary")
+        before, ran = settled(), workers()
+        applied = live(kube, "v1", "ConfigMap", "c", ns)
+        assert applied is not None
+
+        # Another cluster's notification (or one carrying a commit): data is never read.
+        forged.sent.put(
+            b'event: look\ndata: {"cluster": "edge-2", "commit": "' + b"f" * 40 + b'"}\n\n'
+        )
+        _wait(lambda: listings() == before + 1, "the one ls-refs it asks for")
+        assert settled() == before + 1
+        # Replayed five times: each may cost one ls-refs (those arriving while one runs
+        # collapse into one more), never a fetch or a worker.
+        for _ in range(5):
+            forged.sent.put(b"event: look\ndata: \n\n")
+        _wait(lambda: listings() > before + 1, "the replays' ls-refs")
+        after = settled()
+        assert before + 2 <= after <= before + 6
+        # An event the agent does not know: nothing at all.
+        forged.sent.put(b'event: deploy\ndata: {"manifests": "..."}\n\n')
+        time.sleep(2)
+        assert settled() == after
+        assert workers() == ran, "a notification started a worker"
+        now = live(kube, "v1", "ConfigMap", "c", ns)
+        assert now is not None
+        assert now["metadata"]["resourceVersion"] == applied["metadata"]["resourceVersion"]
+        assert "notify channel down" not in log.read_text()
+        agent.send_signal(signal.SIGTERM)
+        assert agent.wait(timeout=60) == 0
+    finally:
+        forged.close()
+        if agent.poll() is None:
+            agent.kill()
+            agent.wait()
+        print(log.read_text()[-5000:])  # shown when the test fails

@@ -46,6 +46,7 @@ from agent.errors import (
     TemporaryError,
     ValidationError,
 )
+from agent.report import trace
 from agent.report.metrics import Metrics
 from agent.report.push import StatusPusher
 from agent.runner.decisions import changed
@@ -92,6 +93,7 @@ class Supervisor:
         """``reader``: metadata-only LISTs for the drift checks (None: every drift check runs a
         worker)."""
         self.cluster = settings.repo.cluster
+        trace.for_cluster(self.cluster)
         self.metrics = metrics
         self.pusher = pusher
         self._settings = settings_to_dict(settings)
@@ -124,6 +126,7 @@ class Supervisor:
         self.ticks += 1
         started = time.perf_counter()
         known = self._known
+        trace.mark("agent:poll")
         try:
             commit = self._watcher.poll()
         except FleetletError as exc:
@@ -141,6 +144,7 @@ class Supervisor:
                 with contextlib.suppress(FleetletError):
                     self._work("drift")
             raise
+        trace.mark("agent:ls-refs")
         if self._poll_problem is not None:
             # The server is back: a tick takes the problem off every bundle.
             self._poll_problem = None
@@ -241,6 +245,7 @@ class Supervisor:
             if before is None:
                 before = self._fingerprint(self._known)
             level, fmt = self._log
+            trace.mark(f"agent:{job}-worker")
             try:
                 run = self._launcher.run(
                     job,
@@ -266,6 +271,7 @@ class Supervisor:
                 log.info("%s: %s", self.cluster, exc)
                 return None
             self._failures, self._failure = 0, None
+            trace.mark(f"agent:{job}-worker-done")
             result = run.result
             self.metrics.worker_finished(job, run.seconds, max_rss=run.max_rss)
             replay(self.metrics, result.metrics)
@@ -324,6 +330,7 @@ class Supervisor:
                 else load_reported_facts(facts, origin="the worker's cluster facts"),
             )
             self.pusher.tick()
+            trace.mark("agent:status-pushed")
         except ValidationError as exc:
             log.warning("%s: the worker's status document is unreadable: %s", self.cluster, exc)
         except FleetletError as exc:
