@@ -387,7 +387,9 @@ def build_supervisor(settings: Any, *, log_level: str, log_format: str) -> Any:
     return Supervisor(
         settings=settings,
         launcher=WorkerLauncher(
-            workdir=settings.repo.cache_dir / "worker", timeout=settings.poll.worker_timeout
+            workdir=settings.repo.cache_dir / "worker",
+            timeout=settings.poll.worker_timeout,
+            warm=settings.poll.warm_worker,
         ),
         watcher=branch_watcher(settings, credentials),
         metrics=metrics,

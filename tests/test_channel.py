@@ -219,6 +219,20 @@ def test_a_flood_of_notifications_gives_one_more_poll_and_the_slow_poll_waits_fo
         scheduler.stop()
 
 
+def _standbys(parent: int) -> set[int]:
+    """The standby workers (``--warm-worker``) of the agent ``parent``."""
+    found = set()
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+            ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == parent and b"agent.runner.worker" in cmdline and b"--standby" in cmdline:
+            found.add(int(proc.name))
+    return found
+
+
 def _publish(lab: Lab, name: str, ns: str, value: str) -> None:
     files = {"01.yaml": namespace_manifest(ns), "02.yaml": configmap("c", ns, {"value": value})}
     digest = lab.push("cfg", files, tag=value)
@@ -229,7 +243,8 @@ def test_a_publish_reaches_the_agent_through_the_channel_and_polling_covers_the_
     lab: Lab, crds: Cluster, namespace: str, tmp_path: Path
 ) -> None:
     """The agent polls every 2 s without the channel and every hour with it: with the channel
-    up, only the notification explains a publication applied within the test's timeouts."""
+    up, only the notification explains a publication applied within the test's timeouts.
+    With ``--warm-worker`` a standby worker waits, loaded, and does the next move."""
     kube = KubeClient(kubeconfig=str(crds.kubeconfig))
     ns, name = lab.name("chan"), lab.name("cfg")
     _publish(lab, name, ns, "one")
@@ -254,7 +269,7 @@ def test_a_publish_reaches_the_agent_through_the_channel_and_polling_covers_the_
     agent = subprocess.Popen(
         [sys.executable, "-m", "fleetlet", "agent", "run",
          *lab.agent_args("edge-1", crds, namespace=namespace, workdir=tmp_path / "agent"),
-         "--interval", "2", "--jitter", "0.2", "--notify-poll-interval", "3600",
+         "--interval", "2", "--jitter", "0.2", "--notify-poll-interval", "3600", "--warm-worker",
          "--notify-url", f"http://127.0.0.1:{port}",
          "--notify-token-file", str(tmp_path / "edge-1.token")],
         cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=log.open("w"),
@@ -263,9 +278,14 @@ def test_a_publish_reaches_the_agent_through_the_channel_and_polling_covers_the_
         _wait(lambda: value() == "one", "the first publication (the first poll)", 120)
         _wait(lambda: said("notify channel up") == 1, "the channel up")
         time.sleep(3)  # the poll interval passed at least once: quiet while the channel is up
+        _wait(lambda: len(_standbys(agent.pid)) == 1, "a standby worker waiting")
+        (standby,) = _standbys(agent.pid)
         _publish(lab, name, ns, "two")
         _wait(lambda: value() == "two", "the second publication, told by the channel", 120)
         assert said("notify channel down") == 0, "the channel dropped: polling may explain it"
+        # The standby did the move (it is gone) and another one waits for the next.
+        _wait(lambda: _standbys(agent.pid) - {standby}, "the next standby worker")
+        assert standby not in _standbys(agent.pid)
 
         # The hub killed mid-stream: the agent polls at its 2 s interval again.
         hub.__exit__(None, None, None)
@@ -282,8 +302,10 @@ def test_a_publish_reaches_the_agent_through_the_channel_and_polling_covers_the_
         _publish(lab, name, ns, "four")
         _wait(lambda: value() == "four", "the fourth publication, told by the channel", 120)
         assert said("notify channel down") == downs
+        waiting = _standbys(agent.pid)
         agent.send_signal(signal.SIGTERM)
         assert agent.wait(timeout=60) == 0
+        _wait(lambda: not any(Path(f"/proc/{p}").exists() for p in waiting), "the standby gone")
     finally:
         hub.__exit__(None, None, None)
         if agent.poll() is None:

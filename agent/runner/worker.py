@@ -68,6 +68,12 @@ def die_with_parent(parent: int) -> bool:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    # ``--standby REQUEST``: started before there is a job (``agent run --warm-worker``).
+    standby = bool(args) and args[0] == "--standby"
+    if standby:
+        args = args[1:]
+        if not die_with_parent(os.getppid()) or not _stand_by():
+            return EXIT_ORPHAN
     # ``REQUEST --then VOUCHED``: a tick's second step (VOUCHED is ``-`` when it has none).
     second = len(args) == 3 and args[1] == "--then"
     vouched_text = args[2] if second and args[2] != "-" else None
@@ -86,7 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from agent.report import trace
 
     trace.mark("worker:second-step" if second else "worker:started")
-    if request.job == "tick" and not second:
+    if request.job == "tick" and not second and not standby:
         checked = check_signature(request)
         trace.mark("worker:signature-checked")
         if isinstance(checked, JobResult):
@@ -109,6 +115,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     write_atomically(request.result, result.to_json())
     trace.mark("worker:result-written")
     return 0
+
+
+# What a job loads (the modules ``build_agent`` and a tick import when they run).
+_WARM = (
+    "agent.assemble", "agent.loop", "agent.inbound", "agent.kube", "agent.reconcile",
+    "agent.reconcile.group", "agent.apply", "agent.health", "agent.render", "agent.verify",
+    "agent.verify._sigstore", "agent.report.logs", "agent.report.push", "agent.runner.relay",
+    "agent.source.oci", "agent.secrets.keys", "sigstore.models", "sigstore.verify",
+)  # fmt: skip
+
+
+def _stand_by() -> bool:
+    """Import what a job needs, then wait for the launcher's line: True to go on, False when
+    stdin closed without one (the supervisor went away)."""
+    import importlib
+
+    from agent.report import trace
+
+    for module in _WARM:
+        with contextlib.suppress(ImportError):
+            importlib.import_module(module)
+    trace.mark("worker:standby")
+    return bool(sys.stdin.buffer.readline())
 
 
 def check_signature(request: JobRequest) -> Any:
