@@ -300,6 +300,7 @@ def _run(args: argparse.Namespace) -> int:
         max_backoff=poll.max_backoff,
     )
     channel = _notify_channel(args, settings.repo.cluster, scheduler, supervisor.metrics)
+    scheduler.keep_polling = supervisor.awaiting  # decisions are made in the cluster
     supervisor.on_fatal = lambda: scheduler.stop(wait=False)
     probe = (
         ProbeServer(

@@ -332,6 +332,8 @@ class BranchWatcher:
 
     The first listing only sets what is known. A failed listing is logged and retried with
     backoff; what was known stays, so a move during the outage is told at the next success.
+    :meth:`poke` lists at once: this hub published (a rollout step), its own listing says which
+    branches moved without waiting for the next tick.
     """
 
     def __init__(
@@ -352,6 +354,7 @@ class BranchWatcher:
         self.listings = 0
         self._backoff = Backoff(initial=interval, maximum=max(interval, 60.0))
         self._stop = threading.Event()
+        self._poked = threading.Event()
         self._thread = threading.Thread(target=self._run, name="channel-watch", daemon=True)
 
     def start(self) -> None:
@@ -359,7 +362,12 @@ class BranchWatcher:
 
     def stop(self) -> None:
         self._stop.set()
+        self._poked.set()
         self._thread.join(timeout=10)
+
+    def poke(self, _clusters: object = None) -> None:
+        """List now rather than at the next tick (from any thread)."""
+        self._poked.set()
 
     def tick(self) -> list[str]:
         """One listing of every repository; returns the clusters told. Raises FleetletError."""
@@ -382,7 +390,11 @@ class BranchWatcher:
 
     def _run(self) -> None:
         wait = 0.0
-        while not self._stop.wait(wait):
+        while True:
+            self._poked.wait(wait)
+            self._poked.clear()
+            if self._stop.is_set():
+                return
             started = time.monotonic()
             try:
                 self.tick()

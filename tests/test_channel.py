@@ -180,6 +180,29 @@ def test_each_hub_replica_learns_of_a_move_from_git_itself(
             two.close()
 
 
+def test_a_hub_that_published_lists_the_branches_at_once(
+    channel_hub: tuple[str, str], tmp_path: Path
+) -> None:
+    """A rollout step's publish pokes the watch: the move is listed (from git, as always) and
+    told without waiting for the next --channel-watch tick (an hour here)."""
+    from hub.channel import BranchWatcher
+
+    _, url = channel_hub
+    told: list[list[str]] = []
+    watcher = BranchWatcher(urls=[url], moved=told.append, interval=3600)
+    watcher.start()
+    try:
+        _wait(lambda: watcher.listings == 1, "the first listing")
+        _move(url, "edge-1", tmp_path / "work")
+        time.sleep(1)
+        assert told == []  # the next tick is an hour away
+        watcher.poke(("edge-1",))
+        _wait(lambda: told == [["edge-1"]], "the move told after the poke")
+        assert watcher.listings == 2
+    finally:
+        watcher.stop()
+
+
 def test_a_flood_of_notifications_gives_one_more_poll_and_the_slow_poll_waits_for_its_time() -> (
     None
 ):
@@ -211,10 +234,16 @@ def test_a_flood_of_notifications_gives_one_more_poll_and_the_slow_poll_waits_fo
         # The interval's poll is skipped while the channel is up and the slow poll not due...
         assert scheduler.run("poll") is None
         assert len(polls) == 2
-        # ...and runs again at every interval once the channel is down.
+        # ...and runs again at every interval once the channel is down...
         up[0] = False
         assert scheduler.run("poll") is not None
         assert len(polls) == 3
+        # ...or while a group waits for a decision made in the cluster (no hub can tell it).
+        up[0] = True
+        assert scheduler.run("poll") is None
+        scheduler.keep_polling = lambda: True
+        assert scheduler.run("poll") is not None
+        assert len(polls) == 4
     finally:
         scheduler.stop()
 

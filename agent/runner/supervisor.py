@@ -199,6 +199,11 @@ class Supervisor:
             # pusher's own clock would skip one whenever the job fires a moment early).
             self.pusher.push()
 
+    def awaiting(self) -> bool:
+        """Whether a group waits for a decision on an approval request (the polls check it)."""
+        known = self._known
+        return bool(known is not None and known.awaiting)
+
     def stop(self) -> None:
         """End the running worker now and start no other (``agent run`` is stopping): the jobs
         then return at once. Safe in a signal handler."""
