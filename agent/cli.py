@@ -301,6 +301,7 @@ def _run(args: argparse.Namespace) -> int:
     )
     channel = _notify_channel(args, settings.repo.cluster, scheduler, supervisor.metrics)
     scheduler.keep_polling = supervisor.awaiting  # decisions are made in the cluster
+    supervisor.channel = None if channel is None else (lambda: channel.up)
     supervisor.on_fatal = lambda: scheduler.stop(wait=False)
     probe = (
         ProbeServer(

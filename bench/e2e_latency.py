@@ -22,7 +22,8 @@ until every installation is Ready. Then:
   ``RolledBack`` is timed too. Then the override is removed and the group moves back (a
   publish-to-Ready sample of the canary alone).
 
-With ``--channel`` the agents also hold a notification channel (``agent run --notify-url``,
+With ``--warm-worker`` the agents keep their next worker started and loaded (``agent run
+--warm-worker``), in every run. With ``--channel`` the agents also hold a notification channel (``agent run --notify-url``,
 polling every hour while it is up) to a second ``hub serve --channel-tokens`` that only serves
 it: the publish-to-Ready runs are made twice in the same run, first with the channel, then
 with that hub stopped (the agents back to polling every ``--interval``).
@@ -64,6 +65,7 @@ from fleetlet.demo import CANARY, Demo, _free_port, bundle_files  # noqa: E402
 CONVERGE_BUNDLE = "payments-config"
 BROKEN_BUNDLE = "shop-backend"
 SAMPLE = 0.05
+SETTLE = 5.0
 
 
 class BenchError(RuntimeError):
@@ -188,6 +190,7 @@ def set_canary_backend(fleet: Fleet, version: str | None) -> None:
 def converge(fleet: Fleet, version: str) -> dict[str, float]:
     """One publish-to-Ready sample: seconds to each cluster and to all, and of the publish."""
     set_payments(fleet, version)
+    time.sleep(SETTLE)  # idle between publishes, as a fleet is (a standby worker is loaded)
     began, began_wall = time.monotonic(), time.time()
     serials = fleet.publish()
     published = time.monotonic()
@@ -290,11 +293,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--interval", type=float, default=10.0, help="agents' poll interval")
     parser.add_argument("--runs", type=int, default=10, help="publish-to-Ready samples (10)")
     parser.add_argument("--rollbacks", type=int, default=3, help="rollback samples (3)")
+    parser.add_argument(
+        "--warm-worker", action="store_true", help="the agents keep a standby worker loaded"
+    )
     parser.add_argument("--keep", type=Path, help="work in this directory and keep it (logs)")
     parser.add_argument(
         "--channel", action="store_true", help="the runs with the notification channel first"
     )
+    parser.add_argument(
+        "--settle", type=float, default=SETTLE, help="seconds idle before each publish (5)"
+    )
     args = parser.parse_args(argv)
+    global SETTLE
+    SETTLE = args.settle
     load_start = os.getloadavg()[0]
     workdir = args.keep or Path(tempfile.mkdtemp(prefix="fleetlet-e2e-"))
     workdir.mkdir(parents=True, exist_ok=True)
@@ -320,6 +331,9 @@ def main(argv: list[str] | None = None) -> int:
             demo.publish_fleet()
             if args.channel:
                 channel = start_channel(demo)
+            if args.warm_worker:
+                extra = demo.agent_extra
+                demo.agent_extra = lambda name: [*extra(name), "--warm-worker"]
             demo.start_agents_and_hub()
             demo.wait_for(demo.all_ready, "every installation Ready")
             fleet = Fleet(demo)

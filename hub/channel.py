@@ -485,6 +485,8 @@ def channel_from_args(
         interval=parse_duration(args.channel_watch).total_seconds(),
         credentials=credentials,
     )
+    with contextlib.suppress(AttributeError):
+        app.state.channel = True  # its OpenAPI document lists the events path
     served = ChannelApp(
         app,
         tokens=tokens,

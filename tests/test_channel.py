@@ -133,6 +133,16 @@ def test_a_channel_token_opens_its_own_clusters_channel_and_nothing_else(
         assert answer.status_code == 401, path
     # ...and an admin API token is not a channel token.
     assert Stream(hub, "edge-1", ADMIN).status == 401
+    # The API's OpenAPI document lists the channel where it is served, with its answers.
+    from openapi_spec_validator import validate as validate_spec
+
+    document = requests.get(
+        f"{hub}/api/v1/openapi.json", headers={"Authorization": f"Bearer {ADMIN}"}, timeout=10
+    ).json()
+    validate_spec(document)
+    events = document["paths"]["/api/v1/clusters/{cluster}/events"]["get"]
+    assert set(events["responses"]) >= {"200", "401", "403", "503"}
+    assert "text/event-stream" in events["responses"]["200"]["content"]
     assert (
         requests.get(
             f"{hub}/api/v1/clusters", headers={"Authorization": f"Bearer {ADMIN}"}, timeout=10
@@ -312,6 +322,17 @@ def test_a_publish_reaches_the_agent_through_the_channel_and_polling_covers_the_
         _publish(lab, name, ns, "two")
         _wait(lambda: value() == "two", "the second publication, told by the channel", 120)
         assert said("notify channel down") == 0, "the channel dropped: polling may explain it"
+
+        # The status document says the channel is up: the hub shows it per cluster and on
+        # every installation (`fleetlet installations list`'s CHANNEL column).
+        def shown() -> tuple[object, object]:
+            auth = {"Authorization": f"Bearer {ADMIN}"}
+            base = f"http://127.0.0.1:{port}/api/v1"
+            cluster = requests.get(f"{base}/clusters/edge-1", headers=auth, timeout=10).json()
+            items = requests.get(f"{base}/installations", headers=auth, timeout=10).json()
+            return cluster.get("notifyChannel"), items["items"][0].get("notifyChannel")
+
+        _wait(lambda: shown() == ("up", "up"), "the hub showing the channel up")
         # The standby did the move (it is gone) and another one waits for the next.
         _wait(lambda: _standbys(agent.pid) - {standby}, "the next standby worker")
         assert standby not in _standbys(agent.pid)

@@ -115,6 +115,9 @@ class Supervisor:
         """(reason, message) of the last failed poll, said on every bundle, until one works."""
         self._progress_seen = 0.0
         self._lock = threading.Lock()
+        self.channel: Callable[[], bool] | None = None
+        """Whether the hub's notification channel is up (None: no channel configured); said
+        in the status document as ``notifyChannel``."""
         self.fatal: ConfigurationError | None = None
         """The first worker could not build the agent: ``agent run`` stops with this."""
         self.on_fatal: Callable[[], None] | None = None
@@ -194,6 +197,10 @@ class Supervisor:
             return
         if self._launcher.running is not None:
             self._take_progress(self._launcher.progress)
+        latest = self.pusher.latest
+        if latest is not None and latest.notify_channel != self._channel_state():
+            with contextlib.suppress(FleetletError, ValueError):
+                self.pusher.update(self._with_channel(latest))
         if self.pusher.latest is not None:
             # This job runs every heartbeat interval: a heartbeat is due by definition (the
             # pusher's own clock would skip one whenever the job fires a moment early).
@@ -329,7 +336,7 @@ class Supervisor:
             return
         try:
             self.pusher.update(
-                load_status(data, origin="the worker's status document"),
+                self._with_channel(load_status(data, origin="the worker's status document")),
                 facts=None
                 if facts is None
                 else load_reported_facts(facts, origin="the worker's cluster facts"),
@@ -349,9 +356,17 @@ class Supervisor:
             if changed == self._progress_seen:
                 return
             self._progress_seen = changed
-            self.pusher.update(load_status(path.read_bytes(), origin=str(path)))
+            self.pusher.update(self._with_channel(load_status(path.read_bytes(), origin=str(path))))
         except (OSError, ValidationError):
             return  # not written yet, or being replaced: the next heartbeat reads it
+
+    def _channel_state(self) -> str | None:
+        channel = self.channel
+        return None if channel is None else ("up" if channel() else "down")
+
+    def _with_channel(self, doc: ClusterStatus) -> ClusterStatus:
+        """``doc`` saying whether the channel is up (the worker does not know)."""
+        return dataclasses.replace(doc, notify_channel=self._channel_state())
 
 
 def _with_failure(doc: ClusterStatus, message: str) -> ClusterStatus:

@@ -289,7 +289,13 @@ def create_app(
     routes: list[BaseRoute] = [
         Route(
             f"{p}/openapi.json",
-            guarded(lambda r, a: openapi_document(rollouts=rollouts is not None)),
+            guarded(
+                lambda r, a: openapi_document(
+                    rollouts=rollouts is not None,
+                    # Set by hub.channel when the agents' channel is served in front of this app.
+                    channel=getattr(r.app.state, "channel", False),
+                )
+            ),
         ),
         Route(
             f"{p}/clusters",

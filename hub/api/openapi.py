@@ -31,6 +31,13 @@ def _nullable(kind: str) -> dict[str, Any]:
     return {"type": [kind, "null"]}
 
 
+_CHANNEL = {
+    "type": ["string", "null"],
+    "enum": ["up", "down", None],
+    "description": "the agent's notification channel to the hub: `up` (told of moves at once), "
+    "`down` (polling while it reconnects); null: no channel configured, the agent only polls",
+}
+
 _ERRORS = {
     "401": {
         "description": "missing or unknown bearer token",
@@ -110,8 +117,9 @@ _EXPLANATION: dict[str, Any] = {
 }
 
 
-def openapi_document(*, rollouts: bool = False) -> dict[str, Any]:
-    """The OpenAPI 3.1 document of this API (``rollouts``: with the rollout endpoints)."""
+def openapi_document(*, rollouts: bool = False, channel: bool = False) -> dict[str, Any]:
+    """The OpenAPI 3.1 document of this API (``rollouts``: with the rollout endpoints;
+    ``channel``: with the agents' notification channel)."""
     installation_props: dict[str, Any] = {
         "cluster": {"type": "string"},
         "bundle": {"type": "string"},
@@ -122,6 +130,7 @@ def openapi_document(*, rollouts: bool = False) -> dict[str, Any]:
         "lastRun": {"oneOf": [_ref("RunBrief"), {"type": "null"}]},
         "lastSuccessfulRun": _nullable("string"),
         "driftCount": {"type": "integer"},
+        "notifyChannel": _CHANNEL,
     }
     schemas: dict[str, Any] = {
         "Error": {
@@ -138,6 +147,7 @@ def openapi_document(*, rollouts: bool = False) -> dict[str, Any]:
                 "heartbeatAgeSeconds": _nullable("number"),
                 "stale": {"type": "boolean"},
                 "agentVersion": _nullable("string"),
+                "notifyChannel": _CHANNEL,
                 "sequence": _nullable("integer"),
                 "lastAcceptedSerial": _nullable("integer"),
                 "lastRefusal": _nullable("object"),
@@ -395,6 +405,8 @@ def openapi_document(*, rollouts: bool = False) -> dict[str, Any]:
             ],
         ),
     }
+    if channel:
+        paths[f"{p}/clusters/{{cluster}}/events"] = _events([_CLUSTER])
     if rollouts:
         _rollout_api(schemas, paths, op)
     return {
@@ -406,10 +418,51 @@ def openapi_document(*, rollouts: bool = False) -> dict[str, Any]:
         },
         "security": [{"bearer": []}],
         "components": {
-            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "securitySchemes": {
+                "bearer": {"type": "http", "scheme": "bearer"},
+                "channelToken": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "a cluster's channel token: opens its events and nothing else",
+                },
+            },
             "schemas": schemas,
         },
         "paths": paths,
+    }
+
+
+def _events(parameters: list[Any]) -> dict[str, Any]:
+    """The agents' notification channel (:mod:`hub.channel`), served with ``hub serve
+    --channel-tokens``: a stream, not JSON."""
+    errors = {
+        code: _json(_ref("Error"), text)
+        for code, text in (
+            ("401", "missing or unknown channel token (API tokens do not open a channel)"),
+            ("403", "this token opens another cluster's channel"),
+            ("503", "too many open channels on this hub: poll, retry after `Retry-After`"),
+        )
+    }
+    return {
+        "get": {
+            "summary": "Notification channel",
+            "description": "Server-sent events for one cluster's agent, authenticated with that "
+            "cluster's channel token (`fleetlet hub channel-token add`), held open: `event: look` "
+            "when the cluster's branch moved (the agent then lists its branch in git; the event "
+            "carries nothing else and is never trusted), a `: ping` comment when idle (every "
+            "`--channel-keepalive`). Served only with `hub serve --channel-tokens`.",
+            "operationId": "notification_channel",
+            "parameters": parameters,
+            "security": [{"channelToken": []}],
+            "responses": {
+                "200": {
+                    "description": "the stream (`event: look` / `: ping`), until either side "
+                    "closes it",
+                    "content": {"text/event-stream": {"schema": {"type": "string"}}},
+                },
+                **errors,
+            },
+        }
     }
 
 
