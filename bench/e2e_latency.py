@@ -304,8 +304,7 @@ def main(argv: list[str] | None = None) -> int:
         "--settle", type=float, default=SETTLE, help="seconds idle before each publish (5)"
     )
     args = parser.parse_args(argv)
-    global SETTLE
-    SETTLE = args.settle
+    globals()["SETTLE"] = args.settle
     load_start = os.getloadavg()[0]
     workdir = args.keep or Path(tempfile.mkdtemp(prefix="fleetlet-e2e-"))
     workdir.mkdir(parents=True, exist_ok=True)
