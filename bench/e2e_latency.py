@@ -60,7 +60,8 @@ import yaml  # noqa: E402
 
 from agent.api.status import ClusterStatus, load_status  # noqa: E402
 from bench import _stages as stages  # noqa: E402
-from fleetlet.demo import CANARY, Demo, _free_port, bundle_files  # noqa: E402
+from fleetlet.demo.environment import Demo, _free_port  # noqa: E402
+from fleetlet.demo.examples import CANARY, bundle_files  # noqa: E402
 
 CONVERGE_BUNDLE = "payments-config"
 BROKEN_BUNDLE = "shop-backend"
@@ -148,7 +149,7 @@ class Fleet:
         return self._clients[cluster]
 
     def commit(self, message: str) -> None:
-        self.demo._commit(message)
+        self.demo.commit(message)
 
 
 def wait(check: Callable[[], bool], what: str, demo: Demo, timeout: float = 600) -> float:

@@ -33,7 +33,7 @@ EXIT_NOT_IMPLEMENTED = 3
 
 def _demo(args: argparse.Namespace) -> int:
     # Imported here: the demo needs the test environment of a source checkout.
-    from fleetlet.demo import run_demo
+    from fleetlet.demo.command import run_demo
 
     return run_demo(args)
 
@@ -166,6 +166,9 @@ def build_parser(*, agent_only: bool = False) -> argparse.ArgumentParser:
     )
     add_output_option(fleet)
     fleet.set_defaults(handler=_import_fleet)
+
+    from fleetlet.demo.scenarios import SCENARIOS  # the registry only: no component imported
+
     demo = sub.add_parser(
         "demo",
         help="run a local demo fleet: clusters, git server, registry, Sigstore, hub, agents",
@@ -176,7 +179,7 @@ def build_parser(*, agent_only: bool = False) -> argparse.ArgumentParser:
     )
     demo.add_argument(
         "--scenario",
-        choices=["install", "failed-upgrade", "approval", "rollout"],
+        choices=list(SCENARIOS),
         default="install",
         help="after the install: a broken upgrade rolled back on the canary (failed-upgrade), "
         "an upgrade that needs an approval, approved by the production stores' policy and "

@@ -486,7 +486,7 @@ def channel_from_args(
         credentials=credentials,
     )
     with contextlib.suppress(AttributeError):
-        app.state.channel = True  # its OpenAPI document lists the events path
+        add_to_openapi(app.state.openapi)  # the API's document lists the events path
     served = ChannelApp(
         app,
         tokens=tokens,
@@ -494,6 +494,50 @@ def channel_from_args(
     )
     log.info("channel: %d clusters may connect; watching %s", len(tokens), ", ".join(urls))
     return served, watcher
+
+
+def add_to_openapi(document: dict[str, Any]) -> None:
+    """The channel's path and its token scheme in the API's OpenAPI ``document`` (in place):
+    a stream, not JSON, served in front of the API app."""
+    error = {"$ref": "#/components/schemas/Error"}
+    answers = {
+        "401": "missing or unknown channel token (API tokens do not open a channel)",
+        "403": "this token opens another cluster's channel",
+        "405": "not GET",
+        "503": "too many open channels on this hub: poll, retry after `Retry-After`",
+    }
+    document["components"]["securitySchemes"]["channelToken"] = {
+        "type": "http",
+        "scheme": "bearer",
+        "description": "a cluster's channel token (`fleetlet hub channel-token add`): opens "
+        "that cluster's events and nothing else",
+    }
+    document["paths"]["/api/v1/clusters/{cluster}/events"] = {
+        "get": {
+            "summary": "Notification channel",
+            "operationId": "notification_channel",
+            "description": "Server-sent events for one cluster's agent, held open: `event: look` "
+            "when the cluster's branch moved (the agent then lists its branch in git; the event "
+            "carries nothing else and is never trusted), a `: ping` comment when idle (every "
+            "`--channel-keepalive`). Needs that cluster's channel token.",
+            "security": [{"channelToken": []}],
+            "parameters": [
+                {"name": "cluster", "in": "path", "required": True,
+                 "description": "the cluster", "schema": {"type": "string"}}
+            ],
+            "responses": {
+                "200": {
+                    "description": "the stream (`event: look`, `: ping`), until either side "
+                    "closes it",
+                    "content": {"text/event-stream": {"schema": {"type": "string"}}},
+                },
+                **{
+                    code: {"description": text, "content": {"application/json": {"schema": error}}}
+                    for code, text in answers.items()
+                },
+            },
+        }
+    }  # fmt: skip
 
 
 def channel_urls(args: Any, fleet: Any) -> list[str]:

@@ -607,7 +607,7 @@ def test_matrix_api_pages_and_filters_the_whole_fleet(hub: Hub) -> None:
     assert clusters["lab-1"]["labels"] == {}
 
     for params, problem in [
-        ({"limit": "0"}, "limit between 1 and 500"),
+        ({"limit": "0"}, "limit must be between 1 and 500, got 0"),
         ({"offset": "-1"}, "offset must be >= 0"),
         ({"limit": "ten"}, "limit must be a whole number"),
         ({"label": "tier in (core"}, "label filter"),

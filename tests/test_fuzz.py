@@ -76,7 +76,7 @@ def tallied(name: str) -> Iterator[Tally]:
         path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
-# --- fleet repo loader (hub/fleet/load.py) -----------------------------------------------
+# --- fleet repo loader (hub/fleet/load/) --------------------------------------------------
 
 
 FLEET_FILES = {

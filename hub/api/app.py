@@ -44,8 +44,9 @@ if TYPE_CHECKING:
     from hub.rollout.service import RolloutService
 
 from agent.errors import FleetletError, TemporaryError
+from hub.api.endpoints import API_PREFIX, CORE, Endpoint, enroll_endpoints, rollout_endpoints
 from hub.api.metrics import HubMetrics
-from hub.api.openapi import API_PREFIX, openapi_document
+from hub.api.openapi import openapi_document
 from hub.api.tokens import HubConfigError, Tokens, load_tokens
 from hub.explain import answer as explain_answer
 from hub.status.aggregate import FleetStatus
@@ -105,17 +106,6 @@ def _unavailable(message: str, retry_after: float | None) -> JSONResponse:
     """503 with a Retry-After (whole seconds, at least 1)."""
     wait = max(1, math.ceil(retry_after if retry_after is not None else SLOW_RETRY_AFTER))
     return _error(503, message, {"Retry-After": str(wait)})
-
-
-def _int_param(request: Request, name: str, default: int) -> int:
-    """A whole-number query parameter. Raises QueryError (400)."""
-    text = request.query_params.get(name)
-    if text is None or text == "":
-        return default
-    try:
-        return int(text)
-    except ValueError:
-        raise QueryError(400, f"{name} must be a whole number, got {text!r}") from None
 
 
 def _large(request: Request) -> bool:
@@ -282,84 +272,43 @@ def create_app(
 
         return endpoint
 
-    def params(request: Request) -> tuple[str, str]:
-        return request.path_params["cluster"], request.path_params["bundle"]
+    served = [*CORE]
+    if rollouts is not None:
+        served += _rollout_endpoints()
+    if enrollment is not None:
+        served += _enroll_endpoints()
+    document = openapi_document(served)
+    Values = dict[str, Any]
 
-    p = API_PREFIX
-    routes: list[BaseRoute] = [
-        Route(
-            f"{p}/openapi.json",
-            guarded(
-                lambda r, a: openapi_document(
-                    rollouts=rollouts is not None,
-                    # Set by hub.channel when the agents' channel is served in front of this app.
-                    channel=getattr(r.app.state, "channel", False),
-                )
-            ),
+    def installation(v: Values) -> tuple[str, str]:
+        return v["cluster"], v["bundle"]
+
+    answers: dict[str, Callable[[Values, bool], dict[str, Any]]] = {
+        "openapi_document": lambda v, a: document,
+        "list_clusters": lambda v, a: queries.clusters(offset=v["offset"], limit=v["limit"]),
+        "show_cluster": lambda v, a: queries.cluster(v["cluster"]),
+        "list_installations": lambda v, a: queries.installations(**v),
+        "show_installation": lambda v, a: queries.installation(*installation(v), admin=a),
+        "list_runs": lambda v, a: queries.runs(*installation(v), admin=a),
+        "list_outputs": lambda v, a: queries.outputs(*installation(v), v["run"], admin=a),
+        "explain_cluster": lambda v, a: explain_answer(
+            queries, v["cluster"], v["bundle"], rollouts.state if rollouts is not None else None
         ),
-        Route(
-            f"{p}/clusters",
-            guarded(
-                lambda r, a: queries.clusters(
-                    offset=_int_param(r, "offset", 0), limit=_int_param(r, "limit", DEFAULT_PAGE)
-                )
-            ),
-        ),
-        Route(
-            f"{p}/clusters/{{cluster}}",
-            guarded(lambda r, a: queries.cluster(r.path_params["cluster"])),
-        ),
-        Route(
-            f"{p}/installations",
-            guarded(
-                lambda r, a: queries.installations(
-                    cluster=r.query_params.get("cluster"),
-                    bundle=r.query_params.get("bundle"),
-                    state=r.query_params.get("state"),
-                    offset=_int_param(r, "offset", 0),
-                    limit=_int_param(r, "limit", DEFAULT_PAGE),
-                )
-            ),
-        ),
-        Route(
-            f"{p}/installations/{{cluster}}/{{bundle}}",
-            guarded(lambda r, a: queries.installation(*params(r), admin=a)),
-        ),
-        Route(
-            f"{p}/installations/{{cluster}}/{{bundle}}/runs",
-            guarded(lambda r, a: queries.runs(*params(r), admin=a)),
-        ),
-        Route(
-            f"{p}/installations/{{cluster}}/{{bundle}}/runs/{{run}}/outputs",
-            guarded(lambda r, a: queries.outputs(*params(r), r.path_params["run"], admin=a)),
-        ),
-        *(_rollout_routes(rollouts, guarded, caller) if rollouts is not None else []),
-        *(_enroll_routes(enrollment, caller) if enrollment is not None else []),
-        Route(
-            f"{p}/explain/{{cluster}}",
-            guarded(
-                lambda r, a: explain_answer(
-                    queries,
-                    r.path_params["cluster"],
-                    r.query_params.get("bundle") or None,
-                    rollouts.state if rollouts is not None else None,
-                )
-            ),
-        ),
-        Route(
-            f"{p}/matrix",
-            guarded(
-                lambda r, a: queries.matrix(
-                    label=r.query_params.get("label") or None,
-                    bundle=r.query_params.get("bundle") or None,
-                    state=r.query_params.get("state") or None,
-                    name=r.query_params.get("name") or None,
-                    offset=_int_param(r, "offset", 0),
-                    limit=_int_param(r, "limit", DEFAULT_PAGE),
-                )
-            ),
-        ),
-    ]
+        "fleet_matrix": lambda v, a: queries.matrix(**v),
+    }
+
+    def route(endpoint: Endpoint, answer: Callable[[Values, bool], dict[str, Any]]) -> Route:
+        return Route(
+            endpoint.url_path,
+            guarded(lambda r, a: answer(endpoint.values(r), a)),
+            methods=[endpoint.method],
+        )
+
+    routes: list[BaseRoute] = [route(endpoint, answers[endpoint.operation]) for endpoint in CORE]
+    if rollouts is not None:
+        routes += _rollout_routes(rollouts, guarded, caller)
+    if enrollment is not None:
+        routes += _enroll_routes(enrollment, caller)
 
     async def dashboard(request: Request) -> Response:
         # Every page of the dashboard is the same shell; its script routes by the path.
@@ -400,6 +349,7 @@ def create_app(
     app = Starlette(routes=routes, exception_handlers={404: not_found, 405: not_allowed})
     app.add_middleware(SecurityHeaders)
     app.state.queries = queries
+    app.state.openapi = document  # served as is: hub.channel adds its path when in front
     return app
 
 
@@ -412,29 +362,26 @@ def _rollout_routes(
     caller: Callable[[Request], tuple[str, str] | None],
 ) -> list[BaseRoute]:
     """``GET /rollouts``, ``GET /rollouts/{rollout}``, ``POST /rollouts/{rollout}/{action}``."""
-    from hub.rollout.advance import ACTIONS, RolloutActionError
-    from hub.rollout.evaluate import VERDICTS
+    from hub.rollout.advance import RolloutActionError
 
-    p = API_PREFIX
+    listed, shown, acted = _rollout_endpoints()
 
     def listing(request: Request, admin: bool) -> dict[str, Any]:
         return _answer(rollouts.list)
 
     def one(request: Request, admin: bool) -> dict[str, Any]:
-        verdict = request.query_params.get("verdict") or None
-        if verdict is not None and verdict not in VERDICTS:
-            raise QueryError(400, f"verdict must be one of {', '.join(VERDICTS)}, got {verdict!r}")
+        v = shown.values(request)
         found = _answer(
             lambda: rollouts.detail(
-                request.path_params["rollout"],
-                wave=request.query_params.get("wave") or None,
-                verdict=verdict,
-                offset=_int_param(request, "offset", 0),
-                limit=_int_param(request, "limit", 100),
+                v["rollout"],
+                wave=v["wave"],
+                verdict=v["verdict"],
+                offset=v["offset"],
+                limit=v["limit"],
             )
         )
         if found is None:
-            raise QueryError(404, f"no rollout {request.path_params['rollout']!r}")
+            raise QueryError(404, f"no rollout {v['rollout']!r}")
         return found
 
     async def action(request: Request) -> Response:
@@ -447,8 +394,9 @@ def _rollout_routes(
             )
         name, role = who
         verb = request.path_params["action"]
-        if verb not in ACTIONS:
-            return _error(404, f"no such action {verb!r}: one of {', '.join(ACTIONS)}")
+        actions = acted.params[1].enum or ()
+        if verb not in actions:
+            return _error(404, f"no such action {verb!r}: one of {', '.join(actions)}")
         if role != "admin":
             return _error(403, f"{verb} needs an admin token; {name!r} has the {role} role")
         try:
@@ -481,10 +429,25 @@ def _rollout_routes(
             return _error(exc.status, exc.message)
 
     return [
-        Route(f"{p}/rollouts", guarded(listing)),
-        Route(f"{p}/rollouts/{{rollout}}", guarded(one)),
-        Route(f"{p}/rollouts/{{rollout}}/{{action}}", action, methods=["POST"]),
+        Route(listed.url_path, guarded(listing), methods=[listed.method]),
+        Route(shown.url_path, guarded(one), methods=[shown.method]),
+        Route(acted.url_path, action, methods=[acted.method]),
     ]
+
+
+def _rollout_endpoints() -> tuple[Endpoint, ...]:
+    """The rollout endpoints' declarations, with hub.rollout's vocabularies."""
+    from hub.rollout.advance import ACTIONS
+    from hub.rollout.evaluate import VERDICTS
+    from hub.rollout.report import MAX_MEMBERS_PAGE
+
+    return rollout_endpoints(actions=ACTIONS, verdicts=VERDICTS, max_members=MAX_MEMBERS_PAGE)
+
+
+def _enroll_endpoints() -> tuple[Endpoint, ...]:
+    from hub.enroll.service import STATES
+
+    return enroll_endpoints(states=STATES)
 
 
 def _enroll_routes(enrollment: Any, caller: Any) -> list[BaseRoute]:

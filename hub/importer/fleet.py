@@ -51,44 +51,50 @@ Everything else that changes what Fleet deploys (``yaml.overlays``, ``helm.value
 ``diff``, ``rolloutStrategy``, cluster groups, selectors in ``dependsOn``, a chart
 post-rendered by kustomize, ``.fleetignore`` patterns...) is listed, per bundle and field, in
 the result's ``notes``: nothing is dropped silently.
+
+The rooms: :mod:`hub.importer._layout` reads the checkout (fleet.yaml files, the cluster
+inventory, bundle directories and their names), :mod:`hub.importer._translate` turns Fleet's
+values, targets and chart addresses into fleetlet's, :mod:`hub.importer._result` holds what
+the importer is given and gives back; this module walks the bundles and writes the fleet repo.
+Called by ``fleetlet.cli`` (``fleetlet import fleet``).
 """
 
 from __future__ import annotations
 
 import copy
-import hashlib
-import os
-import posixpath
-import re
-import subprocess
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from agent.api.yamlio import KUBE_DUMPER, go_text
-from agent.errors import FieldProblem, PermanentError
+from agent.api.yamlio import KUBE_DUMPER
+from agent.errors import PermanentError
 from agent.render.detect import CHART_FILE, KUSTOMIZATION_FILES
-from agent.render.manifests import InvalidManifestError, ParseLimits, load_documents
 from agent.render.values import merge
-from hub.fleet.selectors import parse_selector
+from hub.importer._layout import (
+    FLEET_FILE,
+    _customized_dirs,
+    _dict,
+    _kustomized,
+    _origin,
+    _read_yaml,
+    _selector,
+    bundle_directories,
+    fleet_name,
+    load_clusters,
+)
+from hub.importer._result import FleetImportError, ImportResult, ImportSettings, Note
+from hub.importer._translate import (
+    _COMMIT,
+    _GO_GETTER,
+    _fleet_target,
+    _fleet_values,
+    _go_getter_source,
+    _selects,
+)
 from hub.importer.check import check_loads, keep_rendering
 
-FLEET_FILE = "fleet.yaml"
-_FLEET_LIMITS = ParseLimits(max_file_bytes=4 * 1024 * 1024)
-_DISALLOWED = re.compile(r"[^a-zA-Z0-9-]+")
-_HELM_RELEASE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z")
-_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?\Z")
-_MAX_NAME = 53  # Helm's release names, so Fleet's bundle names
-_FLEET_NAME = re.compile(r"\$\{\s*\.ClusterName\s*\}")
-_FLEET_LABEL = re.compile(r"\$\{\s*\.ClusterLabels\.([A-Za-z0-9./_-]+)\s*\}")
-_FLEET_TEMPLATE = re.compile(r"\$\{[^}]*\}")
-_COMMIT = re.compile(r"^[0-9a-f]{40}$")
-# go-getter's forced getters (``git::``) and its detectors' forms (``github.com/...``, ``//``
-# for a subdirectory, ``?ref=``).
-_GO_GETTER = re.compile(r"^[a-z0-9]+::|^(github\.com|gitlab\.com|bitbucket\.org)/|\?ref=|[^:]//")
 # fleet.yaml fields the importer expresses (others are listed as notes).
 _HANDLED = {
     "namespace", "defaultNamespace", "kustomize", "helm", "targetCustomizations", "dependsOn",
@@ -100,176 +106,6 @@ _CUSTOMIZATION_HANDLED = {
     "name", "clusterSelector", "clusterName", "namespace", "defaultNamespace", "kustomize",
     "helm", "doNotDeploy", "paused",
 }  # fmt: skip
-
-
-class FleetImportError(PermanentError):
-    """The directory cannot be imported (not readable, a fleet.yaml that does not parse, no
-    source URL); the message names the file and what was wrong."""
-
-
-@dataclass(frozen=True, slots=True)
-class Note:
-    """Something of the Fleet repo that fleetlet does not express (or expresses differently)."""
-
-    bundle: str
-    field: str
-    message: str
-
-    def to_dict(self) -> dict[str, str]:
-        return {"bundle": self.bundle, "field": self.field, "message": self.message}
-
-
-@dataclass(frozen=True, kw_only=True)
-class ImportSettings:
-    """Where the content is and what the GitRepo says (see the module doc)."""
-
-    name: str
-    source_url: str | None = None
-    branch: str | None = None
-    commit: str | None = None
-    gitrepo: Mapping[str, Any] | None = None
-    clusters: Sequence[Mapping[str, Any]] | None = None
-
-
-@dataclass
-class ImportResult:
-    """The fleetlet bundles and clusters, and the notes."""
-
-    name: str
-    bundles: list[dict[str, Any]] = field(default_factory=list)
-    clusters: list[dict[str, Any]] = field(default_factory=list)
-    notes: list[Note] = field(default_factory=list)
-
-
-# --- reading ---------------------------------------------------------------------------------
-
-
-def _read_yaml(path: Path, root: Path) -> Any:
-    relative = Path(os.path.relpath(path, root)).as_posix()
-    try:
-        documents = load_documents(
-            path.read_bytes(), source=str(root), file=relative, limits=_FLEET_LIMITS
-        )
-    except InvalidManifestError as exc:
-        raise FleetImportError(str(exc)) from None
-    except OSError as exc:
-        raise FleetImportError(f"{path}: cannot be read: {exc.strerror}") from exc
-    return documents[0] if documents else {}
-
-
-def load_clusters(path: Path) -> list[dict[str, Any]]:
-    """A cluster inventory: fleetlet's (``clusters: [{name, labels}]`` or one cluster) or Fleet
-    ``Cluster`` objects (``metadata.name``, ``metadata.labels``), several documents allowed.
-
-    Raises FleetImportError.
-    """
-    try:
-        documents = load_documents(path.read_bytes(), source=str(path), file=path.name)
-    except InvalidManifestError as exc:
-        raise FleetImportError(str(exc)) from None
-    except OSError as exc:
-        raise FleetImportError(f"--clusters {path}: {exc.strerror}") from exc
-    found: list[dict[str, Any]] = []
-    for doc in documents:
-        if not isinstance(doc, dict):
-            raise FleetImportError(f"--clusters {path}: a document is not a mapping")
-        if isinstance(doc.get("clusters"), list):
-            found += [
-                {**c, "labels": _labels(c.get("labels"))} if "labels" in c else dict(c)
-                for c in doc["clusters"]
-                if isinstance(c, dict)
-            ]
-        elif doc.get("kind") == "Cluster" and isinstance(doc.get("metadata"), dict):
-            meta = doc["metadata"]
-            found.append({"name": meta.get("name"), "labels": _labels(meta.get("labels"))})
-        elif "name" in doc:
-            found.append({"name": doc["name"], "labels": _labels(doc.get("labels"))})
-        else:
-            raise FleetImportError(f"--clusters {path}: expected clusters, a cluster or Clusters")
-    return found
-
-
-def _labels(raw: object) -> dict[str, str]:
-    """Labels as Kubernetes and Fleet hold them, strings: ``version: 1.28`` is ``"1.28"``."""
-    return {str(k): go_text(v) for k, v in _dict(raw).items()}
-
-
-def _selector(raw: object) -> dict[str, Any]:
-    """A label selector with its values as strings (as Fleet reads it into Go strings)."""
-    selector = dict(_dict(raw))
-    if "matchLabels" in selector:
-        selector["matchLabels"] = _labels(selector["matchLabels"])
-    if isinstance(selector.get("matchExpressions"), list):
-        selector["matchExpressions"] = [
-            {**e, "values": [go_text(v) for v in e["values"]]}
-            if isinstance(e, dict) and isinstance(e.get("values"), list)
-            else e
-            for e in selector["matchExpressions"]
-        ]
-    return selector
-
-
-def bundle_directories(root: Path, paths: Iterable[str]) -> list[Path]:
-    """The bundle directories of the GitRepo's ``paths`` (see the module doc), sorted."""
-    found: set[Path] = set()
-    for entry in paths:
-        base = (root / entry).resolve()
-        if not base.is_dir() or (base != root.resolve() and root.resolve() not in base.parents):
-            raise FleetImportError(f"GitRepo path {entry!r}: no such directory in {root}")
-        with_fleet = [
-            Path(d)
-            for d, dirs, files in os.walk(base)
-            if FLEET_FILE in files and not _hidden(Path(d), base)
-        ]
-        found.update(with_fleet or [base])
-    return sorted(found)
-
-
-def _hidden(directory: Path, base: Path) -> bool:
-    return any(part.startswith(".") for part in directory.relative_to(base).parts)
-
-
-def fleet_name(prefix: str, relative: str) -> str:
-    """Fleet's bundle name (``names.HelmReleaseName`` of ``<gitrepo>/<path>``): ``/`` as
-    ``-``; an upper-case letter or another character than ``[a-zA-Z0-9-]`` adds 8 characters
-    of the MD5 of the name before it is lower-cased and cleaned; longer than 53, it is cut to
-    47 and given 5 characters of the MD5 of the whole (so long paths do not collide)."""
-    joined = prefix if relative in ("", ".") else posixpath.join(prefix, relative)
-    text = posixpath.normpath(joined).replace("/", "-")
-    if text != text.lower() or _DISALLOWED.search(text):
-        text = f"{text}-{_md5(text)[:8]}"
-    text = _DISALLOWED.sub("-", text.lower())
-    text = re.sub("-+", "-", text).strip("-")
-    if not _HELM_RELEASE.match(text) or not _DNS_LABEL.match(text):
-        return _md5(joined)[:24]
-    if len(text) <= _MAX_NAME:
-        return text
-    keep = _MAX_NAME - 6
-    separator = "" if text[keep - 1] == "-" else "-"
-    return f"{text[:keep]}{separator}{_md5(text)[:5]}"
-
-
-def _md5(text: str) -> str:
-    return hashlib.md5(text.encode(), usedforsecurity=False).hexdigest()
-
-
-# --- converting ------------------------------------------------------------------------------
-
-
-def _fleet_values(value: Any, notes: list[Note], bundle: str, where: str) -> Any:
-    """Fleet's ``${ .ClusterName }``/``${ .ClusterLabels.x }`` as fleetlet's templating."""
-    if isinstance(value, str):
-        text = _FLEET_NAME.sub("${cluster.name}", value)
-        text = _FLEET_LABEL.sub(lambda m: "${cluster.labels." + m.group(1) + "}", text)
-        for other in _FLEET_TEMPLATE.findall(text):
-            if not other.startswith("${cluster."):
-                notes.append(Note(bundle, where, f"Fleet template {other} is not converted"))
-        return text
-    if isinstance(value, dict):
-        return {k: _fleet_values(v, notes, bundle, f"{where}.{k}") for k, v in value.items()}
-    if isinstance(value, list):
-        return [_fleet_values(v, notes, bundle, f"{where}[{i}]") for i, v in enumerate(value)]
-    return value
 
 
 class _Importer:
@@ -614,86 +450,6 @@ class _Importer:
         if c.get("paused") is True:
             out["paused"] = True
         return out
-
-
-def _fleet_target(c: Mapping[str, Any]) -> dict[str, Any]:
-    target: dict[str, Any] = {}
-    if isinstance(c.get("clusterSelector"), dict):
-        target["clusterSelector"] = _selector(c["clusterSelector"])
-    if c.get("clusterName"):
-        target["clusters"] = [c["clusterName"]]
-    return target
-
-
-def _selects(target: Mapping[str, Any], cluster: Mapping[str, Any]) -> bool:
-    """A Fleet/fleetlet target (clusters and/or clusterSelector) against one cluster; a target
-    with neither selects nothing (as Fleet's empty customization)."""
-    if not target:
-        return False
-    names = target.get("clusters")
-    if names is not None and cluster.get("name") not in names:
-        return False
-    raw = target.get("clusterSelector")
-    if raw is not None:
-        problems: list[FieldProblem] = []
-        selector = parse_selector(raw, "clusterSelector", problems)
-        if selector is None or problems:
-            raise FleetImportError(f"clusterSelector {raw!r}: {'; '.join(map(str, problems))}")
-        return selector.matches(_dict(cluster.get("labels")))
-    return True
-
-
-def _kustomized(directory: Path) -> bool:
-    return any((directory / f).is_file() for f in KUSTOMIZATION_FILES)
-
-
-def _customized_dirs(fy: Mapping[str, Any]) -> list[str]:
-    """The ``kustomize.dir`` of each targetCustomization that names one, in order."""
-    return [
-        str(_dict(c.get("kustomize")).get("dir"))
-        for c in fy.get("targetCustomizations") or []
-        if isinstance(c, dict) and _dict(c.get("kustomize")).get("dir")
-    ]
-
-
-def _go_getter_source(chart: str) -> dict[str, Any] | None:
-    """A go-getter git address (``git::https://host/repo//sub/dir?ref=v1``,
-    ``github.com/org/repo//dir?ref=v1``) as a git source with its directory; None when it
-    names no ref (fleetlet pins every source) or another getter."""
-    text = chart.removeprefix("git::")
-    if "::" in text:
-        return None
-    url, _, query = text.partition("?")
-    ref = next((v for k, _, v in (p.partition("=") for p in query.split("&")) if k == "ref"), "")
-    if not ref:
-        return None
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        scheme, rest = "https", url
-    repo, _, directory = rest.partition("//")
-    source: dict[str, Any] = {"kind": "git", "uri": f"{scheme}://{repo}"}
-    if _COMMIT.match(ref):
-        source["commit"] = ref
-    else:  # go-getter does not say which: a version is a tag, anything else a branch
-        source["tag" if re.match(r"v?[0-9]", ref) else "branch"] = ref
-    if directory:
-        source["directory"] = directory.strip("/")
-    return source
-
-
-def _dict(value: object) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
-
-
-def _origin(root: Path) -> str | None:
-    try:
-        done = subprocess.run(
-            ["git", "-C", str(root), "remote", "get-url", "origin"],
-            capture_output=True, text=True, timeout=10, check=False,
-        )  # fmt: skip
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return done.stdout.strip() or None if done.returncode == 0 else None
 
 
 def import_fleet(root: Path, settings: ImportSettings, *, check: bool = True) -> ImportResult:

@@ -1,16 +1,8 @@
-"""Fields declared once, and everything derived from them: parsing, validation, ``to_dict``.
+""":class:`ApiObject`, the base of every API type, and what its constructor checks.
 
-An API type is a frozen, keyword-only, slotted dataclass deriving from :class:`ApiObject`. Each
-field is declared with :func:`api_field`, whose :class:`Meta` carries the JSON name, the
-description and the constraints (pattern, enum, bounds, list semantics). Class-level
-:class:`Rule` objects carry a CEL expression (for the CRD's ``x-kubernetes-validations``)
-together with the same rule in Python. :mod:`agent.api.schema` turns the same declarations into
-OpenAPI v3 and markdown, so the Python checks, the CRDs and the docs cannot disagree.
-
-Instances are always valid: the constructor checks every field and rule and raises
-:class:`~agent.errors.ValidationError`; :func:`from_dict` checks a whole document and reports
-every problem with its path (``bundleDeployments[3].spec.sources[0].digest``), then builds the
-objects without checking them twice.
+The resolved fields of a type (:func:`fields_of`), the checks shared by parsing and
+construction, free-form JSON (:func:`freeze`, :func:`thaw`) and serialising (:func:`to_dict`,
+:func:`json_items`). Part of :mod:`agent.api.validation`; parsing (``_parse``) builds on it.
 """
 
 from __future__ import annotations
@@ -26,86 +18,22 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any, ClassVar, TypeVar
 
-from agent.errors import FieldProblem, FloatingReferenceError, ValidationError
+from agent.api.validation._declare import (
+    MAX_JSON_DEPTH,
+    MAX_SAFE_INTEGER,
+    ROOT_PATH,
+    TIME_EXAMPLE,
+    Meta,
+    PinProblem,
+    Rule,
+    error_for,
+    format_time,
+    join,
+    rebase,
+)
+from agent.errors import FieldProblem
 
-T = TypeVar("T", bound="ApiObject")
-
-# The largest integer every JSON implementation represents exactly (RFC 8785 refuses more).
-MAX_SAFE_INTEGER = 2**53 - 1
-# Free-form values (helm values) nest at most this deep: deep enough for any real chart, shallow
-# enough that a hostile document cannot exhaust the stack.
-MAX_JSON_DEPTH = 64
-TIME_EXAMPLE = "2026-11-22T22:00:00Z"
-_TIME_RE = re.compile(r"(\d{4})-(\d{2})-(\d{2})T(\d{2}):(\d{2}):(\d{2})Z\Z")
 _SURROGATE_RE = re.compile("[\ud800-\udfff]")
-ROOT_PATH = "(document)"
-
-
-class PinProblem(FieldProblem):
-    """A problem that is an unpinned (floating) reference: a tag, a branch, a URL without a hash.
-
-    A document whose only problems are these raises :class:`~agent.errors.FloatingReferenceError`.
-    """
-
-    __slots__ = ()
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
-class Rule:
-    """A validation rule stated twice, once in CEL (for the API server) and once in Python.
-
-    ``cel`` is evaluated with ``self`` bound to the object (or to the field's value for a rule in
-    :class:`Meta`). ``field`` is the JSON name of the field the problem is reported on (the CEL
-    ``fieldPath``), or ``None`` for the object itself. ``expected`` completes "expected ...".
-    ``check`` is the Python equivalent (``None`` for transition rules, which need the old object
-    and exist only in the API server). ``pin`` marks a missing pin (a floating reference).
-    """
-
-    cel: str
-    expected: str
-    check: Callable[[Any], bool] | None
-    field: str | None = None
-    pin: bool = False
-    transition: bool = False
-
-    @property
-    def message(self) -> str:
-        """The message the API server reports when the rule fails."""
-        return f"expected {self.expected}"
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
-class Meta:
-    """What one field is: its JSON name, description and constraints.
-
-    For a list of strings, ``pattern``/``expected``/``enum``/lengths apply to each item and
-    ``min_items``/``max_items`` to the list. ``expected`` is how a person reads the pattern
-    (``sha256:<64 hex>``). ``list_type`` is ``set`` (unique scalars) or ``map`` (unique by
-    ``list_keys``). ``pin`` marks a content pin: a problem with it is a floating reference.
-    ``free_form`` marks a JSON object kept as given (helm values).
-    """
-
-    doc: str
-    name: str | None = None
-    pattern: str | None = None
-    expected: str | None = None
-    enum: tuple[str, ...] | None = None
-    min_length: int | None = None
-    max_length: int | None = None
-    minimum: int | None = None
-    maximum: int | None = None
-    min_items: int | None = None
-    max_items: int | None = None
-    list_type: str | None = None
-    list_keys: tuple[str, ...] = ()
-    pin: bool = False
-    free_form: bool = False
-    rules: tuple[Rule, ...] = ()
-
-
-def api_field(doc: str, *, default: Any = dataclasses.MISSING, **meta: Any) -> Any:
-    """Declare an API field: ``doc`` and ``meta`` (see :class:`Meta`); no default = required."""
-    return dataclasses.field(default=default, metadata={"api": Meta(doc=doc, **meta)})
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -259,25 +187,6 @@ def _regex(pattern: str) -> re.Pattern[str]:
     return re.compile(pattern[:-1] + r"\Z" if pattern.endswith("$") else pattern)
 
 
-# --- paths, rendering, errors ---------------------------------------------------------------
-
-
-def join(path: str, child: str) -> str:
-    """Join a path and a child (``a`` + ``b`` -> ``a.b``; ``a`` + ``[0]`` -> ``a[0]``)."""
-    if not path or path == ROOT_PATH:
-        return child or path
-    if not child:
-        return path
-    return path + child if child.startswith("[") else f"{path}.{child}"
-
-
-def rebase(problem: FieldProblem, prefix: str) -> FieldProblem:
-    """The same problem with its path below ``prefix`` (keeps its class, e.g. PinProblem)."""
-    return type(problem)(
-        path=join(prefix, problem.path), expected=problem.expected, found=problem.found
-    )
-
-
 def show(value: Any) -> str:
     """How a found value reads in a message: JSON, cut to 80 characters."""
     if value is _ABSENT:
@@ -289,30 +198,6 @@ def show(value: Any) -> str:
     except (TypeError, ValueError, RecursionError):
         text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
-
-
-def error_for(problems: list[FieldProblem], *, origin: str = "") -> ValidationError:
-    """The error for ``problems``: FloatingReferenceError when every one is a PinProblem."""
-    if problems and all(isinstance(p, PinProblem) for p in problems):
-        return FloatingReferenceError(problems, origin=origin)
-    return ValidationError(problems, origin=origin)
-
-
-def format_time(value: datetime) -> str:
-    """RFC 3339 UTC with second precision: ``2026-11-22T22:00:00Z``."""
-    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_time(text: str) -> datetime | None:
-    """Parse ``YYYY-MM-DDTHH:MM:SSZ`` (the only accepted form); ``None`` when it is not one."""
-    match = _TIME_RE.match(text)
-    if not match:
-        return None
-    try:
-        year, month, day, hour, minute, second = (int(g) for g in match.groups())
-        return datetime(year, month, day, hour, minute, second, tzinfo=UTC)
-    except ValueError:
-        return None
 
 
 class _Absent:
@@ -602,119 +487,6 @@ def _check_instance(obj: ApiObject, out: list[FieldProblem]) -> None:
             _check_field_rules(spec, value, path, out)
     if not out:
         _check_rules(obj, "", out)
-
-
-# --- parsing --------------------------------------------------------------------------------
-
-
-def from_dict(cls: type[T], data: Any, *, origin: str = "", path: str = "") -> T:
-    """Parse and validate JSON data (as loaded from YAML or JSON) into ``cls``.
-
-    Raises ``ValidationError`` listing every problem (``FloatingReferenceError`` when every
-    problem is an unpinned reference); ``origin`` names the document in the message.
-    """
-    problems: list[FieldProblem] = []
-    result = _parse_object(cls, data, path, problems)
-    if problems or result is _BAD:
-        raise error_for(problems, origin=origin)
-    return typing.cast(T, result)
-
-
-def _parse_object(cls: type[ApiObject], data: Any, path: str, out: list[FieldProblem]) -> Any:
-    if not isinstance(data, dict) and not isinstance(data, Mapping):
-        out.append(
-            FieldProblem(
-                path=path or ROOT_PATH, expected=f"an object ({cls.__name__})", found=show(data)
-            )
-        )
-        return _BAD
-    known = _by_name(cls)
-    before = len(out)
-    header = cls.API_KIND
-    extra = set() if header is None and known.keys() >= data.keys() else set(data) - set(known)
-    if header is not None:
-        for key, want in zip(("apiVersion", "kind"), header, strict=True):
-            extra.discard(key)
-            if data.get(key, _ABSENT) != want:
-                out.append(
-                    FieldProblem(
-                        path=join(path, key),
-                        expected=show(want),
-                        found=show(data.get(key, _ABSENT)),
-                    )
-                )
-    for key in sorted(extra, key=str):
-        out.append(
-            FieldProblem(
-                path=join(path, str(key)),
-                expected="one of the known fields (" + ", ".join(known) + ")",
-                found="an unknown field",
-            )
-        )
-    values: dict[str, Any] = {}
-    for spec in fields_of(cls):
-        raw = data.get(spec.name, _ABSENT)
-        field_path = f"{path}.{spec.name}" if path else spec.name
-        if raw is _ABSENT or (raw is None and spec.type.optional):
-            # A YAML/JSON null on an optional field means the same as leaving it out.
-            if spec.required:
-                out.append(_problem(spec.meta, field_path, describe(spec), show(raw)))
-                continue
-            values[spec.attr] = spec.default
-            continue
-        values[spec.attr] = _parse_field(spec, raw, field_path, out)
-    if len(out) > before:
-        return _BAD
-    obj = object.__new__(cls)
-    object.__setattr__(obj, "_memo", None)
-    for attr, value in values.items():
-        object.__setattr__(obj, attr, value)
-    _check_rules(obj, path, out)
-    return obj if len(out) == before else _BAD
-
-
-def _parse_field(spec: FieldSpec, raw: Any, path: str, out: list[FieldProblem]) -> Any:
-    t = spec.type
-    if t.kind == "array":
-        if not isinstance(raw, list | tuple):
-            out.append(_problem(None, path, "a list", show(raw)))
-            return _BAD
-        item_t = t.item
-        assert item_t is not None
-        before = len(out)
-        items = []
-        for index, item in enumerate(raw):
-            items.append(_parse_one(spec, item_t, item, f"{path}[{index}]", out))
-        if len(out) > before:
-            return _BAD
-        result = tuple(items)
-        _check_list(spec, result, path, out)
-        return result
-    return _parse_one(spec, t, raw, path, out)
-
-
-def _parse_one(spec: FieldSpec, t: TypeInfo, raw: Any, path: str, out: list[FieldProblem]) -> Any:
-    if t.kind == "object":
-        assert t.cls is not None
-        return _parse_object(t.cls, raw, path, out)
-    if t.kind == "free":
-        if not isinstance(raw, Mapping):
-            out.append(_problem(None, path, describe(spec, t), show(raw)))
-            return _BAD
-        before = len(out)
-        _json_problems(raw, path, out)
-        return freeze(raw) if len(out) == before else _BAD
-    if t.kind == "datetime":
-        value = parse_time(raw) if isinstance(raw, str) else None
-        if value is None:
-            out.append(_problem(spec.meta, path, describe(spec, t), show(raw)))
-            return _BAD
-        return value
-    if not _check_scalar(spec, t, raw, path, out):
-        return _BAD
-    before = len(out)
-    _check_field_rules(spec, raw, path, out)
-    return raw if len(out) == before else _BAD
 
 
 # --- serialising ----------------------------------------------------------------------------
