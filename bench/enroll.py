@@ -1,9 +1,10 @@
 """Enrollment: N clusters enroll through a real ``hub serve --enroll``, accepted by policy.
 
 Starts a local git daemon (the status repository hub serve reads) and ``python -m hub.serve
---enroll DIR`` on loopback, makes one enrollment token (``--max-clusters 0``, auto approval),
-then sends ``--clusters`` enrollment requests (each with its own X25519 key, labels within the
-token's scope and the facts an agent sends) from ``--clients`` threads. Reports enrollments per
+--enroll DIR`` on loopback, makes one enrollment token (``--max-clusters 0``, auto approval
+by a CEL policy over the facts), then sends ``--clusters`` enrollment requests (each signed with
+its own Ed25519 key, with a nonce and the time, labels within the token's scope and the facts
+an agent sends) from ``--clients`` threads. Reports enrollments per
 hour, the hub's CPU time per enrollment (from /proc), the latency of the first and the last
 tenth (each acceptance rewrites the inventory file: its cost grows with the fleet), and the time
 ``load_fleet`` takes to read the resulting inventory. Writes the section "Enrollment" of
@@ -15,7 +16,6 @@ tenth (each acceptance rewrites the inventory file: its cost grows with the flee
 from __future__ import annotations
 
 import argparse
-import base64
 import os
 import platform
 import statistics
@@ -25,10 +25,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import nacl.public
+import nacl.signing
 import requests
 import yaml
 
+from agent.install.enroll import SIGNATURE_HEADER, signed_request
 from bench._docs import write_section
 from hub.api.tokens import write_clear_tokens
 from hub.enroll.tokens import create_token
@@ -38,6 +39,7 @@ from tests.realenv.gitserver import GitDaemon
 from tests.realenv.hubserver import serving_hub
 
 _TICKS = os.sysconf("SC_CLK_TCK")
+POLICY = "facts.kubernetesVersion.startsWith('v1.3') && 'apps/v1' in facts.apiGroupVersions"
 
 
 def _hub_cpu() -> float:
@@ -92,13 +94,10 @@ def _run(args: argparse.Namespace, root: Path, status: str) -> int:
     token = create_token(
         enroll, id="bench", labels={"tier": "edge"},
         allow_labels={"matchExpressions": [{"key": "region", "operator": "In", "values": ["eu-1", "eu-2"]}]},
-        max_clusters=0, expires=parse_duration("1h"), approve="auto",
+        max_clusters=0, expires=parse_duration("1h"), approve="auto", policy=POLICY,
     )  # fmt: skip
     write_clear_tokens(root / "api-tokens.yaml", {"x" * 32: "admin"})
-    keys = [
-        base64.b64encode(bytes(nacl.public.PrivateKey.generate().public_key)).decode()
-        for _ in range(args.clusters)
-    ]
+    keys = [nacl.signing.SigningKey.generate() for _ in range(args.clusters)]
     work = root / "serve"
     work.mkdir()
     extra = ["--tokens", str(root / "api-tokens.yaml"), "--enroll", str(enroll)]
@@ -107,17 +106,23 @@ def _run(args: argparse.Namespace, root: Path, status: str) -> int:
         headers = {"Authorization": f"Bearer {token}"}
 
         def one(i: int) -> float:
-            body = {
-                "cluster": f"store-{i:05d}",
-                "labels": {"region": "eu-1" if i % 2 else "eu-2"},
-                "facts": {"kubernetesVersion": "v1.34.1", "apiGroupVersions": ["v1", "apps/v1"]},
-                "publicKey": keys[i],
-            }
+            body, signature = signed_request(
+                keys[i],
+                cluster=f"store-{i:05d}",
+                labels={"region": "eu-1" if i % 2 else "eu-2"},
+                facts={
+                    "kubernetesVersion": "v1.34.1",
+                    "apiGroupVersions": ["v1", "apps/v1"],
+                    "formats": ["helm", "kustomize", "plain"],
+                },
+            )
+            sent = headers | {SIGNATURE_HEADER: signature, "Content-Type": "application/json"}
             started = time.perf_counter()
-            answer = session.post(f"{url}/api/v1/enroll", json=body, headers=headers, timeout=120)
+            answer = session.post(f"{url}/api/v1/enroll", data=body, headers=sent, timeout=120)
             assert answer.status_code == 200 and answer.json()["state"] == "accepted", answer.text
             return time.perf_counter() - started
 
+        load = os.getloadavg()[0]
         cpu_before = _hub_cpu()
         started = time.perf_counter()
         with ThreadPoolExecutor(args.clients) as pool:
@@ -148,17 +153,23 @@ def _run(args: argparse.Namespace, root: Path, status: str) -> int:
 
 `python -m bench.enroll --clusters {args.clusters} --clients {args.clients}` ({platform.machine()},
 {os.cpu_count()} cores shared with other work, Python {platform.python_version()}): one token
-(auto approval, labels in scope), {args.clusters} enrollment requests, each with its own key,
-from {args.clients} client threads against a real `hub serve --enroll` on loopback. A request
-writes one file of its own and a small count per token; an acceptance appends one entry to the
-inventory file (a copy of its bytes, atomically, no YAML parse): the last tenth against the
-first shows whether the cost grows with the fleet.
+(auto approval by a CEL policy over the facts, labels in scope), {args.clusters} enrollment
+requests, each signed with its own key (a nonce and the time in it), from {args.clients} client
+threads against a real `hub serve --enroll` on loopback. A request is verified (signature,
+window, its nonce recorded as one empty file), writes one file of its own and a small count per
+token; the policy is evaluated with cel-python; an acceptance appends one entry to the inventory
+file (a copy of its bytes, atomically, no YAML parse): the last tenth against the first shows
+whether the cost grows with the fleet.
 
 {table}
 
-The first version kept every request in one JSON file and rewrote the inventory as YAML at
-each acceptance: 32,852 enrollments per hour at 1,000 clusters, 26.3 ms of hub CPU each and a
-last tenth at 1.2 s, growing with the fleet. The issue's aim, 10,000 clusters per hour, is
+The machine's load average was {load:.1f} when it started (on {os.cpu_count()} cores; other
+sessions' tests): the wall time and the rate are a floor, the hub's CPU per enrollment is the
+figure to compare. Before requests were signed and tokens had a policy: 414,295 enrollments per
+hour at 1,000 clusters, 2.1 ms of hub CPU each (load unrecorded). Measured apart, this policy's
+evaluation by cel-python costs 0.46 ms and a signature's verification 0.09 ms. The first version kept every request in one JSON file and
+rewrote the inventory as YAML at each acceptance: 32,852 enrollments per hour at 1,000
+clusters, 26.3 ms of hub CPU each and a last tenth at 1.2 s, growing with the fleet. The issue's aim, 10,000 clusters per hour, is
 passed by far; the publish that follows is `hub publish`'s cost (see "Hub publish").
 """
         )

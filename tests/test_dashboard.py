@@ -5,7 +5,9 @@ The hub runs as users run it (``python -m hub.serve`` with ``--tokens``, ``--hub
 The fleet has an installation in every state (Ready, Progressing, Degraded, RolledBack,
 Paused) and a stale cluster; the tests check what a user sees: the state of every cell, the
 filters, the cluster and installation pages, sensitive outputs masked for a read token and
-shown to an admin token, the message for a missing or bad token, refreshes without reloads.
+shown to an admin token, the message for a missing or bad token, refreshes without reloads,
+the rollouts and the enrollment requests (pending, accepted, denied) of a hub run with
+``--enroll``.
 
 Artifact: a screenshot of the matrix is written to ``test-artifacts/dashboard/matrix.png`` at
 the repository root (git-ignored), or under ``$FLEETLET_TEST_ARTIFACTS`` when set.
@@ -18,7 +20,7 @@ import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -750,3 +752,85 @@ def test_rollouts_show_waves_clusters_per_verdict_and_why_it_halted(
 def test_a_hub_without_rollouts_says_so(hub: Hub, tab: Tab) -> None:
     tab.page.goto(f"{hub.url}/ui/rollouts#token={READER}")
     expect(tab.page.locator("#no-rollouts")).to_contain_text("does not serve rollouts")
+
+
+# --- enrollment ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def enroll_hub(git_daemon: GitDaemon, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hub]:
+    """A hub taking enrollment requests (``--enroll``), with one accepted by its token's
+    policy, one pending (the policy said no) and one denied by hand."""
+    from nacl.signing import SigningKey
+
+    from agent.install.enroll import signed_request
+    from hub.enroll.service import Enrollment
+    from hub.enroll.tokens import create_token
+
+    workdir = tmp_path_factory.mktemp("dashboard-enroll")
+    enroll = workdir / "enroll"
+    enroll.mkdir()
+    (enroll / "trusted_root.json").write_text("{}")
+    (enroll / "config.yaml").write_text(
+        "repo: https://git.example.invalid/fleet.git\n"
+        "statusRepo: https://git.example.invalid/status.git\n"
+        "identity: https://ci.example.invalid/publish\nissuer: https://issuer.example.invalid\n"
+        f"trustedRoot: trusted_root.json\ninventory: {workdir / 'enrolled.yaml'}\n"
+    )
+    auto = create_token(
+        enroll, id="stores", labels={"tier": "edge"}, allow_labels=None, max_clusters=0,
+        expires=timedelta(hours=1), approve="auto",
+        policy="facts.kubernetesVersion.startsWith('v1.3')",
+    )  # fmt: skip
+    manual = create_token(
+        enroll, id="by-hand", labels={}, allow_labels=None, max_clusters=0,
+        expires=timedelta(hours=1), approve="manual",
+    )  # fmt: skip
+    service = Enrollment(enroll)
+    for cluster, version, token in (
+        ("store-new", "v1.34.1", auto), ("store-old", "v1.29.0", auto), ("store-x", "v1.30.0", manual),
+    ):  # fmt: skip
+        body, signature = signed_request(
+            SigningKey.generate(), cluster=cluster, labels={},
+            facts={"kubernetesVersion": version, "apiGroupVersions": ["v1"]},
+        )  # fmt: skip
+        service.submit(token, body, signature)
+    service.decide("store-x", "deny", by="ops", reason="not one of ours")
+    tokens = workdir / "tokens.yaml"
+    write_clear_tokens(tokens, {ADMIN: "admin", READER: "read"})
+    repo = new_repo(git_daemon, "dashboard-enroll")
+    StatusPusher(repo, workdir / "agents").push({})
+    with serving_hub(repo, workdir, ["--tokens", str(tokens), "--enroll", str(enroll)]) as url:
+        yield Hub(url, repo, workdir, tokens)
+
+
+def test_enrollment_requests_show_pending_accepted_and_denied(enroll_hub: Hub, tab: Tab) -> None:
+    page = tab.page
+    page.goto(f"{enroll_hub.url}/#token={READER}")
+    page.get_by_role("link", name="Enrollments").click()
+    assert page.url.endswith("/ui/enrollments")
+    rows = page.locator("#enrollments tbody tr")
+    expect(rows).to_have_count(3)
+    shown = {
+        row.locator("[data-cluster]").inner_text(): row.locator("[data-state]").inner_text()
+        for row in rows.all()
+    }
+    assert shown == {"store-new": "accepted", "store-old": "pending", "store-x": "denied"}
+    counts = page.locator("#enrollment-counts")
+    for state in ("pending", "accepted", "denied"):
+        expect(counts.locator(f'[data-count="{state}"] strong')).to_have_text("1")
+    # Why one waits, who denied the other and why; what each reported.
+    old = rows.filter(has_text="store-old")
+    expect(old).to_contain_text("the token's policy is false for this request")
+    expect(old).to_contain_text("v1.29.0")
+    expect(rows.filter(has_text="store-x")).to_contain_text("not one of ours")
+    expect(rows.filter(has_text="store-x")).to_contain_text("ops")
+    expect(rows.filter(has_text="store-new")).to_contain_text("tier=edge")
+    page.get_by_label("State").select_option("pending")
+    expect(rows).to_have_count(1)
+    expect(rows).to_contain_text("store-old")
+
+
+def test_a_hub_without_enrollment_says_so(hub: Hub, tab: Tab) -> None:
+    tab.page.goto(f"{hub.url}/ui/enrollments#token={READER}")
+    expect(tab.page.locator("#no-enrollment")).to_contain_text("does not take enrollment requests")

@@ -2,12 +2,15 @@
 control plane of this module's own: install writes cluster-wide objects), a real git server,
 a real publication and a real agent.
 
-A token made with ``hub enroll-token create`` enrolls a cluster with one ``agent install
---enroll`` (its name derived from the cluster), the cluster lands in the inventory file the
-hub owns, the next publication gives it its set, and the agent, configured from what the hub
-answered, reports the bundle Ready. The refusals each give their reason: expired, revoked,
-exhausted, labels out of scope, a name already taken; and an enrollment token opens nothing
-else on the hub API.
+A control plane without any fleetlet object, a token made with ``hub enroll-token create``,
+one ``agent install --enroll`` (its name derived from the cluster, its key made in the
+cluster): the request is accepted by the token's CEL policy over its facts, or by hand with
+``hub clusters accept``; the cluster lands in the inventory file the hub owns, the next
+publication gives it its set, and the agent, configured from what the hub answered, reports
+the bundle Ready. The refusals each give their reason: expired, revoked, exhausted, labels out
+of scope, a name already taken, a request replayed, edited in flight or stale, a policy that
+says no; an enrollment token opens nothing else on the hub API; the credentials the hub hands
+out read their own branch and push their own status, nothing else, on the real git server.
 """
 
 from __future__ import annotations
@@ -23,11 +26,12 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import nacl.public
+import nacl.signing
 import pytest
 import requests
 import yaml
 
+from agent.install.enroll import SIGNATURE_HEADER, open_sealed, signed_request
 from agent.kube import KubeClient
 from hub.api.tokens import write_clear_tokens
 from hub.enroll.tokens import create_token
@@ -38,7 +42,6 @@ from tests.fleetlab import REPO_ROOT, Lab, conditions, configmap, namespace_mani
 from tests.realenv.hubserver import serving_hub
 from tests.realenv.kube import Cluster
 from tests.realenv.sigstore.mini import DEFAULT_IDENTITY
-from tests.test_agent_install import fresh_cluster as fresh_cluster  # the fixture
 from tests.test_hub_fleet import write_fleet
 
 IMAGE = "registry.example.test/fleetlet-agent@sha256:" + "1" * 64
@@ -103,11 +106,15 @@ class Hub:
         path.write_text(done.stdout.strip())
         return path
 
-    def enroll(self, body: dict[str, Any], token: str) -> requests.Response:
+    def enroll(self, request: Signed, token: str) -> requests.Response:
         return requests.post(
             f"{self.url}/api/v1/enroll",
-            json=body,
-            headers={"Authorization": f"Bearer {token}"},
+            data=request.body,
+            headers={
+                "Authorization": f"Bearer {token}",
+                "Content-Type": "application/json",
+                SIGNATURE_HEADER: request.signature,
+            },
             timeout=30,
         )
 
@@ -129,14 +136,40 @@ def hub(lab: Lab, tmp_path: Path) -> Iterator[Hub]:
         yield made
 
 
-def request_body(cluster: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
-    key = nacl.public.PrivateKey.generate()
-    return {
-        "cluster": cluster,
-        "labels": labels or {},
-        "facts": {"kubernetesVersion": "v1.0.0"},
-        "publicKey": base64.b64encode(bytes(key.public_key)).decode(),
-    }
+@pytest.fixture
+def fresh_cluster(tmp_path: Path, kube_binaries: dict[str, Path]) -> Iterator[Cluster]:
+    """A control plane of this test's own, without any fleetlet object."""
+    cluster = Cluster(name="enroll", workdir=tmp_path / "kube", binaries=kube_binaries).start()
+    try:
+        with KubeClient(kubeconfig=cluster.kubeconfig) as kube:
+            names = [c["metadata"]["name"] for c in kube.list("apiextensions.k8s.io/v1", "CustomResourceDefinition")]  # fmt: skip
+            assert not [n for n in names if n.endswith(".fleetlet.io")]
+            assert kube.get({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "fleetlet-system"}}) is None  # fmt: skip
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+class Signed:
+    """A request as the agent sends it: the body's bytes, their signature, the cluster's key."""
+
+    def __init__(
+        self,
+        cluster: str,
+        labels: dict[str, str] | None = None,
+        *,
+        facts: dict[str, Any] | None = None,
+        now: float | None = None,
+    ) -> None:
+        self.key = nacl.signing.SigningKey.generate()
+        facts = facts or {"kubernetesVersion": "v1.0.0", "apiGroupVersions": ["v1"]}
+        self.body, self.signature = signed_request(
+            self.key, cluster=cluster, labels=labels or {}, facts=facts, now=now
+        )
+
+
+def request_body(cluster: str, labels: dict[str, str] | None = None, **kw: Any) -> Signed:
+    return Signed(cluster, labels, **kw)
 
 
 def install_enroll(
@@ -158,16 +191,57 @@ def install_enroll(
     return fleetlet(*args, check=False)
 
 
-def test_a_token_enrolls_a_cluster_the_next_publication_serves_and_its_agent_converges(
+POLICY = (
+    "facts.kubernetesVersion.startsWith('v1.') && 'apps/v1' in facts.apiGroupVersions "
+    "&& 'plain' in facts.formats && labels.tier == 'edge' && cluster.startsWith('c-')"
+)
+
+
+def converge(hub: Hub, lab: Lab, cluster: Cluster, name: str, namespace: str, tmp: Path) -> None:
+    """The hub's next publication gives the enrolled cluster a bundle (it targets tier=edge),
+    and the agent, configured as the hub answered, reports it Ready."""
+    ns, bundle = f"shop-{lab.suffix}-{name}", lab.name(f"web-{name}")
+    digest = lab.push(
+        "shop/web", {"01.yaml": namespace_manifest(ns), "02.yaml": configmap("s", ns, {"v": "1"})},
+        tag="v1",
+    )  # fmt: skip
+    (hub.fleet / "bundles" / f"{bundle}.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "name": bundle,
+                "sources": [lab.source("shop/web", digest)],
+                "targets": [{"clusterSelector": {"matchLabels": {"tier": "edge"}}}],
+            }
+        )
+    )
+    signer = PublicationSigner.from_trust_config(
+        trust_config=lab.sigstore.trust_config_path, token=lab.sigstore.mint_token()
+    )
+    with BranchStore(url=lab.url, cache_dir=tmp / "hub-cache") as store:
+        report = publish(prepare(hub.fleet), store, signer=signer)
+    assert {c.cluster: c.serial_after for c in report.changes}[name] >= 1
+    with KubeClient(kubeconfig=cluster.kubeconfig) as kube:
+        config = kube.get({"apiVersion": "v1", "kind": "ConfigMap",
+                           "metadata": {"name": "fleetlet-agent", "namespace": namespace}})  # fmt: skip
+        assert config is not None
+        assert config["data"]["cluster"] == name and config["data"]["repo"] == lab.url
+        agent = lab.agent(name, cluster, namespace=namespace, workdir=tmp / f"agent-{name}")
+        agent.tick()
+        assert conditions(kube, bundle)["Ready"]["status"] == "True"
+
+
+def test_a_token_enrolls_a_cluster_accepted_by_policy_and_its_agent_converges(
     hub: Hub, lab: Lab, fresh_cluster: Cluster, tmp_path: Path
 ) -> None:
     token = hub.token(
         "stores", "--labels", "tier=edge", "--allow-labels", "region in (eu-1,eu-2)",
-        "--max-clusters", "5", "--expires", "1h",
+        "--max-clusters", "5", "--expires", "1h", "--policy", POLICY,
     )  # fmt: skip
     listed = fleetlet("hub", "enroll-token", "list", "--dir", str(hub.dir), "-o", "json")
     (row,) = json.loads(listed.stdout)["items"]
-    assert (row["id"], row["state"], row["maxClusters"]) == ("stores", "live", 5)
+    assert (row["id"], row["state"], row["maxClusters"], row["policy"]) == (
+        "stores", "live", 5, POLICY,
+    )  # fmt: skip
     assert token.read_text() not in (hub.dir / "tokens.yaml").read_text()  # stored hashed
 
     done = install_enroll(hub, fresh_cluster, token, "--labels", "region=eu-1")
@@ -186,12 +260,11 @@ def test_a_token_enrolls_a_cluster_the_next_publication_serves_and_its_agent_con
             "-o", "json",
         )  # fmt: skip
         (request,) = json.loads(shown.stdout)["items"]
-        assert (request["cluster"], request["state"], request["token"]) == (
-            name,
-            "accepted",
-            "stores",
-        )
+        assert (request["cluster"], request["state"], request["token"], request["decidedBy"]) == (
+            name, "accepted", "stores", "token:stores policy",
+        )  # fmt: skip
         assert request["facts"]["kubernetesVersion"].startswith("v1.")
+        assert "plain" in request["facts"]["formats"]
 
         # The private key stayed in the cluster: the hub holds only the public part.
         secret = kube.get({"apiVersion": "v1", "kind": "Secret",
@@ -201,38 +274,7 @@ def test_a_token_enrolls_a_cluster_the_next_publication_serves_and_its_agent_con
         public = base64.b64decode(secret["data"]["public-key"]).decode()
         stored = (hub.dir / "requests" / f"{name}.json").read_text()
         assert public in stored and private not in stored
-        config = kube.get({"apiVersion": "v1", "kind": "ConfigMap",
-                           "metadata": {"name": "fleetlet-agent", "namespace": "fleetlet-system"}})  # fmt: skip
-        assert config is not None
-        assert config["data"]["cluster"] == name and config["data"]["repo"] == lab.url
-
-        # The hub's next publication includes it (the bundle targets tier=edge)...
-        ns, bundle = f"shop-{lab.suffix}", lab.name("web")
-        digest = lab.push(
-            "shop/web", {"01.yaml": namespace_manifest(ns), "02.yaml": configmap("s", ns, {"v": "1"})},
-            tag="v1",
-        )  # fmt: skip
-        (hub.fleet / "bundles" / f"{bundle}.yaml").write_text(
-            yaml.safe_dump(
-                {
-                    "name": bundle,
-                    "sources": [lab.source("shop/web", digest)],
-                    "targets": [{"clusterSelector": {"matchLabels": {"tier": "edge"}}}],
-                }
-            )
-        )
-        signer = PublicationSigner.from_trust_config(
-            trust_config=lab.sigstore.trust_config_path, token=lab.sigstore.mint_token()
-        )
-        with BranchStore(url=lab.url, cache_dir=tmp_path / "hub-cache") as store:
-            report = publish(prepare(hub.fleet), store, signer=signer)
-        assert {c.cluster: c.serial_after for c in report.changes}[name] == 1
-        # ...and the agent, configured as the hub answered, converges.
-        agent = lab.agent(
-            name, fresh_cluster, namespace="fleetlet-system", workdir=tmp_path / "agent"
-        )
-        agent.tick()
-        assert conditions(kube, bundle)["Ready"]["status"] == "True"
+    converge(hub, lab, fresh_cluster, name, "fleetlet-system", tmp_path)
 
 
 def test_refusals_each_say_why(hub: Hub, lab: Lab, tmp_path: Path) -> None:
@@ -312,14 +354,96 @@ def test_refusals_each_say_why(hub: Hub, lab: Lab, tmp_path: Path) -> None:
     assert answer.status_code == 403
 
 
-def test_manual_acceptance_and_denial_through_the_cli(
-    hub: Hub, lab: Lab, fresh_cluster: Cluster
+def test_a_request_replayed_edited_in_flight_or_stale_is_refused(hub: Hub) -> None:
+    token = hub.token("sig", "--max-clusters", "0", "--allow-labels", "region").read_text()
+    # Edited in flight: a label added to the signed bytes (the same length, so a proxy could).
+    edited = request_body("shop-e", {"region": "eu-1"})
+    edited.body = edited.body.replace(b'"region": "eu-1"', b'"region": "us-1"')
+    answer = hub.enroll(edited, token)
+    assert (answer.status_code, answer.json()["error"]) == (
+        401,
+        "the request's signature does not verify with its publicKey (no Fleetlet-Signature, "
+        "or the request was edited in flight)",
+    )
+    # ... or its key swapped for another (the credentials would be sealed to it).
+    swapped = request_body("shop-e")
+    other = nacl.signing.SigningKey.generate()
+    swapped.body = swapped.body.replace(
+        json.loads(swapped.body)["publicKey"].encode(),
+        base64.b64encode(bytes(other.verify_key)),
+    )
+    assert hub.enroll(swapped, token).status_code == 401
+    unsigned = request_body("shop-e")
+    unsigned.signature = ""
+    assert hub.enroll(unsigned, token).status_code == 401
+    # Replayed: the same signed request twice (refused as a replay, before the name is looked
+    # at), and an old request (outside the hub's window) whatever its nonce.
+    first = request_body("shop-r", {"region": "eu-1"})
+    accepted = hub.enroll(first, token)
+    assert accepted.json().get("state") == "accepted", accepted.text
+    again = hub.enroll(first, token)
+    assert again.status_code == 409
+    assert again.json()["error"].startswith("this request was received already (nonce ")
+    stale = request_body("shop-s", {"region": "eu-1"}, now=time.time() - 3600)
+    answer = hub.enroll(stale, token)
+    assert answer.status_code == 401
+    assert "outside the hub's window of 300 s (a replayed request" in answer.json()["error"]
+    assert set(hub.inventory()) == {"shop-r"}
+
+
+def test_a_policy_that_says_no_leaves_the_request_pending_with_why(hub: Hub) -> None:
+    token = hub.token(
+        "new-k8s", "--max-clusters", "0", "--labels", "tier=edge",
+        "--policy", "facts.kubernetesVersion.matches('^v1[.](3[0-9])[.]') && labels.tier == 'edge'",
+    ).read_text()  # fmt: skip
+    new = request_body("shop-new", facts={"kubernetesVersion": "v1.34.1"})
+    assert hub.enroll(new, token).json()["state"] == "accepted"
+    old = hub.enroll(request_body("shop-old", facts={"kubernetesVersion": "v1.29.0"}), token)
+    assert old.json()["state"] == "pending"
+    assert old.json()["waiting"] == (
+        "the token's policy is false for this request: waiting for a decision"
+    )
+    # An expression failing on a request (a fact it lacks) fails closed: pending, with why.
+    hasnt = hub.enroll(request_body("shop-nofacts", facts={"other": "x"}), token)
+    assert hasnt.json()["state"] == "pending"
+    assert hasnt.json()["waiting"].startswith("the token's policy failed: ")
+    assert set(hub.inventory()) == {"shop-new"}
+    listed = requests.get(
+        f"{hub.url}/api/v1/enrollments?state=pending",
+        headers={"Authorization": f"Bearer {READ}"},
+        timeout=30,
+    ).json()["items"]
+    assert sorted(r["cluster"] for r in listed) == ["shop-nofacts", "shop-old"]
+
+
+@pytest.mark.parametrize(
+    ("policy", "error"),
+    [
+        ("facts.kubernetesVersion ==", "does not compile"),
+        ("fact.kubernetesVersion == 'v1'", "no variable 'fact' (it sees cluster, labels, claimed, facts, token)"),
+        ("facts.kubernetesVersion", "is not a boolean"),
+    ],
+)  # fmt: skip
+def test_a_policy_that_cannot_work_is_refused_when_the_token_is_made(
+    tmp_path: Path, policy: str, error: str
 ) -> None:
-    token = hub.token("manual", "--approve", "manual", "--max-clusters", "0")
-    waiting = install_enroll(
-        hub, fresh_cluster, token, "--cluster", "store-7", "--namespace", "fleetlet-manual",
-        popen=True,
+    done = fleetlet(
+        "hub", "enroll-token", "create", "--dir", str(tmp_path), "--id", "bad", "--policy", policy,
+        check=False,
     )  # fmt: skip
+    assert done.returncode != 0
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith(f"fleetlet: --policy {policy!r}") and error in line, line
+    assert not (tmp_path / "tokens.yaml").exists()
+
+
+def test_acceptance_by_hand_and_denial_through_the_cli(
+    hub: Hub, lab: Lab, fresh_cluster: Cluster, tmp_path: Path
+) -> None:
+    token = hub.token(
+        "manual", "--approve", "manual", "--max-clusters", "0", "--labels", "tier=edge"
+    )
+    waiting = install_enroll(hub, fresh_cluster, token, "--cluster", "store-7", popen=True)
     try:
         admin = ["--hub", hub.url, "--token-file", str(hub.admin_file)]
         deadline = time.monotonic() + 120
@@ -341,18 +465,22 @@ def test_manual_acceptance_and_denial_through_the_cli(
             waiting.kill()
     assert waiting.returncode == 0, err
     assert "enrollment pending" in err and "cluster store-7 is in the fleet" in out
-    assert hub.inventory() == {"store-7": {}}
+    assert hub.inventory() == {"store-7": {"tier": "edge"}}
+    converge(hub, lab, fresh_cluster, "store-7", "fleetlet-system", tmp_path)
 
-    # A denied request: the install says who denied it and why, in one line.
+    # A denied request: the list shows it with who denied it and why; it cannot be accepted.
     answer = hub.enroll(request_body("store-8"), token.read_text())
     assert answer.json()["state"] == "pending"
     fleetlet("hub", "clusters", "deny", "store-8", "--reason", "not ours", *admin)
-    assert (
-        json.loads(fleetlet("hub", "clusters", "list", *admin, "-o", "json").stdout)["items"][1][
-            "state"
-        ]
-        == "denied"
-    )
+    items = json.loads(fleetlet("hub", "clusters", "list", *admin, "-o", "json").stdout)["items"]
+    assert {r["cluster"]: (r["state"], r.get("reason")) for r in items} == {
+        "store-7": ("accepted", None),
+        "store-8": ("denied", "not ours"),
+    }
+    table = fleetlet("hub", "clusters", "list", "--state", "denied", *admin).stdout.splitlines()
+    assert table[0].split()[:3] == ["CLUSTER", "STATE", "TOKEN"]
+    assert table[1].split()[:3] == ["store-8", "denied", "manual"] and len(table) == 2
+    assert " by token-" in table[1] and table[1].endswith(": not ours"), table[1]
     again = fleetlet("hub", "clusters", "accept", "store-8", *admin, check=False)
     assert again.returncode == 1 and "cluster 'store-8' is already denied" in again.stderr
 
@@ -366,18 +494,25 @@ done
 """
 
 
-def test_accepted_credentials_push_only_the_clusters_own_status(
+def test_accepted_credentials_read_their_own_branch_and_push_only_their_own_status(
     lab: Lab, git_server_factory: Any, tmp_path: Path
 ) -> None:
-    """The hub's credentialsCommand issues a user per cluster on the git server; the hooks of
-    docs/operations.md ("Who may push what") keep each one to its own status branch."""
-    from tests.realenv.git_fixtures import GIT_USER
+    """The hub's credentialsCommand issues a user per cluster on the real git HTTP server; the
+    repositories' rules of docs/operations.md ("Who may push what") keep each one to its own
+    branch: it lists and fetches its own ``fleetlet/clusters/<cluster>`` and nothing else of
+    the desired state, pushes its own ``fleetlet/status/<cluster>`` and nothing else."""
+    from tests.realenv.git_fixtures import GIT_PASSWORD, GIT_USER
 
     git = git_server_factory("http")
-    git.create_bare("status.git", hooks={"pre-receive": STATUS_HOOK})
+    git.create_bare(
+        "status.git",
+        hooks={"pre-receive": STATUS_HOOK},
+        config={"fleetlet.ownRefPrefix": "refs/heads/fleetlet/status/"},
+    )
     git.create_bare(
         "fleet.git",
         hooks={"pre-receive": f'#!/bin/sh\n[ "$REMOTE_USER" = {GIT_USER} ] || exit 1\n'},
+        config={"fleetlet.ownRefPrefix": "refs/heads/fleetlet/clusters/"},
     )
     made = Hub(lab, tmp_path / "hub")
     config = yaml.safe_load((made.dir / "config.yaml").read_text())
@@ -395,48 +530,84 @@ def test_accepted_credentials_push_only_the_clusters_own_status(
     token = made.token("shops", "--max-clusters", "2").read_text()
     work = tmp_path / "serve"
     work.mkdir()
-    issued: dict[str, dict[str, str]] = {}
+    issued: dict[str, dict[str, Any]] = {}
     with serving_hub(
         lab.status_url, work, ["--tokens", str(made.api_tokens), "--enroll", str(made.dir)]
     ) as url:
         made.url = url
         for name in ("shop-a", "shop-b"):
-            key = nacl.public.PrivateKey.generate()
-            body = request_body(name) | {
-                "publicKey": base64.b64encode(bytes(key.public_key)).decode()
-            }
-            answer = made.enroll(body, token).json()
+            request = request_body(name)
+            answer = made.enroll(request, token).json()
             assert answer["state"] == "accepted", answer
-            sealed = base64.b64decode(answer["sealedCredentials"])
-            issued[name] = json.loads(nacl.public.SealedBox(key).decrypt(sealed))["statusGit"]
+            issued[name] = open_sealed(request.key, answer["sealedCredentials"])
             # Only the cluster's key opens them: the hub keeps none in clear.
             stored = (made.dir / "requests" / f"{name}.json").read_text()
-            assert issued[name]["password"] not in stored
+            assert issued[name]["statusGit"]["password"] not in stored
 
-    a = issued["shop-a"]
     repo = tmp_path / "local"
     subprocess.run(["git", "init", "-q", str(repo)], check=True)
-    subprocess.run(
-        ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q",
-         "--allow-empty", "-m", "status"],
-        check=True,
-    )  # fmt: skip
 
-    def push(
-        repository: str, ref: str, password: str = a["password"]
-    ) -> subprocess.CompletedProcess[str]:
-        where = git.url_for(repository).replace("http://", f"http://shop-a:{password}@")
+    def commit(message: str) -> str:
+        subprocess.run(
+            ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q",
+             "--allow-empty", "-m", message],
+            check=True,
+        )  # fmt: skip
         return subprocess.run(
-            ["git", "-C", str(repo), "push", where, f"HEAD:{ref}"],
+            ["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True
+        ).stdout.strip()
+
+    def git_as(
+        user: str, password: str, *args: str, repository: str, cwd: Path = repo
+    ) -> subprocess.CompletedProcess[str]:
+        where = git.url_for(repository).replace("http://", f"http://{user}:{password}@")
+        return subprocess.run(
+            ["git", "-C", str(cwd), *[where if a == "URL" else a for a in args]],
             capture_output=True, text=True, timeout=60,
         )  # fmt: skip
+
+    # The hub's publisher pushes both clusters' branches (each its own commit).
+    own = commit("set of shop-a")
+    for ref in ("refs/heads/fleetlet/clusters/shop-a", "refs/fleetlet/publication"):
+        assert git_as(GIT_USER, GIT_PASSWORD, "push", "URL", f"HEAD:{ref}", repository="fleet.git").returncode == 0  # fmt: skip
+    theirs = commit("set of shop-b")
+    assert git_as(GIT_USER, GIT_PASSWORD, "push", "URL", "HEAD:refs/heads/fleetlet/clusters/shop-b", repository="fleet.git").returncode == 0  # fmt: skip
+
+    a_read, a_status = issued["shop-a"]["git"], issued["shop-a"]["statusGit"]
+    reader = (a_read["username"], a_read["password"])
+    # Reads: shop-a's credential lists and fetches its own branch only, under both protocols
+    # (into a repository of its own that has none of the commits).
+    listed = git_as(*reader, "ls-remote", "URL", repository="fleet.git")
+    assert listed.stdout == f"{own}\trefs/heads/fleetlet/clusters/shop-a\n", listed
+    for protocol in ("0", "2"):
+        empty = tmp_path / f"reader-{protocol}"
+        subprocess.run(["git", "init", "-q", str(empty)], check=True)
+        v = ["-c", f"protocol.version={protocol}"]
+        branch = git_as(*reader, *v, "fetch", "URL", "fleetlet/clusters/shop-b", repository="fleet.git", cwd=empty)  # fmt: skip
+        assert branch.returncode != 0 and "couldn't find remote ref" in branch.stderr
+        by_id = git_as(*reader, *v, "fetch", "URL", theirs, repository="fleet.git", cwd=empty)
+        assert by_id.returncode != 0 and "not allow request for unadvertised object" in by_id.stderr
+        assert git_as(*reader, *v, "fetch", "URL", "fleetlet/clusters/shop-a", repository="fleet.git", cwd=empty).returncode == 0  # fmt: skip
+    # Pushes: its own status branch and nothing else, nowhere else.
+    writer = (a_status["username"], a_status["password"])
+
+    def push(
+        repository: str, ref: str, who: tuple[str, str] = writer
+    ) -> subprocess.CompletedProcess[str]:
+        return git_as(*who, "push", "URL", f"HEAD:{ref}", repository=repository)
 
     assert push("status.git", "refs/heads/fleetlet/status/shop-a").returncode == 0
     refused = push("status.git", "refs/heads/fleetlet/status/shop-b")
     assert refused.returncode != 0
     assert "fleetlet: shop-a may not push refs/heads/fleetlet/status/shop-b" in refused.stderr
+    assert push("status.git", "refs/heads/main").returncode != 0
     assert push("fleet.git", "refs/heads/fleetlet/clusters/shop-a").returncode != 0
-    assert push("status.git", "refs/heads/fleetlet/status/shop-a", "wrong").returncode != 0
+    assert push("status.git", "refs/heads/fleetlet/status/shop-a", ("shop-a", "wrong")).returncode != 0  # fmt: skip
+    # ... and it does not read other clusters' status either.
+    status = git_as(*writer, "ls-remote", "URL", repository="status.git")
+    assert [line.split("\t")[1] for line in status.stdout.splitlines()] == [
+        "refs/heads/fleetlet/status/shop-a"
+    ]
 
 
 def test_with_commit_the_inventory_is_a_commit_in_the_fleet_checkout(
@@ -454,7 +625,8 @@ def test_with_commit_the_inventory_is_a_commit_in_the_fleet_checkout(
     token = made.token("git", "--max-clusters", "0", "--allow-labels", "zone").read_text()
     service = Enrollment(made.dir, known={"edge-1": {}})
     for name in ("shop-x", "shop-y"):
-        assert service.submit(token, request_body(name, {"zone": "a"}))["state"] == "accepted"
+        request = request_body(name, {"zone": "a"})
+        assert service.submit(token, request.body, request.signature)["state"] == "accepted"
     log = subprocess.run(
         ["git", "-C", str(made.fleet), "log", "--format=%s %an"],
         capture_output=True, text=True, check=True,
@@ -475,9 +647,39 @@ def test_with_commit_the_inventory_is_a_commit_in_the_fleet_checkout(
     except Exception as exc:
         assert str(exc) == "no enrollment request '../used' by this token"
     # A name the fleet repo already holds is not enrolled over.
+    taken = request_body("edge-1")
     try:
-        service.submit(token, request_body("edge-1"))
+        service.submit(token, taken.body, taken.signature)
     except Exception as exc:
         assert str(exc) == "cluster 'edge-1' is already accepted: pick another name"
     else:
         raise AssertionError("edge-1 was enrolled over the fleet repo's cluster")
+
+
+def test_the_openapi_document_has_the_enrollment_endpoints(hub: Hub) -> None:
+    from openapi_spec_validator import validate as validate_spec
+
+    document = requests.get(
+        f"{hub.url}/api/v1/openapi.json", headers={"Authorization": f"Bearer {READ}"}, timeout=30
+    ).json()
+    validate_spec(document)
+    paths = document["paths"]
+    assert {
+        "/api/v1/enroll": ["post"],
+        "/api/v1/enroll/{cluster}": ["get"],
+        "/api/v1/enrollments": ["get"],
+        "/api/v1/enrollments/{cluster}/{verdict}": ["post"],
+    }.items() <= {p: list(v) for p, v in paths.items()}.items()
+    states = document["components"]["schemas"]["EnrollmentRequest"]["properties"]["state"]
+    assert states["enum"] == ["pending", "accepted", "denied"]
+    # Each answer it declares for the listing matches what the hub says.
+    listed = requests.get(
+        f"{hub.url}/api/v1/enrollments", headers={"Authorization": f"Bearer {READ}"}, timeout=30
+    )
+    assert listed.status_code == 200 and listed.json() == {"items": []}
+    wrong = requests.get(
+        f"{hub.url}/api/v1/enrollments?state=maybe",
+        headers={"Authorization": f"Bearer {READ}"},
+        timeout=30,
+    )
+    assert wrong.status_code == 400 and "400" in paths["/api/v1/enrollments"]["get"]["responses"]

@@ -1,11 +1,13 @@
 """README's "Put your first cluster into a fleet", run as written.
 
 The lines between the ``first-cluster`` markers of README.md are run one by one with bash,
-unchanged, in a directory holding ``fleet/`` and ``trusted_root.json``; only the environment
-points them at the test's parts: ``$REGISTRY`` (the test registry, plain HTTP: declared
-insecure in a registries.conf, as an operator would), ``$FLEET_REPO`` (a git daemon),
-``$IDENTITY``/``$ISSUER`` and the signing token of the local Sigstore (``SIGSTORE_ID_TOKEN``,
-``FLEETLET_TRUST_CONFIG``), ``KUBECONFIG`` (a fresh cluster of this module's own).
+unchanged, in a directory holding ``fleet/`` (no cluster in it yet) and ``enroll/`` (the
+``config.yaml`` the README asks for) beside a running ``hub serve --enroll enroll/``; only the
+environment points them at the test's parts: ``$REGISTRY`` (the test registry, plain HTTP:
+declared insecure in a registries.conf, as an operator would), ``$HUB``, ``$FLEET_REPO`` (a
+git daemon), the signing token of the local Sigstore (``SIGSTORE_ID_TOKEN``,
+``FLEETLET_TRUST_CONFIG``), ``KUBECONFIG`` (a fresh cluster of this module's own, without any
+fleetlet object).
 
 The test clusters fake pods (kwok), so after ``agent install`` the test does the kubelet's
 part for the agent's pod: it runs the image the Deployment pins, with podman, as the pod spec
@@ -34,9 +36,11 @@ from urllib.parse import urlparse
 import pytest
 import yaml
 
+from hub.api.tokens import write_clear_tokens
 from tests.fleetlab import REPO_ROOT, Lab, configmap, namespace_manifest
 from tests.realenv.binaries import kubectl as kubectl_path
 from tests.realenv.gitserver import free_port
+from tests.realenv.hubserver import serving_hub
 from tests.realenv.kube import Cluster
 from tests.realenv.sigstore.mini import DEFAULT_IDENTITY
 from tests.test_agent_install import fresh_cluster as fresh_cluster  # the fixture
@@ -55,8 +59,9 @@ def readme_commands() -> list[str]:
     return [line for line in match.group(1).splitlines() if line.strip()]
 
 
-def test_readme_is_five_commands_or_fewer() -> None:
-    assert 1 <= len(readme_commands()) <= 5
+def test_readme_is_six_commands_or_fewer() -> None:
+    # Build and push the image, a token, the one-command enrollment, a publish, a look.
+    assert 1 <= len(readme_commands()) <= 6
 
 
 def kubectl(cluster: Cluster, *args: str) -> str:
@@ -170,13 +175,28 @@ def test_put_your_first_cluster_into_a_fleet(
     workdir = tmp_path / "here"
     workdir.mkdir()
     (workdir / "scripts").symlink_to(REPO_ROOT / "scripts")  # "from this repository"
-    shutil.copy(lab.sigstore.trusted_root_path, workdir / "trusted_root.json")
+    # The hub's enrollment directory, as the README's "You need" and operations.md say.
+    enroll = workdir / "enroll"
+    enroll.mkdir()
+    shutil.copy(lab.sigstore.trusted_root_path, enroll / "trusted_root.json")
+    (enroll / "config.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "repo": lab.url,
+                "statusRepo": lab.status_url,
+                "identity": DEFAULT_IDENTITY,
+                "issuer": lab.sigstore.issuer,
+                "trustedRoot": "trusted_root.json",
+                "inventory": "../fleet/clusters/enrolled.yaml",
+            }
+        )
+    )
     ns, bundle = f"shop-{lab.suffix}", "web-config"
     files = {"01.yaml": namespace_manifest(ns), "02.yaml": configmap("settings", ns, {"v": "1"})}
     digest = lab.push("shop/web-config", files, tag="v1")
     write_fleet(
         workdir / "fleet",
-        clusters=[{"name": "edge-1", "labels": {"tier": "edge"}}],
+        clusters=[],
         bundles=[
             {
                 "name": bundle,
@@ -195,19 +215,30 @@ def test_put_your_first_cluster_into_a_fleet(
     conf.write_text(CONTAINERS_CONF)
     registries = tmp_path / "registries.conf"
     registries.write_text(f'[[registry]]\nlocation = "{lab.registry.host}"\ninsecure = true\n')
+    api_tokens = tmp_path / "api-tokens.yaml"
+    write_clear_tokens(api_tokens, {"admin-token-" + "a" * 20: "admin"})
+    serve = tmp_path / "serve"
+    serve.mkdir()
+    with serving_hub(
+        lab.status_url, serve, ["--tokens", str(api_tokens), "--enroll", str(enroll)]
+    ) as hub:
+        _run_readme(lab, fresh_cluster, tmp_path, workdir, hub, bundle, ns)
+
+
+def _run_readme(
+    lab: Lab, fresh_cluster: Cluster, tmp_path: Path, workdir: Path, hub: str, bundle: str, ns: str
+) -> None:
     env = {
         **os.environ,
         "PATH": f"{Path(kubectl_path()).parent}:{os.environ['PATH']}",
         "REGISTRY": lab.registry.host,
+        "HUB": hub,
         "FLEET_REPO": lab.url,
-        "STATUS_REPO": lab.status_url,
-        "IDENTITY": DEFAULT_IDENTITY,
-        "ISSUER": lab.sigstore.issuer,
         "KUBECONFIG": str(fresh_cluster.kubeconfig),
         "SIGSTORE_ID_TOKEN": lab.sigstore.mint_token(),
         "FLEETLET_TRUST_CONFIG": str(lab.sigstore.trust_config_path),
-        "CONTAINERS_CONF": str(conf),
-        "CONTAINERS_REGISTRIES_CONF": str(registries),
+        "CONTAINERS_CONF": str(tmp_path / "containers.conf"),
+        "CONTAINERS_REGISTRIES_CONF": str(tmp_path / "registries.conf"),
     }
     commands = readme_commands()
     *setup, last = commands

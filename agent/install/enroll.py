@@ -6,21 +6,25 @@ Read top to bottom::
 
 - name: ``--cluster``, else derived from the cluster itself (``c-`` and the first 12 hex
   digits of the ``kube-system`` namespace's UID: stable across re-runs, unique per cluster);
-- key: an X25519 key pair made for this enrollment, its private part written only to the
+- key: an Ed25519 key pair made for this enrollment, its private part written only to the
   Secret ``fleetlet-enrollment`` of the agent's namespace (re-running the command reuses it,
   so an interrupted wait for manual acceptance resumes); it is never sent nor written to disk;
-- facts: what the agent reports anyway (Kubernetes version, served API group versions);
-- submit: ``POST /api/v1/enroll`` with the token, the name, the claimed labels, the facts and
-  the public key; the hub refuses with a reason (expired, revoked, exhausted, out of scope,
-  name taken) or answers pending or accepted;
+- facts: what the agent reports anyway (Kubernetes version, served API group versions, the
+  formats this fleetlet renders);
+- submit: ``POST /api/v1/enroll`` with the token, the name, the claimed labels, the facts, the
+  public key, a nonce and the time, signed with the key (:func:`signed_request`): the hub
+  refuses a request edited in flight or replayed, and refuses with a reason (expired, revoked,
+  exhausted, out of scope, name taken) or answers pending or accepted;
 - open: the hub's answer carries the repositories, the signer identity and the trusted root,
-  and the cluster's git credentials sealed to the public key: only this cluster opens them.
+  and the cluster's git credentials sealed to the key (its X25519 form): only this cluster
+  opens them.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import secrets
 import time
 import urllib.error
 import urllib.parse
@@ -30,6 +34,7 @@ from typing import Any
 
 import nacl.exceptions
 import nacl.public
+import nacl.signing
 
 from agent.errors import PermanentError, TemporaryError
 from agent.install.manifests import Credentials, InstallConfig, namespace_objects
@@ -37,6 +42,10 @@ from agent.kube import KubeClient, ObjectRef
 
 ENROLL_SECRET = "fleetlet-enrollment"
 API = "/api/v1"
+KEY_KIND = "ed25519"
+SIGNATURE_HEADER = "Fleetlet-Signature"
+SIGNED_CONTEXT = b"fleetlet-enroll-v1\n"
+"""What a request's signature covers: this, the method and path, a newline, the body's bytes."""
 
 
 class EnrollmentError(PermanentError):
@@ -73,22 +82,30 @@ def derived_name(kube: KubeClient) -> str:
 
 
 def cluster_facts(kube: KubeClient) -> dict[str, Any]:
-    """The Kubernetes version and the served API group versions (``v1``, ``apps/v1``...)."""
+    """The Kubernetes version, the served API group versions (``v1``, ``apps/v1``...) and the
+    formats this fleetlet renders (built in and installed plugins: the agent image carries the
+    same release)."""
+    from agent.render.formats import available_formats
+
     versions = [v for v in kube.api_versions() if not v.split("/")[-1][:1].isupper()]
-    return {"kubernetesVersion": kube.server_version(), "apiGroupVersions": versions}
+    return {
+        "kubernetesVersion": kube.server_version(),
+        "apiGroupVersions": versions,
+        "formats": available_formats(),
+    }
 
 
-def cluster_key(kube: KubeClient, namespace: str, cluster: str) -> nacl.public.PrivateKey:
+def cluster_key(kube: KubeClient, namespace: str, cluster: str) -> nacl.signing.SigningKey:
     """This cluster's enrollment key: the one in Secret ``fleetlet-enrollment`` when it was
     made for ``cluster``, else a new one stored there first."""
     from agent.install.installer import install
 
     ref = ObjectRef("v1", "Secret", ENROLL_SECRET, namespace)
     found = kube.get(ref)
-    data = (found or {}).get("data") or {}
-    if data.get("cluster") and base64.b64decode(data["cluster"]).decode() == cluster:
-        return nacl.public.PrivateKey(base64.b64decode(base64.b64decode(data["private-key"])))
-    key = nacl.public.PrivateKey.generate()
+    data = {k: base64.b64decode(v).decode() for k, v in ((found or {}).get("data") or {}).items()}
+    if data.get("cluster") == cluster and data.get("kind") == KEY_KIND:
+        return nacl.signing.SigningKey(base64.b64decode(data["private-key"]))
+    key = nacl.signing.SigningKey.generate()
     secret = {
         "apiVersion": "v1",
         "kind": "Secret",
@@ -96,26 +113,60 @@ def cluster_key(kube: KubeClient, namespace: str, cluster: str) -> nacl.public.P
         "type": "Opaque",
         "stringData": {
             "cluster": cluster,
+            "kind": KEY_KIND,
             "private-key": base64.b64encode(bytes(key)).decode(),
-            "public-key": base64.b64encode(bytes(key.public_key)).decode(),
+            "public-key": base64.b64encode(bytes(key.verify_key)).decode(),
         },
     }
     install(kube, [*namespace_objects(namespace), secret])
     return key
 
 
-def call(hub: str, token: str, method: str, path: str, body: Any = None) -> dict[str, Any]:
+def signed_request(
+    key: nacl.signing.SigningKey,
+    *,
+    cluster: str,
+    labels: dict[str, str],
+    facts: dict[str, Any],
+    now: float | None = None,
+) -> tuple[bytes, str]:
+    """The body of ``POST /api/v1/enroll`` and its signature (the ``Fleetlet-Signature``
+    header): the key's public part, a fresh nonce and the time are in the body, and the
+    signature covers the body's exact bytes, so the hub refuses it edited or replayed."""
+    issued = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() if now is None else now))
+    body = json.dumps(
+        {
+            "cluster": cluster,
+            "labels": labels,
+            "facts": facts,
+            "publicKey": base64.b64encode(bytes(key.verify_key)).decode(),
+            "nonce": secrets.token_hex(16),
+            "issuedAt": issued,
+        }
+    ).encode()
+    return body, signature(key, "POST", API + "/enroll", body)
+
+
+def signature(key: nacl.signing.SigningKey, method: str, path: str, body: bytes) -> str:
+    """Base64 of the Ed25519 signature of :data:`SIGNED_CONTEXT`, ``METHOD PATH``, the body."""
+    message = SIGNED_CONTEXT + f"{method} {path}\n".encode() + body
+    return base64.b64encode(key.sign(message).signature).decode()
+
+
+def call(
+    hub: str, token: str, method: str, path: str, body: bytes | None = None, signed: str = ""
+) -> dict[str, Any]:
     """One request to the hub's enrollment API. Raises EnrollmentError (4xx, with the hub's
     reason), HubUnreachableError."""
+    headers = {
+        "Authorization": f"Bearer {token}",
+        "Content-Type": "application/json",
+        "Accept": "application/json",
+    }
+    if signed:
+        headers[SIGNATURE_HEADER] = signed
     request = urllib.request.Request(
-        hub.rstrip("/") + API + path,
-        data=json.dumps(body).encode() if body is not None else None,
-        method=method,
-        headers={
-            "Authorization": f"Bearer {token}",
-            "Content-Type": "application/json",
-            "Accept": "application/json",
-        },
+        hub.rstrip("/") + API + path, data=body, method=method, headers=headers
     )
     try:
         with urllib.request.urlopen(request, timeout=60) as response:
@@ -153,14 +204,9 @@ def enroll(
     """
     name = cluster or derived_name(kube)
     key = cluster_key(kube, namespace, name)
-    body = {
-        "cluster": name,
-        "labels": labels,
-        "facts": cluster_facts(kube),
-        "publicKey": base64.b64encode(bytes(key.public_key)).decode(),
-    }
+    body, signed = signed_request(key, cluster=name, labels=labels, facts=cluster_facts(kube))
     try:
-        answer = call(hub, token, "POST", "/enroll", body)
+        answer = call(hub, token, "POST", "/enroll", body, signed)
     except EnrollmentError as exc:
         if "already pending" not in str(exc):
             raise
@@ -187,10 +233,15 @@ def enroll(
     return _config(answer, key, image=image, namespace=namespace, cluster=name, **settings)
 
 
-def _config(answer: dict[str, Any], key: nacl.public.PrivateKey, **settings: Any) -> InstallConfig:
+def open_sealed(key: nacl.signing.SigningKey, sealed: str) -> Any:
+    """The JSON the hub sealed to this key's X25519 form. Raises CryptoError, ValueError."""
+    box = nacl.public.SealedBox(key.to_curve25519_private_key())
+    return json.loads(box.decrypt(base64.b64decode(sealed)))
+
+
+def _config(answer: dict[str, Any], key: nacl.signing.SigningKey, **settings: Any) -> InstallConfig:
     try:
-        sealed = base64.b64decode(answer["sealedCredentials"])
-        secrets = json.loads(nacl.public.SealedBox(key).decrypt(sealed))
+        issued = open_sealed(key, answer["sealedCredentials"])
         config = answer["config"]
     except (KeyError, ValueError, TypeError, nacl.exceptions.CryptoError) as exc:
         raise EnrollmentError(
@@ -210,7 +261,7 @@ def _config(answer: dict[str, Any], key: nacl.public.PrivateKey, **settings: Any
         issuer=config["issuer"],
         trusted_root=config["trustedRoot"],
         hub_public_key=config.get("hubPublicKey"),
-        git=credentials(secrets.get("git")),
-        status_git=credentials(secrets.get("statusGit")),
+        git=credentials(issued.get("git")),
+        status_git=credentials(issued.get("statusGit")),
         **settings,
     )

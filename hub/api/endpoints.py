@@ -346,14 +346,18 @@ def enroll_endpoints(*, states: tuple[str, ...]) -> tuple[Endpoint, ...]:
             path="/enroll",
             summary="Ask to join the fleet",
             description="The agent's request (`agent install --enroll`): its name, claimed "
-            "labels, facts and public keys. Accepted by the token's policy, or pending until "
-            "`hub clusters accept|deny`.",
+            "labels, facts, public key, a nonce and the time, signed with that key: the "
+            "`Fleetlet-Signature` header is base64 of the Ed25519 signature of "
+            "`fleetlet-enroll-v1\\nPOST /api/v1/enroll\\n` and the body's exact bytes. "
+            "Accepted by the token's policy, or pending until `hub clusters accept|deny`. "
+            "401 also when the signature does not verify (edited in flight) or the time is "
+            "outside the window (a late replay).",
             answer=r.EnrollmentAnswer,
-            body=dict[str, Any],
+            body=r.EnrollmentSubmission,
             errors={
                 400: "a malformed request",
                 403: "the token is expired, revoked, used up, or the labels are out of its scope",
-                409: "the name is enrolled already",
+                409: "the name is enrolled already, or the request was received already (a replay)",
                 413: "the request is too large",
             },
             auth=token,

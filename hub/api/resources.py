@@ -287,15 +287,57 @@ class ActionBody(TypedDict, total=False):
 # --- enrollment (hub serve --enroll) ---------------------------------------------------------
 
 
-class EnrollmentAnswer(TypedDict, total=False):
+class EnrollmentRequest(TypedDict):
     """An enrollment request as the hub holds it (hub.enroll.service)."""
 
     cluster: str
+    token: Annotated[str, Doc("the enrollment token's id")]
+    labels: Annotated[dict[str, str], Doc("what the cluster gets: its claim and the token's")]
+    facts: Annotated[
+        dict[str, Any], Doc("as reported: kubernetesVersion, apiGroupVersions, formats")
+    ]
     state: Literal["pending", "accepted", "denied"]
+    requestedAt: str
+    decidedAt: NotRequired[str]
+    decidedBy: NotRequired[
+        Annotated[str, Doc("the API token's name; token:ID (policy) when accepted by the token")]
+    ]
+    reason: NotRequired[Annotated[str, Doc("given with a denial")]]
+    waiting: NotRequired[
+        Annotated[str, Doc("why the token's policy left a pending request waiting")]
+    ]
+
+
+class EnrollmentAnswer(EnrollmentRequest):
+    """An enrollment request; once accepted, with what the cluster needs to install."""
+
+    config: NotRequired[
+        Annotated[
+            dict[str, Any],
+            Doc("repo, statusRepo, identity, issuer, trustedRoot, hubPublicKey"),
+        ]
+    ]
+    sealedCredentials: NotRequired[
+        Annotated[
+            str,
+            Doc("the git credentials sealed to the cluster's key (libsodium sealed box, base64)"),
+        ]
+    ]
+
+
+class EnrollmentSubmission(TypedDict):
+    """The agent's request, signed with the key it carries (header Fleetlet-Signature)."""
+
+    cluster: str
+    labels: NotRequired[Annotated[dict[str, str], Doc("the labels it claims")]]
+    facts: NotRequired[dict[str, Any]]
+    publicKey: Annotated[str, Doc("the cluster's Ed25519 public key, base64")]
+    nonce: Annotated[str, Doc("32 to 64 random lowercase hex digits, never sent twice")]
+    issuedAt: Annotated[str, Doc("the time it was made, UTC; within 300 s of the hub's")]
 
 
 class EnrollmentList(TypedDict):
-    items: list[dict[str, Any]]
+    items: list[EnrollmentRequest]
 
 
 class OpenAPIDocument(TypedDict, total=False):

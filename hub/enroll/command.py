@@ -26,6 +26,7 @@ def _create(args: argparse.Namespace) -> int:
         max_clusters=args.max_clusters,
         expires=parse_duration(args.expires),
         approve=args.approve,
+        policy=args.policy or "",
     )
     print(token)
     print(
@@ -53,6 +54,7 @@ def _list(args: argparse.Namespace) -> int:
                 "maxClusters": t.max_clusters,
                 "expiresAt": t.expires_at.strftime("%Y-%m-%dT%H:%M:%SZ"),
                 "approve": t.approve,
+                "policy": t.policy,
             }
         )
     if args.output == "table":
@@ -82,12 +84,16 @@ def _clusters_list(args: argparse.Namespace) -> int:
     query = f"?state={urllib.parse.quote(args.state)}" if args.state else ""
     data = _hub_call(args, "GET", f"/enrollments{query}")
     if args.output == "table":
-        print(f"{'CLUSTER':<32} {'STATE':<9} {'TOKEN':<20} {'REQUESTED':<21} LABELS")
+        print(f"{'CLUSTER':<32} {'STATE':<9} {'TOKEN':<20} {'REQUESTED':<21} {'LABELS':<24} WHY")
         for r in data["items"]:
-            labels = ",".join(f"{k}={v}" for k, v in sorted(r["labels"].items()))
+            labels = ",".join(f"{k}={v}" for k, v in sorted(r["labels"].items())) or "-"
+            # Who decided and why, or why the token's policy left it waiting.
+            why = r.get("waiting") or ""
+            if r.get("decidedBy"):
+                why = f"by {r['decidedBy']}" + (f": {r['reason']}" if r.get("reason") else "")
             print(
                 f"{r['cluster']:<32} {r['state']:<9} {r['token']:<20} {r['requestedAt']:<21} "
-                f"{labels}"
+                f"{labels:<24} {why}".rstrip()
             )
     else:
         _emit(data, args.output)
@@ -140,6 +146,13 @@ def register(hub_sub: Any) -> None:
         default="auto",
         help="auto: a request within scope is accepted; manual: it waits for "
         "`hub clusters accept` (auto)",
+    )
+    create.add_argument(
+        "--policy",
+        metavar="CEL",
+        help="accept automatically only when this CEL expression is true (else the request "
+        "waits for a decision): over cluster, labels, claimed, facts, token; e.g. "
+        "\"'apps/v1' in facts.apiGroupVersions\"",
     )
     create.set_defaults(handler=_create)
     lst = sub.add_parser("list", help="the tokens and their scope (never the tokens)")

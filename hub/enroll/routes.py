@@ -1,7 +1,8 @@
 """The enrollment API, mounted by :func:`hub.api.app.create_app` when ``hub serve --enroll``.
 
 - ``POST /api/v1/enroll`` and ``GET /api/v1/enroll/{cluster}``: the agent's side, with an
-  enrollment token as bearer token. An enrollment token opens nothing else: it is not an API
+  enrollment token as bearer token; the request body signed by the cluster's key
+  (``Fleetlet-Signature``, :mod:`hub.enroll.signed`). An enrollment token opens nothing else: it is not an API
   token, so every other endpoint answers 401 to it.
 - ``GET /api/v1/enrollments[?state=pending]`` (any API token) and
   ``POST /api/v1/enrollments/{cluster}/accept|deny`` (admin tokens, recorded with the token's
@@ -18,8 +19,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
+from agent.install.enroll import SIGNATURE_HEADER
 from hub.api.openapi import API_PREFIX
-from hub.enroll.service import Enrollment, EnrollRefused
+from hub.enroll.refused import EnrollRefused
+from hub.enroll.service import Enrollment
 
 MAX_BODY = 128 * 1024
 
@@ -63,11 +66,11 @@ def enroll_routes(
         token = _bearer(request)
         if not token:
             return _error(401, "an enrollment token is required (Authorization: Bearer ...)")
-        try:
-            body = await _json(request)
-        except EnrollRefused as exc:
-            return _error(exc.status, exc.message)
-        return await answer(lambda: enrollment.submit(token, body))
+        body = await request.body()
+        if len(body) > MAX_BODY:
+            return _error(413, f"the request is larger than {MAX_BODY} bytes")
+        signature = request.headers.get(SIGNATURE_HEADER, "")
+        return await answer(lambda: enrollment.submit(token, body, signature))
 
     async def poll(request: Request) -> Response:
         token = _bearer(request)

@@ -1,11 +1,13 @@
 """Enrollment requests, read top to bottom: a request arrives with a bootstrap token; it is
-checked (token live, name free, labels in scope), recorded, then accepted (by the token's
-policy, or later by an operator) or denied. Accepting writes the cluster into the inventory
-file the hub owns and seals the cluster's credentials to the public key the cluster sent::
+checked (token live, signed by the key it carries, fresh and never seen, name free, labels in
+scope), recorded, then accepted (by the token's policy, or later by an operator) or denied.
+Accepting writes the cluster into the inventory file the hub owns and seals the cluster's
+credentials to the public key the cluster sent::
 
-    submit ─► check_token ─► check_request ─► record (pending) ─┬─ approve: auto ─► accept
-                                                                └─ approve: manual ─ (wait)
-    accept ─► write_inventory (+ git commit) ─► issue credentials ─► seal to the cluster's key
+    submit ─► check_token ─► verified_body ─► check_request ─► claim_nonce ─► record (pending)
+      ─┬─ approve: auto, policy true (or none) ─► accept
+       └─ approve: manual, or policy false ───── (wait for `hub clusters accept|deny`)
+    accept ─► issue credentials ─► write_inventory (+ git commit) ─► seal to the cluster's key
 
 State lives in ``ENROLL_DIR`` (``hub serve --enroll ENROLL_DIR``), all of it guarded by one
 file lock so that several hub processes share it safely:
@@ -14,7 +16,8 @@ file lock so that several hub processes share it safely:
 - ``config.yaml``: what an accepted cluster is told (repositories, signer identity, trusted
   root, the hub's public key), where the inventory file is, how credentials are issued;
 - ``requests/<cluster>.json`` and ``used.json``: every request, its decision, how many
-  clusters each token enrolled (the hub's own state).
+  clusters each token enrolled (the hub's own state); ``nonces/``: the requests seen within
+  the replay window (:mod:`hub.enroll.signed`).
 
 A refusal raises :class:`EnrollRefused` with an HTTP status and a one-line reason.
 """
@@ -22,7 +25,6 @@ A refusal raises :class:`EnrollRefused` with an HTTP status and a one-line reaso
 from __future__ import annotations
 
 import base64
-import binascii
 import contextlib
 import fcntl
 import json
@@ -36,10 +38,14 @@ from pathlib import Path
 from typing import Any
 
 import nacl.public
+import nacl.signing
 import yaml
 
-from agent.errors import PermanentError
+from hub.api.openapi import API_PREFIX
 from hub.api.tokens import HubConfigError
+from hub.enroll.policy import admits, variables
+from hub.enroll.refused import EnrollRefused
+from hub.enroll.signed import claim_nonce, verified_body
 from hub.enroll.tokens import EnrollToken, EnrollTokens
 from hub.fleet.selectors import label_key_ok, label_value_ok
 
@@ -48,15 +54,6 @@ REQUESTS_DIR = "requests"
 STATES = ("pending", "accepted", "denied")
 MAX_FACTS_BYTES = 64 * 1024
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
-
-
-class EnrollRefused(PermanentError):
-    """An enrollment request or decision refused: ``status`` (HTTP) and the reason."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -156,11 +153,14 @@ class Enrollment:
 
     # --- the agent's side ----------------------------------------------------------------
 
-    def submit(self, token: str, body: Any) -> dict[str, Any]:
-        """A cluster asks to join. Raises EnrollRefused (401 token unknown, 403 token dead or
-        out of scope, 409 name taken, 400 malformed)."""
+    def submit(self, token: str, raw: bytes, signature: str) -> dict[str, Any]:
+        """A cluster asks to join with the body ``raw`` it signed. Raises EnrollRefused (401
+        token unknown, signature wrong, request stale; 403 token dead or out of scope; 409 name
+        taken, request replayed; 400 malformed)."""
         entry = self.check_token(token)
+        body = verified_body(raw, signature, path=f"{API_PREFIX}/enroll")
         cluster, claimed, facts, key = check_request(body)
+        claim_nonce(self.directory, body["nonce"], body["issuedAt"])
         with self._locked() as requests:
             taken = requests.get(cluster)
             if taken is not None or cluster in self.known:
@@ -185,8 +185,25 @@ class Enrollment:
                 "state": "pending",
                 "requestedAt": _now(),
             }
-            if entry.approve == "auto":
-                self._accept(record, by=f"token:{entry.id}")
+            accepted, why = entry.approve == "auto", ""
+            if accepted and entry.policy:
+                scope = {
+                    "id": entry.id,
+                    "labels": dict(entry.labels),
+                    "allowLabels": dict(entry.allow_labels or {}),
+                    "maxClusters": entry.max_clusters,
+                    "used": used,
+                }
+                accepted, why = admits(
+                    entry.policy,
+                    variables(
+                        cluster=cluster, labels=labels, claimed=claimed, facts=facts, token=scope
+                    ),
+                )
+            if accepted:
+                self._accept(record, by=f"token:{entry.id}" + (" policy" if entry.policy else ""))
+            elif why:
+                record["waiting"] = why
             requests.put(record, count=+1)
             return self._answer(record)
 
@@ -232,6 +249,7 @@ class Enrollment:
                 self._accept(found, by=by)
                 requests.put(found)
             else:
+                found.pop("waiting", None)
                 found |= {"state": "denied", "decidedAt": _now(), "decidedBy": by, "reason": reason}
                 requests.put(found, count=-1)  # a denied request does not use up the token
             return _public(found)
@@ -243,7 +261,9 @@ class Enrollment:
         # Credentials first: a git host that fails leaves the inventory as it was.
         secrets = self._credentials(cluster)
         self._write_inventory(cluster, found["labels"])
-        box = nacl.public.SealedBox(nacl.public.PublicKey(base64.b64decode(found["publicKey"])))
+        key = nacl.signing.VerifyKey(base64.b64decode(found["publicKey"]))
+        box = nacl.public.SealedBox(key.to_curve25519_public_key())
+        found.pop("waiting", None)
         found |= {
             "state": "accepted",
             "decidedAt": _now(),
@@ -382,17 +402,18 @@ def _public(record: Mapping[str, Any]) -> dict[str, Any]:
         "decidedAt",
         "decidedBy",
         "reason",
+        "waiting",
     )
     return {k: record[k] for k in keys if k in record}
 
 
+REQUEST_FIELDS = {"cluster", "labels", "facts", "publicKey", "nonce", "issuedAt"}
+
+
 def check_request(body: Any) -> tuple[str, dict[str, str], dict[str, Any], str]:
-    """(cluster, labels, facts, public key) of a request body. Raises EnrollRefused (400)."""
-    if not isinstance(body, dict):
-        raise EnrollRefused(
-            400, "the body must be a JSON object: cluster, labels, facts, publicKey"
-        )
-    unknown = sorted(set(body) - {"cluster", "labels", "facts", "publicKey"})
+    """(cluster, labels, facts, public key) of a request body whose signature, key, nonce and
+    time :func:`~hub.enroll.signed.verified_body` checked. Raises EnrollRefused (400)."""
+    unknown = sorted(set(body) - REQUEST_FIELDS)
     if unknown:
         raise EnrollRefused(400, f"unknown fields: {', '.join(map(str, unknown))}")
     cluster = body.get("cluster")
@@ -407,14 +428,7 @@ def check_request(body: Any) -> tuple[str, dict[str, str], dict[str, Any], str]:
     facts = body.get("facts") or {}
     if not isinstance(facts, dict) or len(json.dumps(facts)) > MAX_FACTS_BYTES:
         raise EnrollRefused(400, f"facts must be a mapping of at most {MAX_FACTS_BYTES} bytes")
-    key = body.get("publicKey")
-    try:
-        raw = base64.b64decode(str(key), validate=True)
-    except (binascii.Error, ValueError):
-        raw = b""
-    if len(raw) != 32:
-        raise EnrollRefused(400, "publicKey must be an X25519 public key (32 bytes, base64)")
-    return cluster, dict(labels), facts, str(key)
+    return cluster, dict(labels), facts, str(body["publicKey"])
 
 
 def in_scope(entry: EnrollToken, claimed: Mapping[str, str]) -> dict[str, str]:
@@ -437,7 +451,7 @@ def in_scope(entry: EnrollToken, claimed: Mapping[str, str]) -> dict[str, str]:
         raise EnrollRefused(
             403,
             "labels "
-            + ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+            + (",".join(f"{k}={v}" for k, v in sorted(labels.items())) or "(none)")
             + " are outside the token's scope (allowLabels "
             + json.dumps(dict(entry.allow_labels or {}), sort_keys=True)
             + ")",

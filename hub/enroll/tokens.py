@@ -11,6 +11,7 @@
         maxClusters: 50         # how many clusters it may enroll (0: no limit)
         expiresAt: "2026-12-01T00:00:00Z"
         approve: auto           # auto: accepted within scope; manual: waits for `hub clusters accept`
+        policy: "'apps/v1' in facts.apiGroupVersions"   # optional CEL: auto acceptance needs it true
         revoked: false
 
 The hub keeps how many clusters each token enrolled in its own state (:mod:`.service`), so the
@@ -50,6 +51,7 @@ class EnrollToken:
     allow_labels: Mapping[str, Any] | None = None
     max_clusters: int = 1
     approve: str = "auto"
+    policy: str = ""
     revoked: bool = False
 
     def selector(self) -> LabelSelector | None:
@@ -68,8 +70,10 @@ class EnrollToken:
             "maxClusters": self.max_clusters,
             "expiresAt": self.expires_at.strftime("%Y-%m-%dT%H:%M:%SZ"),
             "approve": self.approve,
-            "revoked": self.revoked,
         }
+        if self.policy:
+            body["policy"] = self.policy
+        body["revoked"] = self.revoked
         return body
 
 
@@ -165,6 +169,7 @@ def read_tokens(path: Path) -> list[EnrollToken]:
                         str(raw["expiresAt"]), "%Y-%m-%dT%H:%M:%SZ"
                     ).replace(tzinfo=UTC),
                     approve=str(raw.get("approve", "auto")),
+                    policy=str(raw.get("policy") or ""),
                     revoked=bool(raw.get("revoked", False)),
                 )
             )
@@ -195,11 +200,12 @@ def create_token(
     max_clusters: int,
     expires: timedelta,
     approve: str,
+    policy: str = "",
     now: datetime | None = None,
 ) -> str:
     """Store a new token's hash and scope; return the token (the only time it is seen).
 
-    Raises HubConfigError (bad id, id taken, bad scope).
+    Raises HubConfigError (bad id, id taken, bad scope, a policy that cannot work).
     """
     if not _ID.match(id):
         raise HubConfigError(f"token id {id!r}: use 1-63 lowercase letters, digits or -")
@@ -209,6 +215,12 @@ def create_token(
         raise HubConfigError(f"--max-clusters must be 0 (no limit) or more, got {max_clusters}")
     if expires.total_seconds() <= 0:
         raise HubConfigError("--expires must be a positive duration")
+    if policy:
+        from hub.enroll.policy import check_policy
+
+        if approve != "auto":
+            raise HubConfigError("--policy decides acceptance: it goes with --approve auto")
+        check_policy(policy)
     path = Path(directory) / TOKENS_FILE
     existing = read_tokens(path) if path.exists() else []
     if any(t.id == id for t in existing):
@@ -222,6 +234,7 @@ def create_token(
         max_clusters=max_clusters,
         expires_at=(now or datetime.now(UTC)).replace(microsecond=0) + expires,
         approve=approve,
+        policy=policy,
     )
     write_tokens(path, [*existing, entry])
     return token

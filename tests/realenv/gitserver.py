@@ -480,6 +480,14 @@ class _BridgeHandler(BaseHTTPRequestHandler):
         protocol = self.headers.get("Git-Protocol")
         if protocol:
             env["GIT_PROTOCOL"] = env["HTTP_GIT_PROTOCOL"] = protocol
+        if user != self.server.username:
+            own = _own_refs_only(self.server.root, unquote(url.path), user)
+            if own:
+                # Protocol v0: v2's fetch does not check wants against what was advertised,
+                # so a hidden commit whose id is known could be fetched.
+                env.pop("GIT_PROTOCOL", None)
+                env.pop("HTTP_GIT_PROTOCOL", None)
+            env |= own
         done = subprocess.run(
             [GIT_BINARY, "http-backend"], input=body, capture_output=True, env=env, check=False
         )
@@ -499,6 +507,38 @@ class _BridgeHandler(BaseHTTPRequestHandler):
             elif name:
                 headers.append((name.strip(), value.strip()))
         return status, headers, payload
+
+
+def _own_refs_only(root: Path, path: str, user: str) -> dict[str, str]:
+    """A repository whose config sets ``fleetlet.ownRefPrefix`` (e.g.
+    ``refs/heads/fleetlet/clusters/``) shows a user other than the server's own only the ref
+    named after them under that prefix: every other ref is hidden from upload-pack (not listed,
+    not fetchable), through ``uploadpack.hideRefs`` given in the environment, as a web server
+    in front of ``git http-backend`` can set per authenticated user, speaking protocol v0 to
+    them (docs/operations.md, "Who may push what"). Pushes are the hooks' business."""
+    parts = [p for p in path.split("/") if p]
+    for i, part in enumerate(parts):
+        if part.endswith(".git"):
+            repository = root.joinpath(*parts[: i + 1])
+            break
+    else:
+        return {}
+    done = subprocess.run(
+        [GIT_BINARY, "config", "--file", str(repository / "config"), "fleetlet.ownRefPrefix"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    prefix = done.stdout.strip()
+    if done.returncode != 0 or not prefix:
+        return {}
+    return {
+        "GIT_CONFIG_COUNT": "3",
+        "GIT_CONFIG_KEY_0": "uploadpack.hideRefs",
+        "GIT_CONFIG_VALUE_0": "refs/",
+        "GIT_CONFIG_KEY_1": "uploadpack.hideRefs",
+        "GIT_CONFIG_VALUE_1": "HEAD",
+        "GIT_CONFIG_KEY_2": "uploadpack.hideRefs",
+        "GIT_CONFIG_VALUE_2": f"!{prefix}{user}",
+    }
 
 
 class _BridgeServer(ThreadingHTTPServer):

@@ -4,6 +4,7 @@
 import { ApiError, takeTokenFromFragment, token } from "./api.js";
 import { clusterView } from "./cluster.js";
 import { h, link } from "./dom.js";
+import { enrollmentsView } from "./enrollments.js";
 import { installationView } from "./installation.js";
 import { matrixView } from "./matrix.js";
 import { rolloutView, rolloutsView } from "./rollouts.js";
@@ -33,6 +34,7 @@ function route(url) {
     return installationView(decode(match[1]), decode(match[2]));
   }
   if (path === "/ui/rollouts") return rolloutsView();
+  if (path === "/ui/enrollments") return enrollmentsView();
   if ((match = path.match(/^\/ui\/rollouts\/([^/]+)$/))) return rolloutView(decode(match[1]));
   return {
     title: "Not found",

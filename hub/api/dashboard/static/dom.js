@@ -60,6 +60,7 @@ export const pages = {
     `/ui/installations/${encodeURIComponent(cluster)}/${encodeURIComponent(bundle)}`,
   rollouts: () => "/ui/rollouts",
   rollout: (id) => `/ui/rollouts/${encodeURIComponent(id)}`,
+  enrollments: () => "/ui/enrollments",
 };
 
 const NUMBER = new Intl.NumberFormat("en-US");
