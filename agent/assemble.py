@@ -133,6 +133,7 @@ def build_agent(
                 )
             ),
             limits=unpack,
+            verifier=source_verifier(settings, cache / "content" / "signatures"),
         ),
         kube=kube,
         state=state,
@@ -174,6 +175,29 @@ def trust_policy(settings: Any) -> Any:
         trusted_root=settings.trust.trusted_root,
         identity=IdentityPolicy(issuer=settings.trust.issuer, subject=settings.trust.identity),
         max_validity=settings.trust.max_validity,
+    )
+
+
+def source_verifier(settings: Any, cache_dir: Any) -> Any:
+    """The cluster's own source check (``--verify-sources``), or None. Raises
+    SourcePolicyError when the policy file cannot be used (the agent does not start: it would
+    otherwise apply what the cluster's policy was meant to stop)."""
+    if settings.trust.source_policy is None:
+        return None
+    from agent.source.registry import RegistrySettings
+    from agent.source.signed import SourceVerifier, load_cluster_policy
+
+    net = settings.network
+    return SourceVerifier(
+        load_cluster_policy(settings.trust.source_policy),
+        cache_dir=cache_dir,
+        settings=RegistrySettings(
+            plain_http=settings.plain_http_registries,
+            timeout=net.read_timeout,
+            connect_timeout=net.connect_timeout,
+            attempts=net.attempts,
+            user_agent="fleetlet-agent",
+        ),
     )
 
 

@@ -209,10 +209,19 @@ class InboundPipeline:
         self._failed_serial: int | None = None
 
     @property
+    def source_policy(self) -> str | None:
+        """The digest of the cluster's own source policy (``--verify-sources``), or None."""
+        verifier = getattr(self._content, "verifier", None)
+        return verifier.policy.digest() if verifier is not None else None
+
+    @property
     def _policy(self) -> str:
         """Who may sign and which CAs are trusted: a refusal is remembered under this policy."""
         if self._policy_digest is None:
-            self._policy_digest = self._trust.digest()
+            digest = self._trust.digest()
+            # The cluster's source policy judges the set too: a changed one tries it again.
+            source = self.source_policy
+            self._policy_digest = f"{digest} sources {source}" if source else digest
         return self._policy_digest
 
     def sync(self) -> SyncResult:

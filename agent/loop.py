@@ -57,6 +57,7 @@ from agent.report.bundles import ConditionSpec
 from agent.report.metrics import Metrics
 from agent.report.push import StatusPusher
 from agent.secrets.keys import Keyring
+from agent.source.signed import signed_sources
 from agent.state import AgentState, ClusterState
 
 log = logging.getLogger(__name__)
@@ -297,7 +298,8 @@ class Agent:
         state = state if state is not None else self.state.load()
         now = self.clock()
         views = self.reconciler.views
-        names = [e.name for e in self.accepted.bundle_deployments] if self.accepted else []
+        entries = {e.name: e for e in self.accepted.bundle_deployments} if self.accepted else {}
+        names = list(entries)
         bundles = []
         for name in names:
             view = views.get(name)
@@ -324,6 +326,7 @@ class Agent:
                     health=view.health,
                     drift_count=view.drift_count,
                     runs=tuple(view.runs),
+                    signed_sources=signed_sources(entries[name], self.pipeline.source_policy),
                 )
             )
         refusal = None

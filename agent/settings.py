@@ -191,6 +191,9 @@ class TrustSettings:
     clock_skew: timedelta = timedelta(minutes=5)
     """How far this cluster's clock may be off when a publication's ``issuedAt`` and
     ``expiresAt`` are judged (also when the running publication is said to have expired)."""
+    source_policy: Path | None = None
+    """The cluster's own source signature policy (``--verify-sources``): image sources are
+    verified by the agent itself before use (:mod:`agent.source.signed`)."""
 
     def __post_init__(self) -> None:
         if self.clock_skew < timedelta(0):
@@ -256,6 +259,7 @@ def settings_to_dict(settings: AgentSettings) -> dict[str, Any]:
             "issuer": trust.issuer,
             "maxValiditySeconds": trust.max_validity.total_seconds(),
             "clockSkewSeconds": trust.clock_skew.total_seconds(),
+            "sourcePolicy": str(trust.source_policy) if trust.source_policy else None,
         },
         "reconcile": {
             **{
@@ -316,6 +320,7 @@ def settings_from_dict(
             issuer=trust["issuer"],
             max_validity=timedelta(seconds=float(trust["maxValiditySeconds"])),
             clock_skew=timedelta(seconds=float(trust["clockSkewSeconds"])),
+            source_policy=path(trust.get("sourcePolicy")),
         ),
         reconcile=ReconcileSettings(
             **{k: v for k, v in data["reconcile"].items() if k != "guard"},

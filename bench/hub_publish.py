@@ -14,11 +14,16 @@ as JSON with ``--json FILE``, and written to the "Hub publish" section of
 
     python bench/hub_publish.py [--clusters 10000] [--bundles 20] [--runs 3] [--shards N]
     python bench/hub_publish.py --from-json results.json   # only rewrite the docs section
+    python bench/hub_publish.py --signatures [--clusters 10000]  # policies on against off
 
 With ``--shards N`` the fleet has ``shards: {count: N}`` and N repositories on the same
 ``git daemon``. Each publish runs in a child process of its own, so its peak resident memory
 (``VmHWM``) is its own; the hub's cache directory (parsed fleet files, branch facts, objects)
 is kept from the full publish to the incremental one, as a hub keeps it between runs.
+
+With ``--signatures`` (:mod:`bench.hub_publish_signatures`) every bundle's source is a real
+Helm chart in a registry on loopback, signed with ``cosign`` (a key pair), and the same full
+and incremental publishes run with the fleet's source signature policy off, then on.
 """
 
 from __future__ import annotations
@@ -54,12 +59,21 @@ TIERS = ["edge", "core", "lab"]
 
 
 def write_fleet(
-    root: Path, *, clusters: int, bundles: int, touched: list[str] | None, shards: int = 1
+    root: Path,
+    *,
+    clusters: int,
+    bundles: int,
+    touched: list[str] | None,
+    shards: int = 1,
+    sources: list[tuple[str, str]] | None = None,
+    signing: dict[str, Any] | None = None,
 ) -> None:
     """A fleet of ``clusters`` clusters (one inventory file) and ``bundles`` pinned bundles.
 
     Most bundles go to every cluster; some are label-selected; every bundle has a region
     override. ``touched`` clusters get an extra named override on bundle 0 (the 1% change).
+    ``sources``: each bundle's (uri, digest) instead of an unreachable one; ``signing``:
+    fleet.yaml's ``sourceSigning``.
     """
     (root / "clusters").mkdir(parents=True, exist_ok=True)
     (root / "bundles").mkdir(exist_ok=True)
@@ -70,6 +84,7 @@ def write_fleet(
                 "repo": "https://fleet.example.invalid/bench.git",
                 "publication": {"expiresAfter": "7d", "refreshBefore": "1d"},
                 **({"shards": {"count": shards}} if shards > 1 else {}),
+                **({"sourceSigning": signing} if signing else {}),
             }
         )
     )
@@ -105,8 +120,8 @@ def write_fleet(
                     # A loopback port nothing listens on: a publish's look at each pinned
                     # chart (its dependencies) is refused at once, so that neither a
                     # registry nor DNS is measured.
-                    "uri": f"127.0.0.1:9/fleet/bundle-{b:02d}",
-                    "digest": "sha256:" + f"{b:02x}" * 32,
+                    "uri": sources[b][0] if sources else f"127.0.0.1:9/fleet/bundle-{b:02d}",
+                    "digest": sources[b][1] if sources else "sha256:" + f"{b:02x}" * 32,
                 }
             ],
             "format": "helm",
@@ -156,7 +171,7 @@ def child(fleet: Path, url: str, cache: Path, trust: Path) -> int:
 
     signer = PublicationSigner.from_trust_config(trust_config=trust, token=sys.stdin.read().strip())
     started = time.perf_counter()
-    prepared = prepare(fleet, cache_dir=cache / "fleet")
+    prepared = prepare(fleet, cache_dir=cache / "fleet", signature_cache=cache / "signatures")
     urls = prepared.shard_map.urls(url)
     with ShardedStore(urls=urls, cache_dir=cache) as store:
         report = publish(prepared, store, signer=signer)
@@ -256,8 +271,17 @@ def main() -> int:
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     parser.add_argument("--no-docs", action="store_true", help="do not write docs/benchmarks.md")
     parser.add_argument("--from-json", metavar="FILE", help="rewrite the docs from saved results")
+    parser.add_argument(
+        "--signatures",
+        action="store_true",
+        help="compare publishes with source signature policies on against off",
+    )
     parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.signatures:
+        from bench.hub_publish_signatures import compare
+
+        return compare(args, write_fleet=write_fleet, one_publish=one_publish)
     if args.child:
         fleet_dir, url, cache, trust = args.child
         return child(Path(fleet_dir), url, Path(cache), Path(trust))

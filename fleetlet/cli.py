@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from agent import __version__
 from agent import cli as agent_cli
@@ -101,8 +102,12 @@ def _import_fleet(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser(*, agent_only: bool = False) -> argparse.ArgumentParser:
-    """The whole command tree; with ``agent_only``, the agent's commands alone."""
+def build_parser(
+    *, agent_only: bool = False, command: str | None = None
+) -> argparse.ArgumentParser:
+    """The whole command tree; with ``agent_only``, the agent's commands alone; with
+    ``command`` (the first word of the command line), the commands of its group alone when
+    it is ``import``, ``demo`` or the ``--version`` flag, so that they load nothing else."""
     parser = argparse.ArgumentParser(
         prog="fleetlet",
         description=(
@@ -115,7 +120,12 @@ def build_parser(*, agent_only: bool = False) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"fleetlet {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     if agent_only:
-        agent_cli.register(sub)
+        agent_cli.register(sub, only=command)
+        return parser
+    if command == "--version":
+        return parser
+    if command in _OWN_GROUPS:
+        _OWN_GROUPS[command](sub)
         return parser
     from hub import cli as hub_cli
     from hub.enroll.command import register as register_enroll
@@ -126,6 +136,12 @@ def build_parser(*, agent_only: bool = False) -> argparse.ArgumentParser:
     register_enroll(hub_sub)
     agent_cli.register(sub)
     hub_cli.register_installations(sub)
+    for register in _OWN_GROUPS.values():
+        register(sub)
+    return parser
+
+
+def _register_import(sub: Any) -> None:
     importer = sub.add_parser(
         "import",
         help="convert another tool's fleet repo into a fleetlet fleet repo",
@@ -167,6 +183,8 @@ def build_parser(*, agent_only: bool = False) -> argparse.ArgumentParser:
     add_output_option(fleet)
     fleet.set_defaults(handler=_import_fleet)
 
+
+def _register_demo(sub: Any) -> None:
     from fleetlet.demo.scenarios import SCENARIOS  # the registry only: no component imported
 
     demo = sub.add_parser(
@@ -208,7 +226,10 @@ def build_parser(*, agent_only: bool = False) -> argparse.ArgumentParser:
         help="keep state and logs here (default: a temporary directory, removed at the end)",
     )
     demo.set_defaults(handler=_demo)
-    return parser
+
+
+# Top-level commands registered alone when they are the one run (see build_parser).
+_OWN_GROUPS: dict[str, Callable[[Any], None]] = {"import": _register_import, "demo": _register_demo}
 
 
 def _fail(message: str) -> None:
@@ -220,7 +241,9 @@ def _fail(message: str) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser(agent_only=bool(argv) and argv[0] in AGENT_COMMANDS)
+    parser = build_parser(
+        agent_only=bool(argv) and argv[0] in AGENT_COMMANDS, command=argv[0] if argv else None
+    )
     args = parser.parse_args(argv)
     try:
         code: int = args.handler(args)

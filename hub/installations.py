@@ -21,9 +21,9 @@ from typing import Any
 from agent.errors import PermanentError, TemporaryError
 from agent.output import render
 from agent.output import table as columns
-from hub.serve import default_cache_dir, git_credentials, parse_duration
-from hub.status.aggregate import FleetStatus
-from hub.status.queries import QueryError, StatusQueries, load_private_key, sealed_opener
+
+# The status code (git, the aggregate, the hub's server helpers) is imported by the commands
+# that read a repository, when they run: ``fleetlet --help`` never loads it.
 
 TOKEN_ENV = "FLEETLET_HUB_TOKEN"
 API_PREFIX = "/api/v1"  # hub.api.openapi.API_PREFIX, without importing the API modules
@@ -96,6 +96,10 @@ def _hub_fetch(args: argparse.Namespace) -> Fetch:
 
 
 def _repo_fetch(args: argparse.Namespace) -> Fetch:
+    from hub.serve import default_cache_dir, git_credentials, parse_duration
+    from hub.status.aggregate import FleetStatus
+    from hub.status.queries import QueryError, StatusQueries, load_private_key, sealed_opener
+
     cache = getattr(args, "cache_dir", None)
     # The per-user cache by default: the next command fetches only what moved meanwhile.
     cache_dir = Path(cache) if cache else default_cache_dir(args.repo)
@@ -148,6 +152,7 @@ def _cluster_repo_readers(
     from hub.explain import Published
     from hub.publish.git import BranchStore
     from hub.rollout.state import RolloutStore
+    from hub.serve import default_cache_dir, git_credentials
 
     url = template.replace("{shard}", "0")
     cache = Path(args.cache_dir) if getattr(args, "cache_dir", None) else default_cache_dir(url)

@@ -431,6 +431,7 @@ def review(
                     registry_credentials=registry_credentials,
                     progress=say,
                     cache_dir=cache / "fleet-files",
+                    signature_cache=cache / "signatures",
                 )
             )
         old, new = prepared

@@ -23,11 +23,13 @@ import urllib.parse
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.errors import FleetletError, PermanentError
-from hub.api.metrics import HubMetrics  # prometheus-client only: no web framework
-from hub.status.aggregate import FleetStatus
+
+if TYPE_CHECKING:
+    from hub.api.metrics import HubMetrics
+    from hub.status.aggregate import FleetStatus
 
 log = logging.getLogger(__name__)
 OBSERVE_EVERY = 30.0
@@ -356,6 +358,10 @@ class _Parts:
             or (fleet.settings.shards.count if fleet else None),
             template=fleet.settings.shards.status_repo if fleet is not None else None,
         )
+        # Imported here: ``fleetlet --help`` (which registers serve's flags) never loads them.
+        from hub.api.metrics import HubMetrics  # prometheus-client only: no web framework
+        from hub.status.aggregate import FleetStatus
+
         cache = getattr(args, "cache_dir", None)
         self.status = status = FleetStatus(
             repo_url=urls,

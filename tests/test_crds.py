@@ -179,6 +179,7 @@ def test_valid_bundledeployment_is_accepted_and_shown_by_kubectl(
             "builtin": True,
             "timeoutSeconds": 300,
             "waitForLoadBalancer": False,
+            "apiServices": "Available",
         }
         assert created["spec"]["takeOwnership"] is False
         status = BundleDeploymentStatus(

@@ -251,7 +251,7 @@ def test_fulcio_checks_token_and_proof_of_possession(
 ) -> None:
     key = ec.generate_private_key(ec.SECP256R1())
     good = _request_cert(mini_sigstore, mini_sigstore.mint_token(), _csr_pem(key))
-    assert good.status_code == 201
+    assert good.status_code == 200  # as the real Fulcio answers (sigstore-go wants nothing else)
     chain = good.json()["signedCertificateEmbeddedSct"]["chain"]["certificates"]
     assert len(chain) == 3
 
@@ -267,6 +267,29 @@ def test_fulcio_checks_token_and_proof_of_possession(
     corrupt = _request_cert(mini_sigstore, mini_sigstore.mint_token(), _csr_pem(key, corrupt=True))
     assert corrupt.status_code == 400
     assert "proof of possession" in corrupt.json()["message"]
+
+    # cosign's (sigstore-go's) form: a public key and a signature over the token's subject.
+    def key_request(proof_of: bytes) -> requests.Response:
+        pem = key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+        proof = key.sign(proof_of, ec.ECDSA(hashes.SHA256()))
+        return requests.post(
+            f"{mini_sigstore.url}/api/v2/signingCert",
+            json={
+                "publicKeyRequest": {
+                    "publicKey": {"algorithm": "ECDSA", "content": pem.decode()},
+                    "proofOfPossession": base64.b64encode(proof).decode(),
+                }
+            },
+            headers={"Authorization": f"Bearer {mini_sigstore.mint_token()}"},
+            timeout=10,
+        )
+
+    assert key_request(DEFAULT_IDENTITY.encode()).status_code == 200
+    wrong = key_request(b"someone-else@fleet.test")
+    assert wrong.status_code == 400
+    assert "proof of possession invalid" in wrong.json()["message"]
 
 
 def test_rekor_refuses_an_entry_whose_signature_does_not_verify(instance: MiniSigstore) -> None:

@@ -487,6 +487,48 @@ def test_apiservice_namespace_pdb() -> None:
     assert assess(pdb).status is Status.CURRENT
 
 
+def test_apiservice_with_endpoints_judgement() -> None:
+    """``healthChecks.apiServices: Endpoints``: an APIService whose Service has ready
+    endpoints is healthy without the API server's discovery request through them; one with
+    no Service or no ready endpoint is not (helm --wait and kstatus take both as ready)."""
+    url = "https://10.0.0.7:443/apis/metrics.k8s.io/v1beta1"
+
+    def api(reason: str, message: str) -> dict[str, Any]:
+        return {
+            "apiVersion": "apiregistration.k8s.io/v1",
+            "kind": "APIService",
+            "metadata": {"name": "v1beta1.metrics.k8s.io"},
+            "status": {"conditions": [cond("Available", "False", reason, message)]},
+        }
+
+    for failure in (
+        f'Get "{url}": dial tcp 10.0.0.7:443: i/o timeout',
+        f"bad status from {url}: 404",
+    ):
+        unreached = api(
+            "FailedDiscoveryCheck", f"failing or missing response from {url}: {failure}"
+        )
+        by_endpoints = assess(unreached, api_service_endpoints=True)
+        assert (by_endpoints.status, by_endpoints.reason) == (Status.CURRENT, "EndpointsReady")
+        assert failure in by_endpoints.message
+        by_default = assess(unreached)  # Available
+        assert (by_default.status, by_default.reason) == (
+            Status.IN_PROGRESS,
+            "FailedDiscoveryCheck",
+        )
+    for reason, message in [
+        ("MissingEndpoints", "endpoints for service/ns/metrics-server have no addresses"),
+        ("EndpointsNotFound", "cannot find endpoints for service/ns/metrics-server"),
+        ("ServiceNotFound", 'service/metrics-server in "ns" is not present'),
+        ("ServicePortError", 'service/metrics-server in "ns" is not listening on port 443'),
+    ]:
+        judged = assess(api(reason, message), api_service_endpoints=True)
+        assert (judged.status, judged.reason) == (Status.IN_PROGRESS, reason), message
+    no_status = api("x", "y")
+    del no_status["status"]
+    assert assess(no_status, api_service_endpoints=True).status is Status.IN_PROGRESS
+
+
 # --- the bundle's own checks -------------------------------------------------------------------
 
 

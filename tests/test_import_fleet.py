@@ -366,7 +366,7 @@ def test_overlays_kustomize_customizations_and_go_getter_charts(tmp_path: Path) 
 
     root = tmp_path / "repo"
     configmap = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: %s}\ndata: {a: b}\n"
-    # Fleet overlays: files replacing the bundle's per customization.
+    # Fleet overlays: a file replacing the bundle's per customization.
     (root / "overlaid" / "overlays" / "prod").mkdir(parents=True)
     (root / "overlaid" / "cm.yaml").write_text(configmap % "web")
     (root / "overlaid" / "overlays" / "prod" / "cm.yaml").write_text(configmap % "web")
@@ -400,8 +400,10 @@ def test_overlays_kustomize_customizations_and_go_getter_charts(tmp_path: Path) 
         ImportSettings(name="x", source_url="https://git.example.com/x.git", clusters=clusters),
     )
     bundles = {b["name"]: b for b in result.bundles}
-    assert "x-overlaid" not in bundles
-    assert any(n.bundle == "x-overlaid" and "not converted" in n.message for n in result.notes)
+    # Fleet's overlay replaces cm.yaml by the same object: converted, with nothing to patch
+    # (tests/test_import_overlays.py covers what overlays change).
+    assert bundles["x-overlaid"]["format"] == "plain"
+    assert "patches" not in bundles["x-overlaid"].get("overrides", [{}])[0]
     kust = bundles["x-kust"]
     assert kust["format"] == "kustomize"
     assert kust["formatOptions"]["path"] == "overlays/prod"

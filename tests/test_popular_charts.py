@@ -1,222 +1,23 @@
-"""Popular public charts install through hub and agent as ``helm install --create-namespace
---wait`` installs them: the differential install tier (``-m charts``; run by the default test
-command like every other test).
-
-Each vendored chart (tests/assets/popular-charts, licenses beside them) is installed with its
-default values (storage aside where the control plane has no provisioner: ``VALUES``) twice
-on the same control plane (kube-apiserver, controller-manager, scheduler,
-kwok running the pods), into a new namespace of the same name and as the same release name:
-once with the real pinned helm (``helm install --create-namespace --wait``), then, after
-``helm uninstall`` and the namespace are gone, published by the hub to an agent. Compared:
-what each install made (kind, namespace, name of every object that appeared and that no
-controller owns; Helm's release Secret aside, fleetlet keeps no release Secrets), which
-includes the hook objects left behind; and both are Ready (helm's wait passed, the
-BundleDeployment is Ready) on the first try.
-"""
+"""The differential install tier (tests/popular_charts.py): the tier's charts without large CRD sets."""
 
 from __future__ import annotations
 
-import shutil
-import subprocess
-import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-import yaml
 
-from agent.kube import ApiNotServedError, KubeClient, ObjectRef
-from tests.fleetlab import Lab, conditions
-from tests.realenv.helm import HelmCli, StaticFiles
+from tests.fleetlab import Lab
+from tests.popular_charts import PARTS, install_both
+from tests.popular_charts import chart_repo as chart_repo  # the fixture
+from tests.realenv.helm import StaticFiles
 from tests.realenv.kube import Cluster
 from tests.test_crds import crds as crds  # the fixture: the CRDs installed
 
 pytestmark = pytest.mark.charts
 
-ASSETS = Path(__file__).resolve().parent / "assets" / "popular-charts"
 
-CHARTS = {
-    "ingress-nginx": "ingress-nginx-4.15.1.tgz",
-    "cert-manager": "cert-manager-v1.21.1.tgz",
-    "grafana": "grafana-10.5.15.tgz",
-    "external-dns": "external-dns-1.21.1.tgz",
-    "traefik": "traefik-41.3.0.tgz",
-    "argo-cd": "argo-cd-10.1.1.tgz",
-    "postgresql": "postgresql-17.1.0.tgz",
-    "metrics-server": "metrics-server-3.13.1.tgz",
-}
-"""The charts of the tier, by name (the archive's chart name), as vendored."""
-
-VALUES: dict[str, dict[str, Any]] = {
-    # The test control plane has no storage provisioner (kind has local-path): a claim would
-    # stay Pending for helm as for fleetlet. Storage aside, the defaults.
-    "postgresql": {"primary": {"persistence": {"enabled": False}}},
-}
-"""Values other than the defaults, the same for both installs."""
-
-DIFFERENT = {
-    "metrics-server": (
-        "helm's --wait (kstatus) takes the APIService v1beta1.metrics.k8s.io as ready whatever "
-        "its Available condition; fleetlet's health check waits for Available, and on this "
-        "control plane no real metrics-server answers behind it (kwok pods serve nothing)"
-    ),
-}
-"""Charts that do not install as Helm installs them here, and why (strict xfail: a change
-either way is noticed)."""
-
-Made = set[tuple[str, str | None, str]]
-"""What an install made: (kind, namespace or None, name)."""
-
-# Made by the control plane in every new namespace, not by an install.
-_NAMESPACE_DEFAULTS = {("ServiceAccount", "default"), ("ConfigMap", "kube-root-ca.crt")}
-
-
-@pytest.fixture
-def chart_repo(tmp_path: Path) -> Iterator[StaticFiles]:
-    """A Helm repository on loopback serving the vendored charts (indexed by real helm)."""
-    server = StaticFiles(tmp_path / "popular")
-    for archive in CHARTS.values():
-        shutil.copy(ASSETS / archive, server.root / archive)
-    HelmCli(tmp_path / "helm-index").index(server.root, server.url())
-    yield server
-    server.close()
-
-
-def chart_version(name: str) -> str:
-    return CHARTS[name].removeprefix(f"{name}-").removesuffix(".tgz")
-
-
-def helm(tmp_path: Path, cluster: Cluster, *args: str, timeout: float = 600) -> str:
-    """The real pinned helm against ``cluster`` (its own HOME)."""
-    cli = HelmCli(tmp_path / "helm-home")
-    done = subprocess.run(
-        [str(cli.binary), "--kubeconfig", str(cluster.kubeconfig), *args],
-        env={"PATH": "/usr/bin:/bin", "HOME": str(cli.home)},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    assert done.returncode == 0, f"helm {' '.join(args)}: {done.stderr.strip()}"
-    return done.stdout
-
-
-def kinds_of(tmp_path: Path, cluster: Cluster, name: str, release: str) -> set[tuple[str, str]]:
-    """The (apiVersion, kind) of every object the chart renders, hooks and CRDs included."""
-    values = tmp_path / "template-values.yaml"
-    values.write_text(yaml.safe_dump(VALUES.get(name, {})))
-    out = helm(
-        tmp_path, cluster, "template", release, str(ASSETS / CHARTS[name]),
-        "--namespace", release, "--include-crds", "--values", str(values),
-    )  # fmt: skip
-    return {
-        (doc["apiVersion"], doc["kind"])
-        for doc in yaml.safe_load_all(out)
-        if isinstance(doc, dict) and doc.get("kind")
-    }
-
-
-def snapshot(kube: KubeClient, kinds: set[tuple[str, str]], *, agent: str = "") -> Made:
-    """Every object of these kinds, but those a controller made (owner references), those a
-    new namespace gets by itself and those in the agent's namespace (its own records)."""
-    found: Made = set()
-    kube.forget_discovery()
-    for api_version, kind in sorted(kinds):
-        try:
-            items = kube.list(api_version, kind)
-        except ApiNotServedError:
-            continue  # a CRD's kind not installed (now)
-        for obj in items:
-            meta = obj.get("metadata") or {}
-            if meta.get("ownerReferences") or (kind, meta.get("name")) in _NAMESPACE_DEFAULTS:
-                continue
-            if agent and agent in (meta.get("namespace"), meta.get("name")):
-                continue
-            if kind == "Secret" and obj.get("type") == "helm.sh/release.v1":
-                continue  # Helm's bookkeeping; fleetlet keeps its revisions itself
-            found.add((kind, meta.get("namespace"), str(meta.get("name"))))
-    return found
-
-
-def delete_all(kube: KubeClient, made: Made, kinds: set[tuple[str, str]]) -> None:
-    """Delete what an install left (the namespace last) and wait until it is gone."""
-    api_of = {kind: api for api, kind in kinds}
-    refs = [
-        ObjectRef(api_of.get(kind, "v1"), kind, name, namespace)
-        for kind, namespace, name in sorted(made, key=lambda m: m[0] == "Namespace")
-    ]
-    for ref in refs:
-        kube.delete(ref, propagation="Background")
-    deadline = time.monotonic() + 300
-    for ref in refs:
-        while kube.get(ref) is not None:
-            assert time.monotonic() < deadline, f"{ref} was not deleted"
-            time.sleep(0.5)
-
-
-def bundle(repo: StaticFiles, name: str, release: str) -> dict[str, Any]:
-    return {
-        "name": release,
-        "sources": [
-            {
-                "kind": "helm",
-                "uri": repo.url().rstrip("/"),
-                "chart": name,
-                "version": chart_version(name),
-            }
-        ],
-        "format": "helm",
-        "createNamespace": True,
-        "formatOptions": {"targetNamespace": release, "values": VALUES.get(name, {})},
-        "healthChecks": {"timeoutSeconds": 60 if name in DIFFERENT else 240},
-    }
-
-
-@pytest.mark.parametrize(
-    "name",
-    [
-        pytest.param(n, marks=[pytest.mark.xfail(strict=True, reason=DIFFERENT[n])])
-        if n in DIFFERENT
-        else n
-        for n in CHARTS
-    ],
-)
+@pytest.mark.parametrize("name", PARTS["test_popular_charts"])
 def test_chart_installs_through_hub_and_agent_as_helm_installs_it(
-    name: str,
-    lab: Lab,
-    crds: Cluster,
-    namespace: str,
-    tmp_path: Path,
-    chart_repo: StaticFiles,
+    name: str, lab: Lab, crds: Cluster, namespace: str, tmp_path: Path, chart_repo: StaticFiles
 ) -> None:
-    kube = KubeClient(kubeconfig=str(crds.kubeconfig))
-    release = lab.name(name)
-    kinds = kinds_of(tmp_path, crds, name, release) | {("v1", "Namespace")}
-    before = snapshot(kube, kinds, agent=namespace)
-
-    # 1. Real helm, into a new namespace, waiting until everything is ready.
-    values = tmp_path / "values.yaml"
-    values.write_text(yaml.safe_dump(VALUES.get(name, {})))
-    helm(
-        tmp_path, crds, "install", release, str(ASSETS / CHARTS[name]), "--values", str(values),
-        "--namespace", release, "--create-namespace", "--wait", "--timeout", "4m",
-    )  # fmt: skip
-    by_helm = snapshot(kube, kinds, agent=namespace) - before
-    assert ("Namespace", None, release) in by_helm and len(by_helm) > 3, by_helm
-    helm(tmp_path, crds, "uninstall", release, "--namespace", release, "--wait")
-    delete_all(kube, snapshot(kube, kinds, agent=namespace) - before, kinds)  # hooks, the namespace
-    assert snapshot(kube, kinds, agent=namespace) - before == set()
-
-    # 2. Published by the hub, installed by the agent, on the first try.
-    try:
-        assert lab.publish([bundle(chart_repo, name, release)]) is not None
-        agent = lab.agent("edge-1", crds, namespace=namespace, workdir=tmp_path / "agent")
-        first = agent.tick()
-        ready = conditions(kube, release)["Ready"]
-        assert ready["status"] == "True", ready
-        assert first.outbound is not None and first.outbound.moved == (release,), first
-        by_fleetlet = snapshot(kube, kinds, agent=namespace) - before
-        assert sorted(by_fleetlet - by_helm) == [] and sorted(by_helm - by_fleetlet) == []
-    finally:
-        kube.delete(ObjectRef("fleetlet.io/v1alpha1", "BundleDeployment", release))
-        delete_all(kube, snapshot(kube, kinds, agent=namespace) - before, kinds)
+    install_both(name, lab, crds, namespace, tmp_path, chart_repo)

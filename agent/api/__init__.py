@@ -11,69 +11,13 @@ Quick reference:
 - ``from_dict(cls, d)`` / ``to_dict(obj)`` for any API type (e.g. a BundleDeploymentStatus).
 """
 
-from agent.api.approvals import (
-    ApprovalPolicySpec,
-    ApprovalRule,
-    BundleDeploymentRequestSpec,
-    BundleDeploymentRequestStatus,
-    BundlePin,
-    Finding,
-    ObjectChange,
-    RequestPreview,
-    SecuritySummary,
-)
-from agent.api.canonical import (
-    canonical_bytes,
-    digest_of,
-    dump_set,
-    dump_yaml,
-    load_set,
-    load_yaml,
-    set_digest,
-    set_from_canonical,
-    set_from_dict,
-    set_to_dict,
-)
-from agent.api.models import (
-    API_GROUP,
-    API_VERSION,
-    BUILTIN_FORMATS,
-    GROUP_VERSION,
-    BundleDeploymentEntry,
-    BundleDeploymentSet,
-    BundleDeploymentSpec,
-    BundleDeploymentStatus,
-    BundleOutputsSpec,
-    CommitSignature,
-    Condition,
-    ConditionCheck,
-    FieldExpression,
-    FormatOptions,
-    HealthCheck,
-    HealthChecks,
-    ManifestSelector,
-    ObjectReference,
-    Output,
-    OutputValue,
-    Patch,
-    PatchTarget,
-    ResourceCounts,
-    Revision,
-    RunSummary,
-    SecretKeyReference,
-    SecretReference,
-    SetSource,
-    Source,
-    SourceAuth,
-)
-from agent.api.validation import (
-    ApiObject,
-    PinProblem,
-    format_time,
-    from_dict,
-    parse_time,
-    to_dict,
-)
+# The names are checked against agent.api._all, which imports them.
+# ruff: noqa: F405
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from agent.api._all import *  # noqa: F403
 
 __all__ = [
     "API_GROUP",
@@ -132,3 +76,15 @@ __all__ = [
     "set_to_dict",
     "to_dict",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """The exported names, imported on first use (``fleetlet render`` reads YAML with
+    :mod:`agent.api.yamlio` without loading every API type)."""
+    if name not in __all__:
+        raise AttributeError(f"module 'agent.api' has no attribute {name!r}")
+    from agent.api import _all
+
+    value = getattr(_all, name)
+    globals()[name] = value
+    return value

@@ -26,6 +26,7 @@ class Reason(StrEnum):
     PAUSED = "Paused"
     FETCH_FAILED = "FetchFailed"
     RENDER_FAILED = "RenderFailed"
+    SOURCE_SIGNATURE_REFUSED = "SourceSignatureRefused"
     APPLY_FAILED = "ApplyFailed"
     HEALTH_CHECK_FAILED = "HealthCheckFailed"
     HOOK_FAILED = "HookFailed"
@@ -57,6 +58,10 @@ REASON_HELP: dict[Reason, str] = {
     Reason.FETCH_FAILED: "The bundle's content could not be fetched yet (retried with backoff).",
     Reason.RENDER_FAILED: "The bundle's content could not be rendered (refused until the "
     "target changes).",
+    Reason.SOURCE_SIGNATURE_REFUSED: "An image source's cosign signature does not satisfy "
+    "the cluster's own source policy (`--verify-sources`), whatever the hub vouched for: the "
+    "publication is refused whole, as for hostile content, until the branch moves or the "
+    "cluster's policy changes (see docs/supply-chain.md).",
     Reason.APPLY_FAILED: "The API server refused an object of the group (the message names "
     "each one). When the dry run refused it, nothing was written.",
     Reason.HEALTH_CHECK_FAILED: "The group did not become healthy within its timeout.",

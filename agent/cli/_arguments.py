@@ -33,6 +33,13 @@ def _add_agent_connection(p: argparse.ArgumentParser) -> None:
     flag("--identity", "FLEETLET_IDENTITY", "expected signer identity (SAN)", metavar="SUBJECT")
     flag("--issuer", "FLEETLET_ISSUER", "expected OIDC issuer of the signer", metavar="URL")
     flag(
+        "--verify-sources",
+        "FLEETLET_SOURCE_POLICY",
+        "this cluster's own source signature policy: image sources are verified by the agent "
+        "before use (docs/supply-chain.md)",
+        metavar="FILE",
+    )
+    flag(
         "--namespace",
         "FLEETLET_NAMESPACE",
         "the agent's own namespace (state, revision store, credentials Secrets)",
@@ -218,16 +225,29 @@ def _duration(text: str) -> Any:
 
 
 def _lazy(parser: argparse.ArgumentParser, add: str, run: str) -> None:
-    """Flags and handler from :mod:`agent.install.command` (imported only by these commands'
-    registration, which is cheap: the Kubernetes client is imported when they run)."""
-    from agent.install import command
+    """Flags and handler from :mod:`agent.install.flags` (the command's module, its
+    manifests and the Kubernetes client are imported when one of these commands runs)."""
+    from agent.install import flags as command
 
     getattr(command, add)(parser)
     parser.set_defaults(handler=getattr(command, run))
 
 
-def register(sub: Any) -> None:
-    from agent.options import add_cluster_options, add_logging_arguments, add_output_option
+def register(sub: Any, only: str | None = None) -> None:
+    """The agent's top-level commands; with ``only`` (the one being run), that one alone, so
+    that ``fleetlet render`` does not build (nor import) the others' flags."""
+    if only in (None, "agent"):
+        _register_agent(sub)
+    if only in (None, "render"):
+        _register_render(sub)
+    if only in (None, "health"):
+        _register_health(sub)
+    if only in (None, "preview", "approve", "deny"):
+        _register_approvals(sub)
+
+
+def _register_agent(sub: Any) -> None:
+    from agent.options import add_logging_arguments
 
     agent = sub.add_parser(
         "agent",
@@ -337,6 +357,8 @@ def register(sub: Any) -> None:
     )
     _lazy(uninstall, "add_uninstall_arguments", "run_uninstall")
 
+
+def _register_render(sub: Any) -> None:
     render = sub.add_parser(
         "render",
         help="print the rendered manifests of a bundle directory",
@@ -410,6 +432,10 @@ def register(sub: Any) -> None:
     render.add_argument("-o", "--output", choices=["yaml", "json"], default="yaml")
     render.set_defaults(handler=_render)
 
+
+def _register_health(sub: Any) -> None:
+    from agent.options import add_cluster_options, add_output_option
+
     health = sub.add_parser(
         "health",
         help="kstatus-style health of the objects in a file",
@@ -422,8 +448,6 @@ def register(sub: Any) -> None:
         "--offline", action="store_true", help="assess the objects as written in FILE"
     )
     health.set_defaults(handler=_health)
-
-    _register_approvals(sub)
 
 
 def _register_approvals(sub: Any) -> None:

@@ -118,6 +118,7 @@ def settings_from_args(args: argparse.Namespace) -> Any:
             issuer=args.issuer or "",
             max_validity=args.max_publication_validity,
             clock_skew=args.clock_skew,
+            source_policy=Path(args.verify_sources) if args.verify_sources else None,
         ),
         reconcile=ReconcileSettings(
             agent_namespace=args.namespace,

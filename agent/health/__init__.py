@@ -114,6 +114,7 @@ def assess_live(
     default_namespace: str | None = None,
     builtin: bool = True,
     wait_for_load_balancer: bool = False,
+    api_service_endpoints: bool = False,
 ) -> list[ObjectHealth]:
     """Read each object (and each check's object) once from the cluster and assess it.
 
@@ -149,7 +150,11 @@ def assess_live(
             assessment = (
                 found
                 if isinstance(found, Assessment)
-                else assess(found, wait_for_load_balancer=wait_for_load_balancer)
+                else assess(
+                    found,
+                    wait_for_load_balancer=wait_for_load_balancer,
+                    api_service_endpoints=api_service_endpoints,
+                )
             )
             results.append(ObjectHealth(ref, assessment))
     for check in checks:
@@ -185,12 +190,13 @@ def wait_healthy(
     fail_fast: bool = True,
     on_progress: Callable[[Sequence[ObjectHealth]], None] | None = None,
     wait_for_load_balancer: bool = False,
+    api_service_endpoints: bool = False,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
 ) -> HealthReport:
     """Assess until every object is Current, or (``fail_fast``) one is Failed, or ``timeout``
     seconds passed. ``on_progress`` receives each round's assessments;
-    ``wait_for_load_balancer`` as in :func:`assess`.
+    ``wait_for_load_balancer`` and ``api_service_endpoints`` as in :func:`assess`.
 
     The pause between rounds starts at 0.1 s and doubles up to ``interval``: most objects are
     Current a fraction of a second after they are applied (``kubectl rollout status`` watches
@@ -228,6 +234,7 @@ def wait_healthy(
                 default_namespace=default_namespace,
                 builtin=builtin,
                 wait_for_load_balancer=wait_for_load_balancer,
+                api_service_endpoints=api_service_endpoints,
             )
         except ApiUnavailableError as exc:
             if not kube.reachable():

@@ -47,23 +47,27 @@ def group_health(
     passed; else once. Raises ApiUnavailableError when the API server did not answer the
     last assessment (see :func:`agent.health.wait_healthy`).
     """
-    by_identity: dict[str | None, tuple[list[Manifest], list[HealthCheck], bool]] = {}
+    # Objects are read as their bundle's identity, and judged by their bundle's APIService
+    # rule: a group per (identity, rule), so one bundle's `apiServices: Endpoints` never
+    # relaxes another's APIServices.
+    by_identity: dict[tuple[str | None, bool], tuple[list[Manifest], list[HealthCheck], bool]] = {}
     timeout = 0.0
     for name, manifests in objects.items():
         spec = specs.get(name)
         account = spec.service_account_name if spec is not None else None
         wait_lb = spec is not None and spec.health_checks.wait_for_load_balancer
-        assessed, checks, lb = by_identity.setdefault(account, ([], [], False))
+        endpoints = spec is not None and spec.health_checks.api_services == "Endpoints"
+        assessed, checks, lb = by_identity.setdefault((account, endpoints), ([], [], False))
         if spec is None or spec.health_checks.builtin:
             assessed.extend(manifests)
         if spec is not None:
             checks.extend(checks_of(spec))
             timeout = max(timeout, float(spec.health_checks.timeout_seconds))
-        by_identity[account] = (assessed, checks, lb or wait_lb)
+        by_identity[(account, endpoints)] = (assessed, checks, lb or wait_lb)
     deadline = time.monotonic() + (timeout or DEFAULT_TIMEOUT)
     results: list[ObjectHealth] = []
     timed_out = False
-    for account, (assessed, checks, wait_lb) in by_identity.items():
+    for (account, endpoints), (assessed, checks, wait_lb) in by_identity.items():
         spec = next((s for s in specs.values() if s and s.service_account_name == account), None)
         client = client_for(spec) if account else client_for(None)
         if wait:
@@ -76,6 +80,7 @@ def group_health(
                 timeout=max(0.0, deadline - time.monotonic()),
                 interval=interval,
                 wait_for_load_balancer=wait_lb,
+                api_service_endpoints=endpoints,
             )
             results.extend(report.results)
             timed_out = timed_out or report.timed_out
@@ -83,7 +88,13 @@ def group_health(
                 break
         else:
             results.extend(
-                assess_live(client, assessed, checks=checks, wait_for_load_balancer=wait_lb)
+                assess_live(
+                    client,
+                    assessed,
+                    checks=checks,
+                    wait_for_load_balancer=wait_lb,
+                    api_service_endpoints=endpoints,
+                )
             )
     failed = tuple(r for r in results if r.status is Status.FAILED)
     return HealthReport(tuple(results), timed_out=timed_out, failed=failed)

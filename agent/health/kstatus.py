@@ -8,8 +8,9 @@ generic rules of ``generic.go`` (``checkGenericProperties``: deletionTimestamp �
 PodDisruptionBudget, CustomResourceDefinition; ConfigMap, Secret and CronJob always Current),
 otherwise Current, as ``Compute`` in ``status.go`` does. Messages and reasons are kstatus's.
 
-Additions, where kstatus has no rule (marked "fleetlet:" below): APIService (``Available``),
-Namespace (``phase``), and any other object
+Additions, where kstatus has no rule (marked "fleetlet:" below): APIService (``Available``,
+or with ``api_service_endpoints`` its backing Service's ready endpoints: see
+:func:`_apiservice`), Namespace (``phase``), and any other object
 with a standard ``Ready`` condition is judged by it (True → Current, False/Unknown →
 InProgress, a ``Ready`` observed for an older generation → InProgress). A LoadBalancer Service
 is Current once it has a cluster IP, as in kstatus (most edge clusters have no load-balancer
@@ -388,13 +389,30 @@ def _crd(obj: Mapping[str, Any]) -> Assessment:
     return _in_progress("Installing", "Install in progress")
 
 
-def _apiservice(obj: Mapping[str, Any]) -> Assessment:
-    # fleetlet: kstatus has no rule; an aggregated API is usable when Available.
+# kube-aggregator's availability controller checks, in order: the backing Service exists
+# (ServiceNotFound), its port (ServicePortError), ready endpoints behind it (EndpointsNotFound,
+# MissingEndpoints), then a discovery request through them (FailedDiscoveryCheck): that reason
+# says the Service has ready endpoints.
+_ENDPOINTS_READY = "FailedDiscoveryCheck"
+
+
+def _apiservice(obj: Mapping[str, Any], *, api_service_endpoints: bool = False) -> Assessment:
+    # fleetlet: kstatus has no rule (so helm --wait and Flux take any APIService as ready);
+    # an aggregated API is usable when Available, as Argo CD judges it.
+    # ``api_service_endpoints``: also once its Service has ready endpoints, without the API
+    # server's discovery request through them (a control plane outside the pod network);
+    # never while the Service is missing or none of its pods is ready.
     available = _condition(_conditions(obj), "Available")
     if available is not None and available.status == "True":
         return _current("APIService is available")
     if available is None:
         return _in_progress("NotAvailable", "APIService has no Available condition yet")
+    if api_service_endpoints and available.reason == _ENDPOINTS_READY:
+        return _current(
+            "APIService's Service has ready endpoints; the API server's discovery request "
+            f"through them is not required ({available.reason}: {available.message})",
+            "EndpointsReady",
+        )
     return _in_progress(available.reason or "NotAvailable", available.message)
 
 
@@ -443,7 +461,6 @@ _RULES = {
     "batch/CronJob": _always_ready,
     "batch/Job": _job,
     "apiextensions.k8s.io/CustomResourceDefinition": _crd,
-    "apiregistration.k8s.io/APIService": _apiservice,
 }
 
 
@@ -452,9 +469,12 @@ def assess(
     *,
     now: datetime.datetime | None = None,
     wait_for_load_balancer: bool = False,
+    api_service_endpoints: bool = False,
 ) -> Assessment:
     """The kstatus status of ``obj`` as it is (None: the object does not exist → NotFound).
     ``wait_for_load_balancer``: a LoadBalancer Service is InProgress until it has an ingress.
+    ``api_service_endpoints``: an APIService is Current once its Service has ready endpoints,
+    even when the API server cannot reach them (``healthChecks.apiServices: Endpoints``).
 
     Never raises: an object whose status has an unexpected shape is Unknown, with why.
     """
@@ -471,6 +491,8 @@ def assess(
             return _pod(obj, clock if clock.tzinfo else clock.replace(tzinfo=datetime.UTC))
         if kind == "Service" and not group:
             return _service(obj, wait_for_load_balancer=wait_for_load_balancer)
+        if kind == "APIService" and group == "apiregistration.k8s.io":
+            return _apiservice(obj, api_service_endpoints=api_service_endpoints)
         rule = _RULES.get(f"{group}/{kind}" if group else kind)
         if rule is not None:
             return rule(obj)

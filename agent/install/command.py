@@ -13,13 +13,12 @@ from pathlib import Path
 from typing import Any
 
 from agent.install.manifests import (
-    DEFAULT_NAMESPACE,
     Credentials,
     InstallConfig,
     InstallConfigError,
     install_objects,
 )
-from agent.options import add_cluster_options, add_output_option, kubeconfig_of
+from agent.options import kubeconfig_of
 from agent.report.logs import mask
 
 
@@ -95,6 +94,26 @@ def _registry_config(args: argparse.Namespace) -> str | None:
     return registry
 
 
+def _source_policy(path: str | None) -> dict[str, Any]:
+    """``--verify-sources FILE``, checked now and made self-contained for the Secret."""
+    if not path:
+        return {}
+    import yaml
+
+    from agent.install.manifests import SOURCE_TRUSTED_ROOT
+    from agent.source.signed import SourcePolicyError, load_cluster_policy
+
+    try:
+        policy = load_cluster_policy(Path(path))
+    except SourcePolicyError as exc:
+        raise InstallConfigError(f"--verify-sources {exc}") from exc
+    root = policy.trusted_root.decode() if policy.trusted_root is not None else None
+    return {
+        "source_policy": yaml.safe_dump(policy.document(SOURCE_TRUSTED_ROOT), sort_keys=False),
+        "source_trusted_root": root,
+    }
+
+
 def config_from_args(args: argparse.Namespace) -> InstallConfig:
     """The installation the flags describe. Raises InstallConfigError."""
     for flag in ("repo", "cluster", "identity", "issuer"):
@@ -133,6 +152,7 @@ def config_from_args(args: argparse.Namespace) -> InstallConfig:
         status_git=_credentials(args, "status-git"),
         registry_config=registry,
         hub_public_key=_read("--hub-public-key", args.hub_public_key),
+        **_source_policy(args.verify_sources),
         poll_interval=args.interval,
         log_format=args.agent_log_format,
         service_monitor=args.service_monitor,
@@ -194,6 +214,7 @@ def _run_enroll(args: argparse.Namespace) -> int:
             poll_interval=args.interval,
             log_format=args.agent_log_format,
             service_monitor=args.service_monitor,
+            **_source_policy(args.verify_sources),
         )
         changes = install(
             kube, install_objects(config), report=None if args.output != "table" else _print
@@ -268,117 +289,7 @@ def _dump_changes(changes: list[Any], output: str) -> str:
     return str(yaml.safe_dump({"items": items}, sort_keys=False))
 
 
-def add_install_arguments(p: argparse.ArgumentParser) -> None:
-    """The flags of ``agent install``."""
+# The flags live in agent.install.flags (imported by the CLI without this module's imports).
+from agent.install.flags import add_install_arguments, add_uninstall_arguments  # noqa: E402
 
-    def cred_flags(prefix: str, what: str) -> None:
-        p.add_argument(f"--{prefix}-username", metavar="USER", help=f"{what}: user (basic auth)")
-        p.add_argument(f"--{prefix}-password-file", metavar="FILE", help=f"{what}: password")
-        p.add_argument(f"--{prefix}-token-file", metavar="FILE", help=f"{what}: token")
-        p.add_argument(f"--{prefix}-ssh-key-file", metavar="FILE", help=f"{what}: ssh private key")
-        p.add_argument(
-            f"--{prefix}-known-hosts-file", metavar="FILE", help=f"{what}: ssh known_hosts"
-        )
-
-    p.add_argument(
-        "--image",
-        required=True,
-        metavar="REPOSITORY@sha256:DIGEST",
-        help="the agent image, pinned by digest",
-    )
-    enrolling = p.add_argument_group(
-        "enrollment",
-        "instead of --repo, --identity, --issuer, --trusted-root, --status-repo and the git "
-        "credentials: ask the hub (docs/operations.md, 'Enrollment')",
-    )
-    enrolling.add_argument(
-        "--enroll", metavar="HUB_URL", help="enroll this cluster with the hub at HUB_URL"
-    )
-    enrolling.add_argument(
-        "--token-file", metavar="FILE", help="the enrollment token (`hub enroll-token create`)"
-    )
-    enrolling.add_argument(
-        "--labels", metavar="K=V,...", help="labels this cluster claims (within the token's scope)"
-    )
-    enrolling.add_argument(
-        "--enroll-wait",
-        type=float,
-        default=600.0,
-        metavar="SECONDS",
-        help="how long to wait for a manual acceptance (600)",
-    )
-    p.add_argument("--repo", metavar="GIT_URL", help="the desired-state repo")
-    p.add_argument(
-        "--cluster",
-        metavar="NAME",
-        help="this cluster's name (with --enroll, default: derived from the kube-system UID)",
-    )
-    p.add_argument(
-        "--identity",
-        metavar="SUBJECT",
-        help="the signer identity the agent accepts (certificate SAN of `hub publish`)",
-    )
-    p.add_argument("--issuer", metavar="URL", help="its OIDC issuer")
-    p.add_argument(
-        "--trusted-root",
-        metavar="FILE",
-        help="Sigstore trusted_root.json the agent verifies against (stored in Secret "
-        "fleetlet-trust with the identity and issuer)",
-    )
-    p.add_argument(
-        "--status-repo",
-        metavar="GIT_URL",
-        help="where status goes: a repository of its own (required unless --shared-status-repo)",
-    )
-    p.add_argument(
-        "--shared-status-repo",
-        action="store_true",
-        help="push status to --repo itself (one repository: the status credential can then "
-        "push every ref of it; the hub refuses rollout state it did not seal)",
-    )
-    cred_flags("git", "desired-state repo (read-only credential)")
-    cred_flags("status-git", "status repo (write credential)")
-    p.add_argument(
-        "--registry-config",
-        metavar="FILE",
-        help="docker config JSON: Secret fleetlet-registry-credentials, named by bundle "
-        "sources' `auth`",
-    )
-    p.add_argument(
-        "--hub-public-key",
-        metavar="FILE",
-        help="the hub's X25519 public key: sensitive outputs are sealed to it",
-    )
-    p.add_argument("--namespace", default=DEFAULT_NAMESPACE, help="the agent's namespace")
-    p.add_argument("--interval", type=float, metavar="SECONDS", help="poll interval (30)")
-    p.add_argument(
-        "--agent-log-format",
-        choices=["json", "text"],
-        default="json",
-        help="the agent's log format (json)",
-    )
-    p.add_argument(
-        "--service-monitor",
-        action="store_true",
-        help="also a Prometheus Operator ServiceMonitor (skipped if its API is not served)",
-    )
-    p.add_argument(
-        "--dry-run",
-        action="store_true",
-        help="print the manifests instead of applying them (for kustomize or GitOps)",
-    )
-    add_output_option(p, default=None)  # table; the objects as YAML with --dry-run
-    add_cluster_options(p)
-
-
-def add_uninstall_arguments(p: argparse.ArgumentParser) -> None:
-    """The flags of ``agent uninstall``."""
-    p.add_argument("--namespace", default=DEFAULT_NAMESPACE, help="the agent's namespace")
-    p.add_argument(
-        "--crds",
-        action="store_true",
-        help="also delete fleetlet's CRDs, and with them every BundleDeployment and "
-        "BundleOutputs (what was applied keeps running)",
-    )
-    add_output_option(p)
-    add_cluster_options(p)
+__all__ = ["add_install_arguments", "add_uninstall_arguments", "run_install", "run_uninstall"]

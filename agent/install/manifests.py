@@ -41,11 +41,11 @@ from agent.api.crds import CRDS, crd_document
 from agent.api.generated import write_or_check
 from agent.approve.admission import approver_objects, auto_approver_objects, policy_objects
 from agent.errors import PermanentError
+from agent.install.names import DEFAULT_NAMESPACE
 
 Object = dict[str, Any]
 
 NAME = "fleetlet-agent"
-DEFAULT_NAMESPACE = "fleetlet-system"
 EVENTS_NAMESPACE = "default"
 """Events about cluster-scoped objects (BundleDeployments) go here, as client-go does."""
 FIELD_MANAGER = "fleetlet-install"
@@ -112,6 +112,10 @@ class InstallConfig:
     registry_config: str | None = None
     """A docker config JSON: the Secret ``fleetlet-registry-credentials`` bundle sources name."""
     hub_public_key: str | None = None
+    source_policy: str | None = None
+    """``--verify-sources``: the cluster's source signature policy, self-contained (YAML, keys
+    inline; its trusted root in ``source_trusted_root``)."""
+    source_trusted_root: str | None = None
     poll_interval: float | None = None
     log_format: str = "json"
     service_monitor: bool = False
@@ -305,6 +309,7 @@ def deployment(
     image: str,
     config_hash: str | None = None,
     hub_public_key: bool = False,
+    source_policy: tuple[str, ...] = (),
     poll_interval: float | None = None,
     log_format: str = "json",
     extra_env: Mapping[str, str] | None = None,
@@ -361,7 +366,9 @@ def deployment(
             "name": "trust",
             "secret": {
                 "secretName": TRUST_SECRET,
-                "items": [{"key": "trusted_root.json", "path": "trusted_root.json"}],
+                "items": [
+                    {"key": key, "path": key} for key in ("trusted_root.json", *source_policy)
+                ],
                 "defaultMode": 0o440,
             },
         },
@@ -379,6 +386,10 @@ def deployment(
         {"name": "cache", "emptyDir": {"sizeLimit": "1Gi"}},
         {"name": "tmp", "emptyDir": {"sizeLimit": "256Mi"}},
     ]
+    if source_policy:  # the cluster's own source signature policy (--verify-sources)
+        env.append(
+            {"name": "FLEETLET_SOURCE_POLICY", "value": f"/etc/fleetlet/trust/{SOURCE_POLICY}"}
+        )
     if hub_public_key:
         env.append({"name": "FLEETLET_HUB_PUBLIC_KEY", "value": "/etc/fleetlet/hub/hub.pub"})
         mounts.append({"name": "hub-key", "mountPath": "/etc/fleetlet/hub", "readOnly": True})
@@ -454,6 +465,20 @@ def _secret(name: str, namespace: str, data: Mapping[str, str], type_: str = "Op
     }
 
 
+SOURCE_POLICY = "source-policy.yaml"
+SOURCE_TRUSTED_ROOT = "source-trusted-root.json"
+
+
+def source_policy_files(config: InstallConfig) -> dict[str, str]:
+    """The Secret ``fleetlet-trust``'s files of the cluster's source policy (none without)."""
+    files: dict[str, str] = {}
+    if config.source_policy:
+        files[SOURCE_POLICY] = config.source_policy
+        if config.source_trusted_root:
+            files[SOURCE_TRUSTED_ROOT] = config.source_trusted_root
+    return files
+
+
 def _config_map(name: str, namespace: str, data: Mapping[str, str]) -> Object:
     return {
         "apiVersion": "v1",
@@ -481,6 +506,7 @@ def config_objects(config: InstallConfig) -> list[Object]:
                 "trusted_root.json": config.trusted_root,
                 "identity": config.identity,
                 "issuer": config.issuer,
+                **source_policy_files(config),
             },
         ),
     ]
@@ -537,6 +563,7 @@ def install_objects(config: InstallConfig) -> list[Object]:
             image=config.image,
             config_hash=config_hash(configuration),
             hub_public_key=bool(config.hub_public_key),
+            source_policy=tuple(source_policy_files(config)),
             poll_interval=config.poll_interval,
             log_format=config.log_format,
             extra_env=config.extra_env,

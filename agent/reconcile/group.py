@@ -167,7 +167,8 @@ def move(ctx: GroupContext, decision: Decision) -> GroupOutcome:
     except PermanentError as exc:
         reason = (
             exc.reason
-            if exc.reason in (Reason.FETCH_FAILED, Reason.RENDER_FAILED)
+            if exc.reason
+            in (Reason.FETCH_FAILED, Reason.RENDER_FAILED, Reason.SOURCE_SIGNATURE_REFUSED)
             else Reason.RENDER_FAILED
         )
         return _refuse_render(ctx, decision, reason, exc)

@@ -23,7 +23,6 @@ from typing import Any
 
 import yaml
 
-from agent.api import FormatOptions, from_dict
 from agent.api.yamlio import KUBE_DUMPER
 from agent.errors import PermanentError, ValidationError
 from agent.render.detect import archive_hint, detect_format, kustomize_hint
@@ -105,10 +104,15 @@ def _format_options(options: RenderOptions) -> dict[str, Any]:
         "values": values,
     }
     checked = {k: v for k, v in checked.items() if v is not None}
-    try:
-        from_dict(FormatOptions, checked)
-    except ValidationError as exc:
-        raise RenderUsageError(f"invalid option: {exc}") from exc
+    if checked:
+        # Imported here, and only these: a render without options never loads the API's types.
+        from agent.api.models import FormatOptions
+        from agent.api.validation import from_dict
+
+        try:
+            from_dict(FormatOptions, checked)
+        except ValidationError as exc:
+            raise RenderUsageError(f"invalid option: {exc}") from exc
     if options.release_name is not None:
         checked["releaseName"] = options.release_name
     return checked

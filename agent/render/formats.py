@@ -22,21 +22,17 @@ that name makes it available without any change here or in ``fleetlet render``.
 from __future__ import annotations
 
 import functools
-from importlib.metadata import EntryPoint, entry_points
+import importlib
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from agent.api.models import BUILTIN_FORMATS
 from agent.errors import FleetletError, NotImplementedYetError, PermanentError
-from agent.render.helm import HelmFormat
-from agent.render.kustomize import KustomizeFormat
 from agent.render.manifests import InvalidManifestError, Manifest, validate_object
-from agent.render.patches import apply_patches
-from agent.render.plain import PlainFormat, RenderRequest, finish
-from agent.render.plugin_api import ENTRY_POINT_GROUP
-from agent.render.plugins import PluginFormat
-from agent.render.registry_v1 import RegistryV1Format
+from agent.render.plain import RenderRequest, finish
 from agent.render.tools import ToolSettings
+
+if TYPE_CHECKING:
+    from importlib.metadata import EntryPoint
 
 
 @runtime_checkable
@@ -64,23 +60,30 @@ class FormatFailedError(InvalidManifestError):
     reason = "RenderFailed"
 
 
-# The built-in formats, then each plugin once loaded.
-_LOADED: dict[str, Format] = {
-    "plain": PlainFormat(),
-    "helm": HelmFormat(),
-    "kustomize": KustomizeFormat(),
-    "registry+v1": RegistryV1Format(),
+# The built-in formats, each imported when first used (a render needs one: ``fleetlet
+# render`` of a chart never imports the kustomize or OLM code).
+_BUILTIN: dict[str, tuple[str, str]] = {
+    "plain": ("agent.render.plain", "PlainFormat"),
+    "helm": ("agent.render.helm", "HelmFormat"),
+    "kustomize": ("agent.render.kustomize", "KustomizeFormat"),
+    "registry+v1": ("agent.render.registry_v1", "RegistryV1Format"),
 }
+# Each format once loaded: built-in or plugin.
+_LOADED: dict[str, Format] = {}
 
 
 @functools.cache
 def _plugins() -> dict[str, EntryPoint]:
+    from importlib.metadata import entry_points
+
+    from agent.render.plugin_api import ENTRY_POINT_GROUP
+
     return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
 
 
 def available_formats() -> list[str]:
     """Names of the built-in formats and of the installed plugins."""
-    return sorted({*_LOADED, *_plugins()})
+    return sorted({*_BUILTIN, *_LOADED, *_plugins()})
 
 
 def get_format(name: str) -> Format:
@@ -91,6 +94,14 @@ def get_format(name: str) -> Format:
     """
     if name in _LOADED:
         return _LOADED[name]
+    if name in _BUILTIN:
+        module, cls = _BUILTIN[name]
+        loaded: Format = getattr(importlib.import_module(module), cls)()
+        _LOADED[name] = loaded
+        return loaded
+    from agent.api.models import BUILTIN_FORMATS
+    from agent.render.plugins import PluginFormat
+
     entry = _plugins().get(name)
     if entry is None and name in BUILTIN_FORMATS:
         raise FormatNotAvailableError(
@@ -109,6 +120,8 @@ def get_format(name: str) -> Format:
 def applies_patches(renderer: Format, tools: ToolSettings) -> bool:
     """Whether ``renderer`` applies a bundle's patches itself (kustomize, a plugin that says
     so). Raises what asking a plugin raises (PluginLoadError, PluginError)."""
+    from agent.render.plugins import PluginFormat
+
     if isinstance(renderer, PluginFormat):
         return renderer.applies_patches_for(tools)
     return bool(getattr(renderer, "applies_patches", False))
@@ -154,6 +167,8 @@ def render_objects(tree: Path, *, format: str, request: RenderRequest) -> list[M
     ]
     if not request.patches or patched_by_format:
         return objects
+    from agent.render.patches import apply_patches
+
     patched = apply_patches(
         objects, request.patches, source=request.source, kustomize=request.tools.find("kustomize")
     )

@@ -5,7 +5,9 @@ The chart is the bundle tree's ``formatOptions.path``, else the tree's root when
 helm or OCI source, unpacks to ``<chart>/``). What goes into the render, in helm's order of
 precedence (later wins): the chart's ``values.yaml``, ``formatOptions.valuesFiles`` (paths from
 the tree's root, in order), ``formatOptions.values`` (with the hub's per-cluster overrides and
-``${cluster...}`` substitutions already applied: the signed set holds the final values).
+``${cluster...}`` substitutions already applied: the signed set holds the final values), then
+``formatOptions.setJson``, ``setString`` and ``setFile`` given to helm as its own flags (a
+``setFile`` path must be a file inside the tree), so that helm types them itself.
 
 ``helm template`` runs as a bounded child process (:func:`agent.render._process.run_tool`)
 with:
@@ -153,6 +155,7 @@ class HelmFormat:
             # Already in ``values`` (for checking, and for plugin formats); helm applies them
             # again over them, typed as only helm types them (int64 against float64).
             argv += list(request.helm_set)
+            argv += helm_set_flags(tree, options, source=source)
             facts = request.cluster
             if facts.kube_version:
                 argv += ["--kube-version", facts.kube_version]
@@ -501,6 +504,40 @@ def values_files(tree: Path, listed: object, *, source: str) -> list[Path]:
             )
         found.append(Path(real))
     return found
+
+
+def helm_set_flags(tree: Path, options: Mapping[str, Any], *, source: str) -> list[str]:
+    """``formatOptions.setJson``, ``setString`` and ``setFile`` as helm's flags (helm applies
+    them in that order over the values, whatever their order here); a ``setFile`` path is
+    given absolute, after checking that it is a file inside the tree.
+
+    Raises HelmChartError (SetFileMissing, SetFileEscapes).
+    """
+    flags = [f"--set-json={item}" for item in options.get("setJson") or ()]
+    flags += [f"--set-string={item}" for item in options.get("setString") or ()]
+    root = os.path.realpath(tree)
+    for item in options.get("setFile") or ():
+        key, _, relative = str(item).rpartition("=")
+        real = os.path.realpath(tree / relative)
+        if not real.startswith(root + os.sep):
+            raise HelmChartError(
+                f"formatOptions.setFile {item!r}: the file is outside the bundle tree",
+                source=source,
+                file=relative,
+                rule="SetFileEscapes",
+            )
+        if not os.path.isfile(real):
+            raise HelmChartError(
+                f"formatOptions.setFile {item!r}: no such file in the bundle tree (paths are "
+                "from the tree's root)",
+                source=source,
+                file=relative,
+                rule="SetFileMissing",
+            )
+        # helm reads the path up to a ',' with '\\' escaping the next character.
+        escaped = real.replace("\\", "\\\\").replace(",", "\\,")
+        flags.append(f"--set-file={key}={escaped}")
+    return flags
 
 
 def parse_output(output: bytes, *, source: str, limits: ParseLimits) -> list[Manifest]:

@@ -3,8 +3,9 @@ format's output gets (target namespace, ownership labels).
 
 Files ending in ``.yaml``, ``.yml`` or ``.json`` are read (hidden files and directories are
 skipped, and so are the well-known files that configure a tool rather than describe objects:
-Rancher Fleet's ``fleet.yaml``, Helm's ``Chart.yaml`` and ``values*.yaml``, kustomize's
-``kustomization.yaml``; see :func:`agent.render.detect.is_known_non_manifest`), in a stable
+Rancher Fleet's ``fleet.yaml`` and the ``overlays/`` directory beside it, Helm's ``Chart.yaml``
+and ``values*.yaml``, kustomize's ``kustomization.yaml``; see
+:func:`agent.render.detect.is_known_non_manifest`), in a stable
 order: each path component is ordered by its numeric prefix (``01_``,
 ``2-``, ``10.``; so ``01_namespace.yaml`` comes before ``02_app.yaml`` and ``9_`` before
 ``10_``), unnumbered components after the numbered ones, then by name. Documents keep their
@@ -155,6 +156,10 @@ def order_key(relative: str) -> tuple[tuple[int, str], ...]:
     return tuple(key)
 
 
+FLEET_FILE = "fleet.yaml"
+_FLEET_OVERLAYS = "overlays"
+
+
 def manifest_files(tree: Path, *, source: str, limits: RenderLimits) -> list[str]:
     """The manifest files under ``tree`` (relative POSIX paths), in render order.
 
@@ -164,6 +169,9 @@ def manifest_files(tree: Path, *, source: str, limits: RenderLimits) -> list[str
     TooManyFiles).
     """
     found: list[str] = []
+    # Rancher Fleet's overlays (files patching or replacing the bundle's, per cluster) are not
+    # manifests: Fleet never deploys them as they are (the importer makes them patches).
+    fleet_overlays = (tree / FLEET_FILE).is_file()
     for dirpath, dirnames, filenames in os.walk(tree, followlinks=False):
         for name in [*dirnames, *filenames]:
             full = os.path.join(dirpath, name)
@@ -172,6 +180,8 @@ def manifest_files(tree: Path, *, source: str, limits: RenderLimits) -> list[str
         # Hidden directories are walked for their links only: their files are not read.
         relative = Path(dirpath).relative_to(tree).as_posix()
         if any(part.startswith(".") for part in relative.split("/") if part != "."):
+            continue
+        if fleet_overlays and relative.split("/", 1)[0] == _FLEET_OVERLAYS:
             continue
         for name in filenames:
             if name.startswith(".") or not name.endswith(_SUFFIXES):

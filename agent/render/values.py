@@ -207,19 +207,39 @@ def _one_assignment(text: str, flag: str) -> tuple[list[str | int], str]:
 
 
 def parse_set_json(assignments: Iterable[str]) -> dict[str, Any]:
-    """The values of ``--set-json`` assignments (``key=<JSON>``, one per flag), in order.
+    """The values of ``--set-json`` assignments, in order: ``key=<JSON>``, several separated
+    by commas as helm reads them (``a=1,b={"c":[2]}``: each JSON value read whole, then a
+    comma); ``key=`` alone is null.
 
     Raises ValuesError naming the assignment.
     """
     values: dict[str, Any] = {}
+    decoder = json.JSONDecoder()
     for text in assignments:
-        path, raw = _one_assignment(text, "--set-json")
-        try:
-            value = json.loads(raw)
-        except ValueError as exc:
-            raise ValuesError(f"--set-json {text!r}: not JSON: {exc}") from None
-        _assign(values, path, value)
+        i = 0
+        while i < len(text):
+            path, equals = _split_key(text, i)
+            if isinstance(path[0], int):
+                raise ValuesError(f"--set-json {text!r}: a key starts with a name")
+            start = _skip_blanks(text, equals + 1)
+            if start >= len(text) or text[start] == ",":
+                value, end = None, start
+            else:
+                try:
+                    value, end = decoder.raw_decode(text, start)
+                except ValueError as exc:
+                    raise ValuesError(f"--set-json {text!r}: not JSON: {exc}") from None
+            _assign(values, path, value)
+            i = _skip_blanks(text, end)
+            if i < len(text) and text[i] == ",":
+                i += 1
     return values
+
+
+def _skip_blanks(text: str, start: int) -> int:
+    while start < len(text) and text[start] in " \t\r\n":
+        start += 1
+    return start
 
 
 def file_assignments(assignments: Iterable[str]) -> list[tuple[str, str]]:

@@ -25,14 +25,17 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from agent.render.manifests import InvalidManifestError, ParseLimits, load_documents
-from agent.secrets import dotenv
-from agent.secrets.keys import Keyring
-from agent.secrets.sops import SopsError, count_encrypted, is_sops_document, open_document
+
+if TYPE_CHECKING:
+    from agent.secrets.keys import Keyring
+
+# The SOPS code (cryptography, the age keys) is imported only when a file looks like one: most
+# trees have none, and ``fleetlet render`` should not pay for it.
 
 _SUFFIXES = (".yaml", ".yml", ".json", ".env")
 # A cheap look before parsing: a top-level `sops:` key (YAML), `"sops":` (JSON), `sops_mac=`.
@@ -70,6 +73,8 @@ def open_tree(
         data = path.read_bytes()
         if not _HINT.search(data):
             continue
+        from agent.secrets.sops import SopsError, is_sops_document
+
         if path.name.endswith(".env"):
             _dotenv(path, relative, data, keyring, found, source=source)
             continue
@@ -99,6 +104,8 @@ def _open(
 ) -> dict[str, Any] | None:
     """``document`` decrypted with ``keyring`` (None: no keyring, its values only counted into
     ``found``). Raises SopsError."""
+    from agent.secrets.sops import SopsError, count_encrypted, open_document
+
     if keyring is None:
         found.files[relative] = count_encrypted(document)
         return None
@@ -122,6 +129,9 @@ def _dotenv(
     path: Path, relative: str, data: bytes, keyring: Keyring | None, found: Secrets, *, source: str
 ) -> None:
     """One dotenv file (``KEY=value`` lines, what kustomize's ``envs:`` reads)."""
+    from agent.secrets import dotenv
+    from agent.secrets.sops import SopsError
+
     try:
         text = data.decode("utf-8")
         if not dotenv.is_sops_dotenv(text):
@@ -163,4 +173,4 @@ def _replace(path: Path, text: str) -> None:
     os.replace(temporary, path)
 
 
-__all__ = ["Secrets", "SopsError", "open_tree"]
+__all__ = ["Secrets", "open_tree"]

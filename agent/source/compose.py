@@ -32,6 +32,7 @@ import shutil
 import stat
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from agent.errors import TemporaryError
 from agent.source.archive import ArchiveLimits, TreeBudget
@@ -54,6 +55,9 @@ from agent.source.git import GitFetcher
 from agent.source.http import HttpFetcher
 from agent.source.oci import OciFetcher, credentials_from_docker_config
 from agent.source.tree import check_tree
+
+if TYPE_CHECKING:
+    from agent.source.signed import SourceVerifier
 
 CredentialsResolver = Callable[[str, str], Credentials | None]
 """Given the name of a source's ``auth`` Secret and the host the source is fetched from,
@@ -238,8 +242,12 @@ class ContentStore:
         git: GitFetcher | None = None,
         http: HttpFetcher | None = None,
         limits: ArchiveLimits | None = None,
+        verifier: SourceVerifier | None = None,
     ) -> None:
         self.cache = cache
+        self.verifier = verifier
+        """The cluster's own source policy (``--verify-sources``): image sources are used
+        only once it passed them (:mod:`agent.source.signed`)."""
         self.oci = oci or OciFetcher()
         self.git = git or GitFetcher(repos_dir=cache.root / "git")
         self.http = http or HttpFetcher()
@@ -253,10 +261,13 @@ class ContentStore:
         family: permanent) and UnsafeTreeError.
         """
         key = cache_key(source)
+        label = describe(source)
+        if self.verifier is not None and source.kind == "image":
+            # Before the cache too: the cache holds what the bytes are, not who signed them.
+            self.verifier.require(source, credentials=credentials, label=label)
         hit = self.cache.lookup(key)
         if hit is not None:
             return hit
-        label = describe(source)
 
         def fill(tree: Path) -> None:
             if source.kind == "image":

@@ -154,6 +154,8 @@ def _prepare(args: argparse.Namespace, progress: Progress) -> Any:
         # parsed again.
         cache_dir=Path(cache) / "fleet-files" if cache else None,
         commit_policy=commit_policy,
+        # Sources whose signatures passed are not read again (hub/resolve/signatures.py).
+        signature_cache=Path(cache) / "signatures" if cache else None,
     )
     if prepared.commit is not None:
         verdict = prepared.commit

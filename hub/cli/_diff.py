@@ -79,6 +79,8 @@ def _diff(args: argparse.Namespace) -> int:
             if verdict.ok
             else f"fleet commit: {verdict.refusal()}: hub publish would refuse it"
         )
+    for line in prepared.signatures.refusals() if prepared.signatures is not None else ():
+        print(f"source: {line}: hub publish would refuse it")
     for d in diffs:
         serial = f" (serial {d.serial_before})" if d.serial_before is not None else ""
         print(f"{d.cluster}: {d.status}{serial}")

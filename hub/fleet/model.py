@@ -17,6 +17,7 @@ from hub.rollout.model import Strategy
 
 if TYPE_CHECKING:
     from hub.fleet.commits import CommitPolicy
+    from hub.fleet.signing import SourceSigning
 
 SOURCE_KINDS = ("image", "git", "http", "helm")
 APPROVALS = ("none", "manual")
@@ -59,6 +60,8 @@ class Settings:
     commit_signing: CommitPolicy | None = None
     """``commitSigning``: who must have signed the fleet commit (the hub's trusted copy
     decides, see :mod:`hub.fleet.commits`)."""
+    source_signing: SourceSigning | None = None
+    """``sourceSigning``: who must have signed the OCI sources (:mod:`hub.fleet.signing`)."""
 
 
 class Cluster(NamedTuple):
@@ -95,6 +98,9 @@ class SourceRef:
     extra: tuple[tuple[str, Any], ...] = ()
     chart: str = ""
     """The chart's name in the repository (``helm`` sources only)."""
+    verify: str = ""
+    """``image`` sources: the name of the signature policy it must satisfy (``verify``;
+    :mod:`hub.fleet.signing`)."""
 
     @property
     def pinned(self) -> bool:
@@ -147,6 +153,15 @@ Pin = str | ChartPin
 """A resolved source: a digest, commit or sha256 hex, or a chart resolved from a version."""
 
 
+class SignedPins(dict[SourceRef, Pin]):
+    """Pins, and ``proofs``: the ``signature`` each verified image source carries into the set
+    (:mod:`hub.resolve.signatures`)."""
+
+    def __init__(self, pins: Mapping[SourceRef, Pin], proofs: Mapping[SourceRef, Any]) -> None:
+        super().__init__(pins)
+        self.proofs = dict(proofs)
+
+
 @dataclass(frozen=True, slots=True)
 class Target:
     """Clusters named in ``clusters`` and/or matched by ``clusterSelector`` (both, if both given)."""
@@ -178,6 +193,9 @@ class Override:
     """Appended to the bundle's ``patches`` (checked by the agent's API when rendered)."""
     encrypted_values: Mapping[str, Any] | None = None
     """Replaces the bundle's encrypted values (a SOPS document, :mod:`hub.fleet.secrets`)."""
+    sets: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    """helm's ``setString``/``setJson``/``setFile`` items, appended after the bundle's
+    (:mod:`hub.fleet.helmsets`)."""
 
     @property
     def by_name(self) -> bool:
@@ -197,6 +215,8 @@ class Bundle:
     encrypted_values: Mapping[str, Any] | None = None
     """The SOPS document its ``encryptedValues`` names (:mod:`hub.fleet.secrets`): carried
     whole to ``formatOptions.encryptedValues``, opened only by the cluster's agent."""
+    verify: str | None = None
+    """``verify``: the signature policy of its image sources that name none."""
 
     @property
     def group(self) -> str:

@@ -38,7 +38,17 @@ from agent.api import (
 from agent.api.depgraph import find_cycle
 from agent.errors import FieldProblem, ValidationError
 from hub.errors import FleetRepoError
-from hub.fleet.model import Bundle, ChartPin, Cluster, Fleet, Override, Pin, SourceRef
+from hub.fleet.helmsets import apply_sets
+from hub.fleet.model import (
+    Bundle,
+    ChartPin,
+    Cluster,
+    Fleet,
+    Override,
+    Pin,
+    SignedPins,
+    SourceRef,
+)
 from hub.fleet.templating import references, substitute
 
 # Where an override's fields land in a BundleDeployment spec (agent.api field names).
@@ -210,7 +220,14 @@ def source_dicts(src: SourceRef, pin: Pin) -> list[dict[str, Any]]:
 
 
 def _sources(refs: Iterable[SourceRef], pins: Mapping[SourceRef, Pin]) -> list[dict[str, Any]]:
-    return [d for s in refs for d in source_dicts(s, pins[s])]
+    out: list[dict[str, Any]] = []
+    proofs = pins.proofs if isinstance(pins, SignedPins) else {}
+    for s in refs:
+        dicts = source_dicts(s, pins[s])
+        if s in proofs:  # its signature, verified by the hub (not its chart's dependencies)
+            dicts[0]["signature"] = dict(proofs[s])
+        out.extend(dicts)
+    return out
 
 
 def bundle_spec(
@@ -242,6 +259,7 @@ def bundle_spec(
             _set_path(spec, NAMESPACE_PATH, o.namespace, merge=False)
         if o.path is not None:
             _set_path(spec, PATH_PATH, o.path, merge=False)
+        apply_sets(spec, o.sets)
         own = spec.get("patches")
         if o.patches is not None and (own is None or isinstance(own, list)):
             # (a bundle's own patches that are not a list are reported by the validation)

@@ -3,8 +3,9 @@ not work: called by :func:`hub.importer.fleet.import_fleet` (every bundle render
 :func:`hub.importer.fleet.write_fleet_repo` (the written fleet loads).
 
 - Every bundle whose content is the imported checkout is rendered from it, with the format,
-  options and target namespace it was given, once for its own ``path`` and once for each
-  override's ``path`` (a Fleet ``targetCustomizations[].kustomize.dir``). A bundle that does not
+  options, target namespace and patches it was given, and once for each override that changes
+  its ``path`` (a Fleet ``targetCustomizations[].kustomize.dir``) or adds ``patches`` (Fleet's
+  ``overlays/``). A bundle that does not
   render is not written: it is listed as not converted, with the renderer's reason, and
   ``dependsOn`` entries naming it are dropped (and listed). A bundle whose chart lives
   elsewhere (a helm repository, an OCI registry, an archive URL) cannot be rendered offline:
@@ -30,11 +31,21 @@ def render_problem(bundle: Mapping[str, Any], root: Path, source_url: str) -> st
     (source,) = bundle["sources"]
     tree = root / str(source.get("directory") or ".")
     options = dict(bundle.get("formatOptions") or {})
-    paths = [options.get("path")]
-    paths += [o["path"] for o in bundle.get("overrides") or [] if o.get("path")]
-    for path in dict.fromkeys(paths):
-        checked = {**options, "path": path} if path else options
-        where = f" (path {path})" if path else ""
+    own = list(bundle.get("patches") or [])
+    # The bundle as it is, then as each override makes it (its path, its patches after the
+    # bundle's: Fleet's overlays).
+    variants: list[tuple[str, dict[str, Any], list[Any]]] = [("", options, own)]
+    for i, override in enumerate(bundle.get("overrides") or []):
+        if override.get("path") or override.get("patches"):
+            path = override.get("path") or options.get("path")
+            checked = {**options, "path": path} if path else options
+            where = f" (overrides[{i}]" + (f", path {path})" if override.get("path") else ")")
+            variants.append((where, checked, [*own, *(override.get("patches") or [])]))
+    seen: list[tuple[dict[str, Any], list[Any]]] = []
+    for where, checked, patches in variants:
+        if (checked, patches) in seen:
+            continue
+        seen.append((checked, patches))
         try:
             render_bundle(
                 tree,
@@ -43,6 +54,7 @@ def render_problem(bundle: Mapping[str, Any], root: Path, source_url: str) -> st
                     source=str(bundle["name"]),
                     namespace=options.get("targetNamespace"),
                     options=checked,
+                    patches=patches,
                 ),
             )
         except PermanentError as exc:

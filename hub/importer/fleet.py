@@ -14,8 +14,10 @@ Fleet's rules, as its ``fleet.yaml`` reference documents them, and what each bec
   a ``helm`` source; ``oci://``: an ``image`` source; an archive URL: an ``http`` source; a
   go-getter git address ``git::https://host/repo//dir?ref=v1``: a ``git`` source with that
   directory and ref); ``kustomize.dir`` given only by targetCustomizations: ``kustomize``, the
-  first of them the default path (listed); else ``plain``. A plain bundle with Fleet's
-  ``overlays/`` is not converted (listed, not written).
+  first of them the default path (listed); else ``plain``. Fleet's ``overlays/`` of a plain
+  bundle (``yaml.overlays``, the bundle's or a customization's) become ``patches``
+  (:mod:`hub.importer.overlays`); one without a faithful patch leaves the bundle out
+  (listed, not written).
 - **Namespaces.** ``namespace`` (Fleet forces it) or ``defaultNamespace`` (Fleet's default:
   ``default``) becomes ``formatOptions.targetNamespace``, which is also helm's release
   namespace, as in Fleet. fleetlet only gives it to objects that name none: a forced
@@ -47,7 +49,7 @@ Fleet's rules, as its ``fleet.yaml`` reference documents them, and what each bec
 - ``dependsOn`` (by bundle name) becomes ``dependsOn`` on the depended bundle's group;
   ``paused``; ``keepResources: true`` becomes ``deletionPolicy: Orphan``.
 
-Everything else that changes what Fleet deploys (``yaml.overlays``, ``helm.valuesFrom``,
+Everything else that changes what Fleet deploys (``helm.valuesFrom``,
 ``diff``, ``rolloutStrategy``, cluster groups, selectors in ``dependsOn``, a chart
 post-rendered by kustomize, ``.fleetignore`` patterns...) is listed, per bundle and field, in
 the result's ``notes``: nothing is dropped silently.
@@ -76,7 +78,6 @@ from hub.importer._layout import (
     FLEET_FILE,
     _customized_dirs,
     _dict,
-    _kustomized,
     _origin,
     _read_yaml,
     _selector,
@@ -94,17 +95,18 @@ from hub.importer._translate import (
     _selects,
 )
 from hub.importer.check import check_loads, keep_rendering
+from hub.importer.overlays import OverlayError, overlay_patches
 
 # fleet.yaml fields the importer expresses (others are listed as notes).
 _HANDLED = {
     "namespace", "defaultNamespace", "kustomize", "helm", "targetCustomizations", "dependsOn",
-    "paused", "keepResources", "labels", "name",
+    "paused", "keepResources", "labels", "name", "yaml",
 }  # fmt: skip
 _HELM_HANDLED = {"chart", "repo", "version", "releaseName", "values", "valuesFiles",
                  "takeOwnership"}  # fmt: skip
 _CUSTOMIZATION_HANDLED = {
     "name", "clusterSelector", "clusterName", "namespace", "defaultNamespace", "kustomize",
-    "helm", "doNotDeploy", "paused",
+    "helm", "doNotDeploy", "paused", "yaml",
 }  # fmt: skip
 
 
@@ -121,6 +123,7 @@ class _Importer:
         self.branch = settings.branch or spec.get("branch") or (None if self.commit else "main")
         self.paths = [str(p) for p in spec.get("paths") or ["."]]
         self.targets_spec = [t for t in spec.get("targets") or [] if isinstance(t, dict)]
+        self.plain = False  # whether the bundle being converted is raw YAML (Fleet's overlays)
         if not self.source_url:
             raise FleetImportError(
                 f"{root}: no git URL for the bundles' content: give --source-url (or --gitrepo "
@@ -142,13 +145,10 @@ class _Importer:
                 )
             seen[name] = directory
         for directory in directories:
-            if self._fleet_overlays(directory):
-                self.note(names[directory], "overlays/", "not converted, not written: Fleet's "
-                          "overlays/ (files replacing or patching the bundle's per "
-                          "targetCustomizations[].yaml.overlays) have no fleetlet equivalent; "
-                          "turn them into a kustomize overlay per cluster group")  # fmt: skip
-                continue
-            self.result.bundles.append(self._bundle(directory, names[directory], names))
+            try:
+                self.result.bundles.append(self._bundle(directory, names[directory], names))
+            except OverlayError as exc:  # hub.importer.overlays says why
+                self.note(names[directory], "overlays/", f"not converted, not written: {exc}")
         if self.settings.clusters is not None:
             self.result.clusters = [dict(c) for c in self.settings.clusters]
         else:
@@ -166,17 +166,6 @@ class _Importer:
                 self.note("", "clusters", f"cluster {n!r} is named by a target: written into "
                           "the inventory without labels (give --clusters for the real ones)")  # fmt: skip
         return self.result
-
-    def _fleet_overlays(self, directory: Path) -> bool:
-        """Fleet's ``overlays/`` in a bundle of plain files (a kustomize or helm bundle's
-        ``overlays/`` is its own business)."""
-        if not (directory / "overlays").is_dir() or _kustomized(directory):
-            return False
-        fleet_file = directory / FLEET_FILE
-        fy = _dict(_read_yaml(fleet_file, self.root)) if fleet_file.is_file() else {}
-        helm = _dict(fy.get("helm")).get("chart") or (directory / CHART_FILE).is_file()
-        kustomize = _dict(fy.get("kustomize")).get("dir") or _customized_dirs(fy)
-        return not helm and not kustomize
 
     def _inside(self, directory: Path, file: str, bundle: str, where: str) -> Path:
         """``file`` (named by fleet.yaml ``where``) resolved from ``directory``, links followed;
@@ -258,6 +247,10 @@ class _Importer:
         if (directory / ".fleetignore").is_file():
             self.note(name, ".fleetignore", "fleetlet does not read .fleetignore patterns; "
                       "remove the ignored files from the directory")  # fmt: skip
+        self.plain = bundle["format"] == "plain"
+        patches = self._overlays(name, directory, fy, "yaml.overlays")
+        if patches:
+            bundle["patches"] = patches
         customizations = [c for c in fy.get("targetCustomizations") or [] if isinstance(c, dict)]
         bundle["targets"], bundle["overrides"] = self._targets(
             name, directory, customizations, helm
@@ -449,7 +442,24 @@ class _Importer:
             self.note(name, f"{where}.helm.{key}", "not imported (overrides change values only)")
         if c.get("paused") is True:
             out["paused"] = True
+        patches = self._overlays(name, directory, c, f"{where}.yaml.overlays")
+        if patches:
+            out["patches"] = patches
         return out
+
+    def _overlays(
+        self, name: str, directory: Path, fy: Mapping[str, Any], where: str
+    ) -> list[dict[str, Any]]:
+        """Fleet's ``yaml.overlays`` as patches (:mod:`hub.importer.overlays`)."""
+        overlays = _dict(fy.get("yaml")).get("overlays")
+        for key in sorted(set(_dict(fy.get("yaml"))) - {"overlays"}):
+            self.note(name, f"{where.rsplit('.', 1)[0]}.{key}", "no fleetlet equivalent")
+        if not overlays:
+            return []
+        if not self.plain:
+            self.note(name, where, "Fleet's overlays of a helm or kustomize bundle: not imported")
+            return []
+        return overlay_patches(directory, [str(o) for o in overlays])
 
 
 def import_fleet(root: Path, settings: ImportSettings, *, check: bool = True) -> ImportResult:

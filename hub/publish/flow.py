@@ -38,6 +38,7 @@ from agent.verify.publication import BUNDLE_FILE, PROOF_FILE, SET_FILE, STATEMEN
 from hub.errors import FleetRepoError, PublishError, PushRejectedError
 from hub.fleet.commits import CommitPolicy, judge_commit
 from hub.fleet.load import load_fleet
+from hub.fleet.model import SignedPins
 from hub.fleet.render import plan_clusters
 from hub.fleet.shards import fleet_shards
 from hub.fleet.source import fleet_source
@@ -64,10 +65,11 @@ from hub.publish.compare import (
 from hub.publish.compose import SetComposer
 from hub.publish.git import BRANCH_PREFIX, BranchStore
 from hub.publish.known import KnownHead
-from hub.publish.prepared import Prepared, UnsignedCommitError
+from hub.publish.prepared import Prepared, UnsignedCommitError, UnsignedSourceError
 from hub.publish.shards import ShardedStore
 from hub.publish.sign import Leaf, PublicationSigner, SignedTree, sign_leaves
 from hub.resolve import Resolver, ResolveSettings
+from hub.resolve.signatures import verify_sources
 
 Progress = Callable[[str], None]
 ATTEMPTS = 3
@@ -86,20 +88,30 @@ def prepare(
     progress: Progress | None = None,
     cache_dir: Path | None = None,
     commit_policy: CommitPolicy | None = None,
+    signature_cache: Path | None = None,
 ) -> Prepared:
     """Load ``fleet_dir``, pin every source its (selected) clusters use and plan every set.
 
     ``registry_credentials`` maps a registry host to (user, password) for tag resolution;
     ``cache_dir`` keeps parsed fleet files between runs. ``commit_policy``: the hub's trusted
     commit policy; the fleet commit's verdict is :attr:`Prepared.commit` (publish refuses a
-    failed one, diff reports it).
+    failed one, diff reports it). Image sources a signature policy covers are verified
+    (:attr:`Prepared.signatures`; publish refuses a failed one), passes remembered in
+    ``signature_cache``.
 
-    Raises FleetRepoError (invalid fleet, unknown ``only`` cluster, bad shard label),
-    ResolveError or SourceUnavailableError (a reference could not be pinned).
+    Raises FleetRepoError (invalid fleet, unknown ``only`` cluster, bad shard label, unknown
+    signature policy), ResolveError or SourceUnavailableError (a reference could not be
+    pinned), SignaturesUnavailableError (a registry did not answer for signatures).
     """
     with _paused_gc():
         prepared = _prepare(
-            fleet_dir, only, resolve_settings, registry_credentials, progress, cache_dir
+            fleet_dir,
+            only,
+            resolve_settings,
+            registry_credentials,
+            progress,
+            cache_dir,
+            signature_cache,
         )
     verdict = judge_commit(
         root=prepared.fleet.root,
@@ -131,6 +143,7 @@ def _prepare(
     registry_credentials: Mapping[str, tuple[str, str]] | None,
     progress: Progress | None,
     cache_dir: Path | None,
+    signature_cache: Path | None = None,
 ) -> Prepared:
     timings: dict[str, float] = {}
     started = time.perf_counter()
@@ -168,6 +181,17 @@ def _prepare(
         pins = resolver.resolve_bundles(bundles)
     timings["resolve"] = time.perf_counter() - started
     started = time.perf_counter()
+    signatures = verify_sources(fleet, bundles, pins, settings=settings, cache_dir=signature_cache)
+    if signatures.verdicts:
+        timings["signatures"] = time.perf_counter() - started
+        if progress is not None:
+            progress(
+                f"verified the signatures of {len(signatures.verdicts)} sources "
+                f"({signatures.checked} checked, {signatures.cached} from the cache, "
+                f"{len(signatures.failed())} refused)"
+            )
+        pins = SignedPins(pins, signatures.proofs())
+    started = time.perf_counter()
     plans = plan_clusters(fleet, pins, only=names)
     timings["plan"] = time.perf_counter() - started
     return Prepared(
@@ -177,6 +201,7 @@ def _prepare(
         references=len(pins),
         timings=timings,
         shards=shards,
+        signatures=signatures if signatures.verdicts else None,
     )
 
 
@@ -305,6 +330,7 @@ def publish(
     ``sign_leaves``; nothing reaches a cluster branch when anything fails before the commit.
     """
     prepared.require_signed_commit()
+    prepared.require_signed_sources()
     sharded = _sharded(prepared, store)
     say = progress or (lambda _msg: None)
     clock = StageClock(prepared.timings)
@@ -688,6 +714,7 @@ __all__ = [
     "Prepared",
     "PublishReport",
     "UnsignedCommitError",
+    "UnsignedSourceError",
     "diff",
     "entry_fields",
     "prepare",

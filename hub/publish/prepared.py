@@ -13,10 +13,15 @@ from hub.fleet.model import Fleet
 from hub.fleet.render import ClusterPlan
 from hub.fleet.shards import ShardMap, fleet_shards
 from hub.fleet.source import FleetSource
+from hub.resolve.signatures import SourceSignatures
 
 
 class UnsignedCommitError(PublishError):
     """The fleet commit is not signed as the commit policy requires; nothing was published."""
+
+
+class UnsignedSourceError(PublishError):
+    """A source is not signed as its signature policy requires; nothing was published."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +36,8 @@ class Prepared:
     shards: ShardMap | None = None
     commit: CommitVerdict | None = None
     """The fleet commit against the commit policy (None: no policy asks for signed commits)."""
+    signatures: SourceSignatures | None = None
+    """The image sources against their signature policies (None: no policy covers one)."""
 
     @property
     def signed_by(self) -> CommitSignature | None:
@@ -48,9 +55,15 @@ class Prepared:
         if self.commit is not None and not self.commit.ok:
             raise UnsignedCommitError(self.commit.refusal() + "; nothing was pushed")
 
+    def require_signed_sources(self) -> None:
+        """Raise UnsignedSourceError naming every source that fails its signature policy."""
+        refusal = self.signatures.refusal() if self.signatures is not None else None
+        if refusal is not None:
+            raise UnsignedSourceError(f"{refusal}; nothing was pushed")
+
     @property
     def shard_map(self) -> ShardMap:
         return self.shards if self.shards is not None else fleet_shards(self.fleet)
 
 
-__all__ = ["Prepared", "UnsignedCommitError"]
+__all__ = ["Prepared", "UnsignedCommitError", "UnsignedSourceError"]

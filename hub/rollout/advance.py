@@ -22,11 +22,12 @@ from datetime import datetime
 
 from agent.errors import PermanentError
 from hub.rollout.evaluate import ClusterVerdict, Evaluation
+from hub.rollout.names import ACTIONS
 from hub.rollout.plan import clusters, spread
 from hub.rollout.state import Event, Halt, Rollout, parse_stamp, stamp
 
 CONTROLLER = "controller"
-ACTIONS = ("promote", "pause", "resume", "abort")
+
 _SETTLED = ("passed", "skipped", "failed")
 
 

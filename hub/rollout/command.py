@@ -24,8 +24,7 @@ from typing import Any
 from agent.errors import PermanentError, TemporaryError
 from agent.options import add_output_option
 from agent.output import render
-from hub.rollout.advance import ACTIONS
-from hub.rollout.evaluate import VERDICTS
+from hub.rollout.names import ACTIONS, VERDICTS
 
 TOKEN_ENV = "FLEETLET_HUB_TOKEN"
 API_PREFIX = "/api/v1"

@@ -23,20 +23,9 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Literal
 
+from hub.rollout.names import VERDICTS, Verdict
 from hub.rollout.state import Member, Rollout
-
-Verdict = Literal["held", "pending", "passed", "failed", "skipped", "reverting", "reverted"]
-VERDICTS: tuple[Verdict, ...] = (
-    "held",
-    "pending",
-    "passed",
-    "failed",
-    "skipped",
-    "reverting",
-    "reverted",
-)
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,8 +10,8 @@ The external renderers fleetlet runs (helm, kustomize; pinned in :mod:`agent.ren
 built by the same machinery (:func:`ensure_tools`) into ``tools/<name>-<version>/<name>`` of the
 same cache, where the agent's :func:`agent.render.tools.find_tool` finds them.
 
-``python -m tests.realenv.binaries [NAME ...]`` ensures every binary and tool (or the named ones)
-and prints the paths (CI runs it before the tests so that the cold build, about 8 minutes on two
+``python -m tests.realenv.binaries [NAME ...]`` ensures every binary and tool (or the named ones),
+the control plane and the tools side by side, and prints the paths (CI runs it before the tests so that the cold build, about 8 minutes on two
 cores, is visible as its own step).
 """
 
@@ -26,6 +26,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TextIO
@@ -71,8 +72,12 @@ _TOOL_LDFLAGS = {"helm": "-X helm.sh/helm/v4/internal/version.version={version}"
 # Tools only the tests run, never fleetlet: `sops` encrypts the SOPS files the agent decrypts
 # in Python (agent/secrets), so compatibility is proven against the binary users have. v3.13.3:
 # the newest release (its go.mod asks for Go 1.25).
-TEST_TOOLS = {"sops": "v3.13.3"}
+# `cosign` signs the OCI artifacts whose signatures the hub verifies in Python (sigstore-python
+# and cryptography; hub/resolve/signatures.py): v3.1.3, the newest release.
+TEST_TOOLS = {"sops": "v3.13.3", "cosign": "v3.1.3"}
 _TOOL_PACKAGES["sops"] = "github.com/getsops/sops/v3/cmd/sops"
+_TOOL_PACKAGES["cosign"] = "github.com/sigstore/cosign/v3/cmd/cosign"
+_TOOL_LDFLAGS["cosign"] = "-X sigs.k8s.io/release-utils/version.gitVersion={version}"
 
 
 class BinaryError(RuntimeError):
@@ -442,9 +447,12 @@ def ensure_tools(
     if any(find_tool_binary(n) is None for n in wanted):
         tools_dir.mkdir(parents=True, exist_ok=True)
         with _lock(tools_dir / ".build.lock", progress):
-            for name in wanted:
-                if find_tool_binary(name) is None:  # another process may have built it
-                    _build_tool(name, progress)
+            # Another process may have built some while we waited for the lock. The rest are
+            # built two at a time: one's module downloads and link overlap the other's compile.
+            missing = [n for n in wanted if find_tool_binary(n) is None]
+            with ThreadPoolExecutor(max_workers=2) as pool:
+                for future in [pool.submit(_build_tool, n, progress) for n in missing]:
+                    future.result()
     result = {}
     for name in wanted:
         path = find_tool_binary(name)
@@ -493,8 +501,12 @@ def main(argv: list[str] | None = None) -> int:
     names = (argv if argv is not None else sys.argv[1:]) or [*ALL_BINARIES, *TOOLS, *TEST_TOOLS]
     tools = (*TOOLS, *TEST_TOOLS)
     try:
-        paths = ensure_binaries([n for n in names if n not in tools])
-        paths.update(ensure_tools([n for n in names if n in tools]))
+        # The control plane and the tools build side by side (separate caches and locks).
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            kube = pool.submit(ensure_binaries, [n for n in names if n not in tools])
+            built = pool.submit(ensure_tools, [n for n in names if n in tools])
+            paths = kube.result()
+            paths.update(built.result())
     except BinaryError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -84,3 +84,15 @@ def sops_binary() -> Path:
         return ensure_tools(["sops"])["sops"]
     except BinaryError as exc:
         pytest.fail(str(exc))
+
+
+@pytest.fixture(scope="session")
+def cosign_binary() -> Path:
+    """The pinned ``cosign`` the tests sign OCI artifacts with (built into the cache when
+    missing: ``python3 -m tests.realenv.binaries cosign``)."""
+    from tests.realenv.binaries import BinaryError, ensure_tools
+
+    try:
+        return ensure_tools(["cosign"])["cosign"]
+    except BinaryError as exc:
+        pytest.fail(str(exc))

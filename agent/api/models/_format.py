@@ -16,6 +16,15 @@ from typing import Any
 
 import yaml
 
+from agent.api.helmsets import (
+    MAX_SET_CHARS,
+    MAX_SET_ITEMS,
+    SET_ASSIGNMENT,
+    SET_ASSIGNMENT_TEXT,
+    SET_FILE,
+    SET_FILE_INSIDE,
+    SET_FILE_TEXT,
+)
 from agent.api.models._patterns import (
     DNS_LABEL,
     DNS_LABEL_TEXT,
@@ -59,6 +68,33 @@ class FormatOptions(ApiObject):
         max_length=512,
         max_items=32,
         rules=(STAYS_INSIDE,),
+    )
+    set_json: tuple[str, ...] = api_field(
+        "`helm`: helm's `--set-json` arguments (`key=<JSON>`), applied in order over `values`.",
+        default=(),
+        pattern=SET_ASSIGNMENT,
+        expected=SET_ASSIGNMENT_TEXT,
+        max_length=MAX_SET_CHARS,
+        max_items=MAX_SET_ITEMS,
+    )
+    set_string: tuple[str, ...] = api_field(
+        "`helm`: helm's `--set-string` arguments (`a.b=x,c[0]=y`: every value a string), "
+        "applied in order over `values` and `setJson`.",
+        default=(),
+        pattern=SET_ASSIGNMENT,
+        expected=SET_ASSIGNMENT_TEXT,
+        max_length=MAX_SET_CHARS,
+        max_items=MAX_SET_ITEMS,
+    )
+    set_file: tuple[str, ...] = api_field(
+        "`helm`: helm's `--set-file` arguments (`key=path`, a file of the bundle tree whose "
+        "text becomes the value), applied in order over everything else.",
+        default=(),
+        pattern=SET_FILE,
+        expected=SET_FILE_TEXT,
+        max_length=1024,
+        max_items=MAX_SET_ITEMS,
+        rules=(SET_FILE_INSIDE,),
     )
     release_name: str | None = api_field(
         "`helm`: the release name (`.Release.Name`). Default: the bundle's name.",

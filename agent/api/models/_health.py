@@ -12,7 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from agent.api.models._patterns import CONDITION_TYPE, FIELD_PATH, FIELD_PATH_TEXT, ConditionStatus
+from agent.api.models._patterns import (
+    CONDITION_TYPE,
+    FIELD_PATH,
+    FIELD_PATH_TEXT,
+    ApiServiceHealth,
+    ConditionStatus,
+)
 from agent.api.models._references import ObjectReference
 from agent.api.validation import ApiObject, Rule, api_field
 
@@ -86,4 +92,12 @@ class HealthChecks(ApiObject):
         "healthy once it has a cluster IP, as in kstatus: most edge clusters have no "
         "load-balancer controller).",
         default=False,
+    )
+    api_services: ApiServiceHealth = api_field(
+        "When an APIService is healthy: `Available`, once the API server reached the server "
+        "behind it and its discovery answered (as Argo CD judges it); `Endpoints`, once its "
+        "Service has ready endpoints, without the API server's discovery request through them "
+        "(control planes outside the pod network). Never while the Service is missing or no "
+        "pod behind it is ready, which helm --wait and kstatus accept.",
+        default="Available",
     )

@@ -71,6 +71,7 @@ MAX_NAMES = 256
 SourceKind = Literal["image", "git", "http", "helm"]
 Approval = Literal["none", "manual"]
 DeletionPolicy = Literal["Delete", "Orphan"]
+ApiServiceHealth = Literal["Available", "Endpoints"]
 ConditionStatus = Literal["True", "False", "Unknown"]
 
 

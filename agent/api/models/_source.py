@@ -31,6 +31,7 @@ from agent.api.models._patterns import (
     SourceKind,
 )
 from agent.api.models._references import SourceAuth
+from agent.api.signatures import SourceSignature
 from agent.api.validation import ApiObject, Rule, api_field
 
 # --- sources --------------------------------------------------------------------------------
@@ -88,6 +89,7 @@ class Source(ApiObject):
         _pinned("version", "version", "helm", CHART_VERSION_TEXT),
         _pinned("archiveUrl", "archive_url", "helm", HTTP_URL_TEXT),
         _only("digest", "digest", "image"),
+        _only("signature", "signature", "image"),
         _only("commit", "commit", "git"),
         _only_kinds("sha256", "sha256", ("http", "helm")),
         _only("directory", "directory", "git"),
@@ -198,6 +200,11 @@ class Source(ApiObject):
     )
     auth: SourceAuth | None = api_field(
         "Credentials, as a reference to a Secret in the agent's namespace.", default=None
+    )
+    signature: SourceSignature | None = api_field(
+        "`image` only: the source's signature as the hub verified it before publishing "
+        "(absent: no signature policy covers it).",
+        default=None,
     )
 
     @property

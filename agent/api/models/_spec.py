@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from agent.api.helmsets import HELM_SET_RULES
 from agent.api.models._format import FormatOptions, Patch
 from agent.api.models._health import HealthChecks
 from agent.api.models._patterns import (
@@ -117,6 +118,7 @@ class BundleDeploymentSpec(ApiObject):
             ("plain", "kustomize", "registry+v1"),
             "helm or a plugin format",
         ),
+        *HELM_SET_RULES,
         _format_option_only(
             "installNamespace",
             "install_namespace",

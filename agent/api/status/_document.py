@@ -30,6 +30,7 @@ from agent.api.models import (
     Revision,
 )
 from agent.api.reasons import SUCCEEDED, RunResult
+from agent.api.signatures import SignedSource
 from agent.api.validation import (
     ApiObject,
     Rule,
@@ -212,6 +213,11 @@ class BundleStatusReport(ApiObject):
     )
     health: HealthSummary | None = api_field("Health as assessed last.", default=None)
     drift_count: int = api_field("Drift corrections so far.", default=0, minimum=0)
+    signed_sources: tuple[SignedSource, ...] = api_field(
+        "Its image sources whose signatures were verified (`sourceSigning`; docs/supply-chain.md).",
+        default=(),
+        max_items=16,
+    )
     runs: tuple[Run, ...] = api_field(
         "The last runs, newest first.",
         default=(),

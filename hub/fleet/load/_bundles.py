@@ -5,11 +5,13 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from agent.errors import FieldProblem
+from hub.fleet.helmsets import check_sets
 from hub.fleet.load._problems import _NAME, _found, _load_yaml, _Problems
 from hub.fleet.load._sources import _load_sources
 from hub.fleet.model import APPROVALS, Bundle, Cluster, Override, Target
@@ -18,7 +20,15 @@ from hub.rollout.model import Strategy, parse_strategy
 
 # Keys of a bundle file the hub consumes itself; every other key is passed to the
 # BundleDeployment spec unchanged (the agent's API validates it).
-_BUNDLE_OWN_KEYS = ("name", "sources", "targets", "overrides", "rollout", "encryptedValues")
+_BUNDLE_OWN_KEYS = (
+    "name",
+    "sources",
+    "targets",
+    "overrides",
+    "rollout",
+    "encryptedValues",
+    "verify",  # the signature policy of its image sources (hub.fleet.signing)
+)
 # What an override changes (it needs one at least), and every key it may have.
 _OVERRIDE_FIELDS = (
     "sources",
@@ -29,6 +39,9 @@ _OVERRIDE_FIELDS = (
     "namespace",
     "path",
     "patches",
+    "setString",
+    "setJson",
+    "setFile",
 )
 _OVERRIDE_KEYS = ("clusters", "clusterSelector", *_OVERRIDE_FIELDS)
 
@@ -75,11 +88,16 @@ def _load_bundle_file(
         if ov is not None:
             overrides.append(ov)
     spec = {k: v for k, v in raw.items() if k not in _BUNDLE_OWN_KEYS}
+    if isinstance(spec.get("formatOptions"), dict):
+        check_sets(spec["formatOptions"], "formatOptions", functools.partial(problems.add, rel))
     rollout: Strategy | str | None = None
     if "rollout" in raw:
         found: list[FieldProblem] = []
         rollout = parse_strategy(raw["rollout"], "rollout", found)
         problems.extend(rel, found)
+    verify = raw.get("verify")
+    if verify is not None and (not isinstance(verify, str) or not verify):
+        problems.add(rel, "verify", "the name of a sourceSigning policy", verify)
     if len(problems.items) > start:
         return None
     return Bundle(
@@ -91,6 +109,7 @@ def _load_bundle_file(
         overrides=tuple(overrides),
         rollout=rollout,
         encrypted_values=encrypted,
+        verify=verify,
     )
 
 
@@ -187,6 +206,9 @@ def _load_override(
     ):
         problems.add(rel, f"{where}.patches", "a list of patches ({patch, target})", patches)
         ok = False
+    start = len(problems.items)
+    sets = check_sets(raw, where, functools.partial(problems.add, rel))
+    ok = ok and len(problems.items) == start
     sources = None
     if "sources" in raw:
         start = len(problems.items)
@@ -208,4 +230,5 @@ def _load_override(
         path=path,
         patches=tuple(patches) if patches is not None else None,
         encrypted_values=encrypted,
+        sets=sets,
     )

@@ -21,6 +21,7 @@ from hub.fleet.model import (
     Sharding,
 )
 from hub.fleet.selectors import label_key_ok
+from hub.fleet.signing import SourceSigning, parse_source_signing
 from hub.rollout.model import NONE, Strategy, parse_strategy
 
 
@@ -47,6 +48,7 @@ def _load_settings(root: Path, problems: _Problems) -> Settings | None:
         "shards",
         "rollout",
         "commitSigning",
+        "sourceSigning",
     }
     for key in sorted(set(raw) - known, key=str):
         problems.add(rel, str(key), "one of " + ", ".join(sorted(known)), _found("unknown field"))
@@ -121,6 +123,7 @@ def _load_settings(root: Path, problems: _Problems) -> Settings | None:
         shards=_load_sharding(raw.get("shards"), rel, problems),
         rollout=_default_rollout(raw.get("rollout"), rel, problems),
         commit_signing=_commit_signing(raw.get("commitSigning"), rel, problems),
+        source_signing=_source_signing(raw, root, rel, problems),
     )
 
 
@@ -131,6 +134,17 @@ def _commit_signing(raw: Any, rel: str, problems: _Problems) -> CommitPolicy | N
     policy = parse_commit_policy(raw, "commitSigning", found)
     problems.extend(rel, found)
     return policy
+
+
+def _source_signing(
+    raw: dict[str, Any], root: Path, rel: str, problems: _Problems
+) -> SourceSigning | None:
+    if "sourceSigning" not in raw:
+        return None
+    found: list[FieldProblem] = []
+    signing = parse_source_signing(raw["sourceSigning"], root, found)
+    problems.extend(rel, found)
+    return signing
 
 
 def _default_rollout(raw: Any, rel: str, problems: _Problems) -> Strategy | None:

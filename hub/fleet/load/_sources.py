@@ -48,6 +48,8 @@ def _load_sources(
         allowed = {"kind", "uri", *ref_fields, *_SOURCE_PASSTHROUGH}
         if kind == "helm":
             allowed.add("chart")
+        if kind == "image":
+            allowed.add("verify")  # the signature policy's name (hub.fleet.signing)
         for key in sorted(set(s) - allowed, key=str):
             problems.add(
                 rel,
@@ -91,9 +93,19 @@ def _load_sources(
             problems.add(rel, f"{where}.{ref_field}", _REF_EXPECTED[ref_field], ref)
             continue
         extra = tuple((k, s[k]) for k in _SOURCE_PASSTHROUGH if k in s)
+        verify = s.get("verify", "")
+        if not isinstance(verify, str):
+            problems.add(rel, f"{where}.verify", "the name of a sourceSigning policy", verify)
+            continue
         out.append(
             SourceRef(
-                kind=kind, uri=uri, ref_field=ref_field, ref=str(ref), extra=extra, chart=chart
+                kind=kind,
+                uri=uri,
+                ref_field=ref_field,
+                ref=str(ref),
+                extra=extra,
+                chart=chart,
+                verify=verify,
             )
         )
     return out

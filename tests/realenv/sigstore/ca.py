@@ -125,6 +125,13 @@ class FulcioCA:
         public_key = csr.public_key()
         if not isinstance(public_key, ec.EllipticCurvePublicKey):
             raise ServiceError("only ECDSA keys are accepted")
+        return self.issue_for_key(public_key, claims)
+
+    def issue_for_key(
+        self, public_key: ec.EllipticCurvePublicKey, claims: dict[str, object]
+    ) -> x509.Certificate:
+        """A leaf for ``public_key`` whose possession the caller checked (Fulcio's
+        ``publicKeyRequest``, as cosign and sigstore-go send it): see :meth:`issue`."""
         issuer = str(claims["iss"])
         san: x509.GeneralName
         if "email" in claims:

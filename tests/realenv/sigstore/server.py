@@ -11,7 +11,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from cryptography import x509
-from cryptography.hazmat.primitives import serialization
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 
 from tests.realenv.sigstore.ca import FulcioCA
 from tests.realenv.sigstore.errors import ServiceError
@@ -53,9 +55,14 @@ class _Handler(BaseHTTPRequestHandler):
             body = self.rfile.read(length)
             services = self.server.services
             if self.path == FULCIO_PATH:
-                self._json(201, self._signing_cert(services, body))
+                # 200, as the real Fulcio answers (grpc-gateway); sigstore-go accepts nothing else.
+                self._json(200, self._signing_cert(services, body))
             elif self.path == REKOR_V1_PATH:
-                self._json(201, services.log.add_v1(_load_json(body)))
+                entry = services.log.add_v1(_load_json(body))
+                # Rekor names the new entry in ETag and Location; rekor's Go client reads
+                # the entry under the ETag.
+                uuid = next(iter(entry))
+                self._json(201, entry, {"ETag": uuid, "Location": f"{REKOR_V1_PATH}/{uuid}"})
             elif self.path == REKOR_V2_PATH:
                 self._json(201, services.log.add_v2(_load_json(body)))
             elif self.path == TSA_PATH:
@@ -70,25 +77,60 @@ class _Handler(BaseHTTPRequestHandler):
         if not auth.startswith("Bearer "):
             raise ServiceError("missing bearer token", status=401)
         claims = services.minter.verify(auth.removeprefix("Bearer ").strip())
-        try:
-            pem = base64.b64decode(_load_json(body)["certificateSigningRequest"])
-            csr = x509.load_pem_x509_csr(pem)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ServiceError(f"malformed certificate request: {exc}") from exc
-        leaf = services.ca.issue(csr, claims)
+        request = _load_json(body)
+        if "publicKeyRequest" in request:  # cosign and sigstore-go: a key and a proof
+            leaf = services.ca.issue_for_key(
+                _proven_key(request["publicKeyRequest"], claims), claims
+            )
+        else:  # sigstore-python: a CSR
+            try:
+                pem = base64.b64decode(request["certificateSigningRequest"])
+                csr = x509.load_pem_x509_csr(pem)
+            except (KeyError, TypeError, ValueError) as exc:
+                raise ServiceError(f"malformed certificate request: {exc}") from exc
+            leaf = services.ca.issue(csr, claims)
         chain = [leaf, *services.ca.chain]
         pems = [c.public_bytes(serialization.Encoding.PEM).decode() for c in chain]
         return {"signedCertificateEmbeddedSct": {"chain": {"certificates": pems}}}
 
-    def _json(self, status: int, doc: dict[str, Any]) -> None:
-        self._reply(status, "application/json", json.dumps(doc).encode())
+    def _json(
+        self, status: int, doc: dict[str, Any], headers: dict[str, str] | None = None
+    ) -> None:
+        self._reply(status, "application/json", json.dumps(doc).encode(), headers)
 
-    def _reply(self, status: int, content_type: str, payload: bytes) -> None:
+    def _reply(
+        self,
+        status: int,
+        content_type: str,
+        payload: bytes,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         self.send_response(status)
         self.send_header("Content-Type", content_type)
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
         self.send_header("Content-Length", str(len(payload)))
         self.end_headers()
         self.wfile.write(payload)
+
+
+def _proven_key(request: Any, claims: dict[str, Any]) -> ec.EllipticCurvePublicKey:
+    """The public key of a Fulcio ``publicKeyRequest`` whose ``proofOfPossession`` (a
+    signature over the token's subject: its e-mail, else ``sub``) it verifies. Raises
+    ServiceError (400)."""
+    try:
+        key = serialization.load_pem_public_key(request["publicKey"]["content"].encode())
+        proof = base64.b64decode(request["proofOfPossession"])
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ServiceError(f"malformed public key request: {exc}") from exc
+    if not isinstance(key, ec.EllipticCurvePublicKey):
+        raise ServiceError("only ECDSA keys are accepted")
+    subject = str(claims.get("email") or claims["sub"]).encode()
+    try:
+        key.verify(proof, subject, ec.ECDSA(hashes.SHA256()))
+    except InvalidSignature as exc:
+        raise ServiceError("proof of possession invalid") from exc
+    return key
 
 
 def _load_json(body: bytes) -> dict[str, Any]:

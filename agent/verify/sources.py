@@ -1,0 +1,313 @@
+"""Source signature policies: who must have signed an OCI artifact before it is deployed.
+
+A policy names signers in two ways, either of which satisfies it:
+
+- ``keys``: cosign public keys (PEM, as ``cosign generate-key-pair`` writes ``cosign.pub``);
+- ``identities``: keyless (Sigstore) signers, each an OIDC ``issuer`` and a certificate
+  ``subject``, each exact or a regular expression (``issuerRegExp``, ``subjectRegExp``, matched
+  whole), checked against ``trustedRoot`` (a ``trusted_root.json``; by default the public-good
+  Sigstore root shipped with sigstore-python).
+
+The same document is read by the hub (``fleet.yaml: sourceSigning.policies.<name>``, files
+relative to the fleet repository) and by the agent (``agent install --verify-sources FILE``,
+the cluster's own policy, files relative to that file)::
+
+    keys: [keys/release.pub]                # or inline PEM
+    identities:
+      - issuer: https://token.actions.githubusercontent.com
+        subjectRegExp: ^https://github\\.com/acme/charts/\\.github/workflows/.+@refs/tags/v.+$
+    trustedRoot: trust/trusted_root.json    # optional
+
+:meth:`SourcePolicy.digest` names a policy by content (key fingerprints, identities, the
+trusted root's bytes): the signed set records it beside each verified source.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from agent.errors import FieldProblem
+
+_IDENTITY_FIELDS = ("issuer", "issuerRegExp", "subject", "subjectRegExp")
+_POLICY_FIELDS = ("keys", "identities", "trustedRoot")
+_PEM_KEY = re.compile(
+    r"-----BEGIN PUBLIC KEY-----\s+[A-Za-z0-9+/=\s]+-----END PUBLIC KEY-----", re.DOTALL
+)
+_MAX_FILE = 1024 * 1024
+
+ReadFile = Callable[[str], bytes]
+"""Reads a file a policy names (relative to the policy's home); raises OSError or ValueError
+(a path leaving that home) with the reason."""
+
+
+@dataclass(frozen=True, slots=True)
+class PublicKey:
+    """A cosign public key: its PEM text and fingerprint (``sha256:`` of its DER SPKI)."""
+
+    pem: str
+    fingerprint: str
+
+
+@dataclass(frozen=True, slots=True)
+class KeylessIdentity:
+    """A keyless signer: issuer and subject, each exact or a regular expression."""
+
+    issuer: str | None = None
+    issuer_regexp: str | None = None
+    subject: str | None = None
+    subject_regexp: str | None = None
+
+    def matches(self, issuer: str | None, subjects: tuple[str, ...]) -> bool:
+        if issuer is None or not _match(issuer, self.issuer, self.issuer_regexp):
+            return False
+        return any(_match(s, self.subject, self.subject_regexp) for s in subjects)
+
+    def to_dict(self) -> dict[str, str]:
+        pairs = zip(
+            _IDENTITY_FIELDS,
+            (self.issuer, self.issuer_regexp, self.subject, self.subject_regexp),
+            strict=True,
+        )
+        return {k: v for k, v in pairs if v is not None}
+
+    def describe(self) -> str:
+        subject = self.subject or f"/{self.subject_regexp}/"
+        issuer = self.issuer or f"/{self.issuer_regexp}/"
+        return f"{subject} from {issuer}"
+
+
+def _match(value: str, exact: str | None, pattern: str | None) -> bool:
+    if exact is not None:
+        return value == exact
+    return pattern is not None and re.fullmatch(pattern, value) is not None
+
+
+@dataclass(frozen=True, slots=True)
+class SourcePolicy:
+    """Who must have signed a source: any of ``keys`` or of ``identities``."""
+
+    name: str
+    keys: tuple[PublicKey, ...] = ()
+    identities: tuple[KeylessIdentity, ...] = ()
+    trusted_root: bytes | None = None
+    """The ``trusted_root.json`` bytes for ``identities`` (None: the public-good root)."""
+
+    def digest(self) -> str:
+        """``sha256:`` of the policy's canonical JSON: the same signers and root give the same
+        digest, whatever the YAML's layout or the policy's name."""
+        doc = {
+            "keys": sorted(k.fingerprint for k in self.keys),
+            "identities": sorted(json.dumps(i.to_dict(), sort_keys=True) for i in self.identities),
+            "trustedRoot": (
+                "sha256:" + hashlib.sha256(self.trusted_root).hexdigest()
+                if self.trusted_root is not None
+                else "public-good"
+            ),
+        }
+        data = json.dumps(doc, sort_keys=True, separators=(",", ":"))
+        return "sha256:" + hashlib.sha256(data.encode()).hexdigest()
+
+    def wanted(self) -> str:
+        """What the policy asks, in one line."""
+        parts = [f"key {k.fingerprint[:19]}" for k in self.keys]
+        parts += [f"keyless {i.describe()}" for i in self.identities]
+        return f"a cosign signature by one of: {', '.join(parts)}"
+
+    def describe(self) -> str:
+        return f"policy {self.name!r} ({self.digest()[:19]})"
+
+    def document(self, trusted_root_file: str) -> dict[str, Any]:
+        """The policy as one self-contained document (keys inline), its trusted root named
+        ``trusted_root_file``: what ``agent install --verify-sources`` stores."""
+        doc: dict[str, Any] = {}
+        if self.keys:
+            doc["keys"] = [k.pem + "\n" for k in self.keys]
+        if self.identities:
+            doc["identities"] = [i.to_dict() for i in self.identities]
+        if self.trusted_root is not None:
+            doc["trustedRoot"] = trusted_root_file
+        return doc
+
+
+def parse_source_policy(
+    raw: Any, *, name: str, where: str, read: ReadFile, problems: list[FieldProblem]
+) -> SourcePolicy | None:
+    """``raw`` as a policy named ``name``; every problem is added to ``problems`` with its
+    path under ``where``, and None returned."""
+    start = len(problems)
+
+    def problem(path: str, expected: str, found: Any) -> None:
+        problems.append(FieldProblem(path=path, expected=expected, found=_brief(found)))
+
+    if not isinstance(raw, dict):
+        problem(where, "a mapping with keys and/or identities (and trustedRoot)", raw)
+        return None
+    for key in sorted(set(raw) - set(_POLICY_FIELDS), key=str):
+        problem(f"{where}.{key}", ", ".join(_POLICY_FIELDS), "unknown field")
+    keys = _keys(raw.get("keys"), f"{where}.keys", read, problem)
+    identities = _identities(raw.get("identities"), f"{where}.identities", problem)
+    if not keys and not identities and len(problems) == start:
+        problem(where, "at least one of keys or identities (a policy naming no signer)", raw)
+    root: bytes | None = None
+    if "trustedRoot" in raw:
+        root = _trusted_root(raw["trustedRoot"], f"{where}.trustedRoot", read, problem)
+        if root is not None and not identities:
+            problem(f"{where}.trustedRoot", "identities beside it (keys need no root)", "no")
+    if len(problems) > start:
+        return None
+    return SourcePolicy(
+        name=name, keys=tuple(keys), identities=tuple(identities), trusted_root=root
+    )
+
+
+def _keys(
+    raw: Any, where: str, read: ReadFile, problem: Callable[[str, str, Any], None]
+) -> list[PublicKey]:
+    if raw is None:
+        return []
+    if not isinstance(raw, list) or not raw:
+        problem(where, "a non-empty list of PEM public keys or files holding one", raw)
+        return []
+    out: list[PublicKey] = []
+    for i, item in enumerate(raw):
+        at = f"{where}[{i}]"
+        if not isinstance(item, str) or not item.strip():
+            problem(at, "a PEM public key or the path of a file holding one", item)
+            continue
+        text = item
+        if "-----BEGIN" not in item:
+            try:
+                text = read(item.strip()).decode("utf-8", errors="replace")
+            except (OSError, ValueError) as exc:
+                problem(at, "a readable file holding a PEM public key", f"{item}: {exc}")
+                continue
+        key = load_public_key(text)
+        if key is None:
+            problem(at, "a PEM public key (ECDSA, Ed25519 or RSA; cosign.pub)", item)
+            continue
+        out.append(key)
+    return out
+
+
+def load_public_key(text: str) -> PublicKey | None:
+    """The first PEM public key of ``text``, or None if there is none usable."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
+
+    match = _PEM_KEY.search(text)
+    if match is None:
+        return None
+    pem = match.group(0)
+    try:
+        key = serialization.load_pem_public_key(pem.encode())
+    except (ValueError, TypeError):
+        return None
+    if not isinstance(key, ec.EllipticCurvePublicKey | ed25519.Ed25519PublicKey | rsa.RSAPublicKey):
+        return None
+    der = key.public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    return PublicKey(pem=pem, fingerprint="sha256:" + hashlib.sha256(der).hexdigest())
+
+
+def _identities(
+    raw: Any, where: str, problem: Callable[[str, str, Any], None]
+) -> list[KeylessIdentity]:
+    if raw is None:
+        return []
+    if not isinstance(raw, list) or not raw:
+        problem(where, "a non-empty list of {issuer|issuerRegExp, subject|subjectRegExp}", raw)
+        return []
+    out: list[KeylessIdentity] = []
+    for i, item in enumerate(raw):
+        at = f"{where}[{i}]"
+        if not isinstance(item, dict):
+            problem(at, "a mapping {issuer|issuerRegExp, subject|subjectRegExp}", item)
+            continue
+        bad = False
+        for key in sorted(set(item) - set(_IDENTITY_FIELDS), key=str):
+            problem(f"{at}.{key}", ", ".join(_IDENTITY_FIELDS), "unknown field")
+            bad = True
+        values: dict[str, str] = {}
+        for part in ("issuer", "subject"):
+            given = [f for f in (part, f"{part}RegExp") if f in item]
+            if len(given) != 1:
+                problem(at, f"exactly one of {part} or {part}RegExp", ", ".join(given) or "none")
+                bad = True
+                continue
+            value = item[given[0]]
+            if not isinstance(value, str) or not value.strip():
+                problem(f"{at}.{given[0]}", "a non-empty string", value)
+                bad = True
+                continue
+            if given[0].endswith("RegExp"):
+                try:
+                    re.compile(value)
+                except re.error as exc:
+                    problem(f"{at}.{given[0]}", "a valid regular expression", f"{value} ({exc})")
+                    bad = True
+                    continue
+            values[given[0]] = value
+        if not bad:
+            out.append(
+                KeylessIdentity(
+                    issuer=values.get("issuer"),
+                    issuer_regexp=values.get("issuerRegExp"),
+                    subject=values.get("subject"),
+                    subject_regexp=values.get("subjectRegExp"),
+                )
+            )
+    return out
+
+
+def _trusted_root(
+    raw: Any, where: str, read: ReadFile, problem: Callable[[str, str, Any], None]
+) -> bytes | None:
+    if not isinstance(raw, str) or not raw.strip():
+        problem(where, "the path of a trusted_root.json", raw)
+        return None
+    try:
+        data = read(raw.strip())
+    except (OSError, ValueError) as exc:
+        problem(where, "a readable trusted_root.json", f"{raw}: {exc}")
+        return None
+    try:
+        doc = json.loads(data)
+    except ValueError as exc:
+        problem(where, "a trusted_root.json (JSON)", f"{raw}: {exc}")
+        return None
+    if not isinstance(doc, dict) or not str(doc.get("mediaType", "")).startswith(
+        "application/vnd.dev.sigstore.trustedroot"
+    ):
+        problem(where, "a Sigstore trusted root (mediaType ...trustedroot+json)", raw)
+        return None
+    return data
+
+
+def file_reader(home: Any) -> ReadFile:
+    """A :data:`ReadFile` for paths relative to the directory ``home`` (a Path), refusing
+    paths that leave it and files over 1 MiB."""
+    from pathlib import Path
+
+    base = Path(home).resolve()
+
+    def read(relative: str) -> bytes:
+        path = (base / relative).resolve()
+        if not path.is_relative_to(base):
+            raise ValueError(f"leaves {base}")
+        if path.stat().st_size > _MAX_FILE:
+            raise ValueError(f"larger than {_MAX_FILE} bytes")
+        return path.read_bytes()
+
+    return read
+
+
+def _brief(value: Any) -> str:
+    text = "missing" if value is None else value if isinstance(value, str) else repr(value)
+    text = " ".join(str(text).split())
+    return text if len(text) <= 100 else text[:97] + "..."
