@@ -266,9 +266,12 @@ def make_failpoint(spec: str | None) -> Any:
     prefix; with ``stop:`` it stops itself there instead (SIGSTOP: a process that hangs). With
     ``@FILE`` it does so only while FILE exists, and removes it: armed from outside, once,
     whichever process gets there (an ``agent run`` starts a worker per job). For crash-safety
-    tests; unset in production."""
+    tests; unset in production. With ``FLEETLET_TRACE`` set, every step is also a stage of
+    the latency trace (:mod:`agent.report.trace`)."""
+    from agent.report import trace
+
     if not spec:
-        return None
+        return (lambda name: trace.mark(name)) if trace.enabled() else None
     import os
     import signal
 
@@ -282,6 +285,7 @@ def make_failpoint(spec: str | None) -> Any:
 
     def failpoint(name: str) -> None:
         nonlocal hits
+        trace.mark(name)
         if not name.startswith(prefix):
             return
         hits += 1
@@ -408,7 +412,9 @@ def build_supervisor(settings: Any, *, log_level: str, log_format: str) -> Any:
     return Supervisor(
         settings=settings,
         launcher=WorkerLauncher(
-            workdir=settings.repo.cache_dir / "worker", timeout=settings.poll.worker_timeout
+            workdir=settings.repo.cache_dir / "worker",
+            timeout=settings.poll.worker_timeout,
+            warm=settings.poll.warm_worker,
         ),
         watcher=branch_watcher(settings, credentials),
         metrics=metrics,

@@ -23,6 +23,7 @@ from pathlib import Path
 from urllib.parse import quote, urlsplit
 
 from agent.backoff import Backoff
+from agent.report import trace
 
 log = logging.getLogger(__name__)
 
@@ -148,6 +149,7 @@ class NotifyChannel:
                     event = text[6:].strip()
                 elif not text:
                     if event == "look":
+                        trace.mark("agent:told")
                         self.events += 1
                         if self.on_event is not None:
                             self.on_event()

@@ -110,6 +110,10 @@ class AgentScheduler:
         self.channel_interval = channel_interval or interval
         self._polled_at = float("-inf")
         self._poll_asked = threading.Event()
+        self.keep_polling: Callable[[], bool] | None = None
+        """While it says so, the poll runs every ``interval`` even with the channel up: what
+        it waits for (a decision on an approval request, made in the cluster) is not
+        something the hub can tell."""
         self.told = 0
         """Polls run because the channel said to look."""
 
@@ -185,6 +189,8 @@ class AgentScheduler:
     def _quiet(self) -> bool:
         """The channel is up and the slow poll is not due yet."""
         up = self.channel_up is not None and self.channel_up()
+        if up and self.keep_polling is not None and self.keep_polling():
+            return False
         return up and self._clock() - self._polled_at < self.channel_interval
 
     @property

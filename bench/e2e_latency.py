@@ -22,7 +22,8 @@ until every installation is Ready. Then:
   ``RolledBack`` is timed too. Then the override is removed and the group moves back (a
   publish-to-Ready sample of the canary alone).
 
-With ``--channel`` the agents also hold a notification channel (``agent run --notify-url``,
+With ``--warm-worker`` the agents keep their next worker started and loaded (``agent run
+--warm-worker``), in every run. With ``--channel`` the agents also hold a notification channel (``agent run --notify-url``,
 polling every hour while it is up) to a second ``hub serve --channel-tokens`` that only serves
 it: the publish-to-Ready runs are made twice in the same run, first with the channel, then
 with that hub stopped (the agents back to polling every ``--interval``).
@@ -58,12 +59,14 @@ import pygit2  # noqa: E402
 import yaml  # noqa: E402
 
 from agent.api.status import ClusterStatus, load_status  # noqa: E402
+from bench import _stages as stages  # noqa: E402
 from fleetlet.demo.environment import Demo, _free_port  # noqa: E402
 from fleetlet.demo.examples import CANARY, bundle_files  # noqa: E402
 
 CONVERGE_BUNDLE = "payments-config"
 BROKEN_BUNDLE = "shop-backend"
 SAMPLE = 0.05
+SETTLE = 5.0
 
 
 class BenchError(RuntimeError):
@@ -188,7 +191,8 @@ def set_canary_backend(fleet: Fleet, version: str | None) -> None:
 def converge(fleet: Fleet, version: str) -> dict[str, float]:
     """One publish-to-Ready sample: seconds to each cluster and to all, and of the publish."""
     set_payments(fleet, version)
-    began = time.monotonic()
+    time.sleep(SETTLE)  # idle between publishes, as a fleet is (a standby worker is loaded)
+    began, began_wall = time.monotonic(), time.time()
     serials = fleet.publish()
     published = time.monotonic()
     if not serials:
@@ -205,7 +209,7 @@ def converge(fleet: Fleet, version: str) -> dict[str, float]:
         return len(done) == len(serials)
 
     end = wait(all_reported, f"{CONVERGE_BUNDLE} {version} Ready everywhere", fleet.demo)
-    return {"all": end - began, "publish": published - began, **done}
+    return {"all": end - began, "publish": published - began, "began": began_wall, **done}
 
 
 def roll_back(fleet: Fleet, run: int) -> dict[str, float]:
@@ -290,14 +294,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--interval", type=float, default=10.0, help="agents' poll interval")
     parser.add_argument("--runs", type=int, default=10, help="publish-to-Ready samples (10)")
     parser.add_argument("--rollbacks", type=int, default=3, help="rollback samples (3)")
+    parser.add_argument(
+        "--warm-worker", action="store_true", help="the agents keep a standby worker loaded"
+    )
     parser.add_argument("--keep", type=Path, help="work in this directory and keep it (logs)")
     parser.add_argument(
         "--channel", action="store_true", help="the runs with the notification channel first"
     )
+    parser.add_argument(
+        "--settle", type=float, default=SETTLE, help="seconds idle before each publish (5)"
+    )
     args = parser.parse_args(argv)
+    globals()["SETTLE"] = args.settle
     load_start = os.getloadavg()[0]
     workdir = args.keep or Path(tempfile.mkdtemp(prefix="fleetlet-e2e-"))
     workdir.mkdir(parents=True, exist_ok=True)
+    # Every process started from here on (hub, agents, their workers) traces its stages.
+    trace = workdir / "trace.jsonl"
+    trace.unlink(missing_ok=True)
+    os.environ["FLEETLET_TRACE"] = str(trace)
     demo = Demo(
         workdir=workdir,
         scenario="install",
@@ -316,6 +331,9 @@ def main(argv: list[str] | None = None) -> int:
             demo.publish_fleet()
             if args.channel:
                 channel = start_channel(demo)
+            if args.warm_worker:
+                extra = demo.agent_extra
+                demo.agent_extra = lambda name: [*extra(name), "--warm-worker"]
             demo.start_agents_and_hub()
             demo.wait_for(demo.all_ready, "every installation Ready")
             fleet = Fleet(demo)
@@ -330,7 +348,8 @@ def main(argv: list[str] | None = None) -> int:
                 channel.wait(timeout=30)
                 time.sleep(2)  # the agents saw it go: polling at --interval again
             for run in range(args.runs):
-                sample = converge(fleet, "v2" if run % 2 == 0 else "v1")
+                # Alternating on from the runs with the channel (an odd count of them too).
+                sample = converge(fleet, "v2" if (len(told) + run) % 2 == 0 else "v1")
                 converged.append(sample)
                 print(
                     f"publish to Ready {run + 1}/{args.runs}: {sample['all']:.1f} s",
@@ -349,7 +368,9 @@ def main(argv: list[str] | None = None) -> int:
                 channel.kill()
             demo._stop_processes()
     jitter = args.interval / 4
-    clusters = sorted(k for k in converged[0] if k not in ("all", "publish")) if converged else []
+    clusters = (
+        sorted(k for k in converged[0] if k not in ("all", "publish", "began")) if converged else []
+    )
 
     def row(label: str, values: list[float]) -> str:
         if not values:  # --rollbacks 0, or no --channel
@@ -388,6 +409,11 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.interval:g} s + up to {jitter:g} s jitter; {machine}\n"
     )
     print("\n".join(r for r in rows if r))
+    lines = stages.read(trace)
+    for samples, title in ((told, "with the channel"), (converged, "polling")):
+        if samples and lines:
+            print("\nWhere the time goes, " + title + " (median over runs and clusters)\n")
+            print("\n".join(stages.table(samples, lines, "stage, " + title)))
     print(
         json.dumps(
             {

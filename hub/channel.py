@@ -53,6 +53,7 @@ import yaml
 
 from agent.backoff import Backoff
 from agent.errors import FleetletError
+from agent.report import trace
 from hub.api.tokens import HubConfigError, new_token, token_digest
 
 log = logging.getLogger(__name__)
@@ -288,6 +289,7 @@ class ChannelApp:
                 await send({"type": "http.response.body", "body": body, "more_body": True})
                 if body is LOOK:
                     self.listeners.told += 1
+                    trace.mark("hub:told", cluster)
         except OSError:
             pass  # the agent went away mid-send
         finally:
@@ -330,6 +332,8 @@ class BranchWatcher:
 
     The first listing only sets what is known. A failed listing is logged and retried with
     backoff; what was known stays, so a move during the outage is told at the next success.
+    :meth:`poke` lists at once: this hub published (a rollout step), its own listing says which
+    branches moved without waiting for the next tick.
     """
 
     def __init__(
@@ -350,6 +354,7 @@ class BranchWatcher:
         self.listings = 0
         self._backoff = Backoff(initial=interval, maximum=max(interval, 60.0))
         self._stop = threading.Event()
+        self._poked = threading.Event()
         self._thread = threading.Thread(target=self._run, name="channel-watch", daemon=True)
 
     def start(self) -> None:
@@ -357,7 +362,12 @@ class BranchWatcher:
 
     def stop(self) -> None:
         self._stop.set()
+        self._poked.set()
         self._thread.join(timeout=10)
+
+    def poke(self, _clusters: object = None) -> None:
+        """List now rather than at the next tick (from any thread)."""
+        self._poked.set()
 
     def tick(self) -> list[str]:
         """One listing of every repository; returns the clusters told. Raises FleetletError."""
@@ -371,13 +381,20 @@ class BranchWatcher:
         if known is None:
             return []
         changed = sorted(c for c, tip in tips.items() if known.get(c) != tip)
+        if changed and trace.enabled():
+            for cluster in changed:
+                trace.mark("hub:noticed", cluster)
         if changed:
             self.moved(changed)
         return changed
 
     def _run(self) -> None:
         wait = 0.0
-        while not self._stop.wait(wait):
+        while True:
+            self._poked.wait(wait)
+            self._poked.clear()
+            if self._stop.is_set():
+                return
             started = time.monotonic()
             try:
                 self.tick()
@@ -468,6 +485,8 @@ def channel_from_args(
         interval=parse_duration(args.channel_watch).total_seconds(),
         credentials=credentials,
     )
+    with contextlib.suppress(AttributeError):
+        add_to_openapi(app.state.openapi)  # the API's document lists the events path
     served = ChannelApp(
         app,
         tokens=tokens,
@@ -475,6 +494,50 @@ def channel_from_args(
     )
     log.info("channel: %d clusters may connect; watching %s", len(tokens), ", ".join(urls))
     return served, watcher
+
+
+def add_to_openapi(document: dict[str, Any]) -> None:
+    """The channel's path and its token scheme in the API's OpenAPI ``document`` (in place):
+    a stream, not JSON, served in front of the API app."""
+    error = {"$ref": "#/components/schemas/Error"}
+    answers = {
+        "401": "missing or unknown channel token (API tokens do not open a channel)",
+        "403": "this token opens another cluster's channel",
+        "405": "not GET",
+        "503": "too many open channels on this hub: poll, retry after `Retry-After`",
+    }
+    document["components"]["securitySchemes"]["channelToken"] = {
+        "type": "http",
+        "scheme": "bearer",
+        "description": "a cluster's channel token (`fleetlet hub channel-token add`): opens "
+        "that cluster's events and nothing else",
+    }
+    document["paths"]["/api/v1/clusters/{cluster}/events"] = {
+        "get": {
+            "summary": "Notification channel",
+            "operationId": "notification_channel",
+            "description": "Server-sent events for one cluster's agent, held open: `event: look` "
+            "when the cluster's branch moved (the agent then lists its branch in git; the event "
+            "carries nothing else and is never trusted), a `: ping` comment when idle (every "
+            "`--channel-keepalive`). Needs that cluster's channel token.",
+            "security": [{"channelToken": []}],
+            "parameters": [
+                {"name": "cluster", "in": "path", "required": True,
+                 "description": "the cluster", "schema": {"type": "string"}}
+            ],
+            "responses": {
+                "200": {
+                    "description": "the stream (`event: look`, `: ping`), until either side "
+                    "closes it",
+                    "content": {"text/event-stream": {"schema": {"type": "string"}}},
+                },
+                **{
+                    code: {"description": text, "content": {"application/json": {"schema": error}}}
+                    for code, text in answers.items()
+                },
+            },
+        }
+    }  # fmt: skip
 
 
 def channel_urls(args: Any, fleet: Any) -> list[str]:

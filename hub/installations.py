@@ -210,10 +210,13 @@ def installations_list(args: argparse.Namespace) -> int:
                 i.get("appliedSerial"),
                 (i.get("lastRun") or {}).get("id"),
                 (i.get("lastRun") or {}).get("result"),
+                i.get("notifyChannel") or "poll only",
             )
             for i in d["items"]
         ]
-        return columns(rows, ["INSTALLATION", "GROUP", "STATE", "SERIAL", "LAST RUN", "RESULT"])
+        return columns(
+            rows, ["INSTALLATION", "GROUP", "STATE", "SERIAL", "LAST RUN", "RESULT", "CHANNEL"]
+        )
 
     return _print(data, args.output, table)
 

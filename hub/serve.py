@@ -232,6 +232,8 @@ def serve(args: argparse.Namespace) -> int:
         if parts.app is not None
         else (None, None)
     )
+    if watcher is not None and parts.rollouts is not None:
+        parts.rollouts.published = watcher.poke  # a step's publish told at once
     loop.start()
     if parts.rollouts is not None:
         parts.rollouts.start()

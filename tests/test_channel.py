@@ -133,6 +133,16 @@ def test_a_channel_token_opens_its_own_clusters_channel_and_nothing_else(
         assert answer.status_code == 401, path
     # ...and an admin API token is not a channel token.
     assert Stream(hub, "edge-1", ADMIN).status == 401
+    # The API's OpenAPI document lists the channel where it is served, with its answers.
+    from openapi_spec_validator import validate as validate_spec
+
+    document = requests.get(
+        f"{hub}/api/v1/openapi.json", headers={"Authorization": f"Bearer {ADMIN}"}, timeout=10
+    ).json()
+    validate_spec(document)
+    events = document["paths"]["/api/v1/clusters/{cluster}/events"]["get"]
+    assert set(events["responses"]) >= {"200", "401", "403", "503"}
+    assert "text/event-stream" in events["responses"]["200"]["content"]
     assert (
         requests.get(
             f"{hub}/api/v1/clusters", headers={"Authorization": f"Bearer {ADMIN}"}, timeout=10
@@ -180,6 +190,29 @@ def test_each_hub_replica_learns_of_a_move_from_git_itself(
             two.close()
 
 
+def test_a_hub_that_published_lists_the_branches_at_once(
+    channel_hub: tuple[str, str], tmp_path: Path
+) -> None:
+    """A rollout step's publish pokes the watch: the move is listed (from git, as always) and
+    told without waiting for the next --channel-watch tick (an hour here)."""
+    from hub.channel import BranchWatcher
+
+    _, url = channel_hub
+    told: list[list[str]] = []
+    watcher = BranchWatcher(urls=[url], moved=told.append, interval=3600)
+    watcher.start()
+    try:
+        _wait(lambda: watcher.listings == 1, "the first listing")
+        _move(url, "edge-1", tmp_path / "work")
+        time.sleep(1)
+        assert told == []  # the next tick is an hour away
+        watcher.poke(("edge-1",))
+        _wait(lambda: told == [["edge-1"]], "the move told after the poke")
+        assert watcher.listings == 2
+    finally:
+        watcher.stop()
+
+
 def test_a_flood_of_notifications_gives_one_more_poll_and_the_slow_poll_waits_for_its_time() -> (
     None
 ):
@@ -211,12 +244,32 @@ def test_a_flood_of_notifications_gives_one_more_poll_and_the_slow_poll_waits_fo
         # The interval's poll is skipped while the channel is up and the slow poll not due...
         assert scheduler.run("poll") is None
         assert len(polls) == 2
-        # ...and runs again at every interval once the channel is down.
+        # ...and runs again at every interval once the channel is down...
         up[0] = False
         assert scheduler.run("poll") is not None
         assert len(polls) == 3
+        # ...or while a group waits for a decision made in the cluster (no hub can tell it).
+        up[0] = True
+        assert scheduler.run("poll") is None
+        scheduler.keep_polling = lambda: True
+        assert scheduler.run("poll") is not None
+        assert len(polls) == 4
     finally:
         scheduler.stop()
+
+
+def _standbys(parent: int) -> set[int]:
+    """The standby workers (``--warm-worker``) of the agent ``parent``."""
+    found = set()
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+            ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == parent and b"agent.runner.worker" in cmdline and b"--standby" in cmdline:
+            found.add(int(proc.name))
+    return found
 
 
 def _publish(lab: Lab, name: str, ns: str, value: str) -> None:
@@ -229,7 +282,8 @@ def test_a_publish_reaches_the_agent_through_the_channel_and_polling_covers_the_
     lab: Lab, crds: Cluster, namespace: str, tmp_path: Path
 ) -> None:
     """The agent polls every 2 s without the channel and every hour with it: with the channel
-    up, only the notification explains a publication applied within the test's timeouts."""
+    up, only the notification explains a publication applied within the test's timeouts.
+    With ``--warm-worker`` a standby worker waits, loaded, and does the next move."""
     kube = KubeClient(kubeconfig=str(crds.kubeconfig))
     ns, name = lab.name("chan"), lab.name("cfg")
     _publish(lab, name, ns, "one")
@@ -254,7 +308,7 @@ def test_a_publish_reaches_the_agent_through_the_channel_and_polling_covers_the_
     agent = subprocess.Popen(
         [sys.executable, "-m", "fleetlet", "agent", "run",
          *lab.agent_args("edge-1", crds, namespace=namespace, workdir=tmp_path / "agent"),
-         "--interval", "2", "--jitter", "0.2", "--notify-poll-interval", "3600",
+         "--interval", "2", "--jitter", "0.2", "--notify-poll-interval", "3600", "--warm-worker",
          "--notify-url", f"http://127.0.0.1:{port}",
          "--notify-token-file", str(tmp_path / "edge-1.token")],
         cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=log.open("w"),
@@ -263,9 +317,25 @@ def test_a_publish_reaches_the_agent_through_the_channel_and_polling_covers_the_
         _wait(lambda: value() == "one", "the first publication (the first poll)", 120)
         _wait(lambda: said("notify channel up") == 1, "the channel up")
         time.sleep(3)  # the poll interval passed at least once: quiet while the channel is up
+        _wait(lambda: len(_standbys(agent.pid)) == 1, "a standby worker waiting")
+        (standby,) = _standbys(agent.pid)
         _publish(lab, name, ns, "two")
         _wait(lambda: value() == "two", "the second publication, told by the channel", 120)
         assert said("notify channel down") == 0, "the channel dropped: polling may explain it"
+
+        # The status document says the channel is up: the hub shows it per cluster and on
+        # every installation (`fleetlet installations list`'s CHANNEL column).
+        def shown() -> tuple[object, object]:
+            auth = {"Authorization": f"Bearer {ADMIN}"}
+            base = f"http://127.0.0.1:{port}/api/v1"
+            cluster = requests.get(f"{base}/clusters/edge-1", headers=auth, timeout=10).json()
+            items = requests.get(f"{base}/installations", headers=auth, timeout=10).json()
+            return cluster.get("notifyChannel"), items["items"][0].get("notifyChannel")
+
+        _wait(lambda: shown() == ("up", "up"), "the hub showing the channel up")
+        # The standby did the move (it is gone) and another one waits for the next.
+        _wait(lambda: _standbys(agent.pid) - {standby}, "the next standby worker")
+        assert standby not in _standbys(agent.pid)
 
         # The hub killed mid-stream: the agent polls at its 2 s interval again.
         hub.__exit__(None, None, None)
@@ -282,10 +352,138 @@ def test_a_publish_reaches_the_agent_through_the_channel_and_polling_covers_the_
         _publish(lab, name, ns, "four")
         _wait(lambda: value() == "four", "the fourth publication, told by the channel", 120)
         assert said("notify channel down") == downs
+        waiting = _standbys(agent.pid)
+        agent.send_signal(signal.SIGTERM)
+        assert agent.wait(timeout=60) == 0
+        _wait(lambda: not any(Path(f"/proc/{p}").exists() for p in waiting), "the standby gone")
+    finally:
+        hub.__exit__(None, None, None)
+        if agent.poll() is None:
+            agent.kill()
+            agent.wait()
+        print(log.read_text()[-5000:])  # shown when the test fails
+
+
+class ForgedHub:
+    """Not the hub: a server that speaks the channel's protocol to whoever connects (no token
+    checked) and sends what the test gives it. What a forger or a replaying proxy can do."""
+
+    def __init__(self) -> None:
+        import http.server
+        import queue
+
+        self.sent: queue.Queue[bytes] = queue.Queue()
+        hub = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.end_headers()
+                self.wfile.write(b": ping\n\n")
+                self.wfile.flush()
+                while True:
+                    try:
+                        body = hub.sent.get(timeout=0.5)
+                    except queue.Empty:
+                        body = b": ping\n\n"
+                    self.wfile.write(body)
+                    self.wfile.flush()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_forged_replayed_and_other_clusters_notifications_cost_at_most_one_ls_refs_each(
+    lab: Lab, crds: Cluster, namespace: str, tmp_path: Path
+) -> None:
+    """The agent trusts nothing in a notification: one that names another cluster, one from a
+    server that is not the hub, the same one replayed, each makes it list its branch at most
+    once (one ``upload-pack`` request to the desired-state repository) and nothing else: no
+    fetch, no worker, nothing applied. An event it does not know is ignored."""
+    kube = KubeClient(kubeconfig=str(crds.kubeconfig))
+    ns, name = lab.name("forge"), lab.name("cfg")
+    _publish(lab, name, ns, "one")
+    forged = ForgedHub()
+    (tmp_path / "token").write_text("not-a-channel-token\n")
+    log = tmp_path / "agent.log"
+
+    def listings() -> int:
+        return sum(
+            1
+            for r in lab.git.requests()
+            if r.method == "upload-pack" and r.path.endswith(lab.repo_name)
+        )
+
+    def workers() -> int:
+        return log.read_text().count("agent.runner.supervisor")
+
+    def settled() -> int:
+        """The listings once none came for 2 s."""
+        count, quiet_since = listings(), time.monotonic()
+        while time.monotonic() - quiet_since < 2:
+            time.sleep(0.2)
+            now = listings()
+            if now != count:
+                count, quiet_since = now, time.monotonic()
+        return count
+
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "fleetlet", "agent", "run",
+         *lab.agent_args("edge-1", crds, namespace=namespace, workdir=tmp_path / "agent"),
+         "--interval", "3600", "--notify-poll-interval", "3600",
+         "--notify-url", forged.url, "--notify-token-file", str(tmp_path / "token")],
+        cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=log.open("w"),
+    )  # fmt: skip
+    try:
+        _wait(
+            lambda: (
+                (live(kube, "v1", "ConfigMap", "c", ns) or {}).get("data", {}).get("value") == "one"
+            ),
+            "the first publication",
+            120,
+        )
+        _wait(lambda: "notify channel up" in log.read_text(), "the (forged) channel up")
+        _wait(lambda: workers() >= 1, "the first worker's summary")
+        before, ran = settled(), workers()
+        applied = live(kube, "v1", "ConfigMap", "c", ns)
+        assert applied is not None
+
+        # Another cluster's notification (or one carrying a commit): data is never read.
+        forged.sent.put(
+            b'event: look\ndata: {"cluster": "edge-2", "commit": "' + b"f" * 40 + b'"}\n\n'
+        )
+        _wait(lambda: listings() == before + 1, "the one ls-refs it asks for")
+        assert settled() == before + 1
+        # Replayed five times: each may cost one ls-refs (those arriving while one runs
+        # collapse into one more), never a fetch or a worker.
+        for _ in range(5):
+            forged.sent.put(b"event: look\ndata: \n\n")
+        _wait(lambda: listings() > before + 1, "the replays' ls-refs")
+        after = settled()
+        assert before + 2 <= after <= before + 6
+        # An event the agent does not know: nothing at all.
+        forged.sent.put(b'event: deploy\ndata: {"manifests": "..."}\n\n')
+        time.sleep(2)
+        assert settled() == after
+        assert workers() == ran, "a notification started a worker"
+        now = live(kube, "v1", "ConfigMap", "c", ns)
+        assert now is not None
+        assert now["metadata"]["resourceVersion"] == applied["metadata"]["resourceVersion"]
+        assert "notify channel down" not in log.read_text()
         agent.send_signal(signal.SIGTERM)
         assert agent.wait(timeout=60) == 0
     finally:
-        hub.__exit__(None, None, None)
+        forged.close()
         if agent.poll() is None:
             agent.kill()
             agent.wait()

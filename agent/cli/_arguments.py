@@ -317,6 +317,13 @@ def _register_agent(sub: Any) -> None:
         help="the poll interval while the channel is up: the safety net "
         "($FLEETLET_NOTIFY_POLL_INTERVAL, 600)",
     )
+    run.add_argument(
+        "--warm-worker",
+        action="store_true",
+        default=env.get("FLEETLET_WARM_WORKER", "").lower() in ("1", "true", "yes"),
+        help="keep the next worker started and loaded while idle: a move starts 1-2 s sooner, "
+        "for about 90 MB more at rest ($FLEETLET_WARM_WORKER)",
+    )
     add_logging_arguments(run, default_level="info")
     run.set_defaults(handler=_run)
     sync = agent_sub.add_parser(

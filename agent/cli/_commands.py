@@ -142,6 +142,7 @@ def settings_from_args(args: argparse.Namespace) -> Any:
             drift_interval=getattr(args, "drift_interval", 300.0),
             heartbeat=args.heartbeat,
             worker_timeout=getattr(args, "worker_timeout", 3600.0),
+            warm_worker=getattr(args, "warm_worker", False),
         ),
         network=NetworkSettings(
             connect_timeout=args.connect_timeout,
@@ -311,6 +312,8 @@ def _run(args: argparse.Namespace) -> int:
         max_backoff=poll.max_backoff,
     )
     channel = _notify_channel(args, settings.repo.cluster, scheduler, supervisor.metrics)
+    scheduler.keep_polling = supervisor.awaiting  # decisions are made in the cluster
+    supervisor.channel = None if channel is None else (lambda: channel.up)
     supervisor.on_fatal = lambda: scheduler.stop(wait=False)
     probe = (
         ProbeServer(

@@ -9,6 +9,15 @@ Every way a worker can fail without a result (killed by a signal, an exit code, 
 unreadable result) raises :class:`WorkerFailedError`, a temporary error: the scheduler backs
 off.
 
+With ``warm`` (``agent run --warm-worker``) the next worker is started as soon as the last one
+ended, as a *standby*: ``python -m agent.runner.worker --standby REQUEST`` imports what a job
+needs, then waits for a line on its stdin; :meth:`~WorkerLauncher.run` writes the request and
+that line instead of starting a process. It runs the whole job in one process (no second
+step: sigstore stays loaded) and exits as any worker. The start and imports (1-2 s on a quiet
+machine, several under load) then happen before the move is known, not after: a lower
+commit-to-Ready for the standby's memory while it waits. A standby that died is replaced by a
+worker started then, as without ``warm``.
+
 :meth:`WorkerLauncher.stop` (``agent run`` got SIGTERM or SIGINT) ends the running worker at
 once: SIGTERM to its process group, SIGKILL after :attr:`~WorkerLauncher.stop_grace` seconds
 if it is still there (a worker killed at any point is safe, as above). That worker, and any
@@ -80,10 +89,12 @@ class WorkerLauncher:
         environ: Mapping[str, str] | None = None,
         clock: Callable[[], float] = time.monotonic,
         stop_grace: float = 5.0,
+        warm: bool = False,
     ) -> None:
         """``timeout``: seconds a worker may run; ``environ``: its environment (default: this
         process's, which carries ``FLEETLET_*``, ``PYTHONPATH`` and credentials' paths);
-        ``stop_grace``: seconds a worker has after :meth:`stop`'s SIGTERM before SIGKILL."""
+        ``stop_grace``: seconds a worker has after :meth:`stop`'s SIGTERM before SIGKILL;
+        ``warm``: keep a standby worker (module docstring)."""
         self.workdir = Path(workdir)
         self.timeout = timeout
         self.stop_grace = stop_grace
@@ -97,6 +108,8 @@ class WorkerLauncher:
         self._stopping = False
         self.running: int | None = None
         """The pid of the worker running now (None: none)."""
+        self.warm = warm
+        self._standby: subprocess.Popen[bytes] | None = None
         self.workdir.mkdir(parents=True, exist_ok=True)
 
     @property
@@ -146,12 +159,7 @@ class WorkerLauncher:
             with self._state:
                 if self._stopping:
                     raise WorkerStoppedError(f"the {job} worker was not started: stopping")
-                worker = subprocess.Popen(
-                    [self._python, "-m", "agent.runner.worker", str(path)],
-                    stdin=subprocess.DEVNULL,
-                    env=dict(self._environ) if self._environ is not None else None,
-                    start_new_session=True,
-                )
+                worker = self._wake_standby() or self._start(path)
                 self.running = worker.pid
             try:
                 ending = self._wait(worker)
@@ -164,7 +172,46 @@ class WorkerLauncher:
                 worker.returncode = os.waitstatus_to_exitcode(status)
             max_rss = int(usage.ru_maxrss) * 1024
             seconds = self._clock() - started
+            if self.warm:
+                with self._state:
+                    if not self._stopping:
+                        self._standby = self._start(path, standby=True)
             return self._outcome(job, request.result, status, max_rss, ending, seconds)
+
+    def _start(self, path: Path, *, standby: bool = False) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            [self._python, "-m", "agent.runner.worker", *(["--standby"] if standby else []),
+             str(path)],
+            stdin=subprocess.PIPE if standby else subprocess.DEVNULL,
+            env=dict(self._environ) if self._environ is not None else None,
+            start_new_session=True,
+        )  # fmt: skip
+
+    def _wake_standby(self) -> subprocess.Popen[bytes] | None:
+        """The standby worker told to read the request (None: there is none, or it died)."""
+        standby, self._standby = self._standby, None
+        if standby is None:
+            return None
+        if standby.poll() is None and standby.stdin is not None:
+            try:
+                standby.stdin.write(b"go\n")
+                standby.stdin.close()
+                return standby
+            except OSError:
+                pass  # it died just now
+        _kill_session(standby.pid)
+        with contextlib.suppress(ChildProcessError):
+            standby.wait()
+        return None
+
+    def close(self) -> None:
+        """End the standby worker, if any (the agent is stopping)."""
+        with self._state:
+            standby, self._standby = self._standby, None
+        if standby is not None:
+            _kill_session(standby.pid)
+            with contextlib.suppress(ChildProcessError):
+                standby.wait()
 
     def stop(self) -> None:
         """End the running worker (SIGTERM to its process group now, SIGKILL after
@@ -175,6 +222,9 @@ class WorkerLauncher:
             if self.running is not None:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(self.running, signal.SIGTERM)
+            if self._standby is not None:  # it has done nothing: no grace needed
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(self._standby.pid, signal.SIGKILL)
             self._state.notify_all()
 
     def _wait(self, worker: subprocess.Popen[bytes]) -> _Ending:

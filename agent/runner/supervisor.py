@@ -46,6 +46,7 @@ from agent.errors import (
     TemporaryError,
     ValidationError,
 )
+from agent.report import trace
 from agent.report.metrics import Metrics
 from agent.report.push import StatusPusher
 from agent.runner.decisions import changed
@@ -92,6 +93,7 @@ class Supervisor:
         """``reader``: metadata-only LISTs for the drift checks (None: every drift check runs a
         worker)."""
         self.cluster = settings.repo.cluster
+        trace.for_cluster(self.cluster)
         self.metrics = metrics
         self.pusher = pusher
         self._settings = settings_to_dict(settings)
@@ -113,6 +115,9 @@ class Supervisor:
         """(reason, message) of the last failed poll, said on every bundle, until one works."""
         self._progress_seen = 0.0
         self._lock = threading.Lock()
+        self.channel: Callable[[], bool] | None = None
+        """Whether the hub's notification channel is up (None: no channel configured); said
+        in the status document as ``notifyChannel``."""
         self.fatal: ConfigurationError | None = None
         """The first worker could not build the agent: ``agent run`` stops with this."""
         self.on_fatal: Callable[[], None] | None = None
@@ -124,6 +129,7 @@ class Supervisor:
         self.ticks += 1
         started = time.perf_counter()
         known = self._known
+        trace.mark("agent:poll")
         try:
             commit = self._watcher.poll()
         except FleetletError as exc:
@@ -141,6 +147,7 @@ class Supervisor:
                 with contextlib.suppress(FleetletError):
                     self._work("drift")
             raise
+        trace.mark("agent:ls-refs")
         if self._poll_problem is not None:
             # The server is back: a tick takes the problem off every bundle.
             self._poll_problem = None
@@ -190,10 +197,19 @@ class Supervisor:
             return
         if self._launcher.running is not None:
             self._take_progress(self._launcher.progress)
+        latest = self.pusher.latest
+        if latest is not None and latest.notify_channel != self._channel_state():
+            with contextlib.suppress(FleetletError, ValueError):
+                self.pusher.update(self._with_channel(latest))
         if self.pusher.latest is not None:
             # This job runs every heartbeat interval: a heartbeat is due by definition (the
             # pusher's own clock would skip one whenever the job fires a moment early).
             self.pusher.push()
+
+    def awaiting(self) -> bool:
+        """Whether a group waits for a decision on an approval request (the polls check it)."""
+        known = self._known
+        return bool(known is not None and known.awaiting)
 
     def stop(self) -> None:
         """End the running worker now and start no other (``agent run`` is stopping): the jobs
@@ -241,6 +257,7 @@ class Supervisor:
             if before is None:
                 before = self._fingerprint(self._known)
             level, fmt = self._log
+            trace.mark(f"agent:{job}-worker")
             try:
                 run = self._launcher.run(
                     job,
@@ -266,6 +283,7 @@ class Supervisor:
                 log.info("%s: %s", self.cluster, exc)
                 return None
             self._failures, self._failure = 0, None
+            trace.mark(f"agent:{job}-worker-done")
             result = run.result
             self.metrics.worker_finished(job, run.seconds, max_rss=run.max_rss)
             replay(self.metrics, result.metrics)
@@ -318,12 +336,13 @@ class Supervisor:
             return
         try:
             self.pusher.update(
-                load_status(data, origin="the worker's status document"),
+                self._with_channel(load_status(data, origin="the worker's status document")),
                 facts=None
                 if facts is None
                 else load_reported_facts(facts, origin="the worker's cluster facts"),
             )
             self.pusher.tick()
+            trace.mark("agent:status-pushed")
         except ValidationError as exc:
             log.warning("%s: the worker's status document is unreadable: %s", self.cluster, exc)
         except FleetletError as exc:
@@ -337,9 +356,17 @@ class Supervisor:
             if changed == self._progress_seen:
                 return
             self._progress_seen = changed
-            self.pusher.update(load_status(path.read_bytes(), origin=str(path)))
+            self.pusher.update(self._with_channel(load_status(path.read_bytes(), origin=str(path))))
         except (OSError, ValidationError):
             return  # not written yet, or being replaced: the next heartbeat reads it
+
+    def _channel_state(self) -> str | None:
+        channel = self.channel
+        return None if channel is None else ("up" if channel() else "down")
+
+    def _with_channel(self, doc: ClusterStatus) -> ClusterStatus:
+        """``doc`` saying whether the channel is up (the worker does not know)."""
+        return dataclasses.replace(doc, notify_channel=self._channel_state())
 
 
 def _with_failure(doc: ClusterStatus, message: str) -> ClusterStatus:

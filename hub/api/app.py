@@ -349,6 +349,7 @@ def create_app(
     app = Starlette(routes=routes, exception_handlers={404: not_found, 405: not_allowed})
     app.add_middleware(SecurityHeaders)
     app.state.queries = queries
+    app.state.openapi = document  # served as is: hub.channel adds its path when in front
     return app
 
 

@@ -38,6 +38,15 @@ Check = Literal[
 ]
 
 
+NotifyChannel = Annotated[
+    Literal["up", "down"] | None,
+    Doc(
+        "the agent's notification channel to the hub: `up` (told of moves at once), `down` "
+        "(polling while it reconnects); null: no channel configured, the agent only polls"
+    ),
+]
+
+
 class Error(TypedDict):
     """Every answer that is not a success."""
 
@@ -62,6 +71,7 @@ class Cluster(TypedDict):
         ]
     ]
     error: Annotated[str | None, Doc("why the last document was unusable")]
+    notifyChannel: NotRequired[NotifyChannel]
 
 
 class RunBrief(TypedDict, total=False):
@@ -81,6 +91,7 @@ class InstallationSummary(TypedDict):
     lastRun: NotRequired[RunBrief | None]
     lastSuccessfulRun: NotRequired[str | None]
     driftCount: NotRequired[int]
+    notifyChannel: NotRequired[NotifyChannel]
 
 
 class Output(TypedDict):

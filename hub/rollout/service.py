@@ -61,6 +61,9 @@ class RolloutService:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rollouts", daemon=True)
         self.last_error: str | None = None
+        self.published: Callable[[tuple[str, ...]], None] | None = None
+        """Called with the cluster branches a step pushed (the agents' channel lists them at
+        once: ``hub serve --channel-tokens``)."""
 
     @property
     def stepping(self) -> bool:
@@ -142,6 +145,8 @@ class RolloutService:
         for rid, event in result.events:
             self.report(f"rollout {rid}: {event.action} by {event.by}: {event.message}")
         if result.publication is not None and result.publication.pushed:
+            if self.published is not None:
+                self.published(result.publication.pushed)
             self.report(
                 f"rollouts: published {len(result.publication.pushed)} cluster branches "
                 f"(publication {result.publication.publication})"

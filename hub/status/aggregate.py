@@ -424,6 +424,7 @@ class FleetStatus:
             "heartbeatAgeSeconds": round((now - beat).total_seconds(), 3) if beat else None,
             "stale": view.stale(now, self.stale_after),
             "agentVersion": view.agent_version,
+            "notifyChannel": view.notify_channel,
             "sequence": view.sequence,
             "lastAcceptedSerial": view.last_accepted_serial,
             "lastRefusal": view.last_refusal,
@@ -473,6 +474,7 @@ class FleetStatus:
         found = []
         for view, wanted, stale in page:
             items = (documents.get(view.name) or {}).get("bundles", {})
+            channel = view.notify_channel
             for name in wanted:
                 if name in items:
                     found.append(
@@ -482,6 +484,7 @@ class FleetStatus:
                             items[name],
                             stale=stale,
                             accepted=view.last_accepted_serial,
+                            channel=channel,
                         )
                     )
                 if limit is not None and len(found) >= limit:
@@ -582,7 +585,13 @@ class FleetStatus:
 
 
 def _installation_summary(
-    cluster: str, bundle: str, item: Mapping[str, Any], *, stale: bool, accepted: int | None
+    cluster: str,
+    bundle: str,
+    item: Mapping[str, Any],
+    *,
+    stale: bool,
+    accepted: int | None,
+    channel: str | None = None,
 ) -> dict[str, Any]:
     runs = item.get("runs") or []
     last = runs[0] if runs else None
@@ -598,6 +607,7 @@ def _installation_summary(
         "lastRun": _run_brief(last),
         "lastSuccessfulRun": latest_ok.get("id") if latest_ok else None,
         "driftCount": item.get("driftCount", 0),
+        "notifyChannel": channel,
     }
 
 

@@ -32,6 +32,8 @@ class ClusterView:
     heartbeat: str | None = None
     sequence: int | None = None
     agent_version: str | None = None
+    notify_channel: str | None = None
+    """``up``/``down``: the agent holds (or tries to hold) the hub's channel; None: it only polls."""
     last_accepted_serial: int | None = None
     last_refusal: Any = None
     states: tuple[tuple[str, str], ...] = ()
@@ -83,6 +85,7 @@ class ClusterView:
             heartbeat=doc["heartbeat"],
             sequence=doc["sequence"],
             agent_version=sys.intern(version) if isinstance(version, str) else None,
+            notify_channel=_channel(doc.get("notifyChannel")),
             last_accepted_serial=doc.get("lastAcceptedSerial"),
             last_refusal=doc.get("lastRefusal"),
             states=states,
@@ -94,6 +97,7 @@ class ClusterView:
             "h": self.heartbeat,
             "s": self.sequence,
             "v": self.agent_version,
+            "c": self.notify_channel,
             "a": self.last_accepted_serial,
             "r": self.last_refusal,
             "b": self.states,
@@ -114,6 +118,7 @@ class ClusterView:
             heartbeat=data["h"],
             sequence=data["s"],
             agent_version=sys.intern(data["v"]) if data["v"] else None,
+            notify_channel=_channel(data.get("c")),
             last_accepted_serial=data["a"],
             last_refusal=data["r"],
             states=tuple((sys.intern(b), sys.intern(st)) for b, st in data["b"]),
@@ -122,6 +127,10 @@ class ClusterView:
 
 
 _MAX_SERIAL = 2**53 - 1
+
+
+def _channel(value: Any) -> str | None:
+    return value if value in ("up", "down") else None
 
 
 def _serials(item: Mapping[str, Any]) -> tuple[int, int]:

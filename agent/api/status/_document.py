@@ -319,6 +319,13 @@ class ClusterStatus(ApiObject):
         max_length=63,
         max_items=256,
     )
+    notify_channel: str | None = api_field(
+        "The hub's notification channel (`agent run --notify-url`): `up` (told of moves at "
+        "once, polling every --notify-poll-interval) or `down` (polling every --interval, "
+        "reconnecting); absent: no channel configured, the agent only polls.",
+        default=None,
+        enum=("up", "down"),
+    )
     requests: tuple[RequestReport, ...] = api_field(
         "Approval requests: every pending one and the newest decided ones of each group.",
         default=(),

@@ -23,6 +23,7 @@ _SUMMARY_KEYS = (
     "sequence",
     "lastAcceptedSerial",
     "lastRefusal",
+    "notifyChannel",
 )
 
 

@@ -47,6 +47,11 @@ function render(cluster, items) {
       ["Last heartbeat", [when(cluster.heartbeat), " (", h("span", { "data-field": "age" }, ageText(cluster)), ")"]],
       ["Last accepted serial", text(cluster.lastAcceptedSerial || null)],
       ["Agent version", text(cluster.agentVersion)],
+      ["Notification channel", cluster.notifyChannel === "up"
+        ? h("span", { class: "badge state s-Ready" }, "Up: told of moves at once")
+        : cluster.notifyChannel === "down"
+          ? h("span", { class: "badge state s-Degraded" }, "Down: polling, reconnecting")
+          : h("span", { class: "muted" }, "none: this agent only polls")],
       ["Status sequence", text(cluster.sequence)],
       ["Labels", labels.length
         ? h("ul", { class: "chips" }, labels.map(([k, v]) => h("li", {}, `${k}=${v}`)))
