@@ -13,6 +13,8 @@ from hub.fleet.model import Fleet
 from hub.fleet.render import ClusterPlan
 from hub.fleet.shards import ShardMap, fleet_shards
 from hub.fleet.source import FleetSource
+from hub.publish.git import BranchStore
+from hub.publish.shards import ShardedStore
 from hub.resolve.signatures import SourceSignatures
 
 
@@ -66,4 +68,18 @@ class Prepared:
         return self.shards if self.shards is not None else fleet_shards(self.fleet)
 
 
-__all__ = ["Prepared", "UnsignedCommitError", "UnsignedSourceError"]
+def sharded_stores(prepared: Prepared, store: BranchStore | ShardedStore) -> ShardedStore:
+    """The repositories of ``store`` as the fleet's shards. Raises PublishError when their
+    number is not the fleet's."""
+    sharded = ShardedStore.of(store) if isinstance(store, BranchStore) else store
+    count = prepared.shard_map.count
+    if sharded.count != count or set(sharded.stores) != set(range(count)):
+        raise PublishError(
+            f"the fleet has {count} shard(s) (fleet.yaml: shards.count) but "
+            f"{sharded.count} repositories were given; give --repo a URL template with "
+            "{shard}"
+        )
+    return sharded
+
+
+__all__ = ["Prepared", "UnsignedCommitError", "UnsignedSourceError", "sharded_stores"]
