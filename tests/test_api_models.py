@@ -647,3 +647,14 @@ def test_any_set_round_trips_with_a_stable_digest(s: BundleDeploymentSet) -> Non
     assert again == s
     assert set_digest(again) == set_digest(s)
     assert canonical_bytes(s) == rfc8785.dumps(set_to_dict(s))
+
+
+def test_agent_api_exports_every_name_its_lazy_module_imports() -> None:
+    # agent.api imports its names on first use from agent.api._all; both must list the same
+    # names, or a type added to one is silently not exported (or fails on first use).
+    import agent.api
+    from agent.api import _all
+
+    assert sorted(agent.api.__all__) == sorted(_all.__all__)
+    for name in agent.api.__all__:
+        assert getattr(agent.api, name) is getattr(_all, name)
