@@ -38,8 +38,10 @@ class AgentImage:
     version: str
 
 
-def pack(source: Path, dest: Path, *, version: str) -> Path:
-    """Lay out an agent artifact's tree in ``dest`` from a checkout ``source``."""
+def pack(source: Path, dest: Path, *, version: str, image: str | None = None) -> Path:
+    """Lay out an agent artifact's tree in ``dest`` from a checkout ``source``; with ``image``
+    (a container image by digest), a release for agents in a pod too: the image, and the CRDs
+    and RBAC rules of this code's ``agent install`` (:func:`agent.upgrade.deployment.read_release`)."""
     dest.mkdir(parents=True, exist_ok=True)
     for package in PACKAGES:
         shutil.copytree(
@@ -48,7 +50,12 @@ def pack(source: Path, dest: Path, *, version: str) -> Path:
             ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
             dirs_exist_ok=True,
         )
-    (dest / MANIFEST).write_text(json.dumps({"version": version}, indent=2) + "\n")
+    manifest: dict[str, object] = {"version": version}
+    if image is not None:
+        from agent.upgrade.deployment import release_manifest
+
+        manifest = release_manifest(image, version=version)
+    (dest / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     return dest
 
 

@@ -25,7 +25,9 @@ DURATION = 15
 READY = "fleetlet.io/candidate-ready"
 FAILED = "fleetlet.io/candidate-failed"
 PROVEN = "fleetlet.io/candidate-proven"
-_HANDSHAKE = (READY, FAILED, PROVEN)
+IDENTITY = "fleetlet.io/candidate-identity"
+"""Who the candidate is (its holder identity): where the acting agent cannot tell (a pod)."""
+_HANDSHAKE = (READY, FAILED, PROVEN, IDENTITY)
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,4 +171,13 @@ class AgentLease:
         self.kube.patch(self._ref(), {"metadata": {"annotations": {key: value[:1024]}}})
 
 
-__all__ = ["DURATION", "FAILED", "LEASE_NAME", "PROVEN", "READY", "AgentLease", "LeaseView"]
+__all__ = [
+    "DURATION",
+    "FAILED",
+    "IDENTITY",
+    "LEASE_NAME",
+    "PROVEN",
+    "READY",
+    "AgentLease",
+    "LeaseView",
+]

@@ -47,7 +47,7 @@ from agent.upgrade.desired import (
     agent_report,
     with_agent_report,
 )
-from agent.upgrade.lease import FAILED, PROVEN, READY, AgentLease
+from agent.upgrade.lease import FAILED, IDENTITY, PROVEN, READY, AgentLease
 
 log = logging.getLogger(__name__)
 
@@ -203,6 +203,7 @@ class Upgrades:
             reason = exc.reason if isinstance(exc, FleetletError) else "SelfCheckFailed"
             self.lease.say(FAILED, f"{attempt} {reason}: {exc}")
             raise UpgradeFailed(reason, f"candidate {attempt}: self-check: {exc}") from exc
+        self.lease.say(IDENTITY, self.identity)
         self.lease.say(READY, attempt)
         log.info("candidate %s: self-check passed; waiting for the Lease", attempt)
         deadline = time.monotonic() + self.deadline
