@@ -296,9 +296,12 @@ def _run(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
     supervisor = build_supervisor(settings, log_level=args.log_level, log_format=args.log_format)
     poll = settings.poll
+    from agent.upgrade.incluster import InClusterUpgrades, in_cluster
     from agent.upgrade.process import Upgrades  # one agent acts; upgrades: agent/upgrade/
 
-    upgrades = Upgrades(settings=settings, supervisor=supervisor)
+    # In agent install's pod the candidate is a Deployment; elsewhere a process.
+    kind = InClusterUpgrades if in_cluster() else Upgrades
+    upgrades = kind(settings=settings, supervisor=supervisor)
     scheduler = AgentScheduler(
         poll=upgrades.gate(supervisor.poll),
         drift=upgrades.gate(supervisor.drift),
