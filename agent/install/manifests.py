@@ -42,6 +42,7 @@ from agent.api.generated import write_or_check
 from agent.approve.admission import approver_objects, auto_approver_objects, policy_objects
 from agent.errors import PermanentError
 from agent.install.names import DEFAULT_NAMESPACE
+from agent.upgrade.deployment import CANDIDATE, CRD_NAMES, ENV_DEPLOYMENT
 
 Object = dict[str, Any]
 
@@ -216,8 +217,13 @@ def rbac_objects(namespace: str) -> list[Object]:
                 "resources": ["approvalpolicies"],
                 "verbs": ["get", "list", "watch"],
             },
+            # Upgrading itself (agent.upgrade.incluster): the release's rules into its own
+            # ClusterRole (escalate: rules it does not hold yet; docs/operations.md, "The
+            # RBAC model") and fleetlet's existing CRDs updated, each by name only.
+            {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["clusterroles"], "resourceNames": [NAME], "verbs": ["get", "patch", "escalate"]},
+            {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "resourceNames": list(CRD_NAMES), "verbs": ["get", "patch"]},
         ],
-    }
+    }  # fmt: skip
     role: Object = {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "Role",
@@ -239,8 +245,15 @@ def rbac_objects(namespace: str) -> list[Object]:
                 "resources": ["leases"],
                 "verbs": ["get", "create", "update", "patch"],
             },
+            # Upgrading itself: a candidate Deployment beside its own (a create cannot be
+            # narrowed by name), its own moved to the proved image, its own Role's rules.
+            {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["create"]},
+            {"apiGroups": ["apps"], "resources": ["deployments"], "resourceNames": [NAME, CANDIDATE], "verbs": ["get"]},
+            {"apiGroups": ["apps"], "resources": ["deployments"], "resourceNames": [NAME], "verbs": ["patch"]},
+            {"apiGroups": ["apps"], "resources": ["deployments"], "resourceNames": [CANDIDATE], "verbs": ["delete"]},
+            {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["roles"], "resourceNames": [NAME], "verbs": ["get", "patch", "escalate"]},
         ],
-    }
+    }  # fmt: skip
     events_role: Object = {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "Role",
@@ -349,6 +362,8 @@ def deployment(
             "name": "FLEETLET_NAMESPACE",
             "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}},
         },
+        # In a pod, the agent upgrades itself by this Deployment (agent.upgrade.incluster).
+        {"name": ENV_DEPLOYMENT, "value": NAME},
         # libgit2 reads $HOME/.ssh/known_hosts for ssh:// repositories.
         {"name": "HOME", "value": "/home/fleetlet"},
     ]
