@@ -96,11 +96,13 @@ def test_dry_run_prints_the_manifests_and_deploy_matches_them(install_args: list
     objects = _objects(done.stdout)
     kinds = [o["kind"] for o in objects]
     assert kinds[: len(CRDS)] == ["CustomResourceDefinition"] * len(CRDS)  # CRDs first
-    assert kinds[-1] == "Deployment"  # the agent last, once everything it needs exists
+    assert kinds[-2:] == ["Deployment"] * 2  # the agent last, once everything it needs exists
     assert {"Namespace", "ServiceAccount", "ClusterRole", "Role", "Secret", "ConfigMap"} <= set(
         kinds
     )
-    (deployment,) = [o for o in objects if o["kind"] == "Deployment"]
+    deployment, candidate = [o for o in objects if o["kind"] == "Deployment"]
+    assert candidate["metadata"]["name"] == "fleetlet-agent-candidate"
+    assert candidate["spec"]["replicas"] == 0  # run only by an in-cluster upgrade
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     assert container["image"] == IMAGE_1
     # Approvals enforced by the API server come with the agent (docs/approvals.md).
@@ -225,18 +227,30 @@ def test_install_reinstall_upgrade_uninstall(
     assert actions == {"unchanged"}, done.stdout
     assert _versions(cluster) == before
 
-    # Upgrade: only the Deployment moves, to the new digest.
+    # Upgrade: only the Deployment moves, to the new digest (and the pod template of its
+    # upgrade candidate, which has no replica: agent.upgrade.deployment).
     done = fleetlet("agent", "install", "--image", IMAGE_2, *install_args, *config, "-o", "json")
     assert done.returncode == 0, done.stderr
     changed = [i for i in json.loads(done.stdout)["items"] if i["action"] != "unchanged"]
-    assert [(i["kind"], i["action"]) for i in changed] == [("Deployment", "configured")]
+    assert [(i["kind"], i["name"], i["action"]) for i in changed] == [
+        ("Deployment", "fleetlet-agent", "configured"),
+        ("Deployment", "fleetlet-agent-candidate", "configured"),
+    ]
     image = kubectl(
         cluster, "get", "deployment", "fleetlet-agent", "-n", NAMESPACE,
         "-o", "jsonpath={.spec.template.spec.containers[0].image}",
     ).stdout  # fmt: skip
     assert image == IMAGE_2
     after = _versions(cluster)
-    assert {k for k in after if after[k] != before[k]} == {f"Deployment/{NAMESPACE}/fleetlet-agent"}
+    assert {k for k in after if after[k] != before[k]} == {
+        f"Deployment/{NAMESPACE}/fleetlet-agent",
+        f"Deployment/{NAMESPACE}/fleetlet-agent-candidate",
+    }
+    candidate = kubectl(
+        cluster, "get", "deployment", "fleetlet-agent-candidate", "-n", NAMESPACE,
+        "-o", "jsonpath={.spec.replicas}",
+    ).stdout  # fmt: skip
+    assert candidate == "0"
 
     # Least privilege as installed: Events in `default` may be created and patched, nothing
     # else there; its own namespace as before; no cluster-admin.
@@ -249,6 +263,23 @@ def test_install_reinstall_upgrade_uninstall(
     assert not can_i(cluster, "create", "events", "-n", "kube-system")
     assert can_i(cluster, "create", "secrets", "-n", NAMESPACE)
     assert not can_i(cluster, "*", "*")
+    # Upgrading itself: its own Deployments, ClusterRole and Role by name, nothing else.
+    for own in ("deployments.apps/fleetlet-agent", "deployments.apps/fleetlet-agent-candidate"):
+        assert can_i(cluster, "patch", own, "-n", NAMESPACE)
+    assert not can_i(cluster, "create", "deployments.apps", "-n", NAMESPACE)
+    assert not can_i(cluster, "patch", "deployments.apps/other", "-n", NAMESPACE)
+    rbac = "rbac.authorization.k8s.io"
+    assert can_i(cluster, "escalate", f"clusterroles.{rbac}/fleetlet-agent")
+    assert can_i(cluster, "escalate", f"roles.{rbac}/fleetlet-agent", "-n", NAMESPACE)
+    assert not can_i(cluster, "escalate", f"clusterroles.{rbac}/fleetlet-approver")
+    assert not can_i(cluster, "bind", f"clusterroles.{rbac}/fleetlet-agent")
+    assert not can_i(cluster, "patch", f"clusterrolebindings.{rbac}/fleetlet-agent")
+    assert can_i(
+        cluster,
+        "patch",
+        "customresourcedefinitions.apiextensions.k8s.io/bundledeployments.fleetlet.io",
+    )
+    assert not can_i(cluster, "create", "customresourcedefinitions.apiextensions.k8s.io")
     # It asks for approvals; it never gives one, and the policy that says so is installed.
     assert can_i(cluster, "create", "bundledeploymentrequests.fleetlet.io")
     assert not can_i(cluster, "approve", "bundledeploymentrequests.fleetlet.io")

@@ -16,7 +16,8 @@ it proved itself); that code itself, the self-check and the one sync, is tested 
 runs as a process (tests/test_agent_upgrade.py, the demo's agent-upgrade scenario). The third
 test shows the acting agent does not take a Ready pod for proof: nobody speaking on the Lease
 is a rollback. An image tagged ``broken`` never becomes Ready (tests/realenv/kwok/stages.yaml):
-that failure is kwok's real Deployment behaviour, with nothing said for the candidate.
+that failure is kwok's real Deployment behaviour, with nothing said for the candidate. The
+candidate Deployment is ``agent install``'s, with no replica: the agent only ever patches it.
 """
 
 from __future__ import annotations
@@ -121,6 +122,15 @@ def _available(kube: KubeClient, name: str) -> bool:
     )
 
 
+def _stopped(kube: KubeClient) -> bool:
+    """The candidate has no replica and no pod left."""
+    live = _deployment(kube, CANDIDATE) or {}
+    pods = kube.list(
+        "v1", "Pod", namespace=NAMESPACE, label_selector=f"app.kubernetes.io/name={CANDIDATE}"
+    )
+    return (live.get("spec") or {}).get("replicas") == 0 and not pods
+
+
 def _rules(kube: KubeClient, kind: str) -> list[dict[str, Any]]:
     ref: dict[str, Any] = {
         "apiVersion": "rbac.authorization.k8s.io/v1",
@@ -209,11 +219,8 @@ def test_a_proved_candidate_moves_the_agents_deployment_to_its_image(
     upgrades.start()
     try:
         promoted = _until(
-            lambda: (
-                own_image(_deployment(admin, NAME) or {}) == GOOD
-                and _deployment(admin, CANDIDATE) is None
-            ),
-            "the agent's Deployment on the new image and the candidate gone",
+            lambda: own_image(_deployment(admin, NAME) or {}) == GOOD and _stopped(admin),
+            "the agent's Deployment on the new image and the candidate stopped",
         )
         assert promoted
     finally:
@@ -228,7 +235,10 @@ def test_a_proved_candidate_moves_the_agents_deployment_to_its_image(
     assert env["FLEETLET_AGENT_CANDIDATE"] == f"{desired.digest}/{desired.since}"
     assert env[ENV_DEPLOYMENT] == NAME
     assert candidate["spec"]["template"]["spec"]["serviceAccountName"] == NAME
-    assert candidate["metadata"]["ownerReferences"][0]["name"] == NAME
+    assert (
+        candidate["spec"]["template"]["spec"]["volumes"]
+        == ((_deployment(admin, NAME) or {})["spec"]["template"]["spec"]["volumes"])
+    )
     assert NEW_RULE in seen["rules during"] and seen["handed over"]
     # After: the agent's Deployment runs the new image (kwok makes its new pod Available), it
     # knows which release that is, and the release's rule and CRD change stay.
@@ -271,19 +281,22 @@ def _rolled_back(
     upgrades.start()
     states: list[dict[str, Any]] = []
     try:
-        _until(lambda: _deployment(admin, CANDIDATE), "the candidate Deployment")
+        _until(
+            lambda: ((_deployment(admin, CANDIDATE) or {}).get("spec") or {}).get("replicas"),
+            "the candidate started",
+        )
         states.append(_deployment(admin, CANDIDATE) or {})
         record = _attempt_ends(store, desired)
     finally:
         upgrades.stop()
         upgrades.finish()
-    assert _deployment(admin, CANDIDATE) is None
+    _until(lambda: _stopped(admin), "the candidate stopped, its pod gone")
     assert own_image(_deployment(admin, NAME) or {}) == before
     assert _rules(admin, "ClusterRole") == rules
     return record, desired, before, rules, states
 
 
-def test_a_broken_image_never_available_is_deleted_and_reported_rolled_back(
+def test_a_broken_image_never_available_is_stopped_and_reported_rolled_back(
     cluster: Cluster,
     agent_kubeconfig: str,
     registry: Registry,

@@ -8,8 +8,8 @@ object (the API server keeps every ``resourceVersion``), and each object is repo
 anything else; an optional object whose API is not served (a ServiceMonitor without the
 Prometheus Operator) is ``skipped`` and said so.
 
-Uninstall removes the Deployment first (the agent stops), then the rest of what install made,
-and the namespace when install created it. The CRDs, and with them every BundleDeployment and
+Uninstall removes the Deployments first (the agent and its upgrade candidate stop), then the
+rest of what install made, and the namespace when install created it. The CRDs, and with them every BundleDeployment and
 BundleOutputs, stay unless asked (``--crds``): what the agent applied keeps running either way.
 """
 
@@ -36,6 +36,7 @@ from agent.install.manifests import (
     crds,
 )
 from agent.kube import ApiNotServedError, KubeClient, ObjectRef
+from agent.upgrade.deployment import CANDIDATE
 
 OPTIONAL_KINDS = frozenset({"ServiceMonitor"})
 """Kinds installed only where their API is served."""
@@ -128,6 +129,7 @@ def uninstall(
     rbac = "rbac.authorization.k8s.io/v1"
     refs = [
         ObjectRef("apps/v1", "Deployment", NAME, namespace),
+        ObjectRef("apps/v1", "Deployment", CANDIDATE, namespace),
         ObjectRef("monitoring.coreos.com/v1", "ServiceMonitor", NAME, namespace),
         ObjectRef("v1", "Service", NAME, namespace),
         *(ObjectRef.of(o) for o in approval_policies(namespace)),

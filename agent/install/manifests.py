@@ -42,7 +42,7 @@ from agent.api.generated import write_or_check
 from agent.approve.admission import approver_objects, auto_approver_objects, policy_objects
 from agent.errors import PermanentError
 from agent.install.names import DEFAULT_NAMESPACE
-from agent.upgrade.deployment import CANDIDATE, CRD_NAMES, ENV_DEPLOYMENT
+from agent.upgrade.deployment import CANDIDATE, CRD_NAMES, ENV_DEPLOYMENT, candidate_of
 
 Object = dict[str, Any]
 
@@ -245,12 +245,9 @@ def rbac_objects(namespace: str) -> list[Object]:
                 "resources": ["leases"],
                 "verbs": ["get", "create", "update", "patch"],
             },
-            # Upgrading itself: a candidate Deployment beside its own (a create cannot be
-            # narrowed by name), its own moved to the proved image, its own Role's rules.
-            {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["create"]},
-            {"apiGroups": ["apps"], "resources": ["deployments"], "resourceNames": [NAME, CANDIDATE], "verbs": ["get"]},
-            {"apiGroups": ["apps"], "resources": ["deployments"], "resourceNames": [NAME], "verbs": ["patch"]},
-            {"apiGroups": ["apps"], "resources": ["deployments"], "resourceNames": [CANDIDATE], "verbs": ["delete"]},
+            # Upgrading itself: the candidate (made here with no replica: no create needed)
+            # started and stopped, its own moved to the proved image, its own Role's rules.
+            {"apiGroups": ["apps"], "resources": ["deployments"], "resourceNames": [NAME, CANDIDATE], "verbs": ["get", "patch"]},
             {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["roles"], "resourceNames": [NAME], "verbs": ["get", "patch", "escalate"]},
         ],
     }  # fmt: skip
@@ -578,19 +575,18 @@ def install_objects(config: InstallConfig) -> list[Object]:
     ]
     if config.service_monitor:
         objects.append(service_monitor(config.namespace))
-    objects.append(
-        deployment(
-            namespace=config.namespace,
-            image=config.image,
-            config_hash=config_hash(configuration),
-            hub_public_key=bool(config.hub_public_key),
-            source_policy=tuple(source_policy_files(config)),
-            poll_interval=config.poll_interval,
-            log_format=config.log_format,
-            extra_env=config.extra_env,
-        )
+    agent = deployment(
+        namespace=config.namespace,
+        image=config.image,
+        config_hash=config_hash(configuration),
+        hub_public_key=bool(config.hub_public_key),
+        source_policy=tuple(source_policy_files(config)),
+        poll_interval=config.poll_interval,
+        log_format=config.log_format,
+        extra_env=config.extra_env,
     )
-    return objects
+    # The candidate of an in-cluster upgrade, with no replica until one (agent.upgrade).
+    return [*objects, agent, candidate_of(agent)]
 
 
 # --- the kustomize base in deploy/ ---------------------------------------------------------------
@@ -628,8 +624,10 @@ def base_files() -> dict[str, bytes]:
             "Needs, in its namespace: ConfigMap fleetlet-agent (repo, cluster[, status-repo])\n"
             "and Secret fleetlet-trust (trusted_root.json, identity, issuer); optionally the\n"
             "Secrets fleetlet-git-credentials, fleetlet-status-git-credentials. The image is a\n"
-            "placeholder digest: set yours with kustomize `images:` (see docs/operations.md).",
-            [deployment(namespace=ns, image=RELEASE_IMAGE)],
+            "placeholder digest: set yours with kustomize `images:` (see docs/operations.md).\n"
+            "fleetlet-agent-candidate has no replica: the agent runs a new image in it to\n"
+            "upgrade itself (docs/operations.md, agent upgrades).",
+            [agent := deployment(namespace=ns, image=RELEASE_IMAGE), candidate_of(agent)],
         ),
         "deploy/agent/approvals/policy.yaml": file(
             "Approvals enforced by kube-apiserver (docs/approvals.md): who may decide a\n"

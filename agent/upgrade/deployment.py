@@ -10,12 +10,13 @@ acting agent, through :class:`AgentDeployment`:
 1. **declares** the release's CRDs (only fleetlet's, only ones that exist, never one that stops
    serving a version the cluster serves: the old agent keeps reading its objects) and the rules
    of its own ClusterRole and Role, remembering the rules it replaced;
-2. **creates the candidate**: the Deployment :data:`CANDIDATE`, its own pod spec with the new
-   image and ``FLEETLET_AGENT_CANDIDATE`` set, owned by the agent's Deployment;
+2. **starts the candidate**: the Deployment :data:`CANDIDATE`, which ``agent install`` makes
+   with no replica (so the agent never needs to create a Deployment), gets its own pod spec
+   with the new image and ``FLEETLET_AGENT_CANDIDATE`` set, and one replica;
 3. reads how the candidate is doing (:meth:`AgentDeployment.candidate`): Available, or why
    not (a replica the API server refused, a rollout past its deadline);
-4. on success **promotes** the image into its own Deployment and deletes the candidate;
-   on failure deletes the candidate and **reverts** the rules (the old agent's rights back;
+4. on success **promotes** the image into its own Deployment and stops the candidate (no
+   replica); on failure stops the candidate and **reverts** the rules (the old agent's rights back;
    the CRDs stay: the release may only add to them, which the old agent reads as before).
 
 The Lease handshake with the candidate and the report are :mod:`agent.upgrade.incluster`'s.
@@ -56,9 +57,7 @@ class Door(Protocol):
     """The object calls an in-cluster upgrade makes (what :class:`agent.kube.KubeClient` does)."""
 
     def get(self, obj: Any) -> dict[str, Any] | None: ...
-    def create(self, obj: Mapping[str, Any]) -> dict[str, Any]: ...
     def patch(self, obj: Any, patch: Mapping[str, Any]) -> dict[str, Any]: ...
-    def delete(self, obj: Any) -> bool: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,43 +247,27 @@ class AgentDeployment:
 
     # -- 2. the candidate --------------------------------------------------------------------
 
-    def create_candidate(self, release: Release, env: Mapping[str, str]) -> dict[str, Any]:
-        """The Deployment :data:`CANDIDATE`: the agent's pod spec, ``release.image``, ``env``
-        added; a leftover of an earlier attempt deleted first. Returns it as created."""
+    def start_candidate(self, release: Release, env: Mapping[str, str]) -> None:
+        """The Deployment :data:`CANDIDATE` (``agent install`` makes it with no replica) given
+        the agent's pod spec, ``release.image`` and ``env``, and one replica."""
         own = self.own()
-        spec = copy.deepcopy(own.get("spec") or {})
-        labels = {"app.kubernetes.io/name": CANDIDATE, "app.kubernetes.io/part-of": "fleetlet"}
-        template = spec.setdefault("template", {})
-        template.setdefault("metadata", {})["labels"] = labels
+        ref = self._ref("Deployment", CANDIDATE)
+        if self.door.get(ref) is None:
+            raise UpgradeStepError(
+                "NotInstalled",
+                f"Deployment {self.namespace}/{CANDIDATE} is missing: an install from before "
+                "in-cluster upgrades; run `fleetlet agent install` again",
+            )
+        template = candidate_of(own)["spec"]["template"]
         _set_container(template, release.image, env)
-        spec.update(
-            replicas=1,
-            selector={"matchLabels": {"app.kubernetes.io/name": CANDIDATE}},
-            strategy={"type": "Recreate"},
-        )
-        meta = own.get("metadata") or {}
-        candidate = {
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "metadata": {
-                "name": CANDIDATE,
-                "namespace": self.namespace,
-                "labels": labels,
-                "annotations": {ATTEMPT_ANNOTATION: env.get("FLEETLET_AGENT_CANDIDATE", "")},
-                # Gone with the agent's Deployment (an uninstall leaves no candidate behind).
-                "ownerReferences": [
-                    {
-                        "apiVersion": "apps/v1",
-                        "kind": "Deployment",
-                        "name": self.name,
-                        "uid": meta.get("uid"),
-                    }
-                ],
+        attempt = env.get("FLEETLET_AGENT_CANDIDATE", "")
+        self.door.patch(
+            ref,
+            {
+                "metadata": {"annotations": {ATTEMPT_ANNOTATION: attempt}},
+                "spec": {"replicas": 1, "template": template},
             },
-            "spec": spec,
-        }
-        self.delete_candidate()
-        return self.door.create(candidate)
+        )
 
     def candidate(self) -> CandidateState:
         """How the candidate is doing (its Deployment's status, as the controller says)."""
@@ -315,15 +298,21 @@ class AgentDeployment:
             problem = f"its rollout stalled ({progressing.get('message')})"
         return CandidateState(available=bool(available), problem=problem, said=said)
 
-    def delete_candidate(self) -> bool:
-        """Delete the candidate (its pods go with it); False: there was none."""
-        return self.door.delete(self._ref("Deployment", CANDIDATE))
+    def stop_candidate(self) -> bool:
+        """The candidate scaled to no replica (its pods deleted); False: it had none (or is
+        not installed)."""
+        ref = self._ref("Deployment", CANDIDATE)
+        live = self.door.get(ref)
+        if live is None or not (live.get("spec") or {}).get("replicas"):
+            return False
+        self.door.patch(ref, {"spec": {"replicas": 0}})
+        return True
 
     # -- 3. the candidate proved itself -------------------------------------------------------
 
     def promote(self, release: Release, env: Mapping[str, str]) -> None:
         """The agent's own Deployment moved to ``release.image`` with ``env`` set (its pod is
-        replaced: ``Recreate``), then the candidate deleted."""
+        replaced: ``Recreate``), then the candidate stopped."""
         own = self.own()
         template = copy.deepcopy(((own.get("spec") or {}).get("template")) or {})
         _set_container(template, release.image, env)
@@ -336,7 +325,28 @@ class AgentDeployment:
                 "spec": {"template": {"spec": {"containers": containers}}},
             },
         )
-        self.delete_candidate()
+        self.stop_candidate()
+
+
+def candidate_of(own: Mapping[str, Any]) -> dict[str, Any]:
+    """The candidate Deployment made from the agent's ``own``: its pod spec, labels and
+    selector of its own (the Service and ``own`` never select it), no replica."""
+    spec = copy.deepcopy(dict(own.get("spec") or {}))
+    labels = {"app.kubernetes.io/name": CANDIDATE, "app.kubernetes.io/part-of": "fleetlet"}
+    template = spec.setdefault("template", {})
+    template.setdefault("metadata", {})["labels"] = labels
+    spec.update(
+        replicas=0,
+        selector={"matchLabels": {"app.kubernetes.io/name": CANDIDATE}},
+        strategy={"type": "Recreate"},
+    )
+    meta = own.get("metadata") or {}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": CANDIDATE, "namespace": meta.get("namespace"), "labels": labels},
+        "spec": spec,
+    }
 
 
 _REPLACED = ("FLEETLET_AGENT_CANDIDATE", "FLEETLET_AGENT_IMAGE", "FLEETLET_AGENT_VERSION")
@@ -380,6 +390,7 @@ __all__ = [
     "Door",
     "Release",
     "UpgradeStepError",
+    "candidate_of",
     "read_release",
     "release_manifest",
 ]

@@ -9,17 +9,18 @@ Kubernetes. Read top to bottom, an attempt (:meth:`InClusterUpgrades._try`):
    the container image, by digest, and its CRDs and RBAC rules;
 2. **declare** them: the CRDs updated (added to only), the agent's own ClusterRole and Role
    rules replaced (the old ones kept for a rollback);
-3. **start** the candidate: Deployment ``fleetlet-agent-candidate``, the agent's own pod spec,
-   the new image, ``FLEETLET_AGENT_CANDIDATE`` set; the old agent goes on acting;
+3. **start** the candidate: Deployment ``fleetlet-agent-candidate`` (made by ``agent install``
+   with no replica) gets the agent's own pod spec, the new image, ``FLEETLET_AGENT_CANDIDATE``
+   set, and one replica; the old agent goes on acting;
 4. **self-check** in the candidate's pod (its code, :meth:`Upgrades._prove`): it says on the
    Lease that it checked itself, and who it is;
 5. **hand over** the Lease; the candidate runs one sync and says it proved itself; its
    Deployment must then be Available (its readiness probe passes);
 6. **promote**: the agent's own Deployment moves to the new image (``Recreate`` replaces this
-   pod by one of the new image, which takes the Lease), and the candidate is deleted.
+   pod by one of the new image, which takes the Lease), and the candidate stopped (no replica).
 
 A candidate that does not get there by ``FLEETLET_AGENT_UPGRADE_DEADLINE`` (a refused replica
-or a stalled rollout ends the wait at once) is deleted, the rules put back, the Lease taken
+or a stalled rollout ends the wait at once) is stopped, the rules put back, the Lease taken
 back, and the attempt reported ``RolledBack`` as in process mode.
 """
 
@@ -66,11 +67,12 @@ class InClusterUpgrades(Upgrades):
 
     def start(self) -> None:
         if self.attempt_id is None:
-            # A candidate left by an attempt this agent's predecessor did not finish (its pod
-            # replaced mid-way): gone before this one takes the Lease; the attempt starts over.
+            # A candidate left running by an attempt this agent's predecessor did not finish
+            # (its pod replaced mid-way), or by a hand-over: stopped before this one takes the
+            # Lease; an unfinished attempt starts over.
             try:
-                if self.deployment.delete_candidate():
-                    log.warning("deleted the candidate left by an unfinished agent upgrade")
+                if self.deployment.stop_candidate():
+                    log.warning("stopped the candidate left by an agent upgrade")
             except FleetletError as exc:
                 log.warning("the candidate Deployment could not be checked: %s", exc)
         super().start()
@@ -110,7 +112,7 @@ class InClusterUpgrades(Upgrades):
         try:
             self._progress(desired, start, f"declaring the CRDs and RBAC of {release.version}")
             self._declared = self.deployment.declare(release)
-            self.deployment.create_candidate(release, {**env, ENV_CANDIDATE: attempt})
+            self.deployment.start_candidate(release, {**env, ENV_CANDIDATE: attempt})
             self._progress(desired, start, f"candidate {release.version} checks itself")
             identity = self._await_word(READY, attempt, deadline, "its self-check")
             if not identity:
@@ -168,9 +170,9 @@ class InClusterUpgrades(Upgrades):
             raise UpgradeFailed("Stopped", "agent run is stopping")
 
     def _roll_back(self, desired: Desired, start: Record, reason: str, message: str) -> None:
-        """The candidate deleted and the rules put back, then as a process rolls back."""
+        """The candidate stopped and the rules put back, then as a process rolls back."""
         try:
-            self.deployment.delete_candidate()
+            self.deployment.stop_candidate()
             if self._declared is not None:
                 self.deployment.revert(self._declared)
                 self._declared = None
