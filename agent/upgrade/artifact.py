@@ -78,4 +78,35 @@ def pull(fetcher: OciFetcher, *, uri: str, digest: str, cache: Path) -> AgentIma
     return AgentImage(root=root, version=version)
 
 
-__all__ = ["MANIFEST", "AgentImage", "InvalidAgentImageError", "pack", "pull"]
+def main(argv: list[str] | None = None) -> int:
+    """``python -m agent.upgrade.artifact DEST --version V [--image REF@sha256:...]``: lay
+    out a release of this checkout (push DEST as a tar+gzip layer, docs/operations.md)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m agent.upgrade.artifact",
+        description="Lay out an agent release artifact of this checkout in DEST.",
+    )
+    parser.add_argument("dest", type=Path)
+    parser.add_argument("--version", required=True)
+    parser.add_argument(
+        "--image", help="the container image, REPOSITORY@sha256:<digest> (agents in a pod)"
+    )
+    args = parser.parse_args(argv)
+    root = Path(__file__).resolve().parent.parent.parent
+    pack(root, args.dest, version=args.version, image=args.image)
+    if args.image:
+        from agent.upgrade.deployment import read_release
+
+        try:
+            read_release(args.dest, str(args.dest))  # the release agents will read, checked
+        except PermanentError as exc:  # (run as __main__, this module's classes are copies)
+            parser.exit(2, f"error: {exc}\n")
+    print(args.dest)
+    return 0
+
+
+__all__ = ["MANIFEST", "AgentImage", "InvalidAgentImageError", "main", "pack", "pull"]
+
+if __name__ == "__main__":
+    raise SystemExit(main())
