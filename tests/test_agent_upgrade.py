@@ -13,6 +13,7 @@ there by the agent that still ran and reverted by the hub, with no bundle applie
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 from datetime import UTC, datetime, timedelta
@@ -22,6 +23,8 @@ import pytest
 
 from agent.api import load_set, to_dict
 from agent.upgrade import AGENT_ENTRY, AGENT_FORMAT
+from agent.upgrade.artifact import MANIFEST, InvalidAgentImageError, pack
+from agent.upgrade.deployment import CRD_NAMES, read_release
 from agent.upgrade.desired import Desired, Record, agent_report, take_agent_entry
 from hub.errors import FleetRepoError
 from hub.fleet.agent import with_agent
@@ -162,6 +165,43 @@ def test_the_agent_report_reads_as_the_rollout_verdicts_expect() -> None:
     assert installation_state(to_dict(report), stale=False, accepted=10) == "Ready"
     progressing = Record(running="sha256:" + "a" * 64, attempt=NEWER, attempt_since=8)
     assert verdict(progressing).startswith("pending")
+
+
+RELEASE_IMAGE = "registry.example/fleetlet/agent@sha256:" + "d" * 64
+
+
+@pytest.mark.parametrize(
+    ("change", "said"),
+    [
+        ({"image": "registry.example/fleetlet/agent:1.4"}, "image: expected the container image"),
+        ({"image": None}, "image: expected the container image"),
+        ({"crds": {"a": 1}}, "crds: expected a list of CustomResourceDefinitions"),
+        (
+            {"crds": [{"kind": "CustomResourceDefinition", "metadata": {"name": "x.example"}}]},
+            "crds[x.example]: expected one of fleetlet's CRDs",
+        ),
+        ({"rbac": {"clusterRole": [{"resources": ["pods"]}]}}, "rbac.clusterRole: expected"),
+        ({"rbac": ["rules"]}, "rbac: expected an object"),
+    ],
+)
+def test_a_release_for_pods_is_read_and_bad_ones_are_refused_naming_the_key(
+    tmp_path: Path, change: dict[str, object], said: str
+) -> None:
+    """``fleetlet-agent.json`` of a release (``pack(image=...)``): what an agent in a pod reads
+    (the container image, fleetlet's CRDs, its role rules); anything else is one line naming
+    the artifact and the key."""
+    tree = pack(ROOT, tmp_path / "release", version="1.4.0", image=RELEASE_IMAGE)
+    release = read_release(tree, "registry.example/release@sha256:" + "e" * 64)
+    assert (release.version, release.image) == ("1.4.0", RELEASE_IMAGE)
+    assert sorted(c["metadata"]["name"] for c in release.crds) == sorted(CRD_NAMES)
+    assert release.cluster_rules and release.role_rules
+    manifest = json.loads((tree / MANIFEST).read_text())
+    (tree / MANIFEST).write_text(json.dumps({**manifest, **change}))
+    with pytest.raises(InvalidAgentImageError) as caught:
+        read_release(tree, "registry.example/release@sha256:" + "e" * 64)
+    message = str(caught.value)
+    assert said in message and len(message.splitlines()) == 1
+    assert message.startswith("agent image registry.example/release@sha256:eeee")
 
 
 @pytest.mark.slow

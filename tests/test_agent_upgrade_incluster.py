@@ -22,6 +22,7 @@ candidate Deployment is ``agent install``'s, with no replica: the agent only eve
 
 from __future__ import annotations
 
+import copy
 import json
 import threading
 import time
@@ -32,10 +33,18 @@ from typing import Any
 
 import pytest
 
-from agent.install.manifests import FIELD_MANAGER, InstallConfig, install_objects
+from agent.install.manifests import FIELD_MANAGER, InstallConfig, crds, install_objects
 from agent.kube import ForbiddenError, KubeClient
 from agent.upgrade.artifact import MANIFEST, pack
-from agent.upgrade.deployment import CANDIDATE, ENV_DEPLOYMENT, NAME, own_image
+from agent.upgrade.deployment import (
+    CANDIDATE,
+    ENV_DEPLOYMENT,
+    NAME,
+    AgentDeployment,
+    Release,
+    UpgradeStepError,
+    own_image,
+)
 from agent.upgrade.desired import Desired, Record, UpgradeStore, agent_report
 from agent.upgrade.incluster import InClusterUpgrades
 from agent.upgrade.lease import IDENTITY, PROVEN, READY, AgentLease
@@ -355,3 +364,27 @@ def test_the_agent_may_change_only_its_own_roles_and_deployments(
                 "metadata": {"name": NAME, "namespace": NAMESPACE},
             }
         )
+
+
+def test_a_release_that_stops_serving_a_crd_version_is_refused_before_any_change(
+    cluster: Cluster, agent_kubeconfig: str
+) -> None:
+    admin = KubeClient(kubeconfig=str(cluster.kubeconfig))
+    crd = next(c for c in crds() if c["metadata"]["name"] == "bundledeployments.fleetlet.io")
+    narrowed = copy.deepcopy(crd)
+    for version in narrowed["spec"]["versions"]:
+        version["served"] = False
+    rules = _rules(admin, "ClusterRole")
+    release = Release(
+        version="5.0.0-test",
+        image=GOOD,
+        crds=(narrowed,),
+        cluster_rules=(*rules, {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}),
+    )
+    with pytest.raises(UpgradeStepError) as caught:
+        AgentDeployment(KubeClient(kubeconfig=agent_kubeconfig), NAMESPACE).declare(release)
+    assert caught.value.reason == "CrdNarrowed"
+    assert "stops serving v1alpha1" in str(caught.value)
+    assert _rules(admin, "ClusterRole") == rules
+    live = admin.get(crd) or {}
+    assert all(v["served"] for v in live["spec"]["versions"])

@@ -391,6 +391,7 @@ __all__ = [
     "Release",
     "UpgradeStepError",
     "candidate_of",
+    "own_image",
     "read_release",
     "release_manifest",
 ]
