@@ -176,11 +176,12 @@ def _upgrades(
         kubeconfig=kubeconfig,
         namespace=NAMESPACE,
         network=SimpleNamespace(connect_timeout=5.0, read_timeout=30.0, attempts=3),
-        poll=SimpleNamespace(interval=1.0),
+        poll=SimpleNamespace(interval=1.0, drift_interval=1.0),
         repo=SimpleNamespace(cache_dir=tmp / "cache"),
         plain_http_registries=True,
     )
-    return InClusterUpgrades(settings=settings, supervisor=SimpleNamespace(pusher=None))
+    supervisor = SimpleNamespace(pusher=None, last=None)  # no status push, no set accepted
+    return InClusterUpgrades(settings=settings, supervisor=supervisor)
 
 
 def _attempt_ends(store: UpgradeStore, desired: Desired) -> Record:

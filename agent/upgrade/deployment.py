@@ -292,7 +292,9 @@ class AgentDeployment:
         problem = ""
         failure = conditions.get("ReplicaFailure") or {}
         progressing = conditions.get("Progressing") or {}
-        if failure.get("status") == "True":
+        if not current:
+            pass  # the conditions are an earlier attempt's until the controller saw this one
+        elif failure.get("status") == "True":
             problem = f"a replica was refused ({failure.get('reason')}: {failure.get('message')})"
         elif progressing.get("reason") == "ProgressDeadlineExceeded":
             problem = f"its rollout stalled ({progressing.get('message')})"
