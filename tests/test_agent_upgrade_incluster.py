@@ -61,6 +61,14 @@ GOOD = "registry.example.test/fleetlet-agent@sha256:" + "2" * 64
 BROKEN = "registry.example.test/fleetlet-agent:broken@sha256:" + "3" * 64
 NEW_RULE = {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}
 REPOSITORY = "fleetlet/agent-release"
+CONFIG = InstallConfig(
+    image=INSTALLED,
+    repo="https://git.example.test/fleet-state.git",
+    cluster="edge-1",
+    identity="ci@example.test",
+    issuer="https://issuer.example.test",
+    trusted_root="{}",
+)
 
 
 @pytest.fixture(scope="module")
@@ -72,15 +80,7 @@ def cluster(
     ).start()
     try:
         admin = KubeClient(kubeconfig=str(running.kubeconfig))
-        config = InstallConfig(
-            image=INSTALLED,
-            repo="https://git.example.test/fleet-state.git",
-            cluster="edge-1",
-            identity="ci@example.test",
-            issuer="https://issuer.example.test",
-            trusted_root="{}",
-        )
-        for obj in install_objects(config):
+        for obj in install_objects(CONFIG):
             admin.apply(obj, field_manager=FIELD_MANAGER, force=True)
             if obj["kind"] == "CustomResourceDefinition":
                 _until(lambda o=obj: _established(admin, o), "the CRDs established")
@@ -269,6 +269,18 @@ def test_a_proved_candidate_moves_the_agents_deployment_to_its_image(
         }
     )
     assert "fbo" in (crd or {})["spec"]["names"]["shortNames"]
+    # `agent install` again is the operator's reset: the installed image, and the agent knows it
+    # runs that one (so the release the set pins is an upgrade again).
+    for obj in install_objects(CONFIG):
+        if obj["kind"] == "Deployment":
+            admin.apply(obj, field_manager=FIELD_MANAGER, force=True)
+    own = _deployment(admin, NAME) or {}
+    own_env = {
+        e["name"]: e.get("value") for e in own["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
+    assert own_image(own) == INSTALLED
+    assert own_env["FLEETLET_AGENT_IMAGE"] == INSTALLED.rpartition("@")[2]
+    _until(lambda: _available(admin, NAME), "the reinstalled agent Available")
 
 
 def _rolled_back(

@@ -359,8 +359,10 @@ def deployment(
             "name": "FLEETLET_NAMESPACE",
             "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}},
         },
-        # In a pod, the agent upgrades itself by this Deployment (agent.upgrade.incluster).
+        # In a pod, the agent upgrades itself by this Deployment (agent.upgrade.incluster); the
+        # image it runs (an upgrade sets the release's digest; a new install sets this back).
         {"name": ENV_DEPLOYMENT, "value": NAME},
+        {"name": "FLEETLET_AGENT_IMAGE", "value": image.rpartition("@")[2]},
         # libgit2 reads $HOME/.ssh/known_hosts for ssh:// repositories.
         {"name": "HOME", "value": "/home/fleetlet"},
     ]
