@@ -223,6 +223,9 @@ def test_a_proved_candidate_moves_the_agents_deployment_to_its_image(
         _until(lambda: (lease.read() or view).holder == lease.identity, "the hand-over")
         seen["handed over"] = True
         lease.say(PROVEN, attempt)
+        # Stopped (no replica), the candidate's agent releases the Lease as it exits.
+        _until(lambda: _stopped(admin), "the candidate stopped")
+        lease.hand_to("")
 
     speaker = threading.Thread(target=candidate_speaks, daemon=True)
     speaker.start()
