@@ -404,3 +404,35 @@ def test_a_release_that_stops_serving_a_crd_version_is_refused_before_any_change
     assert _rules(admin, "ClusterRole") == rules
     live = admin.get(crd) or {}
     assert all(v["served"] for v in live["spec"]["versions"])
+
+
+def test_without_escalate_the_agent_cannot_give_its_role_a_new_rule(
+    cluster: Cluster, agent_kubeconfig: str
+) -> None:
+    """Why ``escalate`` (docs/operations.md): the API server refuses a role edit that grants
+    what the editor does not hold, though ``patch`` on that role is allowed."""
+    admin = KubeClient(kubeconfig=str(cluster.kubeconfig))
+    agent = KubeClient(kubeconfig=agent_kubeconfig)
+    ref = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
+        "metadata": {"name": NAME},
+    }
+    rules = _rules(admin, "ClusterRole")
+    granted = [*rules, {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]
+    without = [
+        {**r, "verbs": [v for v in r["verbs"] if v != "escalate"]}
+        if r.get("resources") == ["clusterroles"]
+        else r
+        for r in rules
+    ]
+    admin.patch(ref, {"rules": without})
+    try:
+        with pytest.raises(ForbiddenError) as caught:
+            agent.patch(ref, {"rules": [*without, granted[-1]]})
+        assert "attempting to grant RBAC permissions not currently held" in str(caught.value)
+    finally:
+        admin.patch(ref, {"rules": rules})
+    agent.patch(ref, {"rules": granted})  # with it, as installed
+    assert granted[-1] in _rules(admin, "ClusterRole")
+    agent.patch(ref, {"rules": rules})
