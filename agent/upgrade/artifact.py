@@ -14,9 +14,12 @@ import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from agent.errors import PermanentError
-from agent.source.oci import OciFetcher
+
+if TYPE_CHECKING:  # the OCI client (requests, oras) only where an image is pulled
+    from agent.source.oci import OciFetcher
 
 MANIFEST = "fleetlet-agent.json"
 PACKAGES = ("agent", "fleetlet")

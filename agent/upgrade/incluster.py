@@ -32,7 +32,6 @@ import time
 from typing import Any
 
 from agent.errors import FleetletError
-from agent.upgrade.artifact import pull
 from agent.upgrade.deployment import (
     CANDIDATE,
     ENV_DEPLOYMENT,
@@ -78,7 +77,9 @@ class InClusterUpgrades(Upgrades):
         super().start()
 
     def _try(self, desired: Desired, start: Record) -> None:
+        # Here, not at the top: the OCI client is no part of an idle agent run.
         from agent.source.oci import OciFetcher, OciSettings
+        from agent.upgrade.artifact import pull
 
         net = self.settings.network
         fetcher = OciFetcher(
