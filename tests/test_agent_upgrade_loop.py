@@ -67,6 +67,7 @@ upgrades._renew_due = 0.0
 upgrades._check()
 out["acting_after_expiry"] = upgrades.acting.is_set()
 out["modules"] = sorted({m.split(".")[0] for m in sys.modules})
+out["reconcile"] = sorted(m for m in sys.modules if m.startswith("agent.reconcile"))
 print(json.dumps(out))
 """
 
@@ -94,6 +95,8 @@ def test_the_upgrade_loop_renews_its_lease_through_the_small_door_and_reads_only
         out["modules"]
     )
     assert not heavy, f"the supervisor with its upgrade loop imported {heavy}"
+    # The worker reconciles; the supervisor only reads its settings (agent.settings).
+    assert out["reconcile"] == []
     # A new set accepted: the ConfigMap read once (the Lease was renewed when taken).
     assert out["after_new_set"] == {"GET": 1}
     # Fifty checks (over four minutes at production pace) send nothing: no renewal is due.

@@ -93,13 +93,13 @@ def settings_from_args(args: argparse.Namespace) -> Any:
 
     from agent.apply.guard import Guard
     from agent.assemble import make_failpoint
-    from agent.reconcile.context import ReconcileSettings
     from agent.render.tools import ToolSettings
     from agent.settings import (
         AgentSettings,
         LimitSettings,
         NetworkSettings,
         PollSettings,
+        ReconcileSettings,
         RepoSettings,
         TrustSettings,
     )
