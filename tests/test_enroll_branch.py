@@ -14,13 +14,17 @@ import subprocess
 from pathlib import Path
 
 import yaml
+from playwright.sync_api import expect
 
 from hub.publish.flow import prepare, publish
 from hub.publish.git import BranchStore
 from hub.publish.sign import PublicationSigner
 from tests.fleetlab import Lab
 from tests.realenv.hubserver import serving_hub
-from tests.test_enroll import Hub, fleetlet, request_body
+from tests.test_dashboard import Tab
+from tests.test_dashboard import browser as browser  # the fixtures: a real browser
+from tests.test_dashboard import tab as tab
+from tests.test_enroll import READ, Hub, fleetlet, request_body
 
 
 def git(where: Path, *args: str) -> str:
@@ -41,7 +45,7 @@ def heads(url: str) -> dict[str, str]:
 
 
 def test_acceptance_onto_a_branch_waits_for_the_operators_merge_then_publishes(
-    lab: Lab, tmp_path: Path
+    lab: Lab, tab: Tab, tmp_path: Path
 ) -> None:
     made = Hub(lab, tmp_path / "hub")
     lab.git.create_bare("fleet-source.git")
@@ -101,6 +105,10 @@ def test_acceptance_onto_a_branch_waits_for_the_operators_merge_then_publishes(
         assert table[1].split()[:6] == [
             "shop-z", "accepted", "(pending", "merge", "of", "enroll/shop-z)",
         ]  # fmt: skip
+        tab.page.goto(f"{url}/ui/enrollments#token={READ}")
+        row = tab.page.locator("#enrollments tbody tr").filter(has_text="shop-z")
+        expect(row.locator("[data-state]")).to_have_text("accepted (pending merge)")
+        expect(row).to_contain_text("merge branch enroll/shop-z")
 
         # Published before the merge: the cluster gets nothing yet.
         publish_fleet()
@@ -118,6 +126,8 @@ def test_acceptance_onto_a_branch_waits_for_the_operators_merge_then_publishes(
         listed = json.loads(fleetlet("hub", "clusters", "list", *admin, "-o", "json").stdout)
         (request,) = listed["items"]
         assert (request["state"], request["pendingMerge"]) == ("accepted", False)
+        tab.page.reload()
+        expect(row.locator("[data-state]")).to_have_text("accepted")
 
         # The next publication gives the cluster its branch.
         publish_fleet()
