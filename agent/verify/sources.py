@@ -165,6 +165,28 @@ def parse_source_policy(
     )
 
 
+def parse_identities(
+    raw: Any, where: str, problems: list[FieldProblem]
+) -> tuple[KeylessIdentity, ...]:
+    """``identities`` as in a policy (also the fleet's ``commitSigning.identities``)."""
+
+    def problem(path: str, expected: str, found: Any) -> None:
+        problems.append(FieldProblem(path=path, expected=expected, found=_brief(found)))
+
+    return tuple(_identities(raw, where, problem))
+
+
+def parse_trusted_root(
+    raw: Any, where: str, read: ReadFile, problems: list[FieldProblem]
+) -> bytes | None:
+    """``trustedRoot`` as in a policy: the named file's bytes, checked to be a trusted root."""
+
+    def problem(path: str, expected: str, found: Any) -> None:
+        problems.append(FieldProblem(path=path, expected=expected, found=_brief(found)))
+
+    return _trusted_root(raw, where, read, problem)
+
+
 def _keys(
     raw: Any, where: str, read: ReadFile, problem: Callable[[str, str, Any], None]
 ) -> list[PublicKey]:
