@@ -79,12 +79,19 @@ _TOOL_LDFLAGS = {"helm": "-X helm.sh/helm/v4/internal/version.version={version}"
 # `go install pkg@version` reads for deprecation notices, so it is built in its downloaded
 # module directory instead (same go.mod, go.sum and dependencies; the version stamped by
 # ldflags). Its dependencies are mostly cosign's, already in the module cache.
-TEST_TOOLS = {"sops": "v3.13.3", "cosign": "v3.1.3", "gitsign": "v0.17.1"}
+# `notation` signs OCI artifacts with X.509 certificates (hub/resolve/notation.py verifies
+# them): v1.3.2, the newest release the proxy serves; built like gitsign, for the same reason.
+TEST_TOOLS = {"sops": "v3.13.3", "cosign": "v3.1.3", "gitsign": "v0.17.1", "notation": "v1.3.2"}
 _TOOL_PACKAGES["sops"] = "github.com/getsops/sops/v3/cmd/sops"
 _TOOL_PACKAGES["cosign"] = "github.com/sigstore/cosign/v3/cmd/cosign"
 _TOOL_PACKAGES["gitsign"] = "github.com/sigstore/gitsign"
 _TOOL_LDFLAGS["gitsign"] = "-X github.com/sigstore/gitsign/pkg/version.gitVersion={version}"
-_BUILT_IN_MODULE_DIR = {"gitsign"}
+_TOOL_PACKAGES["notation"] = "github.com/notaryproject/notation/cmd/notation"
+# Built in their module's directory (the proxy refuses their version lists): the module.
+_BUILT_IN_MODULE_DIR = {
+    "gitsign": "github.com/sigstore/gitsign",
+    "notation": "github.com/notaryproject/notation",
+}
 _TOOL_LDFLAGS["cosign"] = "-X sigs.k8s.io/release-utils/version.gitVersion={version}"
 
 
@@ -485,18 +492,19 @@ def _build_tool(name: str, progress: TextIO | None) -> None:
         work = Path(tmp)
         env["GOBIN"] = str(work)
         built = work / name
-        if name in _BUILT_IN_MODULE_DIR:
+        module = _BUILT_IN_MODULE_DIR.get(name)
+        if module is not None:
             info = json.loads(
                 _go(
-                    ["mod", "download", "-json", f"{package}@{version}"],
+                    ["mod", "download", "-json", f"{module}@{version}"],
                     cwd=work,
                     env=env,
-                    what=f"downloading {package}@{version}",
+                    what=f"downloading {module}@{version}",
                 )
             )
             build = ["build", "-trimpath", "-mod=readonly", "-ldflags", ldflags, "-o", str(built)]
             _go(
-                [*build, "."],
+                [*build, "." + package.removeprefix(module)],
                 cwd=Path(info["Dir"]),
                 env=env,
                 what=f"building {name} {version}",
