@@ -42,6 +42,7 @@ import requests
 from agent.errors import TemporaryError
 from agent.source.content import AuthenticationError
 from agent.source.registry import RegistryClient, RegistryProtocolError, RegistryUnavailableError
+from agent.verify.notation import ARTIFACT_TYPE as NOTATION_ARTIFACT_TYPE
 from agent.verify.sources import PublicKey, SourcePolicy
 
 if TYPE_CHECKING:
@@ -67,6 +68,7 @@ _MAX_BLOB = 4 * 1024 * 1024
 _MAX_SIGNATURES = 32
 LAYOUT_BUNDLE = "bundle"
 LAYOUT_SIG_TAG = "sig-tag"
+LAYOUT_NOTATION = "notation"
 
 
 class SignaturesUnavailableError(TemporaryError):
@@ -188,6 +190,15 @@ class SignatureReader:
         for desc in _descriptors(index, "manifests")[:_MAX_SIGNATURES]:
             artifact = str(desc.get("artifactType") or "")
             predicate = (desc.get("annotations") or {}).get(_PREDICATE_ANNOTATION)
+            if artifact == NOTATION_ARTIFACT_TYPE:  # notation's: agent/verify/notation.py
+                child = desc.get("digest")
+                manifest = self._manifest(f"manifests/{child}", expect=child)
+                for layer in _descriptors(manifest, "layers")[:1]:
+                    envelope = self._blob(layer)
+                    where = f"notation referrer {child}"
+                    media = str(layer.get("mediaType", ""))
+                    found.append(_Found(LAYOUT_NOTATION, where, bundle=envelope, signature=media))
+                continue
             if not artifact.startswith(BUNDLE_ARTIFACT_TYPE_PREFIX):
                 continue
             if predicate not in (None, COSIGN_SIGN_PREDICATE):
@@ -279,13 +290,13 @@ def check_signatures(reader: SignatureReader, digest: str, policy: SourcePolicy)
     except _Rejected as exc:
         return SignatureCheck(digest, wanted, False, str(exc))
     if not found:
-        return SignatureCheck(
-            digest,
-            wanted,
-            False,
+        unsigned = (
             "unsigned: no cosign signature found (neither a Sigstore bundle referrer nor a "
-            "sha256-<digest>.sig tag)",
+            "sha256-<digest>.sig tag)"
         )
+        if policy.notation is not None:
+            unsigned = "unsigned: no cosign or notation signature found (no referrer, no .sig tag)"
+        return SignatureCheck(digest, wanted, False, unsigned)
     reasons: list[str] = []
     for item in found:
         try:
@@ -300,6 +311,16 @@ def check_signatures(reader: SignatureReader, digest: str, policy: SourcePolicy)
 
 
 def _verify_one(item: _Found, digest: str, policy: SourcePolicy) -> str:
+    if item.layout == LAYOUT_NOTATION:
+        from agent.verify.notation import NotationRefusal, verify_notation
+
+        if policy.notation is None:
+            raise _Rejected("a notation signature, and the policy names no notation trust store")
+        assert item.bundle is not None
+        try:
+            return verify_notation(item.bundle, item.signature or "", digest, policy.notation)
+        except NotationRefusal as exc:
+            raise _Rejected(str(exc)) from exc
     if item.layout == LAYOUT_BUNDLE:
         assert item.bundle is not None
         return _verify_bundle(item.bundle, digest, policy)
