@@ -215,3 +215,49 @@ def test_the_clusters_own_copy_of_a_notation_policy_is_the_same_policy(
     again = parse_source_policy(stored, name="release", where="p", read=read, problems=problems)
     assert problems == [] and again is not None
     assert again.digest() == original.digest()
+
+
+def test_the_agent_verifies_a_notation_signature_under_its_own_policy(
+    charts: Charts, notation: Notation, acme: IssuingCA, tmp_path: Path
+) -> None:
+    """A cluster whose own policy (``agent install --verify-sources``) trusts another CA
+    refuses the chart the hub vouched for; one trusting the signing CA uses it."""
+    from agent.source.cache import ContentCache
+    from agent.source.compose import ContentStore
+    from agent.source.oci import OciFetcher, OciSettings
+    from agent.source.registry import RegistrySettings
+    from agent.source.signed import SourceSignatureError, SourceVerifier, load_cluster_policy
+
+    uri, digest = charts.push("5.0.0")
+    notation.sign(f"{uri}@{digest}", "release")
+    policies, files = policy(tmp_path, acme)
+    fleet = write_signed_fleet(tmp_path / "fleet", uri, {"digest": digest}, policies, files=files)
+    (entry,) = prepare(fleet).plans["eu-1"].entries
+    (source,) = entry.spec.sources
+    assert source.signature is not None and source.signature.layout == "notation"
+
+    def store(ca_pem: bytes, name: str) -> ContentStore:
+        policy_file = tmp_path / name / "policy.yaml"
+        policy_file.parent.mkdir()
+        (policy_file.parent / "ca.pem").write_bytes(ca_pem)
+        policy_file.write_text(
+            json.dumps({"notation": {"trustStore": ["ca.pem"], "trustedIdentities": [RELEASE]}})
+        )
+        verifier = SourceVerifier(
+            load_cluster_policy(policy_file),
+            cache_dir=tmp_path / name / "signatures",
+            settings=RegistrySettings(plain_http=True),
+        )
+        cache = ContentCache(root=tmp_path / name / "content", max_bytes=64 << 20)
+        return ContentStore(
+            cache=cache, oci=OciFetcher(settings=OciSettings(plain_http=True)), verifier=verifier
+        )
+
+    with pytest.raises(SourceSignatureError) as refused:
+        store(make_ca("Platform CA").pem, "strict").tree(source)
+    message = str(refused.value)
+    assert "not signed as the cluster's source policy" in message
+    assert "which is not in the policy's trust store" in message
+    assert f"the hub vouched for it (signed by {SIGNER}" in message
+    tree = store(acme.pem, "trusting").tree(source)
+    assert (tree / "greeter" / "Chart.yaml").is_file()
