@@ -231,7 +231,16 @@ def _flip_signed_entry_timestamp(payload: bytes, signature: bytes) -> tuple[byte
 
 @pytest.mark.parametrize(
     "case",
-    ["unsigned", "another identity", "ssh key", "edited", "log entry", "online", "foreign root"],
+    [
+        "unsigned",
+        "another identity",
+        "ssh key",
+        "edited",
+        "log entry",
+        "online",
+        "foreign root",
+        "garbage",
+    ],
 )
 def test_publish_refuses_a_commit_not_signed_as_the_gitsign_policy_wants(
     fleet: Fleet,
@@ -265,6 +274,11 @@ def test_publish_refuses_a_commit_not_signed_as_the_gitsign_policy_wants(
         fleet.commit("change")
         commit = fleet.rewrite_head(_flip_signed_entry_timestamp)
         reason = "its transparency log entry does not verify (invalid log entry: SET"
+    elif case == "garbage":
+        fleet.commit("change")
+        junk = b"-----BEGIN SIGNED MESSAGE-----\nMAMCAQA=\n-----END SIGNED MESSAGE-----\n"
+        commit = fleet.rewrite_head(lambda payload, sig: (payload, junk))
+        reason = "the signature is not readable CMS"
     elif case == "online":
         commit = fleet.commit("change", rekor_mode="online")
         reason = "the signature carries no transparency log entry"

@@ -93,7 +93,9 @@ def verify_gitsign(
         signers = list(signed["signer_infos"])
         detached = signed["encap_content_info"]["content"].native is None
         certificates = [c.chosen for c in signed["certificates"] or []]
-    except (ValueError, TypeError, KeyError) as exc:
+    except GitsignRefusal:
+        raise
+    except Exception as exc:  # asn1crypto raises more than ValueError on hostile input
         raise GitsignRefusal(f"the signature is not readable CMS ({_one_line(exc)})") from exc
     if not detached:
         raise GitsignRefusal("the signature carries its own content (not detached)")
@@ -123,7 +125,7 @@ def verify_gitsign(
         entry_bytes = core.OctetString.load(entry_der).native if entry_der else None
     except GitsignRefusal:
         raise
-    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+    except Exception as exc:  # asn1crypto raises more than ValueError on hostile input
         raise GitsignRefusal(f"the signature is not readable CMS ({_one_line(exc)})") from exc
     if signed_digest != hashlib.sha256(payload).digest():
         raise GitsignRefusal(
