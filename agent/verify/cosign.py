@@ -321,6 +321,8 @@ def _verify_one(item: _Found, digest: str, policy: SourcePolicy) -> str:
             return verify_notation(item.bundle, item.signature or "", digest, policy.notation)
         except NotationRefusal as exc:
             raise _Rejected(str(exc)) from exc
+        except Exception as exc:  # a hostile envelope reaching deep into cryptography
+            raise _Rejected(f"the notation envelope is malformed ({exc})") from exc
     if item.layout == LAYOUT_BUNDLE:
         assert item.bundle is not None
         return _verify_bundle(item.bundle, digest, policy)
