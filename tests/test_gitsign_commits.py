@@ -303,6 +303,29 @@ def test_publish_refuses_a_commit_not_signed_as_the_gitsign_policy_wants(
     assert server_refs(repo, every=True) == {}
 
 
+def test_rekor_v2_signatures_are_verified_with_their_timestamp(
+    tmp_path: Path, mini_sigstore_v2: MiniSigstore, gitsign_binary: Path
+) -> None:
+    """gitsign's experimental rekorVersion=2: the log entry has no time of its own, the
+    RFC 3161 timestamp in the signature gives it; without one the commit is refused."""
+    fleet = make_fleet(
+        tmp_path,
+        mini_sigstore_v2,
+        gitsign_binary,
+        [{"issuer": mini_sigstore_v2.issuer, "subject": ALICE}],
+    )
+    fleet.commit("stamped")
+    verdict = prepare(fleet.dir, commit_policy=fleet.trusted()).commit
+    assert verdict is not None and verdict.ok, verdict
+    assert verdict.format == "gitsign" and verdict.signer == ALICE
+    fleet.stage("unstamped")
+    commit = fleet.gitsign.commit(fleet.dir, "unstamped", mini_sigstore_v2, ALICE, timestamp=False)
+    verdict = prepare(fleet.dir, commit_policy=fleet.trusted()).commit
+    assert verdict is not None and not verdict.ok
+    assert verdict.commit == commit
+    assert "the signature has no verified time" in verdict.reason
+
+
 def test_a_policy_with_both_kinds_accepts_either(
     tmp_path: Path, mini_sigstore: MiniSigstore, gitsign_binary: Path
 ) -> None:

@@ -18,9 +18,13 @@ and ``gitsign verify`` are not run: the hub needs neither on its path nor a netw
 2. the signed ``message-digest`` is SHA-256 of this commit's payload and the content type is
    ``data`` (a commit edited after signing, or a signature copied from another, fails here);
 3. the transparency log entry is present (``rekorMode=offline``; an online-mode signature
-   would need Rekor's search API at publish time) and a ``hashedrekord`` 0.0.1;
+   would need Rekor's search API at publish time) and a ``hashedrekord``: 0.0.1 from Rekor v1,
+   with its integrated time and signed entry timestamp, or 0.0.2 from Rekor v2 (gitsign's
+   experimental ``rekorVersion=2``), whose time comes from the RFC 3161 timestamp gitsign
+   stores in the unsigned attribute ``signatureTimeStampToken``: one of the two is required;
 4. sigstore-python verifies the rest, offline, against the policy's trusted root: the
-   certificate chain to a trusted Fulcio CA at the log's integrated time, its embedded SCT,
+   certificate chain to a trusted Fulcio CA at the log's integrated time (or the TSA's time,
+   the timestamp verified against the trusted root's timestamp authorities), its embedded SCT,
    the signature over the signed attributes, the log entry's body (rebuilt from signature,
    digest and certificate, as gitsign does), its inclusion proof against a signed checkpoint
    and its signed entry timestamp; and asks :class:`_IdentityCheck` whether the
@@ -47,6 +51,7 @@ if TYPE_CHECKING:
 GITSIGN_SIGNATURE = b"-----BEGIN SIGNED MESSAGE-----"
 _END = b"-----END SIGNED MESSAGE-----"
 _TLOG_ENTRY_OID = "1.3.6.1.4.1.57264.3.1"
+_TIMESTAMP_OID = "1.2.840.113549.1.9.16.2.14"
 _BUNDLE_TYPE = "application/vnd.dev.sigstore.bundle.v0.3+json"
 _MAX_SIGNATURE = 64 * 1024
 
@@ -123,6 +128,7 @@ def verify_gitsign(
         certificate = _signer_certificate(certificates, signer["sid"])
         entry_der = _unsigned_attribute(signer["unsigned_attrs"], _TLOG_ENTRY_OID)
         entry_bytes = core.OctetString.load(entry_der).native if entry_der else None
+        timestamps = _timestamp_responses(signer["unsigned_attrs"])
     except GitsignRefusal:
         raise
     except Exception as exc:  # asn1crypto raises more than ValueError on hostile input
@@ -139,7 +145,12 @@ def verify_gitsign(
             "the hub can check it offline)"
         )
     entry = _log_entry(entry_bytes)
-    bundle = _bundle(attrs_der, sig, certificate, entry)
+    if "integratedTime" not in entry and not timestamps:
+        raise GitsignRefusal(
+            "the signature has no verified time: its Rekor v2 log entry has none of its own and "
+            "it carries no RFC 3161 timestamp (sign with gitsign.timestampServerURL)"
+        )
+    bundle = _bundle(attrs_der, sig, certificate, entry, timestamps)
     return _sigstore_verify(bundle, attrs_der, certificate, identities, trusted_root)
 
 
@@ -156,13 +167,29 @@ def _pem_body(signature: bytes) -> bytes:
         raise GitsignRefusal("the SIGNED MESSAGE block is not base64") from exc
 
 
-def _der_set(contents: bytes) -> bytes:
-    """``contents`` under a DER SET OF header (tag 0x31)."""
+def _der_set(contents: bytes, tag: int = 0x31) -> bytes:
+    """``contents`` under a DER header: a SET OF (tag 0x31), or ``tag``."""
     size = len(contents)
     if size < 0x80:
-        return bytes([0x31, size]) + contents
+        return bytes([tag, size]) + contents
     length = size.to_bytes((size.bit_length() + 7) // 8, "big")
-    return bytes([0x31, 0x80 | len(length)]) + length + contents
+    return bytes([tag, 0x80 | len(length)]) + length + contents
+
+
+def _timestamp_responses(attrs: Any) -> list[bytes]:
+    """The RFC 3161 tokens gitsign stores (``signatureTimeStampToken`` unsigned attributes,
+    over the signature value), each as the TimeStampResp a Sigstore bundle holds: status
+    granted, then the token, from the received bytes."""
+    if attrs.native is None:
+        return []
+    tokens = [
+        bytes(value.dump())
+        for a in attrs
+        if a["type"].dotted == _TIMESTAMP_OID
+        for value in a["values"]
+    ]
+    granted = bytes.fromhex("3003020100")  # PKIStatusInfo {status granted}
+    return [_der_set(granted + token, 0x30) for token in tokens[:4]]
 
 
 def _signer_certificate(certificates: list[Any], sid: Any) -> bytes:
@@ -240,28 +267,34 @@ def _one(fields: list[tuple[int, int | bytes]], number: int, kind: type) -> Any:
 
 
 def _log_entry(data: bytes) -> dict[str, Any]:
-    """The entry as the bundle's protobuf JSON (``canonicalizedBody`` added later)."""
+    """The entry as the bundle's protobuf JSON (``canonicalizedBody`` added later): a Rekor v1
+    ``hashedrekord`` 0.0.1 (with its integrated time and signed entry timestamp) or a Rekor v2
+    0.0.2 (neither: its time comes from an RFC 3161 timestamp)."""
     top = _fields(data)
     kind = _fields(_one(top, 3, bytes))
     kind_version = {
         "kind": _one(kind, 1, bytes).decode(errors="replace"),
         "version": _one(kind, 2, bytes).decode(errors="replace"),
     }
-    if (kind_version["kind"], kind_version["version"]) != ("hashedrekord", "0.0.1"):
+    found = (kind_version["kind"], kind_version["version"])
+    if found not in (("hashedrekord", "0.0.1"), ("hashedrekord", "0.0.2")):
         raise GitsignRefusal(
-            f"the transparency log entry is a {kind_version['kind']} "
-            f"{kind_version['version']}, not the hashedrekord 0.0.1 gitsign writes to Rekor v1"
+            f"the transparency log entry is a {found[0]} {found[1]}, not a hashedrekord "
+            "0.0.1 or 0.0.2 as gitsign writes them"
         )
+    if found[1] == "0.0.1" and not [v for n, v in top if n == 4]:
+        # gitsign v0.17's rekorVersion=2 stores its Rekor v2 entries labelled 0.0.1, with
+        # neither integrated time nor signed entry timestamp: read as what they are (the
+        # inclusion proof then covers the 0.0.2 body, or the entry is refused).
+        kind_version["version"] = "0.0.2"
+        found = ("hashedrekord", "0.0.2")
     proof = _fields(_one(top, 6, bytes))
     checkpoint = _fields(_one(proof, 5, bytes))
-    promise = _fields(_one(top, 5, bytes))
     index = [v for n, v in top if n == 1]  # protobuf omits a zero
-    return {
+    entry: dict[str, Any] = {
         "logIndex": str(index[0] if index else 0),
         "logId": {"keyId": _b64(_one(_fields(_one(top, 2, bytes)), 1, bytes))},
         "kindVersion": kind_version,
-        "integratedTime": str(_one(top, 4, int)),
-        "inclusionPromise": {"signedEntryTimestamp": _b64(_one(promise, 1, bytes))},
         "inclusionProof": {
             "logIndex": str(next((v for n, v in proof if n == 1), 0)),
             "rootHash": _b64(_one(proof, 2, bytes)),
@@ -270,6 +303,11 @@ def _log_entry(data: bytes) -> dict[str, Any]:
             "checkpoint": {"envelope": _one(checkpoint, 1, bytes).decode(errors="replace")},
         },
     }
+    if found[1] == "0.0.1":
+        promise = _fields(_one(top, 5, bytes))
+        entry["integratedTime"] = str(_one(top, 4, int))
+        entry["inclusionPromise"] = {"signedEntryTimestamp": _b64(_one(promise, 1, bytes))}
+    return entry
 
 
 def _b64(raw: bytes) -> str:
@@ -277,22 +315,52 @@ def _b64(raw: bytes) -> str:
 
 
 def _bundle(
-    attrs_der: bytes, signature: bytes, certificate: bytes, entry: dict[str, Any]
+    attrs_der: bytes,
+    signature: bytes,
+    certificate: bytes,
+    entry: dict[str, Any],
+    timestamps: list[bytes],
 ) -> dict[str, Any]:
     """A Sigstore bundle of the signature: the artifact is the signed attributes; the log
     entry's body is rebuilt as Rekor canonicalized it (RFC 8785 JSON, the certificate as
-    PEM), so the inclusion proof covers the signature, the digest and the certificate."""
-    import rfc8785
+    PEM), so the inclusion proof covers the signature, the digest and the certificate; the
+    RFC 3161 ``timestamps`` (TimeStampResp DER) go with it."""
     from cryptography import x509
     from cryptography.hazmat.primitives import serialization
 
     digest = hashlib.sha256(attrs_der).digest()
     try:
-        pem = x509.load_der_x509_certificate(certificate).public_bytes(serialization.Encoding.PEM)
+        cert = x509.load_der_x509_certificate(certificate)
+        pem = cert.public_bytes(serialization.Encoding.PEM)
     except ValueError as exc:
         raise GitsignRefusal(f"the signer's certificate is not readable ({exc})") from exc
     sig_b64 = base64.b64encode(signature).decode()
-    body = rfc8785.dumps(
+    if entry["kindVersion"]["version"] == "0.0.2":
+        body = _body_v002(digest, sig_b64, cert, certificate)
+    else:
+        body = _body_v001(digest, sig_b64, pem)
+    material: dict[str, Any] = {
+        "certificate": {"rawBytes": base64.b64encode(certificate).decode()},
+        "tlogEntries": [{**entry, "canonicalizedBody": base64.b64encode(body).decode()}],
+    }
+    if timestamps:
+        material["timestampVerificationData"] = {
+            "rfc3161Timestamps": [{"signedTimestamp": _b64(t)} for t in timestamps]
+        }
+    return {
+        "mediaType": _BUNDLE_TYPE,
+        "verificationMaterial": material,
+        "messageSignature": {
+            "messageDigest": {"algorithm": "SHA2_256", "digest": base64.b64encode(digest).decode()},
+            "signature": sig_b64,
+        },
+    }
+
+
+def _body_v001(digest: bytes, sig_b64: str, pem: bytes) -> bytes:
+    import rfc8785
+
+    return rfc8785.dumps(
         {
             "apiVersion": "0.0.1",
             "kind": "hashedrekord",
@@ -305,17 +373,36 @@ def _bundle(
             },
         }
     )
-    return {
-        "mediaType": _BUNDLE_TYPE,
-        "verificationMaterial": {
-            "certificate": {"rawBytes": base64.b64encode(certificate).decode()},
-            "tlogEntries": [{**entry, "canonicalizedBody": base64.b64encode(body).decode()}],
-        },
-        "messageSignature": {
-            "messageDigest": {"algorithm": "SHA2_256", "digest": base64.b64encode(digest).decode()},
-            "signature": sig_b64,
-        },
-    }
+
+
+def _body_v002(digest: bytes, sig_b64: str, cert: Any, certificate: bytes) -> bytes:
+    """Rekor v2's canonical ``hashedrekord`` 0.0.2 body (protobuf JSON, RFC 8785)."""
+    import rfc8785
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    key = cert.public_key()
+    details = {"secp256r1": "PKIX_ECDSA_P256_SHA_256", "secp384r1": "PKIX_ECDSA_P384_SHA_384"}
+    curve = key.curve.name if isinstance(key, ec.EllipticCurvePublicKey) else ""
+    if curve not in details:
+        raise GitsignRefusal("the signing certificate's key is not ECDSA P-256 or P-384")
+    return rfc8785.dumps(
+        {
+            "apiVersion": "0.0.2",
+            "kind": "hashedrekord",
+            "spec": {
+                "hashedRekordV002": {
+                    "data": {"algorithm": "SHA2_256", "digest": _b64(digest)},
+                    "signature": {
+                        "content": sig_b64,
+                        "verifier": {
+                            "keyDetails": details[curve],
+                            "x509Certificate": {"rawBytes": _b64(certificate)},
+                        },
+                    },
+                }
+            },
+        }
+    )
 
 
 # --- sigstore-python --------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from pathlib import Path
 from cryptography.hazmat.primitives import serialization
 
 from tests.realenv.sigstore import MiniSigstore
+from tests.realenv.sigstore.server import TSA_PATH
 
 
 class Gitsign:
@@ -25,16 +26,23 @@ class Gitsign:
         home.mkdir(parents=True, exist_ok=True)
 
     def env(
-        self, sigstore: MiniSigstore, identity: str, *, rekor_mode: str = "offline"
+        self,
+        sigstore: MiniSigstore,
+        identity: str,
+        *,
+        rekor_mode: str = "offline",
+        timestamp: bool = True,
     ) -> dict[str, str]:
-        """The environment of a ``git commit -S`` that gitsign signs as ``identity``."""
+        """The environment of a ``git commit -S`` that gitsign signs as ``identity``. A
+        Rekor v2 ``sigstore`` (gitsign's experimental ``rekorVersion=2``) also gets its TSA,
+        unless ``timestamp`` is off: Rekor v2 entries carry no time of their own."""
         rekor_key = self.home / f"rekor-{sigstore.log.name}.pub"
         rekor_key.write_bytes(
             sigstore.log.key.public_key().public_bytes(
                 serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
             )
         )
-        return {
+        env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
             "HOME": str(self.home),
             "GIT_CONFIG_NOSYSTEM": "1",
@@ -48,6 +56,16 @@ class Gitsign:
             "GITSIGN_REKOR_MODE": rekor_mode,
             "SIGSTORE_REKOR_PUBLIC_KEY": str(rekor_key),
         }
+        if sigstore.rekor_version == 2:
+            env["GITSIGN_REKOR_VERSION"] = "2"
+            if timestamp:
+                chain = self.home / f"tsa-{sigstore.log.name}.pem"
+                chain.write_bytes(
+                    b"".join(c.public_bytes(serialization.Encoding.PEM) for c in sigstore.tsa.chain)
+                )
+                env["GITSIGN_TIMESTAMP_SERVER_URL"] = sigstore.url + TSA_PATH
+                env["GITSIGN_TIMESTAMP_CERT_CHAIN"] = str(chain)
+        return env
 
     def git_config(self) -> list[str]:
         """``git -c`` options that make ``-S`` sign with gitsign (as its README configures)."""
@@ -61,9 +79,10 @@ class Gitsign:
         identity: str,
         *,
         rekor_mode: str = "offline",
+        timestamp: bool = True,
     ) -> str:
         """``git commit -S -m message`` in ``repo`` (changes already staged); the commit id."""
-        env = self.env(sigstore, identity, rekor_mode=rekor_mode)
+        env = self.env(sigstore, identity, rekor_mode=rekor_mode, timestamp=timestamp)
         author = ["-c", "user.name=Fleet", "-c", f"user.email={identity}"]
         done = subprocess.run(
             ["git", *author, *self.git_config(), "commit", "-q", "-S", "-m", message],
