@@ -13,6 +13,7 @@ another chart are each refused with the reason.
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -261,3 +262,31 @@ def test_the_agent_verifies_a_notation_signature_under_its_own_policy(
     assert f"the hub vouched for it (signed by {SIGNER}" in message
     tree = store(acme.pem, "trusting").tree(source)
     assert (tree / "greeter" / "Chart.yaml").is_file()
+
+
+def test_a_notation_pass_is_remembered_only_while_its_certificates_are_valid(
+    charts: Charts, notation: Notation, acme: IssuingCA, tmp_path: Path
+) -> None:
+    """Its verdict depends on the time (the chain must be valid now): the cache keeps it
+    until the first certificate of the chain expires, unlike a cosign pass."""
+    from dataclasses import replace
+
+    from agent.verify.cosign import PassCache
+
+    uri, digest = charts.push("6.0.0")
+    notation.sign(f"{uri}@{digest}", "release")
+    policies, files = policy(tmp_path, acme)
+    fleet = write_signed_fleet(tmp_path / "fleet", uri, {"digest": digest}, policies, files=files)
+    prepared = prepare(fleet)
+    assert prepared.signatures is not None
+    (verdict,) = prepared.signatures.verdicts.values()
+    check = verdict.check
+    assert check.ok and check.valid_until is not None
+    # The signing certificate (12 hours) ends before its CA (a day).
+    leaf_end = datetime.strptime(check.valid_until, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+    assert timedelta(hours=11) < leaf_end - datetime.now(UTC) <= timedelta(hours=12)
+    cache = PassCache(tmp_path / "passes")
+    cache.put(check)
+    assert cache.get(digest, check.policy) == check
+    cache.put(replace(check, valid_until="2020-01-01T00:00:00Z"))
+    assert cache.get(digest, check.policy) is None

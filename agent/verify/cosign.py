@@ -34,6 +34,7 @@ import json
 import os
 import tempfile
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -91,6 +92,16 @@ class SignatureCheck:
     signer: str | None = None
     """``key sha256:...`` or ``<subject> (<issuer>)``, when ``ok``."""
     layout: str | None = None
+    valid_until: str | None = None
+    """A pass that depends on the time (notation: certificates valid now) holds until then
+    (``YYYY-MM-DDTHH:MM:SSZ``); None: for good."""
+
+    def expired(self, now: datetime | None = None) -> bool:
+        """Raises ValueError for a ``valid_until`` that is not such a time."""
+        if self.valid_until is None:
+            return False
+        until = datetime.strptime(self.valid_until, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+        return (now or datetime.now(UTC)) >= until
 
     def to_json(self) -> str:
         return json.dumps(
@@ -101,6 +112,7 @@ class SignatureCheck:
                 "reason": self.reason,
                 "signer": self.signer,
                 "layout": self.layout,
+                "validUntil": self.valid_until,
             },
             sort_keys=True,
         )
@@ -117,6 +129,7 @@ class SignatureCheck:
                 reason=str(doc["reason"]),
                 signer=doc["signer"],
                 layout=doc["layout"],
+                valid_until=doc.get("validUntil"),
             )
         except (KeyError, TypeError) as exc:
             raise ValueError(f"not a signature check: {exc}") from exc
@@ -140,7 +153,10 @@ class PassCache:
         except (OSError, ValueError):
             return None
         ok = check.ok and check.digest == digest and check.policy == policy
-        return check if ok else None
+        try:
+            return check if ok and not check.expired() else None
+        except ValueError:  # a validUntil this code did not write
+            return None
 
     def put(self, check: SignatureCheck) -> None:
         if not check.ok:
@@ -300,17 +316,21 @@ def check_signatures(reader: SignatureReader, digest: str, policy: SourcePolicy)
     reasons: list[str] = []
     for item in found:
         try:
-            signer = _verify_one(item, digest, policy)
+            signer, until = _verify_one(item, digest, policy)
         except _Rejected as exc:
             reasons.append(f"{item.where}: {exc}")
             continue
-        return SignatureCheck(digest, wanted, True, f"signed by {signer}", signer, item.layout)
+        valid = until.strftime("%Y-%m-%dT%H:%M:%SZ") if until is not None else None
+        return SignatureCheck(
+            digest, wanted, True, f"signed by {signer}", signer, item.layout, valid_until=valid
+        )
     shown = "; ".join(reasons[:3]) + (f"; and {len(reasons) - 3} more" if len(reasons) > 3 else "")
     count = f"{len(found)} signature{'s' if len(found) > 1 else ''}"
     return SignatureCheck(digest, wanted, False, f"{count} found, none acceptable: {shown}")
 
 
-def _verify_one(item: _Found, digest: str, policy: SourcePolicy) -> str:
+def _verify_one(item: _Found, digest: str, policy: SourcePolicy) -> tuple[str, datetime | None]:
+    """Who signed, and until when that holds (None: for good)."""
     if item.layout == LAYOUT_NOTATION:
         from agent.verify.notation import NotationRefusal, verify_notation
 
@@ -318,14 +338,15 @@ def _verify_one(item: _Found, digest: str, policy: SourcePolicy) -> str:
             raise _Rejected("a notation signature, and the policy names no notation trust store")
         assert item.bundle is not None
         try:
-            return verify_notation(item.bundle, item.signature or "", digest, policy.notation)
+            found = verify_notation(item.bundle, item.signature or "", digest, policy.notation)
         except NotationRefusal as exc:
             raise _Rejected(str(exc)) from exc
         except Exception as exc:  # a hostile envelope reaching deep into cryptography
             raise _Rejected(f"the notation envelope is malformed ({exc})") from exc
+        return found.signer, found.valid_until
     if item.layout == LAYOUT_BUNDLE:
         assert item.bundle is not None
-        return _verify_bundle(item.bundle, digest, policy)
+        return _verify_bundle(item.bundle, digest, policy), None
     assert item.payload is not None and item.signature is not None
     if item.certificate and not policy.keys:
         raise _Rejected(
@@ -338,7 +359,7 @@ def _verify_one(item: _Found, digest: str, policy: SourcePolicy) -> str:
         raise _Rejected("the signature annotation is not base64") from exc
     signer = _by_key(policy.keys, item.payload, signature)
     _check_simple_signing(item.payload, digest)
-    return signer
+    return signer, None
 
 
 def _verify_bundle(data: bytes, digest: str, policy: SourcePolicy) -> str:

@@ -32,6 +32,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -66,6 +67,15 @@ class NotationRefusal(Exception):
     """The notation signature does not satisfy the policy (the message says why)."""
 
 
+@dataclass(frozen=True, slots=True)
+class NotationSigner:
+    """Who signed (``notation <leaf subject>``), and until when the verdict holds: the
+    earliest end of validity of the chain's certificates, or the envelope's expiry."""
+
+    signer: str
+    valid_until: datetime
+
+
 def verify_notation(
     envelope: bytes,
     media_type: str,
@@ -73,10 +83,10 @@ def verify_notation(
     trust: NotationTrust,
     *,
     now: datetime | None = None,
-) -> str:
+) -> NotationSigner:
     """Verify a notation signature envelope of ``media_type`` over the artifact ``digest``
-    against ``trust`` (the steps of the module docstring). Returns who signed
-    (``notation <leaf subject>``); raises :class:`NotationRefusal`."""
+    against ``trust`` (the steps of the module docstring). Returns who signed and until when;
+    raises :class:`NotationRefusal`."""
     if media_type == COSE:
         raise NotationRefusal("a COSE envelope, which is not verified (sign with notation's JWS)")
     if media_type != JWS:
@@ -99,7 +109,10 @@ def verify_notation(
     certificates = _load_chain(chain)
     leaf = certificates[0]
     _check_signature(leaf, algorithm, f"{protected_b64}.{payload_b64}".encode(), signature)
-    _check_chain(certificates, trust, moment)
+    anchored = _check_chain(certificates, trust, moment)
+    ends = [c.not_valid_after_utc for c in certificates[: anchored + 1]]
+    if _EXPIRY in header:
+        ends.append(datetime.fromisoformat(str(header[_EXPIRY]).replace("Z", "+00:00")))
     subject = _subject(leaf)
     if "*" not in trust.trusted_identities and not any(
         (wanted := parse_subject(i)) is not None and wanted <= subject
@@ -112,7 +125,7 @@ def verify_notation(
     signed = target.get("digest") if isinstance(target, dict) else None
     if signed != digest:
         raise NotationRefusal(f"the signature is for {signed}, not for {digest}")
-    return f"notation {leaf.subject.rfc4514_string()}"
+    return NotationSigner(f"notation {leaf.subject.rfc4514_string()}", min(ends))
 
 
 def _b64url(text: str) -> bytes:
@@ -184,7 +197,8 @@ def _check_signature(leaf: Any, algorithm: str, message: bytes, signature: bytes
         raise NotationRefusal("the signature does not verify with its certificate") from exc
 
 
-def _check_chain(certificates: list[Any], trust: NotationTrust, moment: datetime) -> None:
+def _check_chain(certificates: list[Any], trust: NotationTrust, moment: datetime) -> int:
+    """Check the chain up to the trust store certificate; return that certificate's index."""
     from cryptography import x509
     from cryptography.exceptions import InvalidSignature
     from cryptography.hazmat.primitives import serialization
@@ -220,11 +234,12 @@ def _check_chain(certificates: list[Any], trust: NotationTrust, moment: datetime
     try:
         usage = leaf.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
     except x509.ExtensionNotFound:
-        return
+        return anchored
     if x509.oid.ExtendedKeyUsageOID.CODE_SIGNING not in usage:
         raise NotationRefusal(
             "the signing certificate is not for code signing (extended key usage)"
         )
+    return anchored
 
 
 def _is_ca(cert: Any, x509: Any) -> bool:
