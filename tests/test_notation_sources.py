@@ -13,12 +13,14 @@ another chart are each refused with the reason.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 import requests
+from cryptography.hazmat.primitives import serialization
 
 from agent.verify import IdentityPolicy, TrustPolicy, verify_publication
 from hub.errors import FleetRepoError
@@ -30,6 +32,7 @@ from tests.realenv.notation import IssuingCA, Notation, make_ca
 from tests.realenv.registry import Registry
 from tests.realenv.sigstore import MiniSigstore
 from tests.realenv.sigstore.mini import DEFAULT_IDENTITY
+from tests.realenv.sigstore.server import TSA_PATH
 from tests.test_hub_publish import branch_files, server_refs
 from tests.test_source_signatures import Charts, signer, write_signed_fleet
 
@@ -269,8 +272,6 @@ def test_a_notation_pass_is_remembered_only_while_its_certificates_are_valid(
 ) -> None:
     """Its verdict depends on the time (the chain must be valid now): the cache keeps it
     until the first certificate of the chain expires, unlike a cosign pass."""
-    from dataclasses import replace
-
     from agent.verify.cosign import PassCache
 
     uri, digest = charts.push("6.0.0")
@@ -290,3 +291,62 @@ def test_a_notation_pass_is_remembered_only_while_its_certificates_are_valid(
     assert cache.get(digest, check.policy) == check
     cache.put(replace(check, valid_until="2020-01-01T00:00:00Z"))
     assert cache.get(digest, check.policy) is None
+
+
+def test_a_timestamped_signature_outlives_its_certificate(
+    charts: Charts,
+    notation: Notation,
+    acme: IssuingCA,
+    registry: Registry,
+    mini_sigstore_v2: MiniSigstore,
+    tmp_path: Path,
+) -> None:
+    """With a TSA trust store in the policy, the RFC 3161 countersignature (notation sign
+    --timestamp-url) dates the signature: the chain is judged at that time, so the pass holds
+    for good and still holds once the signing certificate has expired; a TSA the policy does
+    not trust is refused."""
+    from agent.verify.notation import JWS, NotationRefusal, verify_notation
+
+    tsa_root = tmp_path / "tsa-root.pem"
+    tsa_root.write_bytes(mini_sigstore_v2.tsa.chain[-1].public_bytes(serialization.Encoding.PEM))
+    uri, digest = charts.push("7.0.0")
+    stamp = mini_sigstore_v2.url + TSA_PATH
+    notation.sign(f"{uri}@{digest}", "release", timestamp_url=stamp, timestamp_root=tsa_root)
+    policies, files = policy(tmp_path, acme)
+    policies["release"]["notation"]["tsaTrustStore"] = ["trust/tsa-root.pem"]
+    files["trust/tsa-root.pem"] = tsa_root
+    fleet = write_signed_fleet(tmp_path / "fleet", uri, {"digest": digest}, policies, files=files)
+    prepared = prepare(fleet)
+    assert prepared.signatures is not None
+    (verdict,) = prepared.signatures.verdicts.values()
+    assert verdict.check.ok, verdict.check.reason
+    assert verdict.check.valid_until is None
+    trust = verdict.policy.notation
+    assert trust is not None
+    envelope = notation_envelope(registry, uri, digest)
+    later = datetime.now(UTC) + timedelta(days=2)  # the signing certificate lasts 12 hours
+    assert verify_notation(envelope, JWS, digest, trust, now=later).valid_until is None
+    untimed = replace(trust, tsa_store=())
+    with pytest.raises(NotationRefusal, match="is not valid now"):
+        verify_notation(envelope, JWS, digest, untimed, now=later)
+    foreign = replace(trust, tsa_store=(acme.certificate.public_bytes(serialization.Encoding.DER),))
+    with pytest.raises(NotationRefusal, match="does not verify against the policy's TSA trust"):
+        verify_notation(envelope, JWS, digest, foreign)
+
+
+def notation_envelope(registry: Registry, uri: str, digest: str) -> bytes:
+    """The JWS of the first notation signature listed in ``digest``'s referrers tag."""
+    base = f"http://{registry.host}/v2/{uri.split('/', 1)[1]}"
+    index = requests.get(
+        f"{base}/manifests/sha256-{digest.removeprefix('sha256:')}",
+        headers={"Accept": _INDEX},
+        timeout=30,
+    ).json()
+    manifest = requests.get(
+        f"{base}/manifests/{index['manifests'][0]['digest']}",
+        headers={"Accept": _MANIFEST},
+        timeout=30,
+    ).json()
+    blob = requests.get(f"{base}/blobs/{manifest['layers'][0]['digest']}", timeout=30)
+    blob.raise_for_status()
+    return blob.content

@@ -17,8 +17,10 @@ failing closed with a reason:
    key (of the algorithm's kind);
 3. the chain links leaf to a certificate of the policy's trust store, each certificate
    issuing the one before it, every issuer a CA, the leaf a code-signing certificate, all
-   valid now (``notary.x509`` without a timestamp countersignature: the time the envelope
-   claims is the signer's own);
+   valid now, or, when the policy has a TSA trust store (``tsaTrustStore``), at the time of
+   the RFC 3161 countersignature over the signature value
+   (``io.cncf.notary.timestampSignature``, verified with rfc3161-client against that store;
+   the time the envelope itself claims is the signer's own and never used);
 4. the leaf's subject is one of the trusted identities (the identity's RDNs a subset of the
    subject's, as notation matches them), or the policy trusts ``*``;
 5. the payload's target artifact is this very digest.
@@ -44,6 +46,7 @@ COSE = "application/cose"
 _PAYLOAD_TYPE = "application/vnd.cncf.notary.payload.v1+json"
 _SCHEME = "io.cncf.notary.signingScheme"
 _EXPIRY = "io.cncf.notary.expiry"
+_TIMESTAMP = "io.cncf.notary.timestampSignature"
 _KNOWN_CRITICAL = {_SCHEME, _EXPIRY}
 _ALGORITHMS = {
     "ES256": ("ec", "secp256r1", "SHA256"),
@@ -73,7 +76,7 @@ class NotationSigner:
     earliest end of validity of the chain's certificates, or the envelope's expiry."""
 
     signer: str
-    valid_until: datetime
+    valid_until: datetime | None
 
 
 def verify_notation(
@@ -109,8 +112,12 @@ def verify_notation(
     certificates = _load_chain(chain)
     leaf = certificates[0]
     _check_signature(leaf, algorithm, f"{protected_b64}.{payload_b64}".encode(), signature)
-    anchored = _check_chain(certificates, trust, moment)
-    ends = [c.not_valid_after_utc for c in certificates[: anchored + 1]]
+    stamped = None
+    if trust.tsa_store:
+        stamped = _timestamp(doc.get("header", {}).get(_TIMESTAMP), signature, trust)
+    anchored = _check_chain(certificates, trust, stamped or moment)
+    # Timestamped, the verdict holds for good; else until the chain's first end.
+    ends = [] if stamped else [c.not_valid_after_utc for c in certificates[: anchored + 1]]
     if _EXPIRY in header:
         ends.append(datetime.fromisoformat(str(header[_EXPIRY]).replace("Z", "+00:00")))
     subject = _subject(leaf)
@@ -125,7 +132,40 @@ def verify_notation(
     signed = target.get("digest") if isinstance(target, dict) else None
     if signed != digest:
         raise NotationRefusal(f"the signature is for {signed}, not for {digest}")
-    return NotationSigner(f"notation {leaf.subject.rfc4514_string()}", min(ends))
+    return NotationSigner(f"notation {leaf.subject.rfc4514_string()}", min(ends, default=None))
+
+
+def _timestamp(value: Any, signature: bytes, trust: NotationTrust) -> datetime | None:
+    """The time the RFC 3161 countersignature (over the signature value) vouches for, verified
+    against the policy's TSA trust store; None when the envelope has none."""
+    if value is None:
+        return None
+    from cryptography import x509
+    from rfc3161_client import VerifierBuilder, decode_timestamp_response
+
+    try:
+        token = base64.b64decode(str(value), validate=True)
+        # A TimeStampResp (status granted, then the token), as rfc3161-client reads them.
+        body = bytes.fromhex("3003020100") + token
+        size = len(body).to_bytes((len(body).bit_length() + 7) // 8 or 1, "big")
+        length = bytes([len(body)]) if len(body) < 0x80 else bytes([0x80 | len(size)]) + size
+        response = decode_timestamp_response(b"\x30" + length + body)
+    except Exception as exc:  # binascii, ASN.1 and the Rust parser's errors alike
+        raise NotationRefusal(f"the timestamp countersignature is not readable ({exc})") from exc
+    failures = []
+    for root in trust.tsa_store:
+        try:
+            verifier = VerifierBuilder().add_root_certificate(x509.load_der_x509_certificate(root))
+            verifier.build().verify_message(response, signature)
+        except Exception as exc:  # rfc3161-client's VerificationError and its parsers'
+            failures.append(_one_line(exc))
+            continue
+        moment = response.tst_info.gen_time
+        return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+    raise NotationRefusal(
+        "the timestamp countersignature does not verify against the policy's TSA trust store "
+        f"({'; '.join(failures[:2])})"
+    )
 
 
 def _b64url(text: str) -> bytes:

@@ -39,7 +39,7 @@ from agent.errors import FieldProblem
 
 _IDENTITY_FIELDS = ("issuer", "issuerRegExp", "subject", "subjectRegExp")
 _POLICY_FIELDS = ("keys", "identities", "trustedRoot", "notation")
-_NOTATION_FIELDS = ("trustStore", "trustedIdentities")
+_NOTATION_FIELDS = ("trustStore", "trustedIdentities", "tsaTrustStore")
 _PEM_CERT = re.compile(
     r"-----BEGIN CERTIFICATE-----\s+[A-Za-z0-9+/=\s]+-----END CERTIFICATE-----", re.DOTALL
 )
@@ -103,14 +103,22 @@ class NotationTrust:
 
     trust_store: tuple[bytes, ...]
     trusted_identities: tuple[str, ...]
+    tsa_store: tuple[bytes, ...] = ()
+    """Root certificates (DER) of the timestamp authorities whose RFC 3161 countersignature
+    dates a signature (notation's ``tsa`` trust store); none: certificates must be valid now."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        doc: dict[str, Any] = {
             "trustStore": sorted(
                 "sha256:" + hashlib.sha256(c).hexdigest() for c in self.trust_store
             ),
             "trustedIdentities": sorted(self.trusted_identities),
         }
+        if self.tsa_store:
+            doc["tsaTrustStore"] = sorted(
+                "sha256:" + hashlib.sha256(c).hexdigest() for c in self.tsa_store
+            )
+        return doc
 
     def describe(self) -> str:
         who = " or ".join(self.trusted_identities)
@@ -172,6 +180,10 @@ class SourcePolicy:
                 "trustStore": [_pem_certificate(c) for c in self.notation.trust_store],
                 "trustedIdentities": list(self.notation.trusted_identities),
             }
+            if self.notation.tsa_store:
+                doc["notation"]["tsaTrustStore"] = [
+                    _pem_certificate(c) for c in self.notation.tsa_store
+                ]
         return doc
 
 
@@ -220,36 +232,17 @@ def parse_source_policy(
 def _notation(
     raw: Any, where: str, read: ReadFile, problem: Callable[[str, str, Any], None]
 ) -> NotationTrust | None:
-    """``notation: {trustStore: [PEM or file], trustedIdentities: ["x509.subject: ..." | "*"]}``."""
-    from cryptography import x509
-
+    """``notation: {trustStore: [PEM or file], trustedIdentities: ["x509.subject: ..." | "*"],
+    tsaTrustStore?: [PEM or file]}``."""
     if not isinstance(raw, dict):
         problem(where, "a mapping {trustStore, trustedIdentities}", raw)
         return None
     for key in sorted(set(raw) - set(_NOTATION_FIELDS), key=str):
         problem(f"{where}.{key}", ", ".join(_NOTATION_FIELDS), "unknown field")
-    store: list[bytes] = []
-    entries = raw.get("trustStore")
-    if not isinstance(entries, list) or not entries:
-        problem(f"{where}.trustStore", "a non-empty list of PEM CA certificates or files", entries)
-    for i, item in enumerate(entries if isinstance(entries, list) else []):
-        at = f"{where}.trustStore[{i}]"
-        text = item if isinstance(item, str) else ""
-        if text and "-----BEGIN" not in text:
-            try:
-                text = read(text.strip()).decode("utf-8", errors="replace")
-            except (OSError, ValueError) as exc:
-                problem(at, "a readable file of PEM certificates", f"{item}: {exc}")
-                continue
-        found = _PEM_CERT.findall(text)
-        try:
-            certs = [x509.load_pem_x509_certificate(pem.encode()) for pem in found]
-        except ValueError:
-            certs = []
-        if not certs:
-            problem(at, "PEM certificates (the CA that issues the signers' certificates)", item)
-            continue
-        store += [c.public_bytes(_der()) for c in certs]
+    store = _certificates(raw.get("trustStore"), f"{where}.trustStore", read, problem)
+    tsa: list[bytes] = []
+    if "tsaTrustStore" in raw:
+        tsa = _certificates(raw["tsaTrustStore"], f"{where}.tsaTrustStore", read, problem)
     names = raw.get("trustedIdentities")
     identities: list[str] = []
     if not isinstance(names, list) or not names:
@@ -267,9 +260,41 @@ def _notation(
                 '"x509.subject: C=US, O=Acme, CN=release" (RDNs as TYPE=value) or "*"',
                 item,
             )
-    if not store or not identities:
+    if not store or not identities or ("tsaTrustStore" in raw and not tsa):
         return None
-    return NotationTrust(tuple(store), tuple(identities))
+    return NotationTrust(tuple(store), tuple(identities), tuple(tsa))
+
+
+def _certificates(
+    entries: Any, where: str, read: ReadFile, problem: Callable[[str, str, Any], None]
+) -> list[bytes]:
+    """The DER of every PEM certificate of ``entries`` (a non-empty list, each PEM text or
+    the path of a file)."""
+    from cryptography import x509
+
+    if not isinstance(entries, list) or not entries:
+        problem(where, "a non-empty list of PEM certificates or files holding them", entries)
+        return []
+    store: list[bytes] = []
+    for i, item in enumerate(entries):
+        at = f"{where}[{i}]"
+        text = item if isinstance(item, str) else ""
+        if text and "-----BEGIN" not in text:
+            try:
+                text = read(text.strip()).decode("utf-8", errors="replace")
+            except (OSError, ValueError) as exc:
+                problem(at, "a readable file of PEM certificates", f"{item}: {exc}")
+                continue
+        found = _PEM_CERT.findall(text)
+        try:
+            certs = [x509.load_pem_x509_certificate(pem.encode()) for pem in found]
+        except ValueError:
+            certs = []
+        if not certs:
+            problem(at, "PEM certificates (a CA that issues the signers' certificates)", item)
+            continue
+        store += [c.public_bytes(_der()) for c in certs]
+    return store
 
 
 def parse_subject(identity: str) -> frozenset[tuple[str, str]] | None:

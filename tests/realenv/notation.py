@@ -120,15 +120,26 @@ class Notation:
         self._keys.append({"name": name, "keyPath": str(key_path), "certPath": str(chain_path)})
         (self.config / "signingkeys.json").write_text(json.dumps({"keys": self._keys}))
 
-    def sign(self, reference: str, key: str) -> None:
-        """``notation sign --key KEY`` of ``registry/repo@digest`` (plain HTTP registry)."""
+    def sign(
+        self,
+        reference: str,
+        key: str,
+        *,
+        timestamp_url: str = "",
+        timestamp_root: Path | None = None,
+    ) -> None:
+        """``notation sign --key KEY`` of ``registry/repo@digest`` (plain HTTP registry); with
+        ``timestamp_url``, countersigned by that RFC 3161 TSA (whose root is ``timestamp_root``)."""
+        stamp = []
+        if timestamp_url:
+            stamp = ["--timestamp-url", timestamp_url, "--timestamp-root-cert", str(timestamp_root)]
         env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
             "HOME": str(self.home),
             "NOTATION_CONFIG": str(self.config),
         }
         done = subprocess.run(
-            [str(self.binary), "sign", "--insecure-registry", "--key", key, reference],
+            [str(self.binary), "sign", "--insecure-registry", "--key", key, *stamp, reference],
             env=env,
             capture_output=True,
             text=True,
