@@ -40,13 +40,10 @@ import ctypes
 import errno
 import functools
 import gc
-import logging
 import os
-import platform
 import stat
 import struct
 import sys
-import sysconfig
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -151,6 +148,8 @@ def for_python(
     ``code`` is fleetlet's code root: its entries may be listed (the import system needs that)
     but only its ``agent`` package read, so a root that is a source checkout or a home
     directory gives away nothing else."""
+    import sysconfig  # here: only a plugin's worker needs it (a render starts sooner)
+
     read = [Path(p) for p in path] + [code / "agent"]
     for key in ("stdlib", "platstdlib"):
         read.append(Path(sysconfig.get_path(key)))
@@ -248,7 +247,7 @@ def _syscall(*args: object) -> int:
 @functools.cache
 def support() -> Support:
     """What this kernel offers (asked once)."""
-    seccomp = platform.machine() in _SECCOMP_ARCH and sys.platform == "linux"
+    seccomp = sys.platform == "linux" and os.uname().machine in _SECCOMP_ARCH
     if sys.platform != "linux":
         return Support(0, False, f"{sys.platform} has no Landlock")
     abi = _syscall(_SYS_CREATE_RULESET, None, ctypes.c_size_t(0), _CREATE_RULESET_VERSION)
@@ -328,6 +327,8 @@ def _no_collection() -> Iterator[None]:
 @functools.cache
 def _warn_once(found: Support) -> None:
     # The agent says it at start; `fleetlet render` and `hub diff` say it at their first render.
+    import logging  # here: a confined render logs nothing (and starts sooner without it)
+
     logging.getLogger("agent.render").warning("%s", found.describe())
 
 
@@ -391,7 +392,7 @@ def _add_rule(ruleset: int, path: Path, rights: int) -> None:
 def _seccomp_program() -> bytes:
     """A classic BPF program failing socket(2) and io_uring_setup(2) with EACCES, and every
     system call of a foreign ABI (x32, i386 on x86_64)."""
-    arch, socket_nr, uring_nr, foreign = _SECCOMP_ARCH[platform.machine()]
+    arch, socket_nr, uring_nr, foreign = _SECCOMP_ARCH[os.uname().machine]
     ld_abs, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06
     allow, deny = 0x7FFF0000, 0x00050000 | errno.EACCES
 
