@@ -76,3 +76,87 @@ def test_a_render_loads_only_what_it_uses(args: list[str]) -> None:
     assert loaded == {}, f"a render loaded modules it does not use: {loaded}"
     # The C YAML parser reads helm's and kustomize's output.
     assert "yaml._yaml" in modules
+
+
+# --- the head start: helm or kustomize started while the rest loads ----------------------------
+
+CHART_FILES = {
+    "Chart.yaml": "apiVersion: v2\nname: settings\nversion: 1.0.0\n",
+    "templates/cm.yaml": (
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{ .Release.Name }}-cm\n"
+        "data:\n  release: {{ .Release.Name | quote }}\n  namespace: {{ .Release.Namespace }}\n"
+    ),
+}
+
+
+def _chart(root: Path) -> Path:
+    for name, text in CHART_FILES.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    return root
+
+
+@pytest.mark.parametrize(
+    ("which", "path", "release"),
+    [
+        pytest.param("chart", None, None, id="chart, release name from Chart.yaml"),
+        pytest.param("chart", None, "shop", id="chart, --release-name"),
+        pytest.param("flux", "apps/production", None, id="kustomize --path"),
+    ],
+)
+def test_the_render_takes_over_its_head_start_and_prints_the_same(
+    which: str, path: str | None, release: str | None, tmp_path: Path
+) -> None:
+    from agent.render._process import discard_early
+    from agent.render.command import RenderOptions, run_render
+    from agent.render.headstart import head_start
+    from agent.render.tools import ToolSettings
+
+    bundle = str(_chart(tmp_path) if which == "chart" else FLUX_EXAMPLE)
+    tools = ToolSettings.from_env()
+    options = RenderOptions(path=path, release_name=release)
+    without = run_render(bundle_dir=bundle, options=options, tools=tools)
+    early = head_start(bundle_dir=bundle, format=None, path=path, namespace=None,
+                       release_name=release, kube_version=None, tools=tools)  # fmt: skip
+    try:
+        with_head_start = run_render(bundle_dir=bundle, options=options, tools=tools)
+    finally:
+        discard_early()
+    assert early is not None and early.adopted
+    assert with_head_start == without
+    if which == "chart":
+        assert f"release: {release or 'settings'}" in without
+
+
+def test_a_head_start_the_render_does_not_ask_for_is_killed_unread(tmp_path: Path) -> None:
+    from agent.render._process import discard_early
+    from agent.render.command import RenderOptions, run_render
+    from agent.render.headstart import head_start
+    from agent.render.tools import ToolSettings
+
+    bundle = str(_chart(tmp_path))
+    tools = ToolSettings.from_env()
+    # Started for another namespace than the render's: another helm process.
+    early = head_start(bundle_dir=bundle, format=None, path=None, namespace="elsewhere",
+                       release_name=None, kube_version=None, tools=tools)  # fmt: skip
+    try:
+        text = run_render(bundle_dir=bundle, options=RenderOptions(), tools=tools)
+    finally:
+        discard_early()
+    assert early is not None and not early.adopted
+    assert early.proc.returncode is not None  # killed and reaped
+    assert "namespace: default" in text and "elsewhere" not in text
+
+
+def test_no_head_start_for_a_path_outside_the_tree_or_another_format(tmp_path: Path) -> None:
+    from agent.render.headstart import head_start
+    from agent.render.tools import ToolSettings
+
+    _chart(tmp_path / "bundle")
+    _chart(tmp_path / "outside")
+    tools = ToolSettings.from_env()
+    common = {"namespace": None, "release_name": None, "kube_version": None, "tools": tools}
+    bundle = str(tmp_path / "bundle")
+    assert head_start(bundle_dir=bundle, format=None, path="../outside", **common) is None
+    assert head_start(bundle_dir=bundle, format="plain", path=None, **common) is None
+    assert head_start(bundle_dir=str(tmp_path / "none"), format=None, path=None, **common) is None

@@ -45,7 +45,7 @@ import stat
 import struct
 import sys
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
@@ -172,6 +172,33 @@ def for_python(
 
 
 _NOWHERE = "http://127.0.0.1:9"
+
+
+# helm's whole environment (here, beside the other renderers', so that `fleetlet render`'s
+# head start can start helm without importing the helm format): no cluster, no network, and no state. Its home and every ``HELM_*``
+# directory lie under /dev/null, a file, so nothing there can be read or created (not even by
+# root): no repositories, no registry logins, no plugins (so no post-renderer), no cache shared
+# between renders. The registry configuration is /dev/null itself, because helm opens it on
+# every start and takes "not a directory" for an error.
+_HELM_NO_STATE = "/dev/null/fleetlet-helm"
+HELM_ENVIRONMENT: Mapping[str, str] = {
+    "PATH": "/usr/bin:/bin",
+    "HOME": _HELM_NO_STATE,
+    "HELM_CACHE_HOME": f"{_HELM_NO_STATE}/cache",
+    "HELM_CONFIG_HOME": f"{_HELM_NO_STATE}/config",
+    "HELM_DATA_HOME": f"{_HELM_NO_STATE}/data",
+    "HELM_PLUGINS": f"{_HELM_NO_STATE}/plugins",
+    "HELM_REGISTRY_CONFIG": "/dev/null",
+    "HELM_REPOSITORY_CONFIG": f"{_HELM_NO_STATE}/config/repositories.yaml",
+    "HELM_REPOSITORY_CACHE": f"{_HELM_NO_STATE}/cache/repository",
+    "KUBECONFIG": f"{_HELM_NO_STATE}/kubeconfig",
+    "HTTP_PROXY": _NOWHERE,
+    "HTTPS_PROXY": _NOWHERE,
+    "http_proxy": _NOWHERE,
+    "https_proxy": _NOWHERE,
+    "NO_PROXY": "",
+    "no_proxy": "",
+}
 
 
 def environment(*, scratch: Path | None, home: str = "/dev/null/fleetlet-render") -> dict[str, str]:
