@@ -14,6 +14,8 @@ figure is the median wall time, and each render's ratio is to its baseline in th
 - the same two renders run by ``python -S`` (no ``site``: without the .pth start-up hooks of
   this machine's site-packages, as a wheel in a clean environment starts), beside
   ``python -S -c pass``;
+- with ``--before DIR``, the two renders once more with the code of another checkout, in the
+  same rounds (before and after a change, under the same load);
 - ``fleetlet --version``, ``--help``, ``render --help``, ``health --offline``, ``hub --help``
   and ``python -c pass`` (the floor: the interpreter and this machine's ``site``), with the
   number of modules each imports (``python -X importtime``).
@@ -60,6 +62,7 @@ class Case:
     argv: list[str]
     baseline: str | None = None  # the case this one is compared to
     bare: bool = False  # run without this machine's .pth start-up hooks (see _BARE)
+    code: Path | None = None  # another checkout's code (``--before``), else CODE
 
 
 # The console script's own code, run by ``python -S``: the interpreter without ``site``, so
@@ -117,6 +120,7 @@ def cases(scratch: Path) -> list[Case]:
 
 
 CODE = ROOT
+BEFORE: Path | None = None
 # Where the commands run: not a checkout (``python -m`` puts its directory first on sys.path).
 _NEUTRAL = "/"
 
@@ -130,10 +134,16 @@ def _env() -> dict[str, str]:
     return env
 
 
+def _case_env(case: Case, env: dict[str, str]) -> dict[str, str]:
+    code = str(case.code or CODE)
+    if case.bare:
+        return {**env, "PYTHONPATH": os.pathsep.join([code, *_site_packages()])}
+    return {**env, "PYTHONPATH": code}
+
+
 def _run(case: Case, env: dict[str, str]) -> tuple[float, float]:
     """Wall time and CPU time (user + system, its children included) of one run, in s."""
-    if case.bare:
-        env = {**env, "PYTHONPATH": os.pathsep.join([str(CODE), *_site_packages()])}
+    env = _case_env(case, env)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     done = subprocess.run(case.argv, env=env, capture_output=True, check=False, cwd=_NEUTRAL)
@@ -148,8 +158,7 @@ def _run(case: Case, env: dict[str, str]) -> tuple[float, float]:
 def _modules(case: Case, env: dict[str, str]) -> int | None:
     """How many modules the command imports (``-X importtime`` lines); None for a tool."""
     argv = case.argv
-    if case.bare:
-        env = {**env, "PYTHONPATH": os.pathsep.join([str(CODE), *_site_packages()])}
+    env = _case_env(case, env)
     if argv[0] == sys.executable:
         argv = [sys.executable, "-X", "importtime", *argv[1:]]
     elif Path(argv[0]).name == "fleetlet":
@@ -166,6 +175,13 @@ def measure(
     env = _env()
     with tempfile.TemporaryDirectory(prefix="fleetlet-bench-cli-") as scratch:
         all_cases = cases(Path(scratch))
+        if BEFORE is not None:
+            # The same renders with the other checkout's code, in the same rounds.
+            all_cases[4:4] = [
+                Case(f"{c.name}, before", c.argv, baseline=c.baseline, code=BEFORE)
+                for c in all_cases[:4]
+                if c.baseline
+            ]
         times: dict[str, list[float]] = {c.name: [] for c in all_cases}
         cpu: dict[str, list[float]] = {c.name: [] for c in all_cases}
         for _ in range(1):  # warm-up: page cache, pyc files
@@ -187,10 +203,14 @@ def report(
     median = {name: statistics.median(runs) for name, runs in times.items()}
     fastest = {name: min(runs) for name, runs in times.items()}
     load = os.getloadavg()[0]
+    before = ""
+    if BEFORE:
+        before = f"The rows marked *before* run the code of `{BEFORE}` in the same rounds. "
     lines = [
         SECTION,
         "",
-        f"`python -m bench.render_cli --repeat {repeat} --write`: whole processes as a user "
+        f"`python -m bench.render_cli --repeat {repeat}"
+        f"{' --before DIR' if BEFORE else ''} --write`: whole processes as a user "
         f"runs them, the cases taking turns in each of {repeat} rounds after a warm-up round; "
         "median and fastest wall time, median CPU time (user + system, the process's children "
         "included: what the command costs the machine, the least sensitive to its load). "
@@ -200,7 +220,7 @@ def report(
         "and kustomize are the pinned binaries. The rows marked *no .pth hooks* run the same "
         "code with `python -S` and site-packages on `PYTHONPATH`: without the start-up hooks of "
         "this machine's site-packages (the sandbox's certifi hook, the editable install's "
-        "finder), as a wheel installed in a clean environment would start. Machine: "
+        "finder), as a wheel installed in a clean environment would start. " + before + "Machine: "
         f"{platform.machine()}, {os.cpu_count()} CPUs shared with other work, load average "
         f"{load:.1f}, Python {platform.python_version()}.",
         "",
@@ -248,9 +268,15 @@ def main(argv: list[str] | None = None) -> int:
         default=ROOT,
         help="the checkout whose fleetlet runs (default: this one; another to compare)",
     )
+    parser.add_argument(
+        "--before",
+        type=Path,
+        help="another checkout whose fleetlet renders the same inputs in the same rounds",
+    )
     args = parser.parse_args(argv)
-    global CODE
+    global CODE, BEFORE
     CODE = args.code
+    BEFORE = args.before
     all_cases, times, cpu, modules = measure(args.repeat)
     text = report(all_cases, times, cpu, modules, args.repeat)
     print(text)
