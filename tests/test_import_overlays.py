@@ -213,3 +213,24 @@ def test_an_overlay_adding_or_swapping_files_becomes_a_placed_directory(tmp_path
     )
     assert sorted(o["metadata"]["name"] for o in objects) == ["extra", "keep", "other"]
     assert render_problem(bundle, root, url) is None
+
+
+def test_a_bundle_level_overlay_adding_a_file_places_it_for_every_cluster(tmp_path: Path) -> None:
+    from hub.importer.fleet import ImportSettings, import_fleet, write_fleet_repo
+
+    url = "https://git.example.invalid/x.git"
+    root = _one_bundle(tmp_path / "src", {"extra.yaml": CM % "extra"}, {"cm.yaml": CM % "web"})
+    (root / "app" / "fleet.yaml").write_text("yaml: {overlays: [o]}\n")
+    result = import_fleet(
+        root, ImportSettings(name="x", source_url=url, clusters=[{"name": "c1", "labels": {}}])
+    )
+    (bundle,) = result.bundles
+    assert [s.get("destination") for s in bundle["sources"]] == [None, "fleet-overlays/o"]
+    assert "overrides" not in bundle and "patches" not in bundle
+    write_fleet_repo(result, tmp_path / "out")  # loads as the hub loads it
+    work = tmp_path / "tree"
+    for source in bundle["sources"]:
+        shutil.copytree(root / source["directory"], work / source.get("destination", ""),
+                        dirs_exist_ok=True)  # fmt: skip
+    objects = render_bundle(work, format="plain", request=RenderRequest(source="x-app"))
+    assert sorted(o["metadata"]["name"] for o in objects) == ["extra", "web"]
