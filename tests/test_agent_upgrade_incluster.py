@@ -35,6 +35,8 @@ import pytest
 
 from agent.install.manifests import FIELD_MANAGER, InstallConfig, crds, install_objects
 from agent.kube import ForbiddenError, KubeClient
+from agent.runner.objects import ObjectDoor
+from agent.runner.reader import open_reader
 from agent.upgrade.artifact import MANIFEST, pack
 from agent.upgrade.deployment import (
     CANDIDATE,
@@ -180,8 +182,12 @@ def _upgrades(
         repo=SimpleNamespace(cache_dir=tmp / "cache"),
         plain_http_registries=True,
     )
-    supervisor = SimpleNamespace(pusher=None, last=None)  # no status push, no set accepted
-    return InClusterUpgrades(settings=settings, supervisor=supervisor)
+    # The supervisor's small door (agent.runner.objects), as agent run has it; no status push,
+    # no set accepted.
+    supervisor = SimpleNamespace(pusher=None, last=None, reader=open_reader(kubeconfig))
+    upgrades = InClusterUpgrades(settings=settings, supervisor=supervisor)
+    assert isinstance(upgrades.kube, ObjectDoor)
+    return upgrades
 
 
 def _attempt_ends(store: UpgradeStore, desired: Desired) -> Record:
