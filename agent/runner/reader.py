@@ -13,12 +13,14 @@ supervisor then leaves drift checks to workers.
 from __future__ import annotations
 
 import base64
+import contextlib
 import http.client
 import json
 import os
 import shutil
 import ssl
 import tempfile
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,7 +56,9 @@ class ObjectVersion:
 
 class ClusterReader:
     """Metadata-only LISTs against one API server (see the module docstring). Thread-safe:
-    each call opens, uses and closes its own connection."""
+    each thread keeps its own connection open between calls (a drift check is a dozen LISTs:
+    one TLS handshake, not a dozen); a kept connection the server closed meanwhile is
+    replaced once."""
 
     def __init__(
         self,
@@ -79,9 +83,17 @@ class ClusterReader:
         self._token_file = token_file
         self._timeout = timeout
         self._workdir = workdir
+        self._local = threading.local()
+        self._open: list[http.client.HTTPConnection] = []
+        self._open_lock = threading.Lock()
 
     def close(self) -> None:
-        """Remove the credential files this reader wrote (kubeconfig ``*-data``)."""
+        """Close the kept connections; remove the credential files this reader wrote
+        (kubeconfig ``*-data``)."""
+        with self._open_lock:
+            connections, self._open = self._open, []
+        for connection in connections:
+            connection.close()
         if self._workdir is not None:
             shutil.rmtree(self._workdir, ignore_errors=True)
 
@@ -115,33 +127,55 @@ class ClusterReader:
         """
         found: dict[str, ObjectVersion] = {}
         token = ""
-        connection = self._connection()
-        try:
-            while True:
-                joiner = "&" if "?" in path else "?"
-                query = f"{joiner}limit={_PAGE}" + (f"&continue={quote(token)}" if token else "")
-                page = self._get(connection, self._prefix + path + query, user)
-                for item in page.get("items") or []:
-                    meta = item.get("metadata") or {}
-                    name = str(meta.get("name") or "")
-                    found[name] = ObjectVersion(
-                        name=name,
-                        uid=str(meta.get("uid") or ""),
-                        resource_version=str(meta.get("resourceVersion") or ""),
-                    )
-                token = str((page.get("metadata") or {}).get("continue") or "")
-                if not token:
-                    return found
-        finally:
-            connection.close()
+        while True:
+            joiner = "&" if "?" in path else "?"
+            query = f"{joiner}limit={_PAGE}" + (f"&continue={quote(token)}" if token else "")
+            page = self._get(self._prefix + path + query, user)
+            for item in page.get("items") or []:
+                meta = item.get("metadata") or {}
+                name = str(meta.get("name") or "")
+                found[name] = ObjectVersion(
+                    name=name,
+                    uid=str(meta.get("uid") or ""),
+                    resource_version=str(meta.get("resourceVersion") or ""),
+                )
+            token = str((page.get("metadata") or {}).get("continue") or "")
+            if not token:
+                return found
 
-    def _get(self, connection: http.client.HTTPConnection, url: str, user: str | None) -> Any:
-        try:
-            connection.request("GET", url, headers=self._headers(user, _METADATA_LIST))
-            response = connection.getresponse()
-            body = response.read(_MAX_BODY + 1)
-        except (OSError, http.client.HTTPException) as exc:
-            raise ReaderError(f"GET {url}: {exc}") from exc
+    def _kept(self) -> tuple[http.client.HTTPConnection, bool]:
+        """This thread's connection, and whether it was used before."""
+        connection = getattr(self._local, "connection", None)
+        if connection is not None:
+            return connection, True
+        connection = self._connection()
+        self._local.connection = connection
+        with self._open_lock:
+            self._open.append(connection)
+        return connection, False
+
+    def _drop(self, connection: http.client.HTTPConnection) -> None:
+        connection.close()
+        self._local.connection = None
+        with self._open_lock, contextlib.suppress(ValueError):
+            self._open.remove(connection)
+
+    def _get(self, url: str, user: str | None) -> Any:
+        headers = self._headers(user, _METADATA_LIST)
+        while True:
+            connection, reused = self._kept()
+            try:
+                connection.request("GET", url, headers=headers)
+                response = connection.getresponse()
+                body = response.read(_MAX_BODY + 1)
+            except (OSError, http.client.HTTPException) as exc:
+                self._drop(connection)
+                if reused and not isinstance(exc, TimeoutError):
+                    continue  # closed by the server while kept: once more, on a new one
+                raise ReaderError(f"GET {url}: {exc}") from exc
+            if response.will_close or len(body) > _MAX_BODY:
+                self._drop(connection)
+            break
         if response.status != 200:
             raise ReaderError(f"GET {url}: HTTP {response.status}")
         if len(body) > _MAX_BODY:
