@@ -354,7 +354,7 @@ class RevisionStore:
             return None
         with self._lock:
             cached = self._loaded.get((bundle, chosen.number, chosen.sha256))
-        return cached if cached is not None else self.load(bundle, chosen.number)
+        return cached if cached is not None else self._load_entry(bundle, chosen)
 
     def latest_number(self, bundle: str) -> int | None:
         """The number of the bundle's last healthy revision (one small read), or None."""
@@ -372,6 +372,11 @@ class RevisionStore:
         chosen = next((e for e in kept if number is None or e.number == number), None)
         if chosen is None:
             return None
+        return self._load_entry(bundle, chosen)
+
+    def _load_entry(self, bundle: str, chosen: IndexEntry) -> HealthyRevision:
+        """The revision ``chosen`` names (from an index just read), from its chunks, checked
+        against its sha256. Raises what :meth:`load` raises."""
         what = f"revision {chosen.number} of bundle {bundle}"
         pieces: list[bytes] = []
         for index in range(chosen.chunks):
