@@ -17,6 +17,7 @@ from agent.apply import Entry, Inventory, Key, plan_prune, prune
 from agent.apply.hooks import POST_DELETE, PRE_DELETE, Hook, HookFailedError, run_hooks, split
 from agent.apply.intent import GroupRecord, GroupRecords
 from agent.apply.store import RevisionStore
+from agent.fanout import each
 from agent.kube import KubeApiError
 from agent.reconcile.context import Identities
 from agent.report.outputs import OutputsStage
@@ -136,8 +137,8 @@ def _owned(name: str, store: RevisionStore, recorded: Mapping[str, GroupRecord])
 def _claims(store: RevisionStore, wanted: set[str]) -> dict[Key, str]:
     """Objects the bundles that stay own: never deleted, handed over."""
     claims: dict[Key, str] = {}
-    for name in sorted(wanted):
-        kept = store.latest(name) if store.latest_number(name) is not None else None
+    names = sorted(wanted)
+    for name, kept in zip(names, each(store.latest, names), strict=True):
         for key in kept.inventory.entries if kept else ():
             claims.setdefault(key, name)
     return claims
