@@ -123,6 +123,11 @@ _WARM = (
     "agent.reconcile.group", "agent.apply", "agent.health", "agent.render", "agent.verify",
     "agent.verify._sigstore", "agent.report.logs", "agent.report.push", "agent.runner.relay",
     "agent.source.oci", "agent.secrets.keys", "sigstore.models", "sigstore.verify",
+    # The cluster client (agent.kube imports it lazily, at the job's first request: 0.15-0.25
+    # s of the move), and what the job's result and the agent entry import.
+    "kubernetes", "kubernetes.config.kube_config", "kubernetes.dynamic", "agent.kube._discovery",
+    "agent.fanout", "agent.cli", "agent.upgrade.desired", "agent.render.confine",
+    "cryptography.hazmat.backends.openssl", "_strptime",
 )  # fmt: skip
 
 
@@ -319,6 +324,7 @@ def watches(agent: Any) -> tuple[Watch, ...] | None:
     so a CRD that appears starts a worker, which applies the object. None when the
     collections cannot be located (the API server away)."""
     from agent.apply.store import RevisionStore
+    from agent.fanout import each
     from agent.health.group import checks_of
     from agent.kube import ApiNotServedError, KubeError, ObjectRef
     from agent.report.bundles import GROUP_VERSION, KIND, MANAGED_LABEL
@@ -337,10 +343,12 @@ def watches(agent: Any) -> tuple[Watch, ...] | None:
     unserved: set[str | None] = set()
     namespace = agent.reconciler.settings.agent_namespace
     try:
-        for entry in accepted.bundle_deployments:
+        entries = accepted.bundle_deployments
+        for entry, stored in zip(
+            entries, each(lambda e: store.latest(e.name), entries), strict=True
+        ):
             account = entry.spec.service_account_name
             user = f"system:serviceaccount:{namespace}:{account}" if account else None
-            stored = store.latest(entry.name)
             refs = [ObjectRef.of(o) for o in (stored.manifests if stored else ())]
             refs += [ObjectRef.of(c.object) for c in checks_of(entry.spec)]
             for ref in refs:
