@@ -414,6 +414,7 @@ def _wake_at(agent: Any) -> float | None:
     target of the accepted set retried by itself, or the running publication expiring (then
     every bundle says ``Expired``; once it has expired, that was said)."""
     from agent.api import parse_time
+    from agent.fanout import each
 
     accepted = agent.accepted
     if accepted is None:
@@ -422,8 +423,8 @@ def _wake_at(agent: Any) -> float | None:
     expires = accepted.expires_at + agent.pipeline.clock_skew
     if agent.clock() <= expires:
         times.append(expires + timedelta(seconds=1))  # past it, by the agent's clock too
-    for group in accepted.groups:
-        failure = agent.reconciler.records.load(group).failure
+    for record in each(agent.reconciler.records.load, accepted.groups):
+        failure = record.failure
         when = parse_time(failure.retry_at) if failure is not None and failure.retry_at else None
         if when is not None:
             times.append(when)
