@@ -332,8 +332,8 @@ class Reconciler:
             owned = [o for o in objects if not is_hook(o)]
             for key in Inventory.from_objects(owned).entries:
                 claims.setdefault(key, name)
-        names = sorted(e.name for e in deployment_set.bundle_deployments)
-        for name, stored in zip(names, each(self.store.latest, names), strict=True):
+        stored_of = self.store.latest_of(sorted(e.name for e in deployment_set.bundle_deployments))
+        for name, stored in stored_of.items():
             for key in stored.inventory.entries if stored else ():
                 claims.setdefault(key, name)
         return claims

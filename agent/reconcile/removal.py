@@ -17,7 +17,6 @@ from agent.apply import Entry, Inventory, Key, plan_prune, prune
 from agent.apply.hooks import POST_DELETE, PRE_DELETE, Hook, HookFailedError, run_hooks, split
 from agent.apply.intent import GroupRecord, GroupRecords
 from agent.apply.store import RevisionStore
-from agent.fanout import each
 from agent.kube import KubeApiError
 from agent.reconcile.context import Identities
 from agent.report.outputs import OutputsStage
@@ -137,8 +136,7 @@ def _owned(name: str, store: RevisionStore, recorded: Mapping[str, GroupRecord])
 def _claims(store: RevisionStore, wanted: set[str]) -> dict[Key, str]:
     """Objects the bundles that stay own: never deleted, handed over."""
     claims: dict[Key, str] = {}
-    names = sorted(wanted)
-    for name, kept in zip(names, each(store.latest, names), strict=True):
+    for name, kept in store.latest_of(sorted(wanted)).items():
         for key in kept.inventory.entries if kept else ():
             claims.setdefault(key, name)
     return claims

@@ -324,7 +324,6 @@ def watches(agent: Any) -> tuple[Watch, ...] | None:
     so a CRD that appears starts a worker, which applies the object. None when the
     collections cannot be located (the API server away)."""
     from agent.apply.store import RevisionStore
-    from agent.fanout import each
     from agent.health.group import checks_of
     from agent.kube import ApiNotServedError, KubeError, ObjectRef
     from agent.report.bundles import GROUP_VERSION, KIND, MANAGED_LABEL
@@ -343,10 +342,9 @@ def watches(agent: Any) -> tuple[Watch, ...] | None:
     unserved: set[str | None] = set()
     namespace = agent.reconciler.settings.agent_namespace
     try:
-        entries = accepted.bundle_deployments
-        for entry, stored in zip(
-            entries, each(lambda e: store.latest(e.name), entries), strict=True
-        ):
+        stored_of = store.latest_of([e.name for e in accepted.bundle_deployments])
+        for entry in accepted.bundle_deployments:
+            stored = stored_of[entry.name]
             account = entry.spec.service_account_name
             user = f"system:serviceaccount:{namespace}:{account}" if account else None
             refs = [ObjectRef.of(o) for o in (stored.manifests if stored else ())]
