@@ -79,17 +79,21 @@ class TargetedDiscoverer(LazyDiscoverer):  # type: ignore[misc]
             return
         prefix, group, version = wanted
         try:
-            if prefix == "apis":
-                # The groups served now; resource lists already read are kept.
-                self.parse_api_groups(request_resources=False, update=True)  # type: ignore[no-untyped-call]
             cached: Any = self._cache["resources"]
+            if prefix == "apis":
+                # The groups served now; resource lists already read are kept (the library
+                # resets the core group's: it is put back, it did not change).
+                core = cached.get("api")
+                self.parse_api_groups(request_resources=False, update=True)  # type: ignore[no-untyped-call]
+                if core is not None:
+                    cached["api"] = core
             served = cached.get(prefix, {}).get(group, {}).get(version)
             if served is not None:
                 # This group version's kinds now (a CRD added to a group already known).
                 served.resources = self.get_resources_for_api_version(  # type: ignore[no-untyped-call]
                     prefix, group, version, served.preferred
                 )
-                self._write_cache()  # type: ignore[no-untyped-call]
+            self._write_cache()  # type: ignore[no-untyped-call]
         except NotFoundError:
             super().invalidate_cache()  # type: ignore[no-untyped-call]  # gone meanwhile
 
