@@ -11,7 +11,10 @@ one timeout per backoff, not one per tick.
 
 Nothing older overwrites newer: every document carries a ``sequence`` that grows by one per
 document written, and before pushing the remote document is read; if its sequence is not lower
-than ours the push is refused with :class:`StatusSupersededError`. One exception: a pusher whose
+than ours the push is refused with :class:`StatusSupersededError`. After a push of its own the
+pusher builds the next commit on it without fetching (the push names it as the branch's old
+value, so the server refuses it if anyone else wrote since: then it fetches and reads the
+remote document as above). One exception: a pusher whose
 workdir held no state (a new pod, a lost volume) continues from the remote's sequence, since
 what it observes now is newer than anything pushed before.
 
