@@ -1,19 +1,19 @@
-"""A small read-only door to the API server for the supervisor: metadata-only LISTs.
+"""A small door to the API server for the supervisor: metadata-only LISTs, and one request.
 
 The supervisor must stay small, so it does not import the ``kubernetes`` package (the worker
 does, through :mod:`agent.kube`). What it needs is narrow: GET a collection as
 ``PartialObjectMetadataList`` (names, uids and resourceVersions, no specs), as the agent or
-impersonating a bundle's ServiceAccount. :class:`ClusterReader` does that over
-``http.client`` with the credentials of the in-cluster configuration, or of a kubeconfig whose
-user has a client certificate or a bearer token (data or file). Other kubeconfig users (exec
-plugins, auth providers, basic auth) are not read here: :func:`open_reader` says why and the
-supervisor then leaves drift checks to workers.
+impersonating a bundle's ServiceAccount; and, for the agent-upgrade loop, GET, POST and PATCH
+of single objects (:mod:`agent.runner.objects`, over :meth:`ClusterReader.request`).
+:class:`ClusterReader` does that over ``http.client`` with the credentials of the in-cluster
+configuration, or of a kubeconfig whose user has a client certificate or a bearer token (data
+or file). Other kubeconfig users (exec plugins, auth providers, basic auth) are not read here:
+:func:`open_reader` says why and the supervisor then leaves drift checks to workers.
 """
 
 from __future__ import annotations
 
 import base64
-import contextlib
 import http.client
 import json
 import os
@@ -21,7 +21,7 @@ import shutil
 import ssl
 import tempfile
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,9 +56,9 @@ class ObjectVersion:
 
 class ClusterReader:
     """Metadata-only LISTs against one API server (see the module docstring). Thread-safe:
-    each thread keeps its own connection open between calls (a drift check is a dozen LISTs:
-    one TLS handshake, not a dozen); a kept connection the server closed meanwhile is
-    replaced once."""
+    each thread keeps its own connection open between its requests, LISTs and :meth:`request`
+    alike (a drift check is a dozen LISTs: one TLS handshake, not a dozen); a kept connection
+    the server closed meanwhile is replaced once."""
 
     def __init__(
         self,
@@ -83,17 +83,17 @@ class ClusterReader:
         self._token_file = token_file
         self._timeout = timeout
         self._workdir = workdir
-        self._local = threading.local()
-        self._open: list[http.client.HTTPConnection] = []
-        self._open_lock = threading.Lock()
+        self._kept = threading.local()
+        self.on_request: Callable[[str], None] | None = None
+        """Called with the method of every request sent (the supervisor's metrics count them)."""
 
     def close(self) -> None:
-        """Close the kept connections; remove the credential files this reader wrote
-        (kubeconfig ``*-data``)."""
-        with self._open_lock:
-            connections, self._open = self._open, []
-        for connection in connections:
-            connection.close()
+        """Remove the credential files this reader wrote (kubeconfig ``*-data``); close the
+        calling thread's kept connection."""
+        kept = getattr(self._kept, "connection", None)
+        if kept is not None:
+            kept.close()
+            self._kept.connection = None
         if self._workdir is not None:
             shutil.rmtree(self._workdir, ignore_errors=True)
 
@@ -143,47 +143,75 @@ class ClusterReader:
             if not token:
                 return found
 
-    def _kept(self) -> tuple[http.client.HTTPConnection, bool]:
-        """This thread's connection, and whether it was used before."""
-        connection = getattr(self._local, "connection", None)
-        if connection is not None:
-            return connection, True
-        connection = self._connection()
-        self._local.connection = connection
-        with self._open_lock:
-            self._open.append(connection)
-        return connection, False
-
-    def _drop(self, connection: http.client.HTTPConnection) -> None:
-        connection.close()
-        self._local.connection = None
-        with self._open_lock, contextlib.suppress(ValueError):
-            self._open.remove(connection)
-
     def _get(self, url: str, user: str | None) -> Any:
-        headers = self._headers(user, _METADATA_LIST)
-        while True:
-            connection, reused = self._kept()
-            try:
-                connection.request("GET", url, headers=headers)
-                response = connection.getresponse()
-                body = response.read(_MAX_BODY + 1)
-            except (OSError, http.client.HTTPException) as exc:
-                self._drop(connection)
-                if reused and not isinstance(exc, TimeoutError):
-                    continue  # closed by the server while kept: once more, on a new one
-                raise ReaderError(f"GET {url}: {exc}") from exc
-            if response.will_close or len(body) > _MAX_BODY:
-                self._drop(connection)
-            break
-        if response.status != 200:
-            raise ReaderError(f"GET {url}: HTTP {response.status}")
-        if len(body) > _MAX_BODY:
-            raise ReaderError(f"GET {url}: answer too large")
+        status, body = self._exchange("GET", url, self._headers(user, _METADATA_LIST))
+        if status != 200:
+            raise ReaderError(f"GET {url}: HTTP {status}")
         try:
             return json.loads(body)
         except ValueError as exc:
             raise ReaderError(f"GET {url}: not JSON: {exc}") from exc
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: bytes | None = None,
+        content_type: str = "application/json",
+    ) -> tuple[int, bytes]:
+        """One request as the agent (``path`` below the server's; JSON accepted): the answer's
+        status and body, whatever the status. The calling thread keeps its connection open for
+        its next request (a renewal every few seconds then costs no TLS handshake); a kept
+        connection the server closed meanwhile is replaced once. Raises ReaderError (no answer,
+        a broken connection, a timeout, an answer too large)."""
+        headers = self._headers(None, "application/json")
+        if body is not None:
+            headers["Content-Type"] = content_type
+        return self._exchange(method, self._prefix + path, headers, body)
+
+    def _exchange(
+        self, method: str, url: str, headers: dict[str, str], body: bytes | None = None
+    ) -> tuple[int, bytes]:
+        """One request on the calling thread's kept connection (replaced once when the server
+        closed it meanwhile); the connection is kept for the thread's next request."""
+        kept: http.client.HTTPConnection | None = getattr(self._kept, "connection", None)
+        connection = kept or self._connection()
+        self._kept.connection = None
+        try:
+            answer = self._send(connection, method, url, headers, body)
+        except ReaderError as exc:
+            connection.close()
+            if kept is None or isinstance(exc.__cause__, TimeoutError):
+                raise
+            connection = self._connection()  # the server closed the idle one: once more
+            try:
+                answer = self._send(connection, method, url, headers, body)
+            except ReaderError:
+                connection.close()
+                raise
+        self._kept.connection = connection
+        return answer
+
+    def _send(
+        self,
+        connection: http.client.HTTPConnection,
+        method: str,
+        url: str,
+        headers: dict[str, str],
+        body: bytes | None = None,
+    ) -> tuple[int, bytes]:
+        if self.on_request is not None:
+            self.on_request(method)
+        try:
+            connection.request(method, url, body=body, headers=headers)
+            response = connection.getresponse()
+            answer = response.read(_MAX_BODY + 1)
+        except (OSError, http.client.HTTPException) as exc:
+            raise ReaderError(f"{method} {url}: {exc}") from exc
+        if len(answer) > _MAX_BODY:
+            raise ReaderError(f"{method} {url}: answer too large")
+        return response.status, answer
 
 
 def open_reader(kubeconfig: str | None, *, context: str | None = None) -> ClusterReader:
