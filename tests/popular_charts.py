@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 import yaml
 
+from agent.api.yamlio import SAFE_LOADER
 from agent.health import assess
 from agent.kube import ApiNotServedError, KubeClient, NotFoundError, ObjectRef
 from tests.fleetlab import Lab, conditions
@@ -154,9 +155,11 @@ def kinds_of(tmp_path: Path, cluster: Cluster, name: str, release: str) -> set[t
         tmp_path, cluster, "template", release, str(ASSETS / CHARTS[name]),
         "--namespace", release, "--include-crds", "--values", str(values),
     )  # fmt: skip
+    # libyaml's loader, as the agent reads renders: the pure-Python one takes 8 s for
+    # kyverno's 1.6 MB of CRDs on the loaded machine, 0.4 s this way.
     return {
         (doc["apiVersion"], doc["kind"])
-        for doc in yaml.safe_load_all(out.stdout)
+        for doc in yaml.load_all(out.stdout, Loader=SAFE_LOADER)
         if isinstance(doc, dict) and doc.get("kind")
     }
 
