@@ -30,6 +30,7 @@ import yaml
 
 from agent.api.yamlio import SAFE_LOADER
 from agent.health import assess
+from agent.install.crd_removal import remove_crds
 from agent.kube import ApiNotServedError, KubeClient, NotFoundError, ObjectRef
 from tests.fleetlab import Lab, conditions
 from tests.realenv.helm import HelmCli, StaticFiles
@@ -193,9 +194,15 @@ def delete_all(kube: KubeClient, made: Made, kinds: set[tuple[str, str]]) -> Non
         ObjectRef(api_of.get(kind, "v1"), kind, name, namespace)
         for kind, namespace, name in sorted(made, key=lambda m: m[0] == "Namespace")
     ]
+    crds = [r.name for r in refs if r.kind == "CustomResourceDefinition"]
+    refs = [r for r in refs if r.kind != "CustomResourceDefinition"]
     for ref in refs:
         kube.delete(ref, propagation="Background")
     deadline = time.monotonic() + 300
+    # One at a time, each kind's cache warm first (agent.install.crd_removal): deleted all at
+    # once, kyverno's waited once 256 s here for the API server's CRD finalizer.
+    left = remove_crds(kube, crds, deadline=deadline)
+    assert not left, f"CRDs {left} were not deleted"
     for ref in refs:
         while kube.get(ref) is not None:
             assert time.monotonic() < deadline, f"{ref} was not deleted"

@@ -16,6 +16,7 @@ alone.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 
@@ -55,17 +56,44 @@ def remove_crd(
     return True
 
 
-def _warm(kube: KubeClient, crd: Object, deadline: float) -> None:
-    """List the CRD's kind in one request, until the API server answers (see the module)."""
+def remove_crds(
+    kube: KubeClient,
+    names: list[str],
+    *,
+    deadline: float,
+    delete: Callable[[ObjectRef], object] | None = None,
+) -> list[str]:
+    """:func:`remove_crd` for each of ``names``, one after the other, every kind's cache started
+    first (a paged list each: read from etcd, never refused, while the API server builds the
+    caches side by side), so that each kind's own list then finds its cache ready and does not
+    wait for a ``Retry-After``. Returns the names still there at ``deadline``."""
+    for name in names:
+        live = kube.get(crd_ref(name))
+        kind = _kind(live) if live is not None else None
+        if kind is not None:
+            with contextlib.suppress(ApiNotServedError, TemporaryError):
+                kube.list(*kind)
+    return [n for n in names if not remove_crd(kube, n, deadline=deadline, delete=delete)]
+
+
+def _kind(crd: Object) -> tuple[str, str] | None:
+    """(apiVersion, kind) of the CRD's stored version."""
     spec = crd.get("spec") or {}
     versions = [v for v in spec.get("versions") or [] if v.get("storage")]
     kind = (spec.get("names") or {}).get("kind")
     if not versions or not kind or not spec.get("group"):
+        return None
+    return f"{spec['group']}/{versions[0]['name']}", str(kind)
+
+
+def _warm(kube: KubeClient, crd: Object, deadline: float) -> None:
+    """List the CRD's kind in one request, until the API server answers (see the module)."""
+    kind = _kind(crd)
+    if kind is None:
         return
-    api_version = f"{spec['group']}/{versions[0]['name']}"
     while True:
         try:
-            kube.list(api_version, kind, limit=None)
+            kube.list(*kind, limit=None)
             return
         except ApiNotServedError:
             return  # not served (any more): the finalizer has nothing to list either

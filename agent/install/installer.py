@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from agent.errors import TemporaryError
-from agent.install.crd_removal import remove_crd
+from agent.install.crd_removal import remove_crds as remove_crds_one_by_one
 from agent.install.manifests import (
     CONFIG_MAP,
     EVENTS_NAMESPACE,
@@ -172,11 +172,11 @@ def uninstall(
         # agent.install.crd_removal. Waiting means a new install right after does not meet a
         # CRD on its way out.
         deadline = time.monotonic() + crd_timeout
-        for crd in crds():
-            if not remove_crd(kube, crd["metadata"]["name"], deadline=deadline, delete=delete):
-                raise CrdsNotEstablishedError(
-                    f"fleetlet's CRDs still terminating after {crd_timeout:.0f} s", delay=5.0
-                )
+        names = [crd["metadata"]["name"] for crd in crds()]
+        if remove_crds_one_by_one(kube, names, deadline=deadline, delete=delete):
+            raise CrdsNotEstablishedError(
+                f"fleetlet's CRDs still terminating after {crd_timeout:.0f} s", delay=5.0
+            )
     return changes
 
 
