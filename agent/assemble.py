@@ -409,6 +409,8 @@ def build_supervisor(settings: Any, *, log_level: str, log_format: str) -> Any:
             exc,
         )
         reader = None
+    if reader is not None:
+        reader.on_request = metrics.api_requested
     return Supervisor(
         settings=settings,
         launcher=WorkerLauncher(

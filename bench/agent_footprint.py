@@ -12,8 +12,10 @@ until every BundleDeployment is Ready, lets it idle for ``--warmup`` seconds and
   ``RssFile`` of ``/proc/<pid>/status``, sampled every second) and their CPU (``utime +
   stime`` and that of the children the agent reaped: its workers) over the window. The jobs
   run ``--scale`` times faster than in production (poll every 2 s instead of 30, heartbeat 4 s
-  instead of 60, drift check 20 s instead of 300), so the window holds many of each; CPU per
-  production hour is the window's CPU per hour divided by the scale. Polls are the daemon's
+  instead of 60, drift check 20 s instead of 300, the agent's Lease of 2 s instead of 30,
+  renewed every third of it), so the window holds many of each; CPU per production hour is
+  the window's CPU per hour divided by the scale, and so are the supervisor's requests to the
+  API server (its ``fleetlet_agent_supervisor_api_requests_total``). Polls are the daemon's
   ``upload-pack`` requests, heartbeats its ``receive-pack`` requests for the status branch.
 - **peak**, while the agent moves a new group of ``--objects`` objects: the podinfo chart
   (``tests/assets/charts/podinfo``, rendered by the real helm) and a plain bundle of the rest
@@ -81,7 +83,7 @@ AGENT_NAMESPACE = "fleetlet-system"
 IDLE_TARGET_MB = 60.0
 PEAK_TARGET_MB = 150.0
 CPU_TARGET_S = 2.0
-PRODUCTION = {"interval": 30.0, "heartbeat": 60.0, "drift": 300.0}
+PRODUCTION = {"interval": 30.0, "heartbeat": 60.0, "drift": 300.0, "lease": 30.0}
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 # Fresh processes for context: key -> (label, code run by `python3 -c`).
@@ -421,11 +423,14 @@ class AgentProcess:
 
 
 @contextlib.contextmanager
-def running_agent(argv: list[str], log: Path, port: int) -> Iterator[AgentProcess]:
+def running_agent(
+    argv: list[str], log: Path, port: int, env: dict[str, str] | None = None
+) -> Iterator[AgentProcess]:
     with log.open("wb") as handle:
         popen = subprocess.Popen(
             [sys.executable, "-m", "fleetlet", *argv],
             cwd=ROOT,
+            env={**os.environ, **(env or {})},
             stdout=handle,
             stderr=subprocess.STDOUT,
         )
@@ -501,12 +506,19 @@ class Idle:
     status_pushes: int
     workers: int
     drift_checks: float
+    api_requests: dict[str, float]
+    """The supervisor's requests to the API server in the window, by method."""
     scale: float
 
     @property
     def cpu_per_hour(self) -> float:
         """CPU seconds per production hour: the window's rate, scaled back."""
         return self.cpu_seconds * 3600.0 / self.window / self.scale
+
+    @property
+    def api_requests_per_hour(self) -> float:
+        """The supervisor's API requests per production hour."""
+        return sum(self.api_requests.values()) * 3600.0 / self.window / self.scale
 
 
 def measure_idle(
@@ -539,6 +551,8 @@ def measure_idle(
     metrics_1 = agent.metrics()
     last = samples[-1]
     checks = "fleetlet_agent_drift_checks_total"
+    requests = "fleetlet_agent_supervisor_api_requests_total"
+    methods = {k.partition('method="')[2].partition('"')[0] for k in metrics_1 if requests in k}
     return Idle(
         window=window,
         rss_first_kb=samples[0]["VmRSS"],
@@ -553,6 +567,11 @@ def measure_idle(
         status_pushes=_served(daemon, "receive-pack", lab.status_name) - pushes_0,
         workers=len(workers),
         drift_checks=_sum_metric(metrics_1, checks) - _sum_metric(metrics_0, checks),
+        api_requests={
+            m: _sum_metric(metrics_1, f'{requests}{{method="{m}"')
+            - _sum_metric(metrics_0, f'{requests}{{method="{m}"')
+            for m in sorted(methods)
+        },
         scale=scale,
     )
 
@@ -642,6 +661,7 @@ def run_footprint(
     scale = PRODUCTION["interval"] / interval
     heartbeat = PRODUCTION["heartbeat"] / scale
     drift = PRODUCTION["drift"] / scale
+    lease = max(1, round(PRODUCTION["lease"] / scale))
     with contextlib.ExitStack() as stack:
         if keep is None:
             work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="fleetlet-fp-")))
@@ -680,7 +700,11 @@ def run_footprint(
             "--interval", f"{interval:g}", "--jitter", "0",
             "--probe-address", f"127.0.0.1:{port}",
         ]  # fmt: skip
-        agent = stack.enter_context(running_agent(argv, work / "agent.log", port))
+        agent = stack.enter_context(
+            running_agent(
+                argv, work / "agent.log", port, env={"FLEETLET_AGENT_LEASE_DURATION": str(lease)}
+            )
+        )
         kube = stack.enter_context(KubeClient(kubeconfig=str(cluster.kubeconfig)))
         settle = wait_for(
             not_ready(kube, [b["name"] for b in bundles]), "the small set Ready", agent, 300
@@ -726,6 +750,9 @@ def report(idle: Idle, peak: Peak, settle: float, baselines: dict[str, int], com
         f"| worker processes started while idle | {idle.workers} | |",
         f"| polls / status pushes / drift checks in the {idle.window:.0f} s window | "
         f"{idle.polls} / {idle.status_pushes} / {idle.drift_checks:.0f} | |",
+        f"| the supervisor's API requests in the window | "
+        f"{', '.join(f'{k} {v:.0f}' for k, v in idle.api_requests.items()) or 'none'} | |",
+        f"| of which per production hour | {idle.api_requests_per_hour:.0f} | |",
         f"| CPU in the window (agent and reaped workers) | {idle.cpu_seconds:.2f} s | |",
         f"| CPU per hour at a 30 s poll, 60 s heartbeat, 300 s drift check | {per_hour:.2f} s | "
         f"under {CPU_TARGET_S:g} s: {verdict(per_hour < CPU_TARGET_S)} |",
@@ -799,6 +826,7 @@ def main(argv: list[str] | None = None) -> int:
         "peak_pod_mb": round(mb(peak.peak_pod_kb), 1),
         "peak_rss_sum_mb": round(mb(peak.peak_rss_kb), 1),
         "cpu_s_per_hour": round(idle.cpu_per_hour, 3),
+        "api_requests_per_hour": round(idle.api_requests_per_hour),
         "baseline_rss_mb": {key: round(mb(kb), 1) for key, kb in baselines.items()},
         "load_average": os.getloadavg(),
     }

@@ -2,8 +2,8 @@
 # Installs everything fleetlet's tests and demo need on a fresh Debian machine of this kind:
 # Debian packages, the project with its extras, the Kubernetes/etcd/kwok binaries (taken from
 # KUBEBUILDER_ASSETS or the cache, else built once from the Go module proxy), the pinned helm
-# and kustomize fleetlet renders with, and the sops and cosign the tests encrypt and sign with
-# (same machinery, ~/.cache/fleetlet/tools/<name>-<version>/).
+# and kustomize fleetlet renders with, and the sops, cosign, gitsign and notation the tests
+# encrypt and sign with (same machinery, ~/.cache/fleetlet/tools/<name>-<version>/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -11,12 +11,12 @@ log() { printf '[install] %s\n' "$*" >&2; }
 began=$(date +%s)
 took() { log "$1 took $(( $(date +%s) - $2 )) s"; }
 
-# The Go builds (the Kubernetes binaries, etcd, kwok, helm, kustomize, sops, cosign: a cold build
-# is most of this script's time, on the CPU) need only Go and Python's standard library
-# (tests/realenv/binaries.py imports nothing else), so they start first, in the background,
-# while apt and pip (mostly network and disk) run beside them. Their progress goes to stderr as
-# it comes; the binaries' paths are printed at the end.
-log "Kubernetes control-plane binaries, helm and kustomize, and the sops and cosign the tests encrypt and sign with, built in the background (a cold build from the Go module proxy takes about 15 minutes on two cores; seconds when cached)"
+# The Go builds (the Kubernetes binaries, etcd, kwok, helm, kustomize, sops, cosign, gitsign,
+# notation: a cold build is most of this script's time, on the CPU) need only Go and Python's
+# standard library (tests/realenv/binaries.py imports nothing else), so they start first, in the
+# background, while apt and pip (mostly network and disk) run beside them. Their progress goes to
+# stderr as it comes; the binaries' paths are printed at the end.
+log "Kubernetes control-plane binaries, helm and kustomize, and the sops, cosign, gitsign and notation the tests encrypt and sign with, built in the background (a cold build from the Go module proxy takes about 15 minutes on two cores; seconds when cached)"
 built=$(mktemp)
 python3 -m tests.realenv.binaries >"$built" &
 builder=$!

@@ -229,6 +229,13 @@ class Metrics:
             ["result"],
             registry=r,
         )
+        self.api_requests = Counter(
+            f"{PREFIX}_supervisor_api_requests_total",
+            "Requests of agent run's supervisor to the API server (drift and approval checks, "
+            "the agent's Lease and upgrade ConfigMap), by method; a worker's are not counted.",
+            ["method"],
+            registry=r,
+        )
         self.render_confinement = Gauge(
             f"{PREFIX}_render_confinement",
             "How renderers (helm, kustomize, format plugins) are confined, by mechanism: "
@@ -345,6 +352,10 @@ class Metrics:
         if result not in DRIFT_CHECK_RESULTS:
             raise ValueError(f"approval check result must be one of {DRIFT_CHECK_RESULTS}")
         self.approval_checks.labels(result=result).inc()
+
+    def api_requested(self, method: str) -> None:
+        """The supervisor sent one request to the API server (GET, POST, PATCH)."""
+        self.api_requests.labels(method=method).inc()
 
     # --- a whole tick ----------------------------------------------------------------------
 

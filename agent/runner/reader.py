@@ -1,13 +1,14 @@
-"""A small read-only door to the API server for the supervisor: metadata-only LISTs.
+"""A small door to the API server for the supervisor: metadata-only LISTs, and one request.
 
 The supervisor must stay small, so it does not import the ``kubernetes`` package (the worker
 does, through :mod:`agent.kube`). What it needs is narrow: GET a collection as
 ``PartialObjectMetadataList`` (names, uids and resourceVersions, no specs), as the agent or
-impersonating a bundle's ServiceAccount. :class:`ClusterReader` does that over
-``http.client`` with the credentials of the in-cluster configuration, or of a kubeconfig whose
-user has a client certificate or a bearer token (data or file). Other kubeconfig users (exec
-plugins, auth providers, basic auth) are not read here: :func:`open_reader` says why and the
-supervisor then leaves drift checks to workers.
+impersonating a bundle's ServiceAccount; and, for the agent-upgrade loop, GET, POST and PATCH
+of single objects (:mod:`agent.runner.objects`, over :meth:`ClusterReader.request`).
+:class:`ClusterReader` does that over ``http.client`` with the credentials of the in-cluster
+configuration, or of a kubeconfig whose user has a client certificate or a bearer token (data
+or file). Other kubeconfig users (exec plugins, auth providers, basic auth) are not read here:
+:func:`open_reader` says why and the supervisor then leaves drift checks to workers.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ import os
 import shutil
 import ssl
 import tempfile
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,7 +56,7 @@ class ObjectVersion:
 
 class ClusterReader:
     """Metadata-only LISTs against one API server (see the module docstring). Thread-safe:
-    each call opens, uses and closes its own connection."""
+    each LIST opens, uses and closes its own connection; :meth:`request` keeps one per thread."""
 
     def __init__(
         self,
@@ -79,9 +81,17 @@ class ClusterReader:
         self._token_file = token_file
         self._timeout = timeout
         self._workdir = workdir
+        self._kept = threading.local()
+        self.on_request: Callable[[str], None] | None = None
+        """Called with the method of every request sent (the supervisor's metrics count them)."""
 
     def close(self) -> None:
-        """Remove the credential files this reader wrote (kubeconfig ``*-data``)."""
+        """Remove the credential files this reader wrote (kubeconfig ``*-data``); close the
+        calling thread's kept connection."""
+        kept = getattr(self._kept, "connection", None)
+        if kept is not None:
+            kept.close()
+            self._kept.connection = None
         if self._workdir is not None:
             shutil.rmtree(self._workdir, ignore_errors=True)
 
@@ -136,20 +146,67 @@ class ClusterReader:
             connection.close()
 
     def _get(self, connection: http.client.HTTPConnection, url: str, user: str | None) -> Any:
-        try:
-            connection.request("GET", url, headers=self._headers(user, _METADATA_LIST))
-            response = connection.getresponse()
-            body = response.read(_MAX_BODY + 1)
-        except (OSError, http.client.HTTPException) as exc:
-            raise ReaderError(f"GET {url}: {exc}") from exc
-        if response.status != 200:
-            raise ReaderError(f"GET {url}: HTTP {response.status}")
-        if len(body) > _MAX_BODY:
-            raise ReaderError(f"GET {url}: answer too large")
+        status, body = self._send(connection, "GET", url, self._headers(user, _METADATA_LIST))
+        if status != 200:
+            raise ReaderError(f"GET {url}: HTTP {status}")
         try:
             return json.loads(body)
         except ValueError as exc:
             raise ReaderError(f"GET {url}: not JSON: {exc}") from exc
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: bytes | None = None,
+        content_type: str = "application/json",
+    ) -> tuple[int, bytes]:
+        """One request as the agent (``path`` below the server's; JSON accepted): the answer's
+        status and body, whatever the status. The calling thread keeps its connection open for
+        its next request (a renewal every few seconds then costs no TLS handshake); a kept
+        connection the server closed meanwhile is replaced once. Raises ReaderError (no answer,
+        a broken connection, a timeout, an answer too large)."""
+        headers = self._headers(None, "application/json")
+        if body is not None:
+            headers["Content-Type"] = content_type
+        kept: http.client.HTTPConnection | None = getattr(self._kept, "connection", None)
+        connection = kept or self._connection()
+        self._kept.connection = None
+        try:
+            answer = self._send(connection, method, self._prefix + path, headers, body)
+        except ReaderError as exc:
+            connection.close()
+            if kept is None or isinstance(exc.__cause__, TimeoutError):
+                raise
+            connection = self._connection()  # the server closed the idle one: once more
+            try:
+                answer = self._send(connection, method, self._prefix + path, headers, body)
+            except ReaderError:
+                connection.close()
+                raise
+        self._kept.connection = connection
+        return answer
+
+    def _send(
+        self,
+        connection: http.client.HTTPConnection,
+        method: str,
+        url: str,
+        headers: dict[str, str],
+        body: bytes | None = None,
+    ) -> tuple[int, bytes]:
+        if self.on_request is not None:
+            self.on_request(method)
+        try:
+            connection.request(method, url, body=body, headers=headers)
+            response = connection.getresponse()
+            answer = response.read(_MAX_BODY + 1)
+        except (OSError, http.client.HTTPException) as exc:
+            raise ReaderError(f"{method} {url}: {exc}") from exc
+        if len(answer) > _MAX_BODY:
+            raise ReaderError(f"{method} {url}: answer too large")
+        return response.status, answer
 
 
 def open_reader(kubeconfig: str | None, *, context: str | None = None) -> ClusterReader:

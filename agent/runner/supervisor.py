@@ -122,6 +122,12 @@ class Supervisor:
         """The first worker could not build the agent: ``agent run`` stops with this."""
         self.on_fatal: Callable[[], None] | None = None
 
+    @property
+    def reader(self) -> ClusterReader | None:
+        """The small door to the API server (None: the credentials are of another kind); the
+        agent-upgrade loop uses it too (:mod:`agent.runner.objects`)."""
+        return self._reader
+
     # -- the jobs -----------------------------------------------------------------------------
 
     def poll(self) -> None:

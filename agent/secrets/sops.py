@@ -35,11 +35,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pyrage
-from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+if TYPE_CHECKING:
+    import pyrage
+# pyrage and cryptography (about 7 MB) are imported where a file is opened: agent run's
+# supervisor imports this module (through agent.reconcile's settings) and decrypts nothing.
 
 from agent.source.content import ContentRefusedError
 
@@ -194,6 +195,8 @@ def _data_key(
             "recipients, e.g. `sops updatekeys` after adding it to .sops.yaml)",
             "NotARecipient",
         )
+    import pyrage
+
     for stanza in mine:
         try:
             wrapped = _dearmor(str(stanza.get("enc", "")))
@@ -228,6 +231,9 @@ class _Comment(str):
 
 
 def _decrypt_value(text: str, key: bytes, *, aad: str, refuse: Any) -> Any:
+    from cryptography.exceptions import InvalidTag
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
     match = _ENC.match(text)
     if match is None:
         raise refuse("a value is not in sops' ENC[AES256_GCM,...] form", "BadValue")

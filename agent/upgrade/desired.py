@@ -24,8 +24,9 @@ from agent.api import BundleDeploymentSet
 from agent.api.models import Condition, Revision
 from agent.api.reasons import Reason
 from agent.api.status import BundleStatusReport, ClusterStatus, Run
-from agent.kube import KubeClient
+from agent.kube import NotFoundError
 from agent.upgrade import AGENT_ENTRY
+from agent.upgrade.lease import ObjectClient
 
 CONFIGMAP = "fleetlet-agent-upgrade"
 AttemptState = Literal["", "Progressing", "Failed", "Succeeded"]
@@ -78,9 +79,10 @@ def take_agent_entry(
 
 class UpgradeStore:
     """The ConfigMap :data:`CONFIGMAP`: ``desired`` (written by whoever accepts a set) and
-    ``record`` (written by the acting agent), each one JSON value."""
+    ``record`` (written by the acting agent), each one JSON value. ``kube``: the worker's
+    :class:`agent.kube.KubeClient` or the supervisor's :class:`agent.runner.objects.ObjectDoor`."""
 
-    def __init__(self, kube: KubeClient, namespace: str) -> None:
+    def __init__(self, kube: ObjectClient, namespace: str) -> None:
         self.kube = kube
         self.namespace = namespace
 
@@ -106,8 +108,6 @@ class UpgradeStore:
 
     def _write(self, key: str, value: dict[str, Any] | None) -> None:
         text = None if value is None else json.dumps(value, sort_keys=True)
-        from agent.kube import NotFoundError
-
         try:
             self.kube.patch(self._ref(), {"data": {key: text}})
         except NotFoundError:

@@ -6,6 +6,11 @@ read one object: the candidate says it checked itself (:data:`READY`) or why it 
 (:data:`FAILED`); the acting agent hands the Lease over; the candidate says it proved itself
 with one sync (:data:`PROVEN`). Every write is a merge patch carrying the ``resourceVersion``
 read: of two writers one wins and the other reads again.
+
+The holder renews every third of the Lease's duration (:data:`DURATION`, 30 s), with one
+request: a patch carrying the ``resourceVersion`` of its own last write (a conflict means
+someone else wrote the Lease: it reads it and tries again). The client is the supervisor's
+small door (:class:`agent.runner.objects.ObjectDoor`) or a :class:`agent.kube.KubeClient`.
 """
 
 from __future__ import annotations
@@ -15,17 +20,36 @@ import socket
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
-from agent.kube import ConflictError, KubeClient, NotFoundError
+from agent.kube import ConflictError, NotFoundError
 
 LEASE_NAME = "fleetlet-agent"
-DURATION = 15
-"""Seconds a holder that stopped renewing keeps the Lease (a crashed agent's is taken after)."""
+ENV_DURATION = "FLEETLET_AGENT_LEASE_DURATION"
+DURATION = 30
+"""Seconds a holder that stopped renewing keeps the Lease (a crashed agent's is taken after);
+``FLEETLET_AGENT_LEASE_DURATION`` sets another (the footprint bench scales it with its jobs)."""
 READY = "fleetlet.io/candidate-ready"
 FAILED = "fleetlet.io/candidate-failed"
 PROVEN = "fleetlet.io/candidate-proven"
 _HANDSHAKE = (READY, FAILED, PROVEN)
+
+
+class ObjectClient(Protocol):
+    """What the Lease and the upgrade's ConfigMap need of a client (plain-dict objects; the
+    errors of :mod:`agent.kube`)."""
+
+    def get(self, obj: Any) -> Any: ...
+    def create(self, obj: Any) -> Any: ...
+    def patch(self, obj: Any, patch: Any) -> Any: ...
+
+
+def lease_duration() -> int:
+    """:data:`DURATION`, or ``FLEETLET_AGENT_LEASE_DURATION`` (whole seconds, at least 1)."""
+    try:
+        return max(1, int(os.environ.get(ENV_DURATION) or DURATION))
+    except ValueError:
+        return DURATION
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,9 +58,11 @@ class LeaseView:
     renewed: float
     annotations: dict[str, str]
     version: str
+    duration: float = DURATION
+    """The holder's ``leaseDurationSeconds``: how long its renewal holds."""
 
     def expired(self, now: float) -> bool:
-        return now - self.renewed > DURATION
+        return now - self.renewed > self.duration
 
 
 def _micro(at: float) -> str:
@@ -68,10 +94,15 @@ def _gone(holder: str) -> bool:
 class AgentLease:
     """The Lease as one agent (``identity``) sees it."""
 
-    def __init__(self, kube: KubeClient, namespace: str, identity: str) -> None:
+    def __init__(self, kube: ObjectClient, namespace: str, identity: str) -> None:
         self.kube = kube
         self.namespace = namespace
         self.identity = identity
+        self.duration = lease_duration()
+        self.renew_every = self.duration / 3
+        """Seconds between renewals: a third of the duration (two may fail before it lapses)."""
+        self._last: LeaseView | None = None
+        """The Lease as this agent's last write or read left it."""
 
     def _ref(self) -> dict[str, Any]:
         return {
@@ -81,17 +112,26 @@ class AgentLease:
         }
 
     def read(self) -> LeaseView | None:
-        live = self.kube.get(self._ref())
-        if live is None:
+        return self._seen(self.kube.get(self._ref()))
+
+    def _seen(self, live: Any) -> LeaseView | None:
+        if not live:
+            self._last = None
             return None
         spec = live.get("spec") or {}
         meta = live.get("metadata") or {}
-        return LeaseView(
+        try:
+            duration = float(spec.get("leaseDurationSeconds") or DURATION)
+        except (TypeError, ValueError):
+            duration = DURATION
+        self._last = LeaseView(
             holder=str(spec.get("holderIdentity") or ""),
             renewed=_parse(spec.get("renewTime")),
             annotations=dict(meta.get("annotations") or {}),
             version=str(meta.get("resourceVersion") or ""),
+            duration=duration,
         )
+        return self._last
 
     def acquire(self, *, wait: float, stopped: Any = None) -> bool:
         """Hold the Lease: at once when free, ours or expired; else wait up to ``wait`` seconds
@@ -102,17 +142,18 @@ class AgentLease:
             now = time.time()
             if view is None:
                 try:
-                    self.kube.create(
+                    created = self.kube.create(
                         {
                             **self._ref(),
                             "spec": {
                                 "holderIdentity": self.identity,
-                                "leaseDurationSeconds": DURATION,
+                                "leaseDurationSeconds": self.duration,
                                 "acquireTime": _micro(now),
                                 "renewTime": _micro(now),
                             },
                         }
                     )
+                    self._seen(created)
                     return True
                 except ConflictError:
                     continue
@@ -136,37 +177,60 @@ class AgentLease:
             },
             "spec": {
                 "holderIdentity": holder,
-                "leaseDurationSeconds": DURATION,
+                "leaseDurationSeconds": self.duration,
                 "acquireTime": _micro(now),
                 "renewTime": _micro(now),
             },
         }
         try:
-            self.kube.patch(self._ref(), patch)
+            self._seen(self.kube.patch(self._ref(), patch))
         except (ConflictError, NotFoundError):
+            self._last = None
             return False
         return True
 
     def renew(self) -> bool:
-        """Renew the Lease if this agent holds it; False when another does."""
-        view = self.read()
-        if view is None or view.holder != self.identity:
-            return False
-        try:
-            self.kube.patch(
-                self._ref(),
-                {
-                    "metadata": {"resourceVersion": view.version},
-                    "spec": {"renewTime": _micro(time.time())},
-                },
-            )
-        except ConflictError:
-            return self.renew()
-        return True
+        """Renew the Lease if this agent holds it; False when another does (or it is gone).
+
+        One request while nobody else wrote the Lease since this agent's last write (the
+        patch carries that write's ``resourceVersion``); after a conflict it reads the Lease
+        and tries again."""
+        for _ in range(5):
+            view = self._last or self.read()
+            if view is None or view.holder != self.identity:
+                return False
+            try:
+                self._seen(
+                    self.kube.patch(
+                        self._ref(),
+                        {
+                            "metadata": {"resourceVersion": view.version},
+                            "spec": {"renewTime": _micro(time.time())},
+                        },
+                    )
+                )
+                return True
+            except ConflictError:
+                self._last = None  # written by another (a candidate's word): read it again
+            except NotFoundError:
+                self._last = None
+                return False
+        return False
 
     def say(self, key: str, value: str) -> None:
         """Set one handshake annotation (the candidate's word)."""
-        self.kube.patch(self._ref(), {"metadata": {"annotations": {key: value[:1024]}}})
+        self._seen(self.kube.patch(self._ref(), {"metadata": {"annotations": {key: value[:1024]}}}))
 
 
-__all__ = ["DURATION", "FAILED", "LEASE_NAME", "PROVEN", "READY", "AgentLease", "LeaseView"]
+__all__ = [
+    "DURATION",
+    "ENV_DURATION",
+    "FAILED",
+    "LEASE_NAME",
+    "PROVEN",
+    "READY",
+    "AgentLease",
+    "LeaseView",
+    "ObjectClient",
+    "lease_duration",
+]

@@ -10,7 +10,8 @@ Read top to bottom, an upgrade of the acting agent (:meth:`Upgrades.attempt`):
    ``FLEETLET_AGENT_CANDIDATE`` set; the old agent goes on acting;
 4. **self-check** (in the candidate, acting on nothing): it started, reaches the API server and
    git, and verifies the set the cluster runs (signature, identity, inclusion proof) with its
-   own code; then it says so on the Lease (:mod:`agent.upgrade.lease`);
+   own code, in a child process (:mod:`agent.upgrade.selfcheck`); then it says so on the Lease
+   (:mod:`agent.upgrade.lease`);
 5. **hand over**: the old agent finishes its running job, stops acting and gives the candidate
    the Lease; the candidate runs one sync (poll, verify, reconcile) and says it proved itself;
 6. **done**: the old agent stays only as the candidate's parent (the process the demo or the
@@ -22,6 +23,13 @@ Any step that fails, or a candidate that exits or has not proved itself within t
 stops the candidate, takes the Lease back, goes on acting, and records the failure, which the
 agent entry's report says (RolledBack, with the serial that asked for it): the hub's rollout
 halts there and reverts. The same image is not tried again until a newer set asks for it.
+
+While nothing happens the loop costs the supervisor little: it talks to the API server through
+the supervisor's small door (:mod:`agent.runner.objects`, never the ``kubernetes`` package),
+renews the Lease every third of its duration (one PATCH every 10 s), and reads the upgrade
+ConfigMap only when the supervisor accepted a new set, else once every drift interval. An
+agent that finds another holding the Lease (it could not renew in time and another took it)
+stops acting until that Lease expires and it takes it back.
 """
 
 from __future__ import annotations
@@ -39,7 +47,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 from agent.errors import FleetletError
-from agent.upgrade.artifact import pull
 from agent.upgrade.desired import (
     Desired,
     Record,
@@ -75,16 +82,9 @@ class Upgrades:
     """The upgrade half of one ``agent run`` process (see the module docstring)."""
 
     def __init__(self, *, settings: Any, supervisor: Any) -> None:
-        from agent.kube import KubeClient
-
         self.settings = settings
         self.supervisor = supervisor
-        net = settings.network
-        self.kube = KubeClient(
-            kubeconfig=settings.kubeconfig,
-            connect_timeout=net.connect_timeout,
-            read_timeout=net.read_timeout,
-        )
+        self.kube = _client(settings, supervisor)
         namespace = settings.namespace
         self.store = UpgradeStore(self.kube, namespace)
         self.identity = f"{socket.gethostname()}-{os.getpid()}"
@@ -93,7 +93,18 @@ class Upgrades:
         self.version = os.environ.get(ENV_VERSION, "")[:64]
         self.attempt_id = os.environ.get(ENV_CANDIDATE)
         self.deadline = float(os.environ.get(ENV_DEADLINE) or 120.0)
-        self.interval = min(max(settings.poll.interval, 1.0), 5.0)
+        self.interval: float = min(max(settings.poll.interval, 1.0), 5.0)
+        """Seconds between the loop's checks; most make no request (see :meth:`_check`)."""
+        self.reread = max(float(settings.poll.drift_interval), self.interval)
+        """Seconds after which the desired image and the record are read again though no new
+        set was accepted (the drift check's interval)."""
+        self.lost = False
+        """Another agent took the Lease: this one does not act until it can take it back."""
+        self._renew_due = 0.0
+        self._read: tuple[float, str | None] | None = None
+        """(when, the accepted commit) of the last read of the upgrade ConfigMap."""
+        self._desired: Desired | None = None
+        self._record = Record()
         self.acting = threading.Event()
         self.stopped = threading.Event()
         self.child: subprocess.Popen[bytes] | None = None
@@ -133,7 +144,7 @@ class Upgrades:
             self._prove()
         else:
             try:
-                self._take_lease(wait=4 * 15)
+                self._take_lease(wait=4 * self.lease.duration)
             except UpgradeFailed:
                 raise
             except FleetletError as exc:
@@ -156,10 +167,23 @@ class Upgrades:
                 f"another agent holds Lease {self.lease.namespace}/fleetlet-agent and renews it",
             )
         self.unleased = False
-        _desired, record = self.store.read()
-        if record.running != self.image:
-            self.store.save_record(Record(running=self.image, version=self.version, at=_now()))
+        self._renew_due = time.monotonic() + self.lease.renew_every
+        self._read_store()
+        if self._record.running != self.image:
+            self._save(Record(running=self.image, version=self.version, at=_now()))
         return True
+
+    def _read_store(self) -> tuple[Desired | None, Record]:
+        """The upgrade ConfigMap read now (and kept: this agent writes the record itself)."""
+        last = self.supervisor.last
+        commit = last.commit if last is not None else None
+        self._desired, self._record = self.store.read()
+        self._read = (time.monotonic(), commit)
+        return self._desired, self._record
+
+    def _save(self, record: Record) -> None:
+        self.store.save_record(record)
+        self._record = record
 
     def stop(self) -> None:
         """``agent run`` stops: so does the candidate or the agent that took over. Safe in a
@@ -221,8 +245,8 @@ class Upgrades:
             reason = exc.reason if isinstance(exc, FleetletError) else "SyncFailed"
             self.lease.say(FAILED, f"{attempt} {reason}: first sync: {exc}")
             raise UpgradeFailed(reason, f"candidate {attempt}: first sync: {exc}") from exc
-        _desired, before = self.store.read()
-        self.store.save_record(
+        _desired, before = self._read_store()
+        self._save(
             Record(
                 running=self.image,
                 version=self.version,
@@ -239,29 +263,18 @@ class Upgrades:
         log.info("candidate %s: proved itself (one sync); acting", attempt)
 
     def _self_check(self) -> None:
-        """Start, API server, git, the running set verified: nothing acted on."""
-        from agent.assemble import branch_watcher, git_credentials, trust_policy
-        from agent.verify import verify_publication
+        """Start, API server, git, the running set verified (in a child process: sigstore
+        stays out of this one, :mod:`agent.upgrade.selfcheck`): nothing acted on."""
+        from agent.upgrade.selfcheck import check
 
         self.kube.server_version()
-        watcher = branch_watcher(self.settings, git_credentials())
-        commit = watcher.poll()
-        if commit is None:
-            raise UpgradeFailed("SelfCheckFailed", "the cluster's branch is missing")
-        verify_publication(
-            files=watcher.fetch(commit),
-            cluster=self.settings.repo.cluster,
-            last_serial=None,
-            trust=trust_policy(self.settings),
-            now=datetime.now(UTC),
-            clock_skew=self.settings.trust.clock_skew,
-        )
+        check(self.settings, timeout=self.deadline)
 
     # -- the acting agent's side -------------------------------------------------------------
 
     def _loop(self) -> None:
         parent = os.getppid()
-        while not self.stopped.wait(self.interval):
+        while not self.stopped.wait(self._pause()):
             if self.attempt_id is not None and os.getppid() != parent:
                 # The process that started this one is gone (killed): so is this agent, as a
                 # container's processes end with it; whoever restarts it starts over.
@@ -273,22 +286,52 @@ class Upgrades:
             except Exception as exc:  # the API server away: the next check tries again
                 log.warning("agent upgrade check: %s", exc)
 
+    def _pause(self) -> float:
+        """Seconds to the next check: :attr:`interval`, or less when a renewal is due sooner."""
+        if self.handed_over or not (self.acting.is_set() or self.lost):
+            return self.interval
+        return min(self.interval, max(self._renew_due - time.monotonic(), 0.05))
+
     def _check(self) -> None:
+        """One check of the loop. Requests only when one is due: the Lease renewed every third
+        of its duration, and the upgrade ConfigMap read when the supervisor accepted a new set
+        (a new commit) or :attr:`reread` seconds passed; otherwise nothing leaves the process."""
         if self.handed_over:
             self._watch_successor()
             return
-        if not self.acting.is_set():
+        if not (self.acting.is_set() or self.lost):
             return
-        if self.unleased:
-            try:
-                if not self._take_lease(wait=0):
+        now = time.monotonic()
+        if now >= self._renew_due:
+            self._renew_due = now + self.lease.renew_every
+            if self.unleased or self.lost:
+                try:
+                    if not self._take_lease(wait=0):
+                        return
+                except FleetletError as exc:
+                    log.debug("the Lease still cannot be taken: %s", exc)
                     return
-            except FleetletError as exc:
-                log.debug("the Lease still cannot be taken: %s", exc)
-                return
+                if self.lost:
+                    log.warning("this agent holds the Lease again: acting")
+                    self.lost = False
+                    if self.supervisor.pusher is not None:
+                        self.supervisor.pusher.resume()
+                    self.acting.set()
+            else:
+                try:
+                    held = self.lease.renew()
+                except FleetletError:
+                    self._renew_due = now + self.interval  # the API server away: soon again
+                    raise
+                if not held:
+                    self._lose()
+                    return
+        if self.lost:
+            return
+        if self._read_due(now):
+            desired, record = self._read_store()
         else:
-            self.lease.renew()
-        desired, record = self.store.read()
+            desired, record = self._desired, self._record
         if (
             desired is not None
             and desired.digest
@@ -298,8 +341,27 @@ class Upgrades:
             self.attempt(desired, record)
             if self.handed_over:
                 return  # the successor reports from now on
-            desired, record = self.store.read()
+            desired, record = self._read_store()
         self._show(agent_report(desired, record))
+
+    def _read_due(self, now: float) -> bool:
+        last = self.supervisor.last
+        commit = last.commit if last is not None else None
+        return self._read is None or self._read[1] != commit or now - self._read[0] >= self.reread
+
+    def _lose(self) -> None:
+        """Another agent holds the Lease (this one could not renew it in time): stop acting
+        (the running job ends first) until it can be taken back."""
+        view = self.lease.read()
+        log.error(
+            "another agent (%s) holds Lease %s/fleetlet-agent: this agent stops acting until it "
+            "can take it back",
+            view.holder if view is not None else "none",
+            self.lease.namespace,
+        )
+        self.acting.clear()
+        with self._job:
+            self.lost = True
 
     def _show(self, report: Any) -> None:
         """The agent entry's report into the status document (pushed when it changed)."""
@@ -325,7 +387,7 @@ class Upgrades:
             message="pulling the new agent image",
             at=_now(),
         )
-        self.store.save_record(start)
+        self._save(start)
         self._show(agent_report(desired, start))
         log.info("upgrading the agent to %s (serial %s)", desired.digest, desired.serial)
         try:
@@ -338,7 +400,9 @@ class Upgrades:
             self._roll_back(desired, start, exc.reason, str(exc))
 
     def _try(self, desired: Desired, start: Record) -> None:
+        # Here, not at the top: the OCI client (oras) is no part of an idle agent run.
         from agent.source.oci import OciFetcher, OciSettings
+        from agent.upgrade.artifact import pull
 
         net = self.settings.network
         fetcher = OciFetcher(
@@ -386,7 +450,7 @@ class Upgrades:
 
     def _progress(self, desired: Desired, start: Record, message: str) -> None:
         now = Record(**{**_fields(start), "message": message})
-        self.store.save_record(now)
+        self._save(now)
         self._show(agent_report(desired, now))
 
     def _await(self, key: str, attempt: str, deadline: float, what: str) -> None:
@@ -429,7 +493,7 @@ class Upgrades:
         self.handed_over = False
         self.lease.hand_to(self.identity)
         if not reason:  # stopping: the attempt is forgotten, not failed
-            self.store.save_record(start)
+            self._save(start)
             return
         failed = Record(
             **{
@@ -440,7 +504,8 @@ class Upgrades:
                 "at": _now(),
             }
         )
-        self.store.save_record(failed)
+        self._save(failed)
+        self._renew_due = time.monotonic() + self.lease.renew_every
         if self.supervisor.pusher is not None:
             self.supervisor.pusher.resume()
         self.acting.set()
@@ -455,11 +520,31 @@ class Upgrades:
         log.error("the agent that took over exited (code %s): acting again", child.returncode)
         self.child = None
         self.handed_over = False
-        if self.lease.acquire(wait=4 * 15, stopped=self.stopped):
-            self.store.save_record(Record(running=self.image, version=self.version, at=_now()))
+        if self.lease.acquire(wait=4 * self.lease.duration, stopped=self.stopped):
+            self._renew_due = time.monotonic() + self.lease.renew_every
+            self._save(Record(running=self.image, version=self.version, at=_now()))
             if self.supervisor.pusher is not None:
                 self.supervisor.pusher.resume()
             self.acting.set()
+
+
+def _client(settings: Any, supervisor: Any) -> Any:
+    """The supervisor's small door to the API server (:mod:`agent.runner.objects`: no
+    ``kubernetes`` package in ``agent run``); a KubeClient only where the door cannot
+    authenticate (a kubeconfig with an exec plugin, say)."""
+    reader = getattr(supervisor, "reader", None)
+    if reader is not None:
+        from agent.runner.objects import ObjectDoor
+
+        return ObjectDoor(reader)
+    from agent.kube import KubeClient
+
+    net = settings.network
+    return KubeClient(
+        kubeconfig=settings.kubeconfig,
+        connect_timeout=net.connect_timeout,
+        read_timeout=net.read_timeout,
+    )
 
 
 def _fields(record: Record) -> dict[str, Any]:

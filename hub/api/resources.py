@@ -306,6 +306,18 @@ class EnrollmentRequest(TypedDict):
     waiting: NotRequired[
         Annotated[str, Doc("why the token's policy left a pending request waiting")]
     ]
+    inventoryBranch: NotRequired[
+        Annotated[
+            str,
+            Doc("the branch holding the inventory change (commit: branch), e.g. enroll/shop-1"),
+        ]
+    ]
+    pendingMerge: NotRequired[
+        Annotated[
+            bool,
+            Doc("true until the fleet branch's inventory names the cluster (the branch merged)"),
+        ]
+    ]
 
 
 class EnrollmentAnswer(EnrollmentRequest):

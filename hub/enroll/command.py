@@ -86,13 +86,14 @@ def _clusters_list(args: argparse.Namespace) -> int:
     if args.output == "table":
         print(f"{'CLUSTER':<32} {'STATE':<9} {'TOKEN':<20} {'REQUESTED':<21} {'LABELS':<24} WHY")
         for r in data["items"]:
+            state = _state(r)
             labels = ",".join(f"{k}={v}" for k, v in sorted(r["labels"].items())) or "-"
             # Who decided and why, or why the token's policy left it waiting.
             why = r.get("waiting") or ""
             if r.get("decidedBy"):
                 why = f"by {r['decidedBy']}" + (f": {r['reason']}" if r.get("reason") else "")
             print(
-                f"{r['cluster']:<32} {r['state']:<9} {r['token']:<20} {r['requestedAt']:<21} "
+                f"{r['cluster']:<32} {state:<9} {r['token']:<20} {r['requestedAt']:<21} "
                 f"{labels:<24} {why}".rstrip()
             )
     else:
@@ -106,8 +107,15 @@ def _decide(args: argparse.Namespace) -> int:
     verdict = args.clusters_command
     path = f"/enrollments/{urllib.parse.quote(args.cluster)}/{verdict}"
     done = _hub_call(args, "POST", path, {"reason": args.reason or ""})
-    print(f"cluster {done['cluster']} {done['state']}")
+    print(f"cluster {done['cluster']} {_state(done)}")
     return 0
+
+
+def _state(request: dict[str, Any]) -> str:
+    """``accepted (pending merge of enroll/NAME)`` while the inventory branch is not merged."""
+    if request.get("pendingMerge"):
+        return f"{request['state']} (pending merge of {request.get('inventoryBranch')})"
+    return str(request["state"])
 
 
 def register(hub_sub: Any) -> None:

@@ -1,13 +1,14 @@
 """Enrollment requests, read top to bottom: a request arrives with a bootstrap token; it is
 checked (token live, signed by the key it carries, fresh and never seen, name free, labels in
 scope), recorded, then accepted (by the token's policy, or later by an operator) or denied.
-Accepting writes the cluster into the inventory file the hub owns and seals the cluster's
-credentials to the public key the cluster sent::
+Accepting writes the cluster into the inventory file the hub owns (rewritten, committed, or
+on a branch of its own for the operator to merge: :mod:`hub.enroll.inventory`) and seals the
+cluster's credentials to the public key the cluster sent::
 
     submit ─► check_token ─► verified_body ─► check_request ─► claim_nonce ─► record (pending)
       ─┬─ approve: auto, policy true (or none) ─► accept
        └─ approve: manual, or policy false ───── (wait for `hub clusters accept|deny`)
-    accept ─► issue credentials ─► write_inventory (+ git commit) ─► seal to the cluster's key
+    accept ─► issue credentials ─► inventory (file, commit or branch) ─► seal to the cluster's key
 
 State lives in ``ENROLL_DIR`` (``hub serve --enroll ENROLL_DIR``), all of it guarded by one
 file lock so that several hub processes share it safely:
@@ -31,7 +32,7 @@ import json
 import os
 import re
 import subprocess
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -43,6 +44,7 @@ import yaml
 
 from hub.api.openapi import API_PREFIX
 from hub.api.tokens import HubConfigError
+from hub.enroll.inventory import Inventory, Mode
 from hub.enroll.policy import admits, variables
 from hub.enroll.refused import EnrollRefused
 from hub.enroll.signed import claim_nonce, verified_body
@@ -67,8 +69,21 @@ class EnrollConfig:
     trusted_root: str
     inventory: Path
     hub_public_key: str | None = None
-    commit: bool = False
+    commit: Mode = "file"
+    """``commit``: false (``file``), true (``commit``) or ``branch``."""
+    branch_prefix: str = "enroll/"
+    base_branch: str = "HEAD"
+    push_remote: str | None = None
     credentials_command: tuple[str, ...] = ()
+
+    def inventory_writer(self) -> Inventory:
+        return Inventory(
+            path=self.inventory,
+            mode=self.commit,
+            branch_prefix=self.branch_prefix,
+            base=self.base_branch,
+            push_remote=self.push_remote,
+        )
 
     @classmethod
     def load(cls, directory: Path) -> EnrollConfig:
@@ -99,6 +114,15 @@ class EnrollConfig:
                     f"enrollment config {path}: {key} {file}: {exc.strerror}"
                 ) from exc
 
+        commit = raw.get("commit", False)
+        modes: dict[object, Mode] = {False: "file", True: "commit", "branch": "branch"}
+        if commit not in modes:
+            raise HubConfigError(
+                f"enrollment config {path}: commit is true, false or branch, got {commit!r}"
+            )
+        for key in ("branchPrefix", "baseBranch", "pushRemote"):
+            if raw.get(key) is not None and (not isinstance(raw[key], str) or not raw[key]):
+                raise HubConfigError(f"enrollment config {path}: {key} is a non-empty string")
         command = raw.get("credentialsCommand") or []
         if not isinstance(command, list) or not all(isinstance(c, str) for c in command):
             raise HubConfigError(
@@ -112,7 +136,10 @@ class EnrollConfig:
             trusted_root=read("trustedRoot", required=True) or "",
             hub_public_key=read("hubPublicKey", required=False),
             inventory=directory / need("inventory"),
-            commit=bool(raw.get("commit", False)),
+            commit=modes[commit],
+            branch_prefix=raw.get("branchPrefix") or "enroll/",
+            base_branch=raw.get("baseBranch") or "HEAD",
+            push_remote=raw.get("pushRemote"),
             credentials_command=tuple(command),
         )
 
@@ -149,7 +176,20 @@ class Enrollment:
             raise EnrollRefused(400, f"state must be one of {', '.join(STATES)}, got {state!r}")
         with self._locked() as requests:
             items = [_public(r) for r in requests.all()]
-        return {"items": [r for r in items if state is None or r["state"] == state]}
+        return {
+            "items": self._merge_state([r for r in items if state is None or r["state"] == state])
+        }
+
+    def _merge_state(self, items: Sequence[dict[str, Any]]) -> Sequence[dict[str, Any]]:
+        """``items`` with ``pendingMerge`` on those accepted onto a branch of their own: whether
+        the base branch's inventory does not name the cluster yet."""
+        if any("inventoryBranch" in r for r in items):
+            writer = self.config.inventory_writer()
+            base = writer.base_text()
+            for r in items:
+                if "inventoryBranch" in r:
+                    r["pendingMerge"] = not writer.merged(r["cluster"], base_text=base)
+        return items
 
     # --- the agent's side ----------------------------------------------------------------
 
@@ -248,6 +288,8 @@ class Enrollment:
             if verdict == "accept":
                 self._accept(found, by=by)
                 requests.put(found)
+                accepted: dict[str, Any] = self._merge_state([_public(found)])[0]
+                return accepted
             else:
                 found.pop("waiting", None)
                 found |= {"state": "denied", "decidedAt": _now(), "decidedBy": by, "reason": reason}
@@ -260,7 +302,9 @@ class Enrollment:
         cluster = found["cluster"]
         # Credentials first: a git host that fails leaves the inventory as it was.
         secrets = self._credentials(cluster)
-        self._write_inventory(cluster, found["labels"])
+        branch = self.config.inventory_writer().add(cluster, found["labels"])
+        if branch is not None:
+            found["inventoryBranch"] = branch  # in the fleet once the operator merges it
         key = nacl.signing.VerifyKey(base64.b64decode(found["publicKey"]))
         box = nacl.public.SealedBox(key.to_curve25519_public_key())
         found.pop("waiting", None)
@@ -273,41 +317,6 @@ class Enrollment:
                 box.encrypt(json.dumps(secrets).encode())
             ).decode(),
         }
-
-    def _write_inventory(self, cluster: str, labels: Mapping[str, str]) -> None:
-        """Add ``cluster`` to the inventory file: its text so far plus one entry (label keys
-        and values are checked label strings, so a JSON flow mapping is their YAML), written
-        atomically: no parse, no sort, a copy of the bytes."""
-        path = self.config.inventory
-        path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            text = path.read_text()
-        except FileNotFoundError:
-            text = "# written by the fleetlet hub (enrollment): every accepted cluster; do not edit\nclusters:\n"
-        entry = f"- name: {cluster}\n  labels: {json.dumps(dict(labels), sort_keys=True)}\n"
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(text + entry)
-        os.replace(tmp, path)
-        if self.config.commit:
-            git = ["git", "-C", str(path.parent)]
-            env = {
-                **os.environ,
-                "GIT_AUTHOR_NAME": "fleetlet hub",
-                "GIT_AUTHOR_EMAIL": "hub@fleetlet.invalid",
-                "GIT_COMMITTER_NAME": "fleetlet hub",
-                "GIT_COMMITTER_EMAIL": "hub@fleetlet.invalid",
-            }
-            for args in (
-                ["add", path.name],
-                ["commit", "-q", "-m", f"fleetlet: enroll cluster {cluster}", "--", path.name],
-            ):
-                done = subprocess.run(
-                    [*git, *args], capture_output=True, text=True, env=env, check=False
-                )
-                if done.returncode != 0:
-                    raise EnrollRefused(
-                        500, f"inventory {path}: git {args[0]} failed: {done.stderr.strip()}"
-                    )
 
     def _credentials(self, cluster: str) -> dict[str, Any]:
         """What the git host issues for ``cluster`` through ``credentialsCommand`` (called with
@@ -403,6 +412,7 @@ def _public(record: Mapping[str, Any]) -> dict[str, Any]:
         "decidedBy",
         "reason",
         "waiting",
+        "inventoryBranch",
     )
     return {k: record[k] for k in keys if k in record}
 

@@ -8,8 +8,11 @@ const STATES = ["pending", "accepted", "denied"];
 // On the dashboard's state colours (the text says it too).
 const STATE_CLASS = { pending: "s-AwaitingApproval", accepted: "s-Ready", denied: "s-Denied" };
 
-function badge(state) {
-  return h("span", { class: `badge ${STATE_CLASS[state] || "s-Paused"}`, "data-state": state }, state);
+function badge(state, pendingMerge) {
+  // Accepted onto a branch of its own (commit: branch): in the fleet once the operator merges it.
+  const shown = pendingMerge ? `${state} (pending merge)` : state;
+  const kind = pendingMerge ? "s-AwaitingApproval" : STATE_CLASS[state] || "s-Paused";
+  return h("span", { class: `badge ${kind}`, "data-state": state }, shown);
 }
 
 function labels(map) {
@@ -62,13 +65,13 @@ export function enrollmentsView() {
       .filter((r) => !state || r.state === state)
       .map((r) => [
         h("span", { "data-cluster": r.cluster }, r.cluster),
-        badge(r.state),
+        badge(r.state, r.pendingMerge),
         text(r.token),
         labels(r.labels),
         text((r.facts || {}).kubernetesVersion),
         when(r.requestedAt),
         r.decidedBy ? [text(r.decidedBy), " ", when(r.decidedAt)] : text(""),
-        text(r.reason || r.waiting),
+        text(r.reason || r.waiting || (r.pendingMerge ? `merge branch ${r.inventoryBranch}` : "")),
       ]);
     fill(
       listing,
