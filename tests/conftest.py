@@ -47,6 +47,7 @@ def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
             )
 
 
+@pytest.hookimpl(optionalhook=True)  # without xdist (-p no:xdist) there is no such hook
 def pytest_xdist_make_scheduler(config: Any, log: Any) -> Any:
     """``--dist loadfile``, with the files of :data:`SHARED_SCOPES` grouped."""
     if config.getoption("dist", None) != "loadfile":
