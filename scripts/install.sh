@@ -8,6 +8,19 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 log() { printf '[install] %s\n' "$*" >&2; }
+began=$(date +%s)
+took() { log "$1 took $(( $(date +%s) - $2 )) s"; }
+
+# The Go builds (the Kubernetes binaries, etcd, kwok, helm, kustomize, sops, cosign, gitsign,
+# notation: a cold build is most of this script's time, on the CPU) need only Go and Python's
+# standard library (tests/realenv/binaries.py imports nothing else), so they start first, in the
+# background, while apt and pip (mostly network and disk) run beside them. Their progress goes to
+# stderr as it comes; the binaries' paths are printed at the end.
+log "Kubernetes control-plane binaries, helm and kustomize, and the sops, cosign, gitsign and notation the tests encrypt and sign with, built in the background (a cold build from the Go module proxy takes about 15 minutes on two cores; seconds when cached)"
+built=$(mktemp)
+python3 -m tests.realenv.binaries >"$built" &
+builder=$!
+trap 'kill "$builder" 2>/dev/null || true; rm -f "$built"' EXIT
 
 need_apt=()
 command -v docker-registry >/dev/null || need_apt+=(docker-registry)
@@ -26,8 +39,10 @@ command -v newuidmap >/dev/null || need_apt+=(uidmap)
 if [ ${#need_apt[@]} -gt 0 ]; then
   log "apt-get install ${need_apt[*]}"
   export DEBIAN_FRONTEND=noninteractive
+  step=$(date +%s)
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+  took "apt-get" "$step"
 fi
 
 # The locked versions (requirements/ci.txt, made by scripts/lock.sh), the same ones the images
@@ -36,6 +51,7 @@ fi
 # sigstore-rekor-types' pydantic[email], and refuses it as unpinned); then the project itself,
 # without resolving anything again.
 log "pip install --require-hashes --no-deps -r requirements/ci.txt; pip install --no-deps -e ."
+step=$(date +%s)
 python3 -m pip install -q --disable-pip-version-check --require-hashes --no-deps -r requirements/ci.txt
 python3 -m pip install -q --disable-pip-version-check --no-deps -e .
 
@@ -43,6 +59,15 @@ python3 -m pip install -q --disable-pip-version-check --no-deps -e .
 # the plugin tests render and deploy with it.
 log "pip install ./examples/fleetlet-jsonnet"
 python3 -m pip install -q --disable-pip-version-check ./examples/fleetlet-jsonnet
+took "pip" "$step"
 
-log "Kubernetes control-plane binaries, helm and kustomize, and the sops, cosign, gitsign and notation the tests encrypt and sign with, built side by side (a cold build from the Go module proxy takes about 15 minutes on two cores; seconds when cached)"
-python3 -m tests.realenv.binaries
+step=$(date +%s)
+rc=0
+wait "$builder" || rc=$?
+took "waiting for the Go builds" "$step"
+cat "$built"
+if [ "$rc" -ne 0 ]; then
+  log "building the binaries failed (exit $rc)"
+  exit "$rc"
+fi
+took "install" "$began"

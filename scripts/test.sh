@@ -5,7 +5,9 @@
 #   default tier  everything not marked slow, soak or image, on FLEETLET_TEST_WORKERS pytest-xdist
 #                 workers (4 by default: the tests mostly wait on control planes; docs/testing.md
 #                 has what was measured), each test file whole on one worker (--dist loadfile)
-#   long tier     the long scenarios (slow), the soak and the image builds, serially
+#   long tier     the long scenarios (slow), the soak and the image builds, on
+#                 FLEETLET_LONG_WORKERS workers (2 by default), --dist loadfile with the demo's
+#                 files together and the podman ones together (tests/conftest.py, SHARED_SCOPES)
 #
 # With arguments, runs only `pytest <arguments>` after the checks (one invocation, serial
 # unless the arguments say -n), for a file or a selection.
@@ -41,5 +43,5 @@ fi
 LONG="slow or soak or image"
 rc=0
 run -n "${FLEETLET_TEST_WORKERS:-4}" --dist loadfile -m "not ($LONG)" || rc=$?
-run -m "$LONG" || rc=$?
+run -n "${FLEETLET_LONG_WORKERS:-2}" --dist loadfile -m "$LONG" || rc=$?
 exit "$rc"

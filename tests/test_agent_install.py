@@ -13,6 +13,8 @@ import json
 import os
 import subprocess
 import sys
+import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +23,10 @@ import pytest
 import yaml
 
 from agent.api.crds import CRDS
+from agent.install.crd_removal import crd_ref, remove_crds
+from agent.install.installer import install
 from agent.install.manifests import RELEASE_IMAGE
+from agent.kube import ApiNotServedError, KubeClient, NotFoundError, ObjectRef
 from tests.fleetlab import REPO_ROOT
 from tests.realenv.binaries import kubectl as kubectl_path
 from tests.realenv.kube import Cluster
@@ -311,3 +316,45 @@ def test_install_reinstall_upgrade_uninstall(
     assert done.returncode == 0, done.stderr
     for crd in CRDS:
         assert kubectl(cluster, "get", "crd", crd.name, check=False).returncode != 0
+
+
+def test_remove_crds_removes_a_groups_crds_and_their_objects(kube_cluster: Cluster) -> None:
+    """agent.install.crd_removal on CRDs of one new group, with objects of each kind in a
+    namespace: every CRD goes, with its objects, and nothing is reported left."""
+    group = f"r{uuid.uuid4().hex[:8]}.example.test"
+    kinds = ["Alpha", "Beta", "Gamma"]
+    namespace = f"crds-{uuid.uuid4().hex[:6]}"
+    with KubeClient(kubeconfig=str(kube_cluster.kubeconfig)) as kube:
+        crds = [
+            {
+                "apiVersion": "apiextensions.k8s.io/v1",
+                "kind": "CustomResourceDefinition",
+                "metadata": {"name": f"{kind.lower()}s.{group}"},
+                "spec": {
+                    "group": group,
+                    "scope": "Namespaced",
+                    "names": {"kind": kind, "plural": f"{kind.lower()}s",
+                              "singular": kind.lower(), "listKind": f"{kind}List"},
+                    "versions": [{"name": "v1", "served": True, "storage": True, "schema": {
+                        "openAPIV3Schema": {"type": "object",
+                                            "x-kubernetes-preserve-unknown-fields": True}}}],
+                },
+            }
+            for kind in kinds
+        ]  # fmt: skip
+        install(kube, [{"apiVersion": "v1", "kind": "Namespace",
+                        "metadata": {"name": namespace}}, *crds])  # fmt: skip
+        for kind in kinds:
+            kube.apply(
+                {"apiVersion": f"{group}/v1", "kind": kind,
+                 "metadata": {"name": "one", "namespace": namespace}, "spec": {"n": 1}},
+                field_manager="test",
+            )  # fmt: skip
+        names = [c["metadata"]["name"] for c in crds]
+        assert remove_crds(kube, names, deadline=time.monotonic() + 300) == []
+        for name in names:
+            assert kube.get(crd_ref(name)) is None
+        for kind in kinds:  # no longer served (discovery may still list it a moment: 404)
+            with pytest.raises((ApiNotServedError, NotFoundError)):
+                kube.list(f"{group}/v1", kind, namespace=namespace)
+        kube.delete(ObjectRef("v1", "Namespace", namespace, None))

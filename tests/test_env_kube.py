@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -419,3 +421,19 @@ def test_kubebuilder_assets_take_precedence_per_binary(
     assert paths["etcd"] == tmp_path / "etcd"
     assert paths["kwok"] == cached["kwok"]
     assert paths["kube-scheduler"] == cached["kube-scheduler"]
+
+
+def test_the_binaries_are_built_without_any_installed_package() -> None:
+    """scripts/install.sh starts `python3 -m tests.realenv.binaries` before pip has installed
+    anything (the Go builds run beside apt and pip): it must need the standard library only.
+    ``-S`` leaves site-packages off the path, so any other import fails here."""
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run(
+        [sys.executable, "-S", "-m", "tests.realenv.binaries", "kubectl"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=root,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["kubectl", str(ensure_binaries(["kubectl"])["kubectl"])]

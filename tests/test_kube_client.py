@@ -302,7 +302,9 @@ def test_server_version_and_api_versions_are_what_kubectl_reports(
     assert "v1/pods/status" not in versions and not any(v.endswith("/") for v in versions)
 
 
-def test_scope_of_builtin_and_custom_kinds_and_unknown_kinds(kube: KubeClient) -> None:
+def test_scope_of_builtin_and_custom_kinds_and_unknown_kinds(
+    kube: KubeClient, discovery_dir: Path
+) -> None:
     assert kube.is_namespaced("v1", "ConfigMap") is True
     assert kube.is_namespaced("v1", "Namespace") is False
     assert kube.is_namespaced("apps/v1", "Deployment") is True
@@ -356,6 +358,28 @@ def test_scope_of_builtin_and_custom_kinds_and_unknown_kinds(kube: KubeClient) -
         assert kube.is_namespaced(f"{group}/v1", "Sprocket") is False
         created = kube.apply(sprocket, field_manager=MANAGER)
         assert created["metadata"]["name"] == "s1" and "namespace" not in created["metadata"]
+        # A second kind in a group version already discovered: found too, by this client and
+        # by a new one reading the discovery cache the first one wrote.
+        gear = json.loads(json.dumps(crd).replace("prockets", "gears").replace("Sprocket", "Gear"))
+        gear["spec"]["scope"] = "Namespaced"
+        gear["spec"]["names"]["singular"] = "gear"
+        with pytest.raises(ApiNotServedError):
+            kube.is_namespaced(f"{group}/v1", "Gear")
+        kube.apply(gear, field_manager=MANAGER)
+        try:
+            deadline = time.monotonic() + 60
+            while assess(kube.get(gear)).status is not Status.CURRENT:
+                assert time.monotonic() < deadline, "CRD never Established"
+                time.sleep(0.2)
+            assert kube.is_namespaced(f"{group}/v1", "Gear") is True
+            with KubeClient(kubeconfig=kube.kubeconfig, discovery_cache_dir=discovery_dir) as fresh:
+                assert fresh.is_namespaced(f"{group}/v1", "Gear") is True
+                assert fresh.is_namespaced(f"{group}/v1", "Sprocket") is False
+                assert fresh.is_namespaced("v1", "Secret") is True
+                with pytest.raises(ApiNotServedError):
+                    fresh.is_namespaced(f"{group}/v2", "Gear")
+        finally:
+            kube.delete(gear)
     finally:
         kube.delete(crd)
 

@@ -154,3 +154,36 @@ def test_history_is_bounded_and_leftovers_are_cleaned(kube: KubeClient, namespac
     assert store.delete("api") > 0
     assert secrets_of(kube, namespace, "api") == []
     assert store.load("api") is None
+
+
+def test_the_latest_of_several_bundles_is_what_each_one_reads_alone(
+    kube: KubeClient, namespace: str
+) -> None:
+    store = RevisionStore(kube, namespace=namespace, chunk_bytes=64 * 1024)
+    for bundle, count in (("api", 1), ("web", 2), ("jobs", 3)):
+        for _ in range(count):
+            manifests = configmaps(bundle, 2, 50 * 1024)
+            store.save(bundle, manifests=manifests, inventory=Inventory.from_objects(manifests))
+    # An index whose label someone edited away is still the bundle's index (read by name).
+    kube.patch(
+        {"apiVersion": "v1", "kind": "Secret",
+         "metadata": {"name": "fleetlet-rev-jobs", "namespace": namespace}},
+        {"metadata": {"labels": {"fleetlet.io/revision": None}}},
+    )  # fmt: skip
+    fresh = RevisionStore(kube, namespace=namespace)  # nothing in memory
+    found = fresh.latest_of(["web", "none", "jobs", "api"])
+    assert list(found) == ["web", "none", "jobs", "api"]
+    assert found["none"] is None
+    for bundle, number in (("api", 1), ("web", 2), ("jobs", 3)):
+        alone = RevisionStore(kube, namespace=namespace).latest(bundle)
+        got = found[bundle]
+        assert alone is not None and got is not None
+        assert (got.number, got.manifests, got.inventory) == (
+            number, alone.manifests, alone.inventory,
+        )  # fmt: skip
+    # Integrity is checked as when read alone.
+    victim = {"apiVersion": "v1", "kind": "Secret",
+              "metadata": {"name": "fleetlet-rev-web-2-0", "namespace": namespace}}  # fmt: skip
+    kube.delete(victim)
+    with pytest.raises(RevisionStoreError, match="fleetlet-rev-web-2-0 is missing"):
+        RevisionStore(kube, namespace=namespace).latest_of(["api", "web"])

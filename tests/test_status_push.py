@@ -444,6 +444,49 @@ def test_a_writer_racing_on_the_same_branch_is_detected_not_overwritten(
     assert remote.sequence == 2
 
 
+def test_a_writer_between_two_of_our_pushes_is_detected_not_overwritten(
+    git_daemon: GitDaemon, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    repo = "status-between.git"
+    git_daemon.create_bare(repo)
+    pusher = pusher_for(git_daemon, repo, "edge-k", tmp_path_factory.mktemp("agent"))
+    pusher.update(status("edge-k", note="ours"), now=T0)
+    pusher.push(now=T0)
+    # Another writer while we are idle: our next push, built on what we pushed last, is
+    # refused by the server; we fetch, see a document as new as ours, and leave it there.
+    other = pusher_for(git_daemon, repo, "edge-k", tmp_path_factory.mktemp("agent-other"))
+    other.update(status("edge-k", note="theirs"), now=T0 + 1)
+    other.push(now=T0 + 1)
+    pusher.update(status("edge-k", note="ours again"), now=T0 + 2)
+    with pytest.raises(StatusSupersededError):
+        pusher.push(now=T0 + 2)
+    assert remote_status(git_daemon, repo, "edge-k").bundles[0].runs[0].message == "theirs"
+
+
+def test_a_push_after_our_own_fetches_nothing_first(
+    git_http: GitHttpServer, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    repo = "status-one-exchange.git"
+    git_http.create_bare(repo)
+    pusher = pusher_for(git_http, repo, "edge-l", tmp_path_factory.mktemp("agent"))
+    pusher.update(status("edge-l", note="one"), now=T0)
+    pushed = pusher.push(now=T0)
+    # Another pusher of ours after a restart (no state): it fetches first.
+    again = pusher_for(git_http, repo, "edge-l", tmp_path_factory.mktemp("agent-restarted"))
+    again.update(status("edge-l", note="restarted"), now=T0 + 1)
+    before = git_http.request_count()
+    pushed = again.push(now=T0 + 1)
+    with_fetch = git_http.request_count() - before
+    again.update(status("edge-l", note="two"), now=T0 + 2)
+    before = git_http.request_count()
+    second = again.push(now=T0 + 2)
+    # No fetch before it (the branch's tip is the commit it pushed; the push says so).
+    assert git_http.request_count() - before < with_fetch
+    tip = branch_commit(git_http, repo, "edge-l")
+    assert str(tip.id) == second.commit and [str(p.id) for p in tip.parents] == [pushed.commit]
+    assert remote_status(git_http, repo, "edge-l").bundles[0].runs[0].message == "two"
+
+
 def test_the_local_repository_stays_small_and_history_stays_linear(
     git_daemon: GitDaemon, tmp_path_factory: pytest.TempPathFactory
 ) -> None:

@@ -31,6 +31,7 @@ from agent.api import BundleDeploymentSpec, from_dict, to_dict
 from agent.api import Revision as AppliedRevision
 from agent.apply.inventory import Inventory
 from agent.errors import FleetletError, PermanentError
+from agent.fanout import each
 from agent.kube import STATE_FIELD_MANAGER, InvalidError, KubeClient, ObjectRef
 
 CHUNK_BYTES = 900 * 1024
@@ -195,8 +196,9 @@ class RevisionStore:
         Raises RevisionStoreError (unreadable index), ApiUnavailableError, KubeApiError.
         """
         live = self.kube.get(self._ref(self._index_name(bundle)))
-        if live is None:
-            return []
+        return [] if live is None else self._parse_index(bundle, live)
+
+    def _parse_index(self, bundle: str, live: Mapping[str, Any]) -> list[IndexEntry]:
         try:
             raw = base64.b64decode((live.get("data") or {})[INDEX_KEY])
             document = json.loads(raw)
@@ -354,7 +356,31 @@ class RevisionStore:
             return None
         with self._lock:
             cached = self._loaded.get((bundle, chosen.number, chosen.sha256))
-        return cached if cached is not None else self.load(bundle, chosen.number)
+        return cached if cached is not None else self._load_entry(bundle, chosen)
+
+    def latest_of(self, bundles: Sequence[str]) -> dict[str, HealthyRevision | None]:
+        """:meth:`latest` of each of ``bundles``, their indexes read with one LIST (the index
+        Secrets, by name; one the LIST did not show, say with its label edited away, is read
+        by name), the revisions not in memory loaded side by side. Raises what :meth:`load`
+        raises."""
+        listed = {
+            str(s["metadata"]["name"]): s
+            for s in self.kube.list(
+                "v1", "Secret", namespace=self.namespace, label_selector=f"{REVISION_LABEL}=index"
+            )
+        }
+
+        def latest(bundle: str) -> HealthyRevision | None:
+            live = listed.get(self._index_name(bundle))
+            kept = self.entries(bundle) if live is None else self._parse_index(bundle, live)
+            if not kept:
+                return None
+            with self._lock:
+                cached = self._loaded.get((bundle, kept[0].number, kept[0].sha256))
+            return cached if cached is not None else self._load_entry(bundle, kept[0])
+
+        names = list(bundles)
+        return dict(zip(names, each(latest, names), strict=True))
 
     def latest_number(self, bundle: str) -> int | None:
         """The number of the bundle's last healthy revision (one small read), or None."""
@@ -372,6 +398,11 @@ class RevisionStore:
         chosen = next((e for e in kept if number is None or e.number == number), None)
         if chosen is None:
             return None
+        return self._load_entry(bundle, chosen)
+
+    def _load_entry(self, bundle: str, chosen: IndexEntry) -> HealthyRevision:
+        """The revision ``chosen`` names (from an index just read), from its chunks, checked
+        against its sha256. Raises what :meth:`load` raises."""
         what = f"revision {chosen.number} of bundle {bundle}"
         pieces: list[bytes] = []
         for index in range(chosen.chunks):

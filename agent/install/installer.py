@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from agent.errors import TemporaryError
+from agent.install.crd_removal import remove_crds as remove_crds_one_by_one
 from agent.install.manifests import (
     CONFIG_MAP,
     EVENTS_NAMESPACE,
@@ -119,9 +120,9 @@ def uninstall(
     """Remove the installation in ``namespace`` (see the module docstring); returns what
     happened to each object. Objects already gone are ``absent``, never an error.
 
-    With ``remove_crds``, waits up to ``crd_timeout`` seconds for the API server to delete
-    every custom object and the CRDs (``kubectl delete`` waits for that without a bound; on a
-    busy API server it has taken over a minute).
+    With ``remove_crds``, removes the CRDs one at a time (:mod:`agent.install.crd_removal`)
+    and waits up to ``crd_timeout`` seconds in all for the API server to delete every custom
+    object and the CRDs (``kubectl delete`` waits for that without a bound).
 
     Raises what :meth:`KubeClient.delete` raises (ForbiddenError...), CrdsNotEstablishedError
     (temporary) when the CRDs are still terminating after ``crd_timeout``.
@@ -169,18 +170,15 @@ def uninstall(
     if live is not None and all(labels.get(k) == v for k, v in MANAGED_BY.items()):
         delete(ns_ref)
     if remove_crds:
-        refs = [ObjectRef.of(crd) for crd in crds()]
-        for ref in refs:
-            delete(ref)
-        # The API server deletes every custom object first: wait, so that a new install
-        # right after does not meet a CRD on its way out.
+        # One at a time, each listed first and gone before the next: see
+        # agent.install.crd_removal. Waiting means a new install right after does not meet a
+        # CRD on its way out.
         deadline = time.monotonic() + crd_timeout
-        while any(kube.get(ref) is not None for ref in refs):
-            if time.monotonic() > deadline:
-                raise CrdsNotEstablishedError(
-                    f"fleetlet's CRDs still terminating after {crd_timeout:.0f} s", delay=5.0
-                )
-            time.sleep(0.2)
+        names = [crd["metadata"]["name"] for crd in crds()]
+        if remove_crds_one_by_one(kube, names, deadline=deadline, delete=delete):
+            raise CrdsNotEstablishedError(
+                f"fleetlet's CRDs still terminating after {crd_timeout:.0f} s", delay=5.0
+            )
     return changes
 
 

@@ -121,9 +121,12 @@ class KubeClient(Transport):
         namespace: str | None = None,
         label_selector: str | None = None,
         field_selector: str | None = None,
+        limit: int | None = _LIST_PAGE,
     ) -> Objects:
         """Every object of a kind (in ``namespace``, or in all namespaces), page by page; each
-        item carries its apiVersion and kind.
+        item carries its apiVersion and kind. ``limit=None`` reads it in one request, which the
+        API server answers from its watch cache only (429 while it builds that cache, where a
+        page is read from etcd instead).
 
         Raises ApiNotServedError, ForbiddenError, KubeApiError, ApiUnavailableError.
         """
@@ -138,7 +141,7 @@ class KubeClient(Transport):
                     namespace=namespace if resource.namespaced else None,
                     label_selector=label_selector,
                     field_selector=field_selector,
-                    limit=_LIST_PAGE,
+                    limit=limit,
                     _continue=token,
                     serialize=False,
                     _request_timeout=self._timeout,

@@ -144,6 +144,8 @@ class Transport:
                 from kubernetes.client.api_client import ApiClient
                 from kubernetes.dynamic import DynamicClient
 
+                from agent.kube._discovery import TargetedDiscoverer
+
                 api = ApiClient(self._configuration)
                 api.user_agent = "fleetlet-agent"
                 if self.impersonate:
@@ -154,7 +156,9 @@ class Transport:
                     self._cache_dir.mkdir(parents=True, exist_ok=True)
                 try:
                     with _converted("API discovery", self.server):
-                        dynamic = DynamicClient(api, cache_file=str(self._cache_file()))  # type: ignore[no-untyped-call]
+                        dynamic = DynamicClient(  # type: ignore[no-untyped-call]
+                            api, cache_file=str(self._cache_file()), discoverer=TargetedDiscoverer
+                        )
                 except BaseException:
                     api.close()  # type: ignore[no-untyped-call]
                     raise
@@ -235,13 +239,15 @@ class Transport:
                 ResourceNotUniqueError,
             )
 
+            from agent.kube._discovery import find
+
             dynamic = self._client()
             target = f"{kind} {api_version}"
             try:
-                # A miss makes the dynamic client re-discover once (a CRD created since the
-                # cache was written) before giving up.
+                # A miss makes the dynamic client re-read that group version once (a CRD
+                # created since the cache was written) before giving up (agent.kube._discovery).
                 with _converted(target, self.server):
-                    resource = dynamic.resources.get(api_version=api_version, kind=kind)
+                    resource = find(dynamic.resources, api_version, kind)
             except (ResourceNotFoundError, ResourceNotUniqueError) as exc:
                 raise ApiNotServedError(
                     f"the API server does not serve kind {kind} in {api_version}",

@@ -32,6 +32,7 @@ from agent.apply.store import RevisionStore
 from agent.apply.verified import VerifiedObjects
 from agent.approve.approvals import Approvals, WaitingOn
 from agent.errors import TemporaryError
+from agent.fanout import each
 from agent.kube import ApiUnavailableError, KubeClient
 from agent.reconcile.context import (
     GroupContext,
@@ -177,8 +178,8 @@ class Reconciler:
             self.views.bundles.publish(deployment_set)
             self.views.rewrite_all(deployment_set.serial)
             annotations = self.views.bundles.annotations()
-        for entry in entries:
-            self.views.view(entry.name, entry.group)
+        # Each bundle's view (its BundleDeployment and run history), side by side.
+        each(lambda e: self.views.view(e.name, e.group), entries)
         claims = self._claims(deployment_set, rendered or {})
         total = len(deployment_set.groups)
 
@@ -331,8 +332,8 @@ class Reconciler:
             owned = [o for o in objects if not is_hook(o)]
             for key in Inventory.from_objects(owned).entries:
                 claims.setdefault(key, name)
-        for name in sorted(e.name for e in deployment_set.bundle_deployments):
-            stored = self.store.latest(name)
+        stored_of = self.store.latest_of(sorted(e.name for e in deployment_set.bundle_deployments))
+        for name, stored in stored_of.items():
             for key in stored.inventory.entries if stored else ():
                 claims.setdefault(key, name)
         return claims

@@ -136,8 +136,7 @@ def _owned(name: str, store: RevisionStore, recorded: Mapping[str, GroupRecord])
 def _claims(store: RevisionStore, wanted: set[str]) -> dict[Key, str]:
     """Objects the bundles that stay own: never deleted, handed over."""
     claims: dict[Key, str] = {}
-    for name in sorted(wanted):
-        kept = store.latest(name) if store.latest_number(name) is not None else None
+    for name, kept in store.latest_of(sorted(wanted)).items():
         for key in kept.inventory.entries if kept else ():
             claims.setdefault(key, name)
     return claims

@@ -12,7 +12,15 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
-from agent.api import API_GROUP, API_VERSION, BundleDeploymentSet, format_time, to_dict
+from agent.api import (
+    API_GROUP,
+    API_VERSION,
+    BundleDeploymentEntry,
+    BundleDeploymentSet,
+    format_time,
+    to_dict,
+)
+from agent.fanout import each
 from agent.kube import STATE_FIELD_MANAGER, KubeClient
 from agent.report.events import EventRecorder
 
@@ -71,7 +79,8 @@ class BundleDeployments:
                 f"{signed.principal} {signed.key} commit {deployment_set.source.commit} "
                 f"policy {signed.policy}"
             )
-        for entry in deployment_set.bundle_deployments:
+
+        def apply(entry: BundleDeploymentEntry) -> None:
             spec = dict(to_dict(entry.spec))
             spec["group"] = entry.group
             self._kube.apply(
@@ -88,6 +97,8 @@ class BundleDeployments:
                 field_manager=STATE_FIELD_MANAGER,
                 force=True,
             )
+
+        each(apply, deployment_set.bundle_deployments)  # side by side: one object each
 
     def _managed(self) -> list[dict[str, Any]]:
         found = self._kube.list(GROUP_VERSION, KIND, label_selector=f"{MANAGED_LABEL}={self.owner}")

@@ -11,7 +11,10 @@ one timeout per backoff, not one per tick.
 
 Nothing older overwrites newer: every document carries a ``sequence`` that grows by one per
 document written, and before pushing the remote document is read; if its sequence is not lower
-than ours the push is refused with :class:`StatusSupersededError`. One exception: a pusher whose
+than ours the push is refused with :class:`StatusSupersededError`. After a push of its own the
+pusher builds the next commit on it without fetching (the push names it as the branch's old
+value, so the server refuses it if anyone else wrote since: then it fetches and reads the
+remote document as above). One exception: a pusher whose
 workdir held no state (a new pod, a lost volume) continues from the remote's sequence, since
 what it observes now is newer than anything pushed before.
 
@@ -201,6 +204,8 @@ class StatusPusher:
         self._pushed_sequence = 0
         self._pushed_at: float | None = None
         self._fresh = True
+        self._own_tip: pygit2.Oid | None = None
+        """The commit this pusher pushed last (None: not known to be the remote's tip)."""
         self._load_state()
 
     # --- local state --------------------------------------------------------------------
@@ -233,6 +238,7 @@ class StatusPusher:
         with self._lock:
             self._load_state()
             self._fresh = True
+            self._own_tip = None
 
     def _load_state(self) -> None:
         doc_path = self.workdir / STATUS_FILE
@@ -407,16 +413,21 @@ class StatusPusher:
             self.pushes += 1
             if self._recycle_every > 0 and self.pushes % self._recycle_every == 0:
                 self._repo = self._open_repo(anew=True)
+                self._own_tip = None
             return result
 
     def _push(self, doc: ClusterStatus, now: float) -> PushResult:
         last = ""
         # Another writer moved the branch between our fetch and our push: fetch again, after a
-        # short backoff with jitter (two writers do not collide again in step).
+        # short backoff with jitter (two writers do not collide again in step). The first
+        # attempt builds on the commit we pushed last, without a fetch: the push names it as
+        # the branch's old value, so the server refuses it (and we fetch) if anyone else
+        # wrote since; what is pushed is never built on anything but the remote's tip.
         for attempt in attempts(PUSH_ATTEMPTS, initial=0.05, maximum=1.0):
             if attempt:
                 self.retries += 1
-            tip = self._fetch()
+            own, self._own_tip = self._own_tip, None
+            tip = own if own is not None and not attempt else self._fetch()
             remote_sequence = self._remote_sequence(tip)
             if remote_sequence is not None and remote_sequence >= doc.sequence:
                 if not self._fresh:
@@ -435,6 +446,7 @@ class StatusPusher:
                 last = str(exc)
                 continue
             if callbacks.rejected is None:
+                self._own_tip = commit
                 return PushResult(
                     commit=str(commit), sequence=doc.sequence, heartbeat=doc.heartbeat
                 )

@@ -70,7 +70,10 @@ class RunLog:
 
         Raises RunLogError, ApiUnavailableError, KubeApiError.
         """
-        runs = self.runs(bundle)
+        return self._record(bundle, run, self.runs(bundle))
+
+    def _record(self, bundle: str, run: Run, runs: list[Run]) -> list[Run]:
+        """:meth:`record` onto ``runs``, the history just read."""
         if any(r.id == run.id for r in runs):
             runs = [run if r.id == run.id else r for r in runs]
         else:
@@ -124,7 +127,8 @@ class RunLog:
 
         Raises RunLogError, ApiUnavailableError, KubeApiError.
         """
-        started = next((r for r in self.runs(bundle) if r.id == run_id), None)
+        history = self.runs(bundle)
+        started = next((r for r in history if r.id == run_id), None)
         run = Run(
             id=run_id,
             operation=started.operation if started else "upgrade",
@@ -138,7 +142,7 @@ class RunLog:
             counts=counts or RunCounts(),
             outputs=tuple(outputs),
         )
-        return self.record(bundle, run)
+        return self._record(bundle, run, history)  # read just above: not read again
 
     def next_id(self, bundle: str, runs: list[Run] | None = None) -> str:
         """A new run id for ``bundle``: ``<bundle>.<n>``, n one more than any kept.

@@ -56,7 +56,9 @@ class ObjectVersion:
 
 class ClusterReader:
     """Metadata-only LISTs against one API server (see the module docstring). Thread-safe:
-    each LIST opens, uses and closes its own connection; :meth:`request` keeps one per thread."""
+    each thread keeps its own connection open between its requests, LISTs and :meth:`request`
+    alike (a drift check is a dozen LISTs: one TLS handshake, not a dozen); a kept connection
+    the server closed meanwhile is replaced once."""
 
     def __init__(
         self,
@@ -125,28 +127,24 @@ class ClusterReader:
         """
         found: dict[str, ObjectVersion] = {}
         token = ""
-        connection = self._connection()
-        try:
-            while True:
-                joiner = "&" if "?" in path else "?"
-                query = f"{joiner}limit={_PAGE}" + (f"&continue={quote(token)}" if token else "")
-                page = self._get(connection, self._prefix + path + query, user)
-                for item in page.get("items") or []:
-                    meta = item.get("metadata") or {}
-                    name = str(meta.get("name") or "")
-                    found[name] = ObjectVersion(
-                        name=name,
-                        uid=str(meta.get("uid") or ""),
-                        resource_version=str(meta.get("resourceVersion") or ""),
-                    )
-                token = str((page.get("metadata") or {}).get("continue") or "")
-                if not token:
-                    return found
-        finally:
-            connection.close()
+        while True:
+            joiner = "&" if "?" in path else "?"
+            query = f"{joiner}limit={_PAGE}" + (f"&continue={quote(token)}" if token else "")
+            page = self._get(self._prefix + path + query, user)
+            for item in page.get("items") or []:
+                meta = item.get("metadata") or {}
+                name = str(meta.get("name") or "")
+                found[name] = ObjectVersion(
+                    name=name,
+                    uid=str(meta.get("uid") or ""),
+                    resource_version=str(meta.get("resourceVersion") or ""),
+                )
+            token = str((page.get("metadata") or {}).get("continue") or "")
+            if not token:
+                return found
 
-    def _get(self, connection: http.client.HTTPConnection, url: str, user: str | None) -> Any:
-        status, body = self._send(connection, "GET", url, self._headers(user, _METADATA_LIST))
+    def _get(self, url: str, user: str | None) -> Any:
+        status, body = self._exchange("GET", url, self._headers(user, _METADATA_LIST))
         if status != 200:
             raise ReaderError(f"GET {url}: HTTP {status}")
         try:
@@ -170,18 +168,25 @@ class ClusterReader:
         headers = self._headers(None, "application/json")
         if body is not None:
             headers["Content-Type"] = content_type
+        return self._exchange(method, self._prefix + path, headers, body)
+
+    def _exchange(
+        self, method: str, url: str, headers: dict[str, str], body: bytes | None = None
+    ) -> tuple[int, bytes]:
+        """One request on the calling thread's kept connection (replaced once when the server
+        closed it meanwhile); the connection is kept for the thread's next request."""
         kept: http.client.HTTPConnection | None = getattr(self._kept, "connection", None)
         connection = kept or self._connection()
         self._kept.connection = None
         try:
-            answer = self._send(connection, method, self._prefix + path, headers, body)
+            answer = self._send(connection, method, url, headers, body)
         except ReaderError as exc:
             connection.close()
             if kept is None or isinstance(exc.__cause__, TimeoutError):
                 raise
             connection = self._connection()  # the server closed the idle one: once more
             try:
-                answer = self._send(connection, method, self._prefix + path, headers, body)
+                answer = self._send(connection, method, url, headers, body)
             except ReaderError:
                 connection.close()
                 raise

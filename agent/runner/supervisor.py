@@ -173,7 +173,10 @@ class Supervisor:
         elif commit == known.refused_commit:
             outcome = "refused-before"
         else:
-            self._work("tick")
+            # A new publication: no fingerprint first. It would only serve the next drift
+            # check, and a move writes the BundleDeployments it covers, so that check runs
+            # a worker anyway; the move waits for no LIST.
+            self._work("tick", fingerprint=False)
             return
         if self._decided(known):
             self._work("tick")
@@ -252,15 +255,18 @@ class Supervisor:
             log.info("%s: drift check: %s (a worker checks instead)", self.cluster, exc)
             return None
 
-    def _work(self, job: Job, *, before: Fingerprint | None = None) -> JobResult | None:
+    def _work(
+        self, job: Job, *, before: Fingerprint | None = None, fingerprint: bool = True
+    ) -> JobResult | None:
         """Run ``job`` in a worker and take in its result (None: :meth:`stop` ended or
-        prevented it).
+        prevented it). ``fingerprint=False``: none is taken before (the next drift check
+        then runs a worker).
 
         Raises WorkerFailedError, JobFailedError, JobRefusedError, ConfigurationError (the
         first worker: ``fatal``)."""
         with self._lock:
             first = self._known is None
-            if before is None:
+            if before is None and fingerprint:
                 before = self._fingerprint(self._known)
             level, fmt = self._log
             trace.mark(f"agent:{job}-worker")

@@ -123,6 +123,11 @@ _WARM = (
     "agent.reconcile.group", "agent.apply", "agent.health", "agent.render", "agent.verify",
     "agent.verify._sigstore", "agent.report.logs", "agent.report.push", "agent.runner.relay",
     "agent.source.oci", "agent.secrets.keys", "sigstore.models", "sigstore.verify",
+    # The cluster client (agent.kube imports it lazily, at the job's first request: 0.15-0.25
+    # s of the move), and what the job's result and the agent entry import.
+    "kubernetes", "kubernetes.config.kube_config", "kubernetes.dynamic", "agent.kube._discovery",
+    "agent.fanout", "agent.cli", "agent.upgrade.desired", "agent.render.confine",
+    "cryptography.hazmat.backends.openssl", "_strptime",
 )  # fmt: skip
 
 
@@ -337,10 +342,11 @@ def watches(agent: Any) -> tuple[Watch, ...] | None:
     unserved: set[str | None] = set()
     namespace = agent.reconciler.settings.agent_namespace
     try:
+        stored_of = store.latest_of([e.name for e in accepted.bundle_deployments])
         for entry in accepted.bundle_deployments:
+            stored = stored_of[entry.name]
             account = entry.spec.service_account_name
             user = f"system:serviceaccount:{namespace}:{account}" if account else None
-            stored = store.latest(entry.name)
             refs = [ObjectRef.of(o) for o in (stored.manifests if stored else ())]
             refs += [ObjectRef.of(c.object) for c in checks_of(entry.spec)]
             for ref in refs:
@@ -406,6 +412,7 @@ def _wake_at(agent: Any) -> float | None:
     target of the accepted set retried by itself, or the running publication expiring (then
     every bundle says ``Expired``; once it has expired, that was said)."""
     from agent.api import parse_time
+    from agent.fanout import each
 
     accepted = agent.accepted
     if accepted is None:
@@ -414,8 +421,8 @@ def _wake_at(agent: Any) -> float | None:
     expires = accepted.expires_at + agent.pipeline.clock_skew
     if agent.clock() <= expires:
         times.append(expires + timedelta(seconds=1))  # past it, by the agent's clock too
-    for group in accepted.groups:
-        failure = agent.reconciler.records.load(group).failure
+    for record in each(agent.reconciler.records.load, accepted.groups):
+        failure = record.failure
         when = parse_time(failure.retry_at) if failure is not None and failure.retry_at else None
         if when is not None:
             times.append(when)

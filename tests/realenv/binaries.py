@@ -11,8 +11,9 @@ built by the same machinery (:func:`ensure_tools`) into ``tools/<name>-<version>
 same cache, where the agent's :func:`agent.render.tools.find_tool` finds them.
 
 ``python -m tests.realenv.binaries [NAME ...]`` ensures every binary and tool (or the named ones),
-the control plane and the tools side by side, and prints the paths (CI runs it before the tests so that the cold build, about 8 minutes on two
-cores, is visible as its own step).
+the control plane and the tools side by side, and prints the paths. It imports nothing but the
+standard library (and :mod:`agent.render.tools`, which does the same), so ``scripts/install.sh``
+runs it in the background from the start, beside apt and pip.
 """
 
 from __future__ import annotations
