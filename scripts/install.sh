@@ -2,8 +2,8 @@
 # Installs everything fleetlet's tests and demo need on a fresh Debian machine of this kind:
 # Debian packages, the project with its extras, the Kubernetes/etcd/kwok binaries (taken from
 # KUBEBUILDER_ASSETS or the cache, else built once from the Go module proxy), the pinned helm
-# and kustomize fleetlet renders with, and the sops and cosign the tests encrypt and sign with
-# (same machinery, ~/.cache/fleetlet/tools/<name>-<version>/).
+# and kustomize fleetlet renders with, and the sops, cosign, gitsign and notation the tests
+# encrypt and sign with (same machinery, ~/.cache/fleetlet/tools/<name>-<version>/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -44,5 +44,5 @@ python3 -m pip install -q --disable-pip-version-check --no-deps -e .
 log "pip install ./examples/fleetlet-jsonnet"
 python3 -m pip install -q --disable-pip-version-check ./examples/fleetlet-jsonnet
 
-log "Kubernetes control-plane binaries, helm and kustomize, and the sops and cosign the tests encrypt and sign with, built side by side (a cold build from the Go module proxy takes about 15 minutes on two cores; seconds when cached)"
+log "Kubernetes control-plane binaries, helm and kustomize, and the sops, cosign, gitsign and notation the tests encrypt and sign with, built side by side (a cold build from the Go module proxy takes about 15 minutes on two cores; seconds when cached)"
 python3 -m tests.realenv.binaries

@@ -658,3 +658,18 @@ def test_agent_api_exports_every_name_its_lazy_module_imports() -> None:
     assert sorted(agent.api.__all__) == sorted(_all.__all__)
     for name in agent.api.__all__:
         assert getattr(agent.api, name) is getattr(_all, name)
+
+
+def test_agent_api_models_exports_every_name_of_its_private_modules() -> None:
+    # agent.api.models imports each name on first use from the private module declaring it;
+    # every name it lists must resolve to that module's object.
+    import importlib
+
+    import agent.api.models
+
+    modules = [importlib.import_module(m) for m in agent.api.models._MODULES]
+    for name in agent.api.models.__all__:
+        value = getattr(agent.api.models, name)
+        assert any(vars(m).get(name) is value for m in modules), name
+    with pytest.raises(AttributeError, match="no attribute 'Nope'"):
+        agent.api.models.Nope  # noqa: B018

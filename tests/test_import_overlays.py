@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -40,7 +41,20 @@ def _import(out: Path) -> dict[str, Any]:
     return report
 
 
-def _rendered(out: Path, kustomize: Path) -> dict[str, dict[str, dict[tuple[str, str], Any]]]:
+def _tree(sources: list[dict[str, Any]], work: Path) -> Path:
+    """The bundle's tree as the agent composes it: each source's directory of the checkout at
+    its destination."""
+    if len(sources) == 1 and "destination" not in sources[0]:
+        return EXAMPLE / sources[0]["directory"]
+    for source in sources:
+        shutil.copytree(EXAMPLE / source["directory"], work / source.get("destination", ""),
+                        dirs_exist_ok=True)  # fmt: skip
+    return work
+
+
+def _rendered(
+    out: Path, kustomize: Path, work: Path
+) -> dict[str, dict[str, dict[tuple[str, str], Any]]]:
     """cluster -> bundle -> (kind, name) -> object, as the agent renders the planned sets."""
     from hub.fleet.load import load_fleet
     from hub.fleet.render import plan_clusters
@@ -52,11 +66,10 @@ def _rendered(out: Path, kustomize: Path) -> dict[str, dict[str, dict[tuple[str,
     for cluster, plan in plans.items():
         for entry in plan.entries:
             spec = to_dict(entry.spec)
-            (source,) = spec["sources"]
-            assert source["commit"] == COMMIT
+            assert all(source["commit"] == COMMIT for source in spec["sources"])
             options = spec.get("formatOptions") or {}
             objects = render_bundle(
-                EXAMPLE / source["directory"],
+                _tree(spec["sources"], work / f"{cluster}-{entry.name}"),
                 format=spec.get("format", "plain"),
                 request=RenderRequest(
                     source=entry.name,
@@ -86,7 +99,7 @@ def test_overlays_and_kustomize_dirs_convert_into_a_fleet_that_renders_what_flee
                                                                      ["prod-1"]]  # fmt: skip
     assert all(o["patches"] for o in written["overrides"])
 
-    got = _rendered(out, kustomize_binary)
+    got = _rendered(out, kustomize_binary, tmp_path / "trees")
     base = {c: got[c][GUESTBOOK] for c in ("dev-1", "test-1", "prod-1")}
     # Nothing under overlays/ is deployed as such, anywhere.
     for objects in base.values():
@@ -111,6 +124,18 @@ def test_overlays_and_kustomize_dirs_convert_into_a_fleet_that_renders_what_flee
     assert base["prod-1"][("Deployment", "frontend")]["spec"]["replicas"] == 3
     assert base["prod-1"][("Service", "frontend")]["spec"]["type"] == "LoadBalancer"
     assert base["prod-1"][("StoreQuota", "guestbook")]["spec"]["tier"] == "standard"
+    # prod's edge overlay adds a file and swaps the follower Service for a headless one: its
+    # directory is placed in the tree (one more source) and the base file's Service deleted.
+    assert base["prod-1"][("ConfigMap", "store-config")]["data"] == {"region": "edge"}
+    assert ("Service", "redis-follower") not in base["prod-1"]
+    assert base["prod-1"][("Service", "redis-follower-headless")]["spec"]["clusterIP"] == "None"
+    assert set(base["prod-1"]) - {("ConfigMap", "store-config"),
+                                  ("Service", "redis-follower-headless")} == set(
+        base["test-1"]) - {("Service", "redis-follower")}  # fmt: skip
+    assert ("ConfigMap", "store-config") not in base["test-1"]
+    prod_sources = written["overrides"][2]["sources"]
+    assert [s.get("destination") for s in prod_sources] == [None, "fleet-overlays/edge"]
+    assert prod_sources[1]["directory"].endswith("/overlays/edge")
     for objects in base.values():
         assert all(o["metadata"].get("namespace") in (None, "guestbook") for o in objects.values())
 
@@ -141,10 +166,12 @@ def test_an_overlay_without_a_faithful_patch_leaves_the_bundle_out_and_says_why(
     from hub.importer.fleet import ImportSettings, import_fleet
 
     cases = {
-        "adds": ({"extra.yaml": CM % "extra"}, "adds extra.yaml"),
-        "swaps": ({"cm.yaml": CM % "other"}, "by another object"),
+        "mixed": ({"extra.yaml": CM % "extra", "cm_patch.yaml": "data: {a: c}\n"},
+                  "a patch beside files that add or swap"),
+        "same": ({"cm.yaml": (CM % "web") + "---\n" + (CM % "more")},
+                 "some of them the same objects"),
         "missing": ({"nothere_patch.yaml": "data: {a: c}\n"}, "no file nothere.yaml to patch"),
-    }
+    }  # fmt: skip
     for case, (overlay, why) in cases.items():
         root = _one_bundle(tmp_path / case, overlay, {"cm.yaml": CM % "web"})
         result = import_fleet(
@@ -157,3 +184,53 @@ def test_an_overlay_without_a_faithful_patch_leaves_the_bundle_out_and_says_why(
         assert note.bundle == "x-app"
         assert note.message.startswith("not converted, not written: overlays/o/"), note.message
         assert why in note.message, (case, note.message)
+
+
+def test_an_overlay_adding_or_swapping_files_becomes_a_placed_directory(tmp_path: Path) -> None:
+    from hub.importer.check import render_problem
+    from hub.importer.fleet import ImportSettings, import_fleet
+
+    url = "https://git.example.invalid/x.git"
+    root = _one_bundle(tmp_path, {"extra.yaml": CM % "extra", "cm.yaml": CM % "other"},
+                       {"cm.yaml": CM % "web", "keep.yaml": CM % "keep"})  # fmt: skip
+    result = import_fleet(
+        root, ImportSettings(name="x", source_url=url, clusters=[{"name": "c1", "labels": {}}])
+    )
+    (bundle,) = result.bundles
+    (override,) = bundle["overrides"]
+    assert override["sources"][1] == {"kind": "git", "uri": url, "branch": "main",
+                                      "directory": "app/overlays/o",
+                                      "destination": "fleet-overlays/o"}  # fmt: skip
+    # Fleet gives c1 keep.yaml, the overlay's cm.yaml (ConfigMap other) and extra.yaml.
+    work = tmp_path / "tree"
+    for source in override["sources"]:
+        shutil.copytree(root / source["directory"], work / source.get("destination", ""),
+                        dirs_exist_ok=True)  # fmt: skip
+    objects = render_bundle(
+        work,
+        format="plain",
+        request=RenderRequest(source="x-app", options={}, patches=tuple(override["patches"])),
+    )
+    assert sorted(o["metadata"]["name"] for o in objects) == ["extra", "keep", "other"]
+    assert render_problem(bundle, root, url) is None
+
+
+def test_a_bundle_level_overlay_adding_a_file_places_it_for_every_cluster(tmp_path: Path) -> None:
+    from hub.importer.fleet import ImportSettings, import_fleet, write_fleet_repo
+
+    url = "https://git.example.invalid/x.git"
+    root = _one_bundle(tmp_path / "src", {"extra.yaml": CM % "extra"}, {"cm.yaml": CM % "web"})
+    (root / "app" / "fleet.yaml").write_text("yaml: {overlays: [o]}\n")
+    result = import_fleet(
+        root, ImportSettings(name="x", source_url=url, clusters=[{"name": "c1", "labels": {}}])
+    )
+    (bundle,) = result.bundles
+    assert [s.get("destination") for s in bundle["sources"]] == [None, "fleet-overlays/o"]
+    assert "overrides" not in bundle and "patches" not in bundle
+    write_fleet_repo(result, tmp_path / "out")  # loads as the hub loads it
+    work = tmp_path / "tree"
+    for source in bundle["sources"]:
+        shutil.copytree(root / source["directory"], work / source.get("destination", ""),
+                        dirs_exist_ok=True)  # fmt: skip
+    objects = render_bundle(work, format="plain", request=RenderRequest(source="x-app"))
+    assert sorted(o["metadata"]["name"] for o in objects) == ["extra", "web"]

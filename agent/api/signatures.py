@@ -14,8 +14,8 @@ _DIGEST_TEXT = "sha256:<64 hex>"
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SourceSignature(ApiObject):
-    """A source's cosign signature, verified by the hub against its signature policy before
-    publishing."""
+    """A source's cosign or notation signature, verified by the hub against its signature
+    policy before publishing."""
 
     policy: str = api_field(
         "Digest of the signature policy the signature was verified against.",
@@ -24,14 +24,15 @@ class SourceSignature(ApiObject):
         max_length=71,
     )
     signer: str = api_field(
-        "Who signed: `key sha256:<fingerprint of the public key>`, or the keyless signer's "
-        "`<subject> (<OIDC issuer>)` from its certificate.",
+        "Who signed: `key sha256:<fingerprint of the public key>`, the keyless signer's "
+        "`<subject> (<OIDC issuer>)` from its certificate, or `notation <certificate subject>`.",
         expected="the signer, in one line",
         max_length=1024,
     )
-    layout: Literal["bundle", "sig-tag"] = api_field(
-        "Where cosign put the signature: `bundle` (a Sigstore bundle attached as an OCI "
-        "referrer) or `sig-tag` (the older `sha256-<digest>.sig` tag)."
+    layout: Literal["bundle", "sig-tag", "notation"] = api_field(
+        "Where the signature was: `bundle` (a cosign Sigstore bundle attached as an OCI "
+        "referrer), `sig-tag` (cosign's older `sha256-<digest>.sig` tag) or `notation` (a "
+        "notation JWS envelope attached as an OCI referrer)."
     )
 
 

@@ -42,7 +42,6 @@ import json
 import math
 import re
 import struct
-from decimal import Decimal
 from typing import Any
 
 import yaml
@@ -162,6 +161,8 @@ def json_number(value: int | float) -> int | float:
             return value
         value = float(value)
     if value.is_integer() and abs(value) < 1e21:
+        from decimal import Decimal  # here: few documents have such a float (2 ms to import)
+
         return int(Decimal(repr(value)))
     return value
 

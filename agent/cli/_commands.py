@@ -11,14 +11,35 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from agent.render.tools import ToolSettings
 
 
 def _render(args: argparse.Namespace) -> int:
+    from agent.render._process import discard_early
+    from agent.render.headstart import head_start
+    from agent.render.tools import ToolSettings
+
+    tools = ToolSettings.from_env()
+    simple = not (args.values or args.set or args.set_string or args.set_json or args.set_file
+                  or args.install_namespace or args.watch_namespace)  # fmt: skip
+    if simple:
+        # helm or kustomize starts now, while the rest loads (agent.render.headstart).
+        head_start(bundle_dir=args.bundle_dir, format=args.format, path=args.path,
+                   namespace=args.namespace, release_name=args.release_name,
+                   kube_version=args.kube_version, tools=tools)  # fmt: skip
+    try:
+        return _render_now(args, tools)
+    finally:
+        discard_early()
+
+
+def _render_now(args: argparse.Namespace, tools: ToolSettings) -> int:
     # Imported here: rendering pulls in YAML and format plugins the other commands never need.
     from agent.render.command import RenderOptions, run_render
     from agent.render.plain import InvalidManifestsError
-    from agent.render.tools import ToolSettings
 
     options = RenderOptions(
         format=args.format,
@@ -40,7 +61,7 @@ def _render(args: argparse.Namespace) -> int:
             bundle_dir=args.bundle_dir,
             options=options,
             note=lambda line: print(f"fleetlet: {line}", file=sys.stderr),
-            tools=ToolSettings.from_env(),
+            tools=tools,
         )
     except InvalidManifestsError as exc:
         # Every bad file, one per line.

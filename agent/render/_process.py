@@ -23,12 +23,17 @@ The child is started confined when the caller says how (``confine``: :mod:`agent
 the tree to read, a scratch directory to write, no network); a refused access then reads as the
 tool's own error with the confinement named.
 
+:func:`start_early` starts such a child ahead of the call that needs it (``fleetlet render``'s
+head start, :mod:`agent.render.headstart`): :func:`run_tool` takes it over only when it asks for
+that very process, and :func:`discard_early` kills what no call took.
+
 Every error here is permanent: the same tree and options render the same way, so retrying a
 timeout or an out-of-memory would only burn the agent's CPU again (``reason`` says which).
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import resource
@@ -93,45 +98,45 @@ def run_tool(
     env: Mapping[str, str] | None = None,
     max_output: int = DEFAULT_MAX_OUTPUT,
     confine: Confinement | None = None,
+    scratch: Path | None = None,
 ) -> bytes:
     """Run ``argv`` in ``cwd`` and return its stdout.
 
     ``timeout`` in seconds; ``max_memory`` in bytes of writable memory; ``env`` is the child's
     whole environment (default: only ``PATH``), so nothing of the agent's leaks into a tool;
     ``input`` is written to its stdin (else stdin is empty); ``confine``: what the tool may
-    reach (:mod:`agent.render.confine`; every renderer passes one), None for no confinement.
+    reach (:mod:`agent.render.confine`; every renderer passes one), None for no confinement;
+    ``scratch``: the fresh, empty directory of this render that ``argv``, ``env`` or
+    ``confine`` name, if any (a head start's own scratch directory stands for it, see
+    :func:`start_early`).
 
     Raises ToolFailedError (non-zero exit, with its stderr), ToolTimeoutError,
     ToolMemoryError, ToolOutputTooLargeError, and ToolFailedError when it cannot be started.
     """
     args = [os.fspath(a) for a in argv]
     tool = Path(args[0]).name
-    child_env = dict(env) if env is not None else {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
-    # A soft limit below the hard one: the Go runtime collects harder instead of dying early.
-    child_env.setdefault("GOMEMLIMIT", str(max_memory * 3 // 4))
-
-    def start() -> subprocess.Popen[bytes]:
-        return subprocess.Popen(
-            args,
-            cwd=cwd,
-            env=child_env,
-            stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            process_group=0,  # its own process group: a timeout kills its children too
-        )
-
+    launch = _Launch(args, cwd=cwd, max_memory=max_memory, input=input, env=env,
+                     confine=confine, scratch=scratch)  # fmt: skip
+    remaining = timeout
+    early = _HEAD_STARTS.pop(launch.key, None)
+    if early is not None:
+        # The very process this call would start, started earlier (:func:`start_early`):
+        # bounded from its start, its time counted from its start.
+        early.adopted = True
+        proc = early.proc
+        remaining -= time.monotonic() - early.started
+    else:
+        try:
+            proc = run_confined(confine, launch.start)
+        except OSError as exc:
+            raise ToolFailedError(f"{tool}: cannot start {args[0]}: {exc}", tool=tool) from exc
+        try:
+            _bound(proc.pid, max_memory)
+        except OSError as exc:
+            _kill_group(proc)
+            raise ToolFailedError(f"{tool}: cannot bound its memory: {exc}", tool=tool) from exc
     try:
-        proc = run_confined(confine, start)
-    except OSError as exc:
-        raise ToolFailedError(f"{tool}: cannot start {args[0]}: {exc}", tool=tool) from exc
-    try:
-        _bound(proc.pid, max_memory)
-    except OSError as exc:
-        _kill_group(proc)
-        raise ToolFailedError(f"{tool}: cannot bound its memory: {exc}", tool=tool) from exc
-    try:
-        stdout, stderr, overflow = _communicate(proc, input, timeout, max_output)
+        stdout, stderr, overflow = _communicate(proc, input, remaining, max_output)
     finally:
         _kill_group(proc)
     message = _tail(stderr)
@@ -157,6 +162,107 @@ def run_tool(
         )
         raise ToolFailedError(f"{tool} failed ({status}): {message or 'no message'}", tool=tool)
     return stdout
+
+
+class _Launch:
+    """One child process as :func:`run_tool` starts it, and its key: what makes two launches
+    the same process (argv, directory, environment, stdin, confinement, memory bound; a
+    render's fresh scratch directory stands for any other fresh one)."""
+
+    def __init__(self, args: list[str], *, cwd: Path, max_memory: int, input: bytes | None,
+                 env: Mapping[str, str] | None, confine: Confinement | None,
+                 scratch: Path | None) -> None:  # fmt: skip
+        self.args = args
+        self.cwd = cwd
+        self.input = input
+        path = os.environ.get("PATH", "/usr/bin:/bin")
+        self.env = dict(env) if env is not None else {"PATH": path}
+        # A soft limit below the hard one: the Go runtime collects harder instead of dying early.
+        self.env.setdefault("GOMEMLIMIT", str(max_memory * 3 // 4))
+        here = os.fspath(scratch) if scratch is not None else None
+
+        def same(text: str) -> str:
+            return text.replace(here, "<scratch>") if here else text
+
+        reach = None
+        if confine is not None:
+            groups = (confine.read, confine.write, confine.execute, confine.listable)
+            reach = tuple(tuple(same(os.fspath(p)) for p in group) for group in groups)
+        self.key: tuple[object, ...] = (
+            tuple(same(a) for a in args),
+            same(os.path.realpath(cwd)),
+            tuple(sorted((k, same(v)) for k, v in self.env.items())),
+            input,
+            reach,
+            max_memory,
+        )
+
+    def start(self) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            self.args,
+            cwd=self.cwd,
+            env=self.env,
+            stdin=subprocess.PIPE if self.input is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            process_group=0,  # its own process group: a timeout kills its children too
+        )
+
+
+class HeadStart:
+    """A child process started before the render that needs it (:func:`start_early`)."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], started: float) -> None:
+        self.proc = proc
+        self.started = started
+        self.adopted = False
+        """Whether a :func:`run_tool` call took it over (else :func:`discard_early` kills it)."""
+
+
+_HEAD_STARTS: dict[tuple[object, ...], HeadStart] = {}
+
+
+def start_early(
+    argv: Sequence[str | os.PathLike[str]],
+    *,
+    cwd: Path,
+    max_memory: int,
+    input: bytes | None = None,
+    env: Mapping[str, str] | None = None,
+    confine: Confinement | None = None,
+    scratch: Path | None = None,
+) -> HeadStart:
+    """Start now the process that :func:`run_tool` with the same arguments would start, bounded
+    and confined as it would be. The ``run_tool`` call asking for that very process takes it
+    over (its time bound counted from now); any other call starts its own. What no call takes
+    over is killed by :func:`discard_early` (call it when the work is done; it also runs at
+    exit). Raises OSError, ConfinementError when it cannot be started."""
+    launch = _Launch(
+        [os.fspath(a) for a in argv], cwd=cwd, max_memory=max_memory, input=input, env=env,
+        confine=confine, scratch=scratch,
+    )  # fmt: skip
+    started = time.monotonic()
+    proc = run_confined(confine, launch.start)
+    try:
+        _bound(proc.pid, max_memory)
+    except OSError:
+        _kill_group(proc)
+        raise
+    if not _HEAD_STARTS:
+        atexit.register(discard_early)
+    early = HeadStart(proc, started)
+    previous = _HEAD_STARTS.pop(launch.key, None)
+    _HEAD_STARTS[launch.key] = early
+    if previous is not None:
+        _kill_group(previous.proc)
+    return early
+
+
+def discard_early() -> None:
+    """Kill and reap every head start that no render took over."""
+    while _HEAD_STARTS:
+        _, early = _HEAD_STARTS.popitem()
+        _kill_group(early.proc)
 
 
 def _bound(pid: int, max_memory: int) -> None:
@@ -284,10 +390,13 @@ def _tail(stderr: bytes) -> str:
 
 __all__ = [
     "DEFAULT_MAX_OUTPUT",
+    "HeadStart",
     "ToolError",
     "ToolFailedError",
     "ToolMemoryError",
     "ToolOutputTooLargeError",
     "ToolTimeoutError",
+    "discard_early",
     "run_tool",
+    "start_early",
 ]

@@ -40,15 +40,12 @@ import ctypes
 import errno
 import functools
 import gc
-import logging
 import os
-import platform
 import stat
 import struct
 import sys
-import sysconfig
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
@@ -151,6 +148,8 @@ def for_python(
     ``code`` is fleetlet's code root: its entries may be listed (the import system needs that)
     but only its ``agent`` package read, so a root that is a source checkout or a home
     directory gives away nothing else."""
+    import sysconfig  # here: only a plugin's worker needs it (a render starts sooner)
+
     read = [Path(p) for p in path] + [code / "agent"]
     for key in ("stdlib", "platstdlib"):
         read.append(Path(sysconfig.get_path(key)))
@@ -173,6 +172,33 @@ def for_python(
 
 
 _NOWHERE = "http://127.0.0.1:9"
+
+
+# helm's whole environment (here, beside the other renderers', so that `fleetlet render`'s
+# head start can start helm without importing the helm format): no cluster, no network, and no state. Its home and every ``HELM_*``
+# directory lie under /dev/null, a file, so nothing there can be read or created (not even by
+# root): no repositories, no registry logins, no plugins (so no post-renderer), no cache shared
+# between renders. The registry configuration is /dev/null itself, because helm opens it on
+# every start and takes "not a directory" for an error.
+_HELM_NO_STATE = "/dev/null/fleetlet-helm"
+HELM_ENVIRONMENT: Mapping[str, str] = {
+    "PATH": "/usr/bin:/bin",
+    "HOME": _HELM_NO_STATE,
+    "HELM_CACHE_HOME": f"{_HELM_NO_STATE}/cache",
+    "HELM_CONFIG_HOME": f"{_HELM_NO_STATE}/config",
+    "HELM_DATA_HOME": f"{_HELM_NO_STATE}/data",
+    "HELM_PLUGINS": f"{_HELM_NO_STATE}/plugins",
+    "HELM_REGISTRY_CONFIG": "/dev/null",
+    "HELM_REPOSITORY_CONFIG": f"{_HELM_NO_STATE}/config/repositories.yaml",
+    "HELM_REPOSITORY_CACHE": f"{_HELM_NO_STATE}/cache/repository",
+    "KUBECONFIG": f"{_HELM_NO_STATE}/kubeconfig",
+    "HTTP_PROXY": _NOWHERE,
+    "HTTPS_PROXY": _NOWHERE,
+    "http_proxy": _NOWHERE,
+    "https_proxy": _NOWHERE,
+    "NO_PROXY": "",
+    "no_proxy": "",
+}
 
 
 def environment(*, scratch: Path | None, home: str = "/dev/null/fleetlet-render") -> dict[str, str]:
@@ -248,7 +274,7 @@ def _syscall(*args: object) -> int:
 @functools.cache
 def support() -> Support:
     """What this kernel offers (asked once)."""
-    seccomp = platform.machine() in _SECCOMP_ARCH and sys.platform == "linux"
+    seccomp = sys.platform == "linux" and os.uname().machine in _SECCOMP_ARCH
     if sys.platform != "linux":
         return Support(0, False, f"{sys.platform} has no Landlock")
     abi = _syscall(_SYS_CREATE_RULESET, None, ctypes.c_size_t(0), _CREATE_RULESET_VERSION)
@@ -328,6 +354,8 @@ def _no_collection() -> Iterator[None]:
 @functools.cache
 def _warn_once(found: Support) -> None:
     # The agent says it at start; `fleetlet render` and `hub diff` say it at their first render.
+    import logging  # here: a confined render logs nothing (and starts sooner without it)
+
     logging.getLogger("agent.render").warning("%s", found.describe())
 
 
@@ -391,7 +419,7 @@ def _add_rule(ruleset: int, path: Path, rights: int) -> None:
 def _seccomp_program() -> bytes:
     """A classic BPF program failing socket(2) and io_uring_setup(2) with EACCES, and every
     system call of a foreign ABI (x32, i386 on x86_64)."""
-    arch, socket_nr, uring_nr, foreign = _SECCOMP_ARCH[platform.machine()]
+    arch, socket_nr, uring_nr, foreign = _SECCOMP_ARCH[os.uname().machine]
     ld_abs, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06
     allow, deny = 0x7FFF0000, 0x00050000 | errno.EACCES
 

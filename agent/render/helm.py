@@ -64,10 +64,11 @@ from agent.render.manifests import (
     parse_manifests,
 )
 from agent.render.plain import RenderRequest, refuse_duplicates
+from agent.render.tools import HELM_MAX_MEMORY
 
 DEFAULT_TIMEOUT = 60.0
 """Seconds one ``helm template`` may take."""
-DEFAULT_MAX_MEMORY = 512 * 1024 * 1024
+DEFAULT_MAX_MEMORY = HELM_MAX_MEMORY
 """Bytes of memory one ``helm template`` may write to (``RLIMIT_DATA``)."""
 
 _CHART_FILE = "Chart.yaml"
@@ -587,30 +588,7 @@ def _by_template(
     return objects, origins
 
 
-# helm's whole environment: no cluster, no network, and no state. Its home and every ``HELM_*``
-# directory lie under /dev/null, a file, so nothing there can be read or created (not even by
-# root): no repositories, no registry logins, no plugins (so no post-renderer), no cache shared
-# between renders. The registry configuration is /dev/null itself, because helm opens it on
-# every start and takes "not a directory" for an error.
-_NO_STATE = "/dev/null/fleetlet-helm"
-_HERMETIC_ENV: Mapping[str, str] = {
-    "PATH": "/usr/bin:/bin",
-    "HOME": _NO_STATE,
-    "HELM_CACHE_HOME": f"{_NO_STATE}/cache",
-    "HELM_CONFIG_HOME": f"{_NO_STATE}/config",
-    "HELM_DATA_HOME": f"{_NO_STATE}/data",
-    "HELM_PLUGINS": f"{_NO_STATE}/plugins",
-    "HELM_REGISTRY_CONFIG": "/dev/null",
-    "HELM_REPOSITORY_CONFIG": f"{_NO_STATE}/config/repositories.yaml",
-    "HELM_REPOSITORY_CACHE": f"{_NO_STATE}/cache/repository",
-    "KUBECONFIG": f"{_NO_STATE}/kubeconfig",
-    "HTTP_PROXY": _NOWHERE,
-    "HTTPS_PROXY": _NOWHERE,
-    "http_proxy": _NOWHERE,
-    "https_proxy": _NOWHERE,
-    "NO_PROXY": "",
-    "no_proxy": "",
-}
+_HERMETIC_ENV = confine.HELM_ENVIRONMENT
 
 
 def _relative(path: Path, tree: Path) -> str:

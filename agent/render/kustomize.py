@@ -47,7 +47,7 @@ from agent.render.manifests import (
 )
 from agent.render.patches import explain_failure, kustomization_patches
 from agent.render.plain import RenderRequest, render_root
-from agent.render.tools import ToolSettings
+from agent.render.tools import KUSTOMIZE_MAX_MEMORY, ToolSettings
 
 # Fields whose entries are files or directories (directories hold a kustomization).
 _TREE_FIELDS = ("resources", "bases", "components")
@@ -459,7 +459,7 @@ class KustomizeFormat:
         kustomize: Path | None = None,
         helm: Path | None = None,
         timeout: float = 120.0,
-        max_memory: int = 1 << 30,
+        max_memory: int = KUSTOMIZE_MAX_MEMORY,
     ) -> None:
         self._kustomize = kustomize
         self._helm = helm
@@ -513,6 +513,7 @@ class KustomizeFormat:
                 max_memory=self.max_memory,
                 env=confine.environment(scratch=work),
                 confine=confinement,
+                scratch=work,
             )
         except PermanentError as exc:
             raise KustomizeError(

@@ -97,6 +97,10 @@ def find_tool(name: str, *, override: str | None = None, cache_root: Path | None
     )
 
 
+HELM_MAX_MEMORY = 512 * 1024 * 1024
+"""Bytes of memory one ``helm template`` may write to (``RLIMIT_DATA``)."""
+KUSTOMIZE_MAX_MEMORY = 1 << 30
+"""Bytes of memory one ``kustomize build`` may write to (``RLIMIT_DATA``)."""
 DEFAULT_PLUGIN_TIMEOUT = 60.0
 """Seconds one render by a format plugin may take (its child process is then killed)."""
 DEFAULT_PLUGIN_MAX_MEMORY = 1 << 30
@@ -177,6 +181,8 @@ def _pin(name: str) -> str:
 __all__ = [
     "DEFAULT_PLUGIN_MAX_MEMORY",
     "DEFAULT_PLUGIN_TIMEOUT",
+    "HELM_MAX_MEMORY",
+    "KUSTOMIZE_MAX_MEMORY",
     "OVERRIDE_VARIABLES",
     "PINNED_TOOLS",
     "ToolNotFoundError",

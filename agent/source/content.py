@@ -11,7 +11,6 @@ Every error names the source; refusals also name the file and the rule that was 
 from __future__ import annotations
 
 import errno
-import hashlib
 import os
 from dataclasses import dataclass
 from typing import Protocol
@@ -211,4 +210,6 @@ def check_commit(value: str | None, *, source: str) -> str:
 
 def sha256_digest(data: bytes) -> str:
     """``sha256:<hex>`` of ``data``."""
+    import hashlib  # here: a render never hashes (OpenSSL's library takes 2 ms to load)
+
     return "sha256:" + hashlib.sha256(data).hexdigest()

@@ -34,6 +34,7 @@ import json
 import os
 import tempfile
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +43,7 @@ import requests
 from agent.errors import TemporaryError
 from agent.source.content import AuthenticationError
 from agent.source.registry import RegistryClient, RegistryProtocolError, RegistryUnavailableError
+from agent.verify.notation import ARTIFACT_TYPE as NOTATION_ARTIFACT_TYPE
 from agent.verify.sources import PublicKey, SourcePolicy
 
 if TYPE_CHECKING:
@@ -67,6 +69,7 @@ _MAX_BLOB = 4 * 1024 * 1024
 _MAX_SIGNATURES = 32
 LAYOUT_BUNDLE = "bundle"
 LAYOUT_SIG_TAG = "sig-tag"
+LAYOUT_NOTATION = "notation"
 
 
 class SignaturesUnavailableError(TemporaryError):
@@ -89,6 +92,16 @@ class SignatureCheck:
     signer: str | None = None
     """``key sha256:...`` or ``<subject> (<issuer>)``, when ``ok``."""
     layout: str | None = None
+    valid_until: str | None = None
+    """A pass that depends on the time (notation: certificates valid now) holds until then
+    (``YYYY-MM-DDTHH:MM:SSZ``); None: for good."""
+
+    def expired(self, now: datetime | None = None) -> bool:
+        """Raises ValueError for a ``valid_until`` that is not such a time."""
+        if self.valid_until is None:
+            return False
+        until = datetime.strptime(self.valid_until, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+        return (now or datetime.now(UTC)) >= until
 
     def to_json(self) -> str:
         return json.dumps(
@@ -99,6 +112,7 @@ class SignatureCheck:
                 "reason": self.reason,
                 "signer": self.signer,
                 "layout": self.layout,
+                "validUntil": self.valid_until,
             },
             sort_keys=True,
         )
@@ -115,6 +129,7 @@ class SignatureCheck:
                 reason=str(doc["reason"]),
                 signer=doc["signer"],
                 layout=doc["layout"],
+                valid_until=doc.get("validUntil"),
             )
         except (KeyError, TypeError) as exc:
             raise ValueError(f"not a signature check: {exc}") from exc
@@ -138,7 +153,10 @@ class PassCache:
         except (OSError, ValueError):
             return None
         ok = check.ok and check.digest == digest and check.policy == policy
-        return check if ok else None
+        try:
+            return check if ok and not check.expired() else None
+        except ValueError:  # a validUntil this code did not write
+            return None
 
     def put(self, check: SignatureCheck) -> None:
         if not check.ok:
@@ -188,6 +206,15 @@ class SignatureReader:
         for desc in _descriptors(index, "manifests")[:_MAX_SIGNATURES]:
             artifact = str(desc.get("artifactType") or "")
             predicate = (desc.get("annotations") or {}).get(_PREDICATE_ANNOTATION)
+            if artifact == NOTATION_ARTIFACT_TYPE:  # notation's: agent/verify/notation.py
+                child = desc.get("digest")
+                manifest = self._manifest(f"manifests/{child}", expect=child)
+                for layer in _descriptors(manifest, "layers")[:1]:
+                    envelope = self._blob(layer)
+                    where = f"notation referrer {child}"
+                    media = str(layer.get("mediaType", ""))
+                    found.append(_Found(LAYOUT_NOTATION, where, bundle=envelope, signature=media))
+                continue
             if not artifact.startswith(BUNDLE_ARTIFACT_TYPE_PREFIX):
                 continue
             if predicate not in (None, COSIGN_SIGN_PREDICATE):
@@ -279,30 +306,47 @@ def check_signatures(reader: SignatureReader, digest: str, policy: SourcePolicy)
     except _Rejected as exc:
         return SignatureCheck(digest, wanted, False, str(exc))
     if not found:
-        return SignatureCheck(
-            digest,
-            wanted,
-            False,
+        unsigned = (
             "unsigned: no cosign signature found (neither a Sigstore bundle referrer nor a "
-            "sha256-<digest>.sig tag)",
+            "sha256-<digest>.sig tag)"
         )
+        if policy.notation is not None:
+            unsigned = "unsigned: no cosign or notation signature found (no referrer, no .sig tag)"
+        return SignatureCheck(digest, wanted, False, unsigned)
     reasons: list[str] = []
     for item in found:
         try:
-            signer = _verify_one(item, digest, policy)
+            signer, until = _verify_one(item, digest, policy)
         except _Rejected as exc:
             reasons.append(f"{item.where}: {exc}")
             continue
-        return SignatureCheck(digest, wanted, True, f"signed by {signer}", signer, item.layout)
+        valid = until.strftime("%Y-%m-%dT%H:%M:%SZ") if until is not None else None
+        return SignatureCheck(
+            digest, wanted, True, f"signed by {signer}", signer, item.layout, valid_until=valid
+        )
     shown = "; ".join(reasons[:3]) + (f"; and {len(reasons) - 3} more" if len(reasons) > 3 else "")
     count = f"{len(found)} signature{'s' if len(found) > 1 else ''}"
     return SignatureCheck(digest, wanted, False, f"{count} found, none acceptable: {shown}")
 
 
-def _verify_one(item: _Found, digest: str, policy: SourcePolicy) -> str:
+def _verify_one(item: _Found, digest: str, policy: SourcePolicy) -> tuple[str, datetime | None]:
+    """Who signed, and until when that holds (None: for good)."""
+    if item.layout == LAYOUT_NOTATION:
+        from agent.verify.notation import NotationRefusal, verify_notation
+
+        if policy.notation is None:
+            raise _Rejected("a notation signature, and the policy names no notation trust store")
+        assert item.bundle is not None
+        try:
+            found = verify_notation(item.bundle, item.signature or "", digest, policy.notation)
+        except NotationRefusal as exc:
+            raise _Rejected(str(exc)) from exc
+        except Exception as exc:  # a hostile envelope reaching deep into cryptography
+            raise _Rejected(f"the notation envelope is malformed ({exc})") from exc
+        return found.signer, found.valid_until
     if item.layout == LAYOUT_BUNDLE:
         assert item.bundle is not None
-        return _verify_bundle(item.bundle, digest, policy)
+        return _verify_bundle(item.bundle, digest, policy), None
     assert item.payload is not None and item.signature is not None
     if item.certificate and not policy.keys:
         raise _Rejected(
@@ -315,7 +359,7 @@ def _verify_one(item: _Found, digest: str, policy: SourcePolicy) -> str:
         raise _Rejected("the signature annotation is not base64") from exc
     signer = _by_key(policy.keys, item.payload, signature)
     _check_simple_signing(item.payload, digest)
-    return signer
+    return signer, None
 
 
 def _verify_bundle(data: bytes, digest: str, policy: SourcePolicy) -> str:

@@ -1,5 +1,6 @@
 """Signed fleet commits: the policy saying who may sign the fleet commit being published, and
-its verification (SSH signatures, as git's ``gpg.format=ssh`` writes them).
+its verification: SSH signatures, as git's ``gpg.format=ssh`` writes them (``signers``), and
+gitsign's Sigstore keyless signatures (``identities``, verified in :mod:`hub.fleet.gitsign`).
 
 Where the policy comes from matters more than what it says: the fleet repo's own copy
 (``fleet.yaml: commitSigning``) is written by whoever pushes the commit, so an attacker who
@@ -9,7 +10,9 @@ identity; the agents' trusted root follows the same rule). The fleet repo's copy
 identical, so the policy is reviewed with the fleet and a change shows in both places; a
 change lands only when the hub's operator puts it in the hub's configuration too.
 
-Verification is git's, step by step, each failing closed with a reason the refusal names:
+The signature's own header says which kind it is; a kind the policy does not list is refused
+(an SSH signature when the policy names only gitsign identities, and the reverse). SSH
+verification is git's, step by step, each failing closed with a reason the refusal names:
 
 1. the fleet directory is a clean checkout of a commit (an edited tree is not signed);
 2. the commit carries a signature, and an SSH one (``-----BEGIN SSH SIGNATURE-----``);
@@ -32,7 +35,7 @@ import re
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -43,6 +46,14 @@ import yaml
 
 from agent.api.yamlio import SAFE_LOADER
 from agent.errors import FieldProblem
+from agent.verify.sources import (
+    KeylessIdentity,
+    ReadFile,
+    file_reader,
+    parse_identities,
+    parse_trusted_root,
+)
+from hub.fleet.gitsign import GITSIGN_SIGNATURE, GitsignRefusal, verify_gitsign
 
 SSH_SIGNATURE = b"-----BEGIN SSH SIGNATURE-----"
 NAMESPACE = "git"
@@ -108,52 +119,113 @@ class AllowedSigner:
 
 @dataclass(frozen=True, slots=True)
 class CommitPolicy:
-    """``commitSigning``: the fleet commit being published is signed by one of ``signers``."""
+    """``commitSigning``: the fleet commit being published is signed by one of ``signers``
+    (SSH keys) or of ``identities`` (gitsign, keyless, checked against ``trusted_root``)."""
 
     signers: tuple[AllowedSigner, ...]
+    identities: tuple[KeylessIdentity, ...] = ()
+    trusted_root: bytes | None = None
+    """The ``trusted_root.json`` bytes for ``identities`` (None: the public-good root)."""
 
     def digest(self) -> str:
         """``sha256:`` of the policy's canonical JSON: the same signers give the same digest,
         whatever their order or the YAML's layout."""
-        doc = sorted((s.to_dict() for s in self.signers), key=lambda d: json.dumps(d))
-        data = json.dumps({"signers": doc}, sort_keys=True, separators=(",", ":"))
+        doc: dict[str, Any] = {
+            "signers": sorted((s.to_dict() for s in self.signers), key=lambda d: json.dumps(d))
+        }
+        if self.identities:
+            doc["identities"] = sorted(
+                json.dumps(i.to_dict(), sort_keys=True) for i in self.identities
+            )
+            doc["trustedRoot"] = (
+                "sha256:" + hashlib.sha256(self.trusted_root).hexdigest()
+                if self.trusted_root is not None
+                else "public-good"
+            )
+        data = json.dumps(doc, sort_keys=True, separators=(",", ":"))
         return "sha256:" + hashlib.sha256(data.encode()).hexdigest()
 
     def wanted(self) -> str:
         """What the policy asks, in one line."""
-        names = ", ".join(f"{s.principal} ({s.fingerprint})" for s in self.signers)
-        return f"an SSH signature by one of: {names} (policy {self.digest()[:19]})"
+        kinds = []
+        if self.signers:
+            names = ", ".join(f"{s.principal} ({s.fingerprint})" for s in self.signers)
+            kinds.append(f"an SSH signature by one of: {names}")
+        if self.identities:
+            names = ", ".join(i.describe() for i in self.identities)
+            root = "its trusted root" if self.trusted_root is not None else "public-good Sigstore"
+            kinds.append(f"a gitsign (keyless) signature by one of: {names}, under {root}")
+        return f"{' or '.join(kinds)} (policy {self.digest()[:19]})"
 
     def allowed_signers(self) -> str:
         return "".join(s.line() + "\n" for s in self.signers)
 
 
-def parse_commit_policy(raw: Any, where: str, problems: list[FieldProblem]) -> CommitPolicy | None:
-    """``raw`` (``{signers: [{principal, key, validAfter?, validBefore?}]}``) as a policy;
-    each problem is added to ``problems`` with its path under ``where`` ("": top level)."""
+_POLICY_FIELDS = ("signers", "identities", "trustedRoot")
+
+
+def parse_commit_policy(
+    raw: Any, where: str, problems: list[FieldProblem], read: ReadFile | None = None
+) -> CommitPolicy | None:
+    """``raw`` (``{signers: [{principal, key, validAfter?, validBefore?}], identities:
+    [{issuer|issuerRegExp, subject|subjectRegExp}], trustedRoot?}``, at least one kind) as a
+    policy; each problem is added to ``problems`` with its path under ``where`` ("": top
+    level). ``read`` reads ``trustedRoot`` (None: a policy cannot name one)."""
     start = len(problems)
     prefix = f"{where}." if where else ""
     if not isinstance(raw, dict):
         problems.append(
             FieldProblem(
-                path=where or "(document)", expected="a mapping with signers", found=_brief(raw)
+                path=where or "(document)",
+                expected="a mapping with signers and/or identities",
+                found=_brief(raw),
             )
         )
         return None
-    for key in sorted(set(raw) - {"signers"}, key=str):
-        problems.append(FieldProblem(path=f"{prefix}{key}", expected="signers", found="unknown"))
-    entries = raw.get("signers")
-    if not isinstance(entries, list) or not entries:
+    for key in sorted(set(raw) - set(_POLICY_FIELDS), key=str):
         problems.append(
-            FieldProblem(
-                path=f"{prefix}signers",
-                expected="a non-empty list of {principal, key, validAfter?, validBefore?}",
-                found=_brief(entries),
-            )
+            FieldProblem(path=f"{prefix}{key}", expected=", ".join(_POLICY_FIELDS), found="unknown")
         )
+    keyless = raw.get("identities") is not None
+    identities = parse_identities(raw.get("identities"), f"{prefix}identities", problems)
+    root: bytes | None = None
+    if "trustedRoot" in raw:
+        at = f"{prefix}trustedRoot"
+        if read is None:
+            problems.append(FieldProblem(path=at, expected="no trustedRoot here", found="set"))
+        else:
+            root = parse_trusted_root(raw["trustedRoot"], at, read, problems)
+        if not keyless:
+            problems.append(
+                FieldProblem(
+                    path=at,
+                    expected="identities beside it (SSH keys need no root)",
+                    found="no identities",
+                )
+            )
+    entries = raw.get("signers")
+    signers: list[AllowedSigner] = []
+    if entries is not None or not keyless:
+        if not isinstance(entries, list) or not entries:
+            problems.append(
+                FieldProblem(
+                    path=f"{prefix}signers",
+                    expected="a non-empty list of {principal, key, validAfter?, validBefore?} "
+                    "(or gitsign identities)",
+                    found=_brief(entries),
+                )
+            )
+        else:
+            signers = _signers(entries, prefix, problems)
+    if len(problems) > start:
         return None
+    return CommitPolicy(signers=tuple(signers), identities=identities, trusted_root=root)
+
+
+def _signers(entries: list[Any], prefix: str, problems: list[FieldProblem]) -> list[AllowedSigner]:
     signers: list[AllowedSigner] = []
     for i, entry in enumerate(entries):
+        start = len(problems)
         at = f"{prefix}signers[{i}]"
         if not isinstance(entry, dict):
             problems.append(FieldProblem(path=at, expected="a mapping", found=_brief(entry)))
@@ -210,9 +282,7 @@ def parse_commit_policy(raw: Any, where: str, problems: list[FieldProblem]) -> C
             )
         if len(problems) == start and isinstance(principal, str) and key is not None:
             signers.append(AllowedSigner(principal, key, after, before))
-    if len(problems) > start:
-        return None
-    return CommitPolicy(signers=tuple(signers))
+    return signers
 
 
 def _public_key(value: Any) -> str | None:
@@ -242,15 +312,23 @@ class CommitVerdict:
     commit: str
     ok: bool
     signer: str | None
-    """The principal whose key made the signature (only when ``ok``)."""
+    """The principal whose key made the signature, or gitsign's certificate subject (only
+    when ``ok``)."""
     key: str | None
-    """The signing key's fingerprint, when the signature named one and was good."""
+    """The signing key's fingerprint, when the signature named one and was good (gitsign:
+    the certificate's)."""
     reason: str
     """``ok``: who signed; else what is wrong, in one sentence."""
     policy: str
     wanted: str
+    format: str = "ssh"
+    """``ssh`` or ``gitsign``: the kind of signature that was verified."""
+    issuer: str | None = None
+    """gitsign: the OIDC issuer in the signing certificate."""
 
     def signed_by(self) -> str:
+        if self.ok and self.format == "gitsign":
+            return f"{self.signer} from {self.issuer} (gitsign, certificate {self.key})"
         if self.ok:
             return f"{self.signer} ({self.key})"
         return f"key {self.key}" if self.key else "unsigned"
@@ -267,8 +345,8 @@ def verify_commit(
     repo_dir: Path, commit: str, policy: CommitPolicy, *, committed: bool = True
 ) -> CommitVerdict:
     """Check ``commit`` of the git repository holding ``repo_dir`` against ``policy`` (the
-    numbered steps of the module docstring). Never raises for a commit that fails: the
-    verdict says why."""
+    numbered steps of the module docstring, or :mod:`hub.fleet.gitsign`'s). Never raises for
+    a commit that fails: the verdict says why."""
 
     def refused(reason: str, key: str | None = None) -> CommitVerdict:
         return CommitVerdict(commit, False, None, key, reason, policy.digest(), policy.wanted())
@@ -289,8 +367,42 @@ def verify_commit(
         return refused(f"the fleet repository cannot be read ({exc})")
     if not signature:
         return refused("unsigned")
+    if signature.lstrip().startswith(GITSIGN_SIGNATURE):
+        if not policy.identities:
+            return refused("signed with gitsign (keyless), but the policy names only SSH signers")
+        try:
+            who = verify_gitsign(signature, payload, policy.identities, policy.trusted_root)
+        except GitsignRefusal as exc:
+            return refused(str(exc))
+        return CommitVerdict(
+            commit,
+            True,
+            who.identity,
+            who.certificate,
+            f"signed with gitsign by {who.identity} from {who.issuer} (log index {who.log_index})",
+            policy.digest(),
+            policy.wanted(),
+            format="gitsign",
+            issuer=who.issuer,
+        )
     if not signature.lstrip().startswith(SSH_SIGNATURE):
-        return refused("signed, but not with an SSH signature (gpg.format=ssh)")
+        return refused(
+            "signed, but neither with an SSH signature (gpg.format=ssh) nor by gitsign "
+            "(OpenPGP signatures are not verified)"
+        )
+    if not policy.signers:
+        return refused("signed with an SSH key, but the policy names only gitsign identities")
+    return _verify_ssh(commit, signature, payload, moment, policy, refused)
+
+
+def _verify_ssh(
+    commit: str,
+    signature: bytes,
+    payload: bytes,
+    moment: datetime,
+    policy: CommitPolicy,
+    refused: Callable[..., CommitVerdict],
+) -> CommitVerdict:
     tool = shutil.which("ssh-keygen")
     if tool is None:
         return refused("ssh-keygen (openssh-client) is not installed on the hub")
@@ -393,7 +505,7 @@ def load_commit_policy(path: Path) -> CommitPolicy:
         problem = FieldProblem(path=where, expected="valid YAML", found=str(exc).splitlines()[0])
         raise FleetRepoError([problem]) from exc
     problems: list[FieldProblem] = []
-    policy = parse_commit_policy(raw, "", problems)
+    policy = parse_commit_policy(raw, "", problems, file_reader(path.parent))
     if policy is None:
         raise FleetRepoError(problems, origin=where)
     return policy

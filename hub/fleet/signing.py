@@ -12,6 +12,10 @@ policy each OCI source must satisfy.
           identities:
             - issuer: https://token.actions.githubusercontent.com
               subjectRegExp: ^https://github\\.com/acme/.+$
+        platform:                     # agent/verify/notation.py
+          notation:
+            trustStore: [trust/acme-ca.pem]
+            trustedIdentities: ["x509.subject: C=US, ST=WA, O=Acme, CN=release"]
       default: release                # every image source that names none
 
     # a bundle file: for all its image sources, or one source
@@ -68,7 +72,7 @@ def parse_source_signing(raw: Any, root: Path, problems: list[FieldProblem]) -> 
         problems.append(
             FieldProblem(
                 path=f"{where}.policies",
-                expected="a mapping of policy name to {keys, identities, trustedRoot}",
+                expected="a mapping of policy name to {keys, identities, trustedRoot, notation}",
                 found=repr(policies_raw),
             )
         )

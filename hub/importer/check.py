@@ -4,8 +4,9 @@ not work: called by :func:`hub.importer.fleet.import_fleet` (every bundle render
 
 - Every bundle whose content is the imported checkout is rendered from it, with the format,
   options, target namespace and patches it was given, and once for each override that changes
-  its ``path`` (a Fleet ``targetCustomizations[].kustomize.dir``) or adds ``patches`` (Fleet's
-  ``overlays/``). A bundle that does not
+  its ``path`` (a Fleet ``targetCustomizations[].kustomize.dir``), adds ``patches`` or sources
+  (Fleet's ``overlays/``; several sources are laid out at their destinations, as the agent
+  composes the tree). A bundle that does not
   render is not written: it is listed as not converted, with the renderer's reason, and
   ``dependsOn`` entries naming it are dropped (and listed). A bundle whose chart lives
   elsewhere (a helm repository, an OCI registry, an archive URL) cannot be rendered offline:
@@ -15,6 +16,8 @@ not work: called by :func:`hub.importer.fleet.import_fleet` (every bundle render
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -28,44 +31,64 @@ def render_problem(bundle: Mapping[str, Any], root: Path, source_url: str) -> st
     from agent.render.formats import render_bundle
     from agent.render.plain import RenderRequest
 
-    (source,) = bundle["sources"]
-    tree = root / str(source.get("directory") or ".")
     options = dict(bundle.get("formatOptions") or {})
     own = list(bundle.get("patches") or [])
     # The bundle as it is, then as each override makes it (its path, its patches after the
-    # bundle's: Fleet's overlays).
-    variants: list[tuple[str, dict[str, Any], list[Any]]] = [("", options, own)]
+    # bundle's, its sources: Fleet's overlays).
+    sources = list(bundle["sources"])
+    variants: list[tuple[str, list[Any], dict[str, Any], list[Any]]] = [("", sources, options, own)]
     for i, override in enumerate(bundle.get("overrides") or []):
-        if override.get("path") or override.get("patches"):
+        if override.get("path") or override.get("patches") or override.get("sources"):
             path = override.get("path") or options.get("path")
             checked = {**options, "path": path} if path else options
             where = f" (overrides[{i}]" + (f", path {path})" if override.get("path") else ")")
-            variants.append((where, checked, [*own, *(override.get("patches") or [])]))
-    seen: list[tuple[dict[str, Any], list[Any]]] = []
-    for where, checked, patches in variants:
-        if (checked, patches) in seen:
+            variants.append((where, list(override.get("sources") or sources), checked,
+                             [*own, *(override.get("patches") or [])]))  # fmt: skip
+    seen: list[tuple[list[Any], dict[str, Any], list[Any]]] = []
+    for where, tree_sources, checked, patches in variants:
+        if (tree_sources, checked, patches) in seen:
             continue
-        seen.append((checked, patches))
-        try:
-            render_bundle(
-                tree,
-                format=str(bundle["format"]),
-                request=RenderRequest(
-                    source=str(bundle["name"]),
-                    namespace=options.get("targetNamespace"),
-                    options=checked,
-                    patches=patches,
-                ),
-            )
-        except PermanentError as exc:
-            return f"does not render{where}: {' '.join(str(exc).split())}"
+        seen.append((tree_sources, checked, patches))
+        with tempfile.TemporaryDirectory(prefix="fleetlet-import-") as work:
+            try:
+                render_bundle(
+                    _tree(root, tree_sources, Path(work)),
+                    format=str(bundle["format"]),
+                    request=RenderRequest(
+                        source=str(bundle["name"]),
+                        namespace=options.get("targetNamespace"),
+                        options=checked,
+                        patches=patches,
+                    ),
+                )
+            except PermanentError as exc:
+                return f"does not render{where}: {' '.join(str(exc).split())}"
     return None
+
+
+def _tree(root: Path, sources: list[Any], work: Path) -> Path:
+    """The bundle's tree from the checkout: one source's directory as it is, several laid out
+    at their destinations (as the agent composes them)."""
+    if len(sources) == 1 and not sources[0].get("destination"):
+        return root / str(sources[0].get("directory") or ".")
+    tree = work / "tree"
+    for source in sources:
+        shutil.copytree(
+            root / str(source.get("directory") or "."),
+            tree / str(source.get("destination") or ""),
+            symlinks=True,
+            dirs_exist_ok=True,
+            ignore=shutil.ignore_patterns(".git"),
+        )
+    return tree
 
 
 def checkable(bundle: Mapping[str, Any], source_url: str) -> bool:
     """Whether the bundle's only content is the imported checkout."""
-    sources = bundle["sources"]
-    return len(sources) == 1 and sources[0].get("uri") == source_url
+    sources = [*bundle["sources"]]
+    for override in bundle.get("overrides") or []:
+        sources += override.get("sources") or []
+    return all(s.get("uri") == source_url for s in sources)
 
 
 def keep_rendering(

@@ -15,8 +15,9 @@ Fleet's rules, as its ``fleet.yaml`` reference documents them, and what each bec
   go-getter git address ``git::https://host/repo//dir?ref=v1``: a ``git`` source with that
   directory and ref); ``kustomize.dir`` given only by targetCustomizations: ``kustomize``, the
   first of them the default path (listed); else ``plain``. Fleet's ``overlays/`` of a plain
-  bundle (``yaml.overlays``, the bundle's or a customization's) become ``patches``
-  (:mod:`hub.importer.overlays`); one without a faithful patch leaves the bundle out
+  bundle (``yaml.overlays``, the bundle's or a customization's) become ``patches``, and an
+  overlay adding or swapping files one more source placing its directory in the tree
+  (:mod:`hub.importer.overlays`); one without a faithful equivalent leaves the bundle out
   (listed, not written).
 - **Namespaces.** ``namespace`` (Fleet forces it) or ``defaultNamespace`` (Fleet's default:
   ``default``) becomes ``formatOptions.targetNamespace``, which is also helm's release
@@ -95,7 +96,7 @@ from hub.importer._translate import (
     _selects,
 )
 from hub.importer.check import check_loads, keep_rendering
-from hub.importer.overlays import OverlayError, overlay_patches
+from hub.importer.overlays import MOUNTED, OVERLAYS, Converted, OverlayError, overlay_patches
 
 # fleet.yaml fields the importer expresses (others are listed as notes).
 _HANDLED = {
@@ -124,6 +125,7 @@ class _Importer:
         self.paths = [str(p) for p in spec.get("paths") or ["."]]
         self.targets_spec = [t for t in spec.get("targets") or [] if isinstance(t, dict)]
         self.plain = False  # whether the bundle being converted is raw YAML (Fleet's overlays)
+        self.sources: list[dict[str, Any]] = []  # the bundle's sources, overlays placed
         if not self.source_url:
             raise FleetImportError(
                 f"{root}: no git URL for the bundles' content: give --source-url (or --gitrepo "
@@ -248,9 +250,11 @@ class _Importer:
             self.note(name, ".fleetignore", "fleetlet does not read .fleetignore patterns; "
                       "remove the ignored files from the directory")  # fmt: skip
         self.plain = bundle["format"] == "plain"
-        patches = self._overlays(name, directory, fy, "yaml.overlays")
-        if patches:
-            bundle["patches"] = patches
+        converted = self._overlays(name, directory, fy, "yaml.overlays")
+        if converted.patches:
+            bundle["patches"] = converted.patches
+        bundle["sources"] += self._placed(directory, converted.mounted)
+        self.sources = bundle["sources"]  # what an override placing more overlays adds to
         customizations = [c for c in fy.get("targetCustomizations") or [] if isinstance(c, dict)]
         bundle["targets"], bundle["overrides"] = self._targets(
             name, directory, customizations, helm
@@ -442,23 +446,31 @@ class _Importer:
             self.note(name, f"{where}.helm.{key}", "not imported (overrides change values only)")
         if c.get("paused") is True:
             out["paused"] = True
-        patches = self._overlays(name, directory, c, f"{where}.yaml.overlays")
-        if patches:
-            out["patches"] = patches
+        converted = self._overlays(name, directory, c, f"{where}.yaml.overlays")
+        if converted.patches:
+            out["patches"] = converted.patches
+        if converted.mounted:
+            out["sources"] = [*self.sources, *self._placed(directory, converted.mounted)]
         return out
 
-    def _overlays(
-        self, name: str, directory: Path, fy: Mapping[str, Any], where: str
-    ) -> list[dict[str, Any]]:
-        """Fleet's ``yaml.overlays`` as patches (:mod:`hub.importer.overlays`)."""
+    def _placed(self, directory: Path, overlays: list[str]) -> list[dict[str, Any]]:
+        """The sources placing Fleet overlay directories in the bundle's tree."""
+        return [
+            {**self._source(directory / OVERLAYS / o), "destination": f"{MOUNTED}/{o}"}
+            for o in overlays
+        ]
+
+    def _overlays(self, name: str, directory: Path, fy: Mapping[str, Any], where: str) -> Converted:
+        """Fleet's ``yaml.overlays`` as patches and placed directories
+        (:mod:`hub.importer.overlays`)."""
         overlays = _dict(fy.get("yaml")).get("overlays")
         for key in sorted(set(_dict(fy.get("yaml"))) - {"overlays"}):
             self.note(name, f"{where.rsplit('.', 1)[0]}.{key}", "no fleetlet equivalent")
         if not overlays:
-            return []
+            return Converted()
         if not self.plain:
             self.note(name, where, "Fleet's overlays of a helm or kustomize bundle: not imported")
-            return []
+            return Converted()
         return overlay_patches(directory, [str(o) for o in overlays])
 
 

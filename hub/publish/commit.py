@@ -165,7 +165,10 @@ class Writer:
         self._expires = utc_text(self.now + self.prepared.fleet.settings.expires_after) or ""
         signed = self.prepared.signed_by
         if signed is not None:
-            self._signed_by_trailer = f"Source-Signed-By: {signed.principal} {signed.key}\n"
+            keyless = f" gitsign {signed.issuer}" if signed.format == "gitsign" else ""
+            self._signed_by_trailer = (
+                f"Source-Signed-By: {signed.principal} {signed.key}{keyless}\n"
+            )
 
     def source_record(self) -> dict[str, Any]:
         """The fleet commit for the publication's record (``refs/fleetlet/publication``)."""
@@ -174,6 +177,8 @@ class Writer:
         signed = self.prepared.signed_by
         if signed is not None:
             out["signedBy"] = {"principal": signed.principal, "key": signed.key}
+            if signed.format == "gitsign":
+                out["signedBy"].update(format="gitsign", issuer=signed.issuer)
             out["policy"] = signed.policy
         return out
 

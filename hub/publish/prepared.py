@@ -49,7 +49,11 @@ class Prepared:
             return None
         assert verdict.signer is not None and verdict.key is not None
         return CommitSignature(
-            format="ssh", principal=verdict.signer, key=verdict.key, policy=verdict.policy
+            format="gitsign" if verdict.format == "gitsign" else "ssh",
+            principal=verdict.signer,
+            key=verdict.key,
+            policy=verdict.policy,
+            issuer=verdict.issuer,
         )
 
     def require_signed_commit(self) -> None:

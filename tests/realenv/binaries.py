@@ -74,9 +74,24 @@ _TOOL_LDFLAGS = {"helm": "-X helm.sh/helm/v4/internal/version.version={version}"
 # the newest release (its go.mod asks for Go 1.25).
 # `cosign` signs the OCI artifacts whose signatures the hub verifies in Python (sigstore-python
 # and cryptography; hub/resolve/signatures.py): v3.1.3, the newest release.
-TEST_TOOLS = {"sops": "v3.13.3", "cosign": "v3.1.3"}
+# `gitsign` signs fleet commits keyless (hub/fleet/gitsign.py verifies them): v0.17.1, the
+# newest release the Go module proxy serves. The proxy refuses gitsign's version list, which
+# `go install pkg@version` reads for deprecation notices, so it is built in its downloaded
+# module directory instead (same go.mod, go.sum and dependencies; the version stamped by
+# ldflags). Its dependencies are mostly cosign's, already in the module cache.
+# `notation` signs OCI artifacts with X.509 certificates (hub/resolve/notation.py verifies
+# them): v1.3.2, the newest release the proxy serves; built like gitsign, for the same reason.
+TEST_TOOLS = {"sops": "v3.13.3", "cosign": "v3.1.3", "gitsign": "v0.17.1", "notation": "v1.3.2"}
 _TOOL_PACKAGES["sops"] = "github.com/getsops/sops/v3/cmd/sops"
 _TOOL_PACKAGES["cosign"] = "github.com/sigstore/cosign/v3/cmd/cosign"
+_TOOL_PACKAGES["gitsign"] = "github.com/sigstore/gitsign"
+_TOOL_LDFLAGS["gitsign"] = "-X github.com/sigstore/gitsign/pkg/version.gitVersion={version}"
+_TOOL_PACKAGES["notation"] = "github.com/notaryproject/notation/cmd/notation"
+# Built in their module's directory (the proxy refuses their version lists): the module.
+_BUILT_IN_MODULE_DIR = {
+    "gitsign": "github.com/sigstore/gitsign",
+    "notation": "github.com/notaryproject/notation",
+}
 _TOOL_LDFLAGS["cosign"] = "-X sigs.k8s.io/release-utils/version.gitVersion={version}"
 
 
@@ -476,15 +491,34 @@ def _build_tool(name: str, progress: TextIO | None) -> None:
     with tempfile.TemporaryDirectory(prefix=f"{name}-build-", dir=target.parent.parent) as tmp:
         work = Path(tmp)
         env["GOBIN"] = str(work)
-        _go(
-            ["install", "-trimpath", "-ldflags", ldflags, f"{package}@{version}"],
-            cwd=work,
-            env=env,
-            what=f"building {name} {version}",
-            progress=progress,
-        )
-        # `go install` names the binary after the package, a major-version suffix dropped.
         built = work / name
+        module = _BUILT_IN_MODULE_DIR.get(name)
+        if module is not None:
+            info = json.loads(
+                _go(
+                    ["mod", "download", "-json", f"{module}@{version}"],
+                    cwd=work,
+                    env=env,
+                    what=f"downloading {module}@{version}",
+                )
+            )
+            build = ["build", "-trimpath", "-mod=readonly", "-ldflags", ldflags, "-o", str(built)]
+            _go(
+                [*build, "." + package.removeprefix(module)],
+                cwd=Path(info["Dir"]),
+                env=env,
+                what=f"building {name} {version}",
+                progress=progress,
+            )
+        else:
+            # `go install` names the binary after the package, a major-version suffix dropped.
+            _go(
+                ["install", "-trimpath", "-ldflags", ldflags, f"{package}@{version}"],
+                cwd=work,
+                env=env,
+                what=f"building {name} {version}",
+                progress=progress,
+            )
         if not _executable(built):
             raise BinaryError(f"the build of {name} did not produce {built}")
         os.replace(built, target)

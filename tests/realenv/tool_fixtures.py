@@ -96,3 +96,27 @@ def cosign_binary() -> Path:
         return ensure_tools(["cosign"])["cosign"]
     except BinaryError as exc:
         pytest.fail(str(exc))
+
+
+@pytest.fixture(scope="session")
+def gitsign_binary() -> Path:
+    """The pinned ``gitsign`` the tests sign fleet commits with, keyless (built into the
+    cache when missing: ``python3 -m tests.realenv.binaries gitsign``)."""
+    from tests.realenv.binaries import BinaryError, ensure_tools
+
+    try:
+        return ensure_tools(["gitsign"])["gitsign"]
+    except BinaryError as exc:
+        pytest.fail(str(exc))
+
+
+@pytest.fixture(scope="session")
+def notation_binary() -> Path:
+    """The pinned ``notation`` the tests sign OCI artifacts with X.509 certificates (built
+    into the cache when missing: ``python3 -m tests.realenv.binaries notation``)."""
+    from tests.realenv.binaries import BinaryError, ensure_tools
+
+    try:
+        return ensure_tools(["notation"])["notation"]
+    except BinaryError as exc:
+        pytest.fail(str(exc))

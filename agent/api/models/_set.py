@@ -37,15 +37,20 @@ class CommitSignature(ApiObject):
     """Who signed the fleet commit, as the hub verified it against its commit policy before
     publishing (`fleet.yaml: commitSigning`)."""
 
-    format: Literal["ssh"] = api_field("`ssh`: an SSH signature (git's `gpg.format=ssh`).")
+    format: Literal["ssh", "gitsign"] = api_field(
+        "`ssh`: an SSH signature (git's `gpg.format=ssh`); `gitsign`: a Sigstore keyless "
+        "signature made by gitsign (`gpg.format=x509`)."
+    )
     principal: str = api_field(
-        "The signer, as the policy names it (e.g. alice@example.com).",
+        "The signer, as the policy names it (e.g. alice@example.com); for gitsign, the "
+        "certificate's subject.",
         pattern=NO_WHITESPACE,
         expected="an identity without whitespace",
-        max_length=253,
+        max_length=1024,
     )
     key: str = api_field(
-        "The signing key's fingerprint (`SHA256:...`, as `ssh-keygen -l` prints it).",
+        "The signing key's fingerprint (`SHA256:...`, as `ssh-keygen -l` prints it); for "
+        "gitsign, the SHA-256 of the short-lived signing certificate, written the same way.",
         pattern=r"^SHA256:[A-Za-z0-9+/]{43}$",
         expected="SHA256:<43 base64 characters>",
         max_length=50,
@@ -55,6 +60,13 @@ class CommitSignature(ApiObject):
         pattern=DIGEST,
         expected=DIGEST_TEXT,
         max_length=71,
+    )
+    issuer: str | None = api_field(
+        "For gitsign: the OIDC issuer in the signing certificate.",
+        default=None,
+        pattern=NO_WHITESPACE,
+        expected="a URL without whitespace",
+        max_length=1024,
     )
 
 

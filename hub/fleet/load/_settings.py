@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.errors import FieldProblem
+from agent.verify.sources import file_reader
 from hub.fleet.commits import CommitPolicy, parse_commit_policy
 from hub.fleet.durations import parse_duration
 from hub.fleet.load._problems import _NAME, _found, _load_yaml, _Problems
@@ -123,16 +124,16 @@ def _load_settings(root: Path, problems: _Problems) -> Settings | None:
         insecure_registries=tuple(sorted(insecure)),
         shards=_load_sharding(raw.get("shards"), rel, problems),
         rollout=_default_rollout(raw.get("rollout"), rel, problems),
-        commit_signing=_commit_signing(raw.get("commitSigning"), rel, problems),
+        commit_signing=_commit_signing(raw.get("commitSigning"), root, rel, problems),
         source_signing=_source_signing(raw, root, rel, problems),
     )
 
 
-def _commit_signing(raw: Any, rel: str, problems: _Problems) -> CommitPolicy | None:
+def _commit_signing(raw: Any, root: Path, rel: str, problems: _Problems) -> CommitPolicy | None:
     if raw is None:
         return None
     found: list[FieldProblem] = []
-    policy = parse_commit_policy(raw, "commitSigning", found)
+    policy = parse_commit_policy(raw, "commitSigning", found, file_reader(root))
     problems.extend(rel, found)
     return policy
 

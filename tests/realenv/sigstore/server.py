@@ -22,6 +22,8 @@ from tests.realenv.sigstore.rekor import TransparencyLog
 from tests.realenv.sigstore.tsa import TimestampAuthority
 
 FULCIO_PATH = "/api/v2/signingCert"
+# Fulcio's legacy API, which gitsign's client still speaks (sigstore/fulcio pkg/api).
+FULCIO_V1_PATH = "/api/v1/signingCert"
 REKOR_V1_PATH = "/api/v1/log/entries"
 REKOR_V2_PATH = "/api/v2/log/entries"
 TSA_PATH = "/api/v1/timestamp"
@@ -57,6 +59,11 @@ class _Handler(BaseHTTPRequestHandler):
             if self.path == FULCIO_PATH:
                 # 200, as the real Fulcio answers (grpc-gateway); sigstore-go accepts nothing else.
                 self._json(200, self._signing_cert(services, body))
+            elif self.path == FULCIO_V1_PATH:
+                # 201 with the PEM chain (leaf first); the SCT is embedded in the leaf, so
+                # the SCT header is empty.
+                chain = self._signing_cert_v1(services, body)
+                self._reply(201, "application/pem-certificate-chain", chain, {"SCT": ""})
             elif self.path == REKOR_V1_PATH:
                 entry = services.log.add_v1(_load_json(body))
                 # Rekor names the new entry in ETag and Location; rekor's Go client reads
@@ -73,10 +80,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(exc.status, {"code": exc.status, "message": str(exc)})
 
     def _signing_cert(self, services: Services, body: bytes) -> dict[str, Any]:
-        auth = self.headers.get("Authorization", "")
-        if not auth.startswith("Bearer "):
-            raise ServiceError("missing bearer token", status=401)
-        claims = services.minter.verify(auth.removeprefix("Bearer ").strip())
+        claims = self._claims(services)
         request = _load_json(body)
         if "publicKeyRequest" in request:  # cosign and sigstore-go: a key and a proof
             leaf = services.ca.issue_for_key(
@@ -92,6 +96,32 @@ class _Handler(BaseHTTPRequestHandler):
         chain = [leaf, *services.ca.chain]
         pems = [c.public_bytes(serialization.Encoding.PEM).decode() for c in chain]
         return {"signedCertificateEmbeddedSct": {"chain": {"certificates": pems}}}
+
+    def _signing_cert_v1(self, services: Services, body: bytes) -> bytes:
+        """Fulcio v1: ``{publicKey: {content: base64 DER}, signedEmailAddress: base64}``,
+        the proof a signature over SHA-256 of the token's subject, as gitsign sends it."""
+        claims = self._claims(services)
+        request = _load_json(body)
+        try:
+            der = base64.b64decode(request["publicKey"]["content"])
+            pem = serialization.load_der_public_key(der).public_bytes(
+                serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+            )
+            proof = request["signedEmailAddress"]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ServiceError(f"malformed certificate request: {exc}") from exc
+        key = _proven_key(
+            {"publicKey": {"content": pem.decode()}, "proofOfPossession": proof}, claims
+        )
+        leaf = services.ca.issue_for_key(key, claims)
+        chain = [leaf, *services.ca.chain]
+        return b"".join(c.public_bytes(serialization.Encoding.PEM) for c in chain)
+
+    def _claims(self, services: Services) -> dict[str, Any]:
+        auth = self.headers.get("Authorization", "")
+        if not auth.startswith("Bearer "):
+            raise ServiceError("missing bearer token", status=401)
+        return services.minter.verify(auth.removeprefix("Bearer ").strip())
 
     def _json(
         self, status: int, doc: dict[str, Any], headers: dict[str, str] | None = None

@@ -1,0 +1,167 @@
+"""``fleetlet render`` loads only what a render uses (issue #29: the command line starts fast).
+
+Each render runs as a user runs it, in its own interpreter with the real helm or kustomize, and
+reports the modules it ended with; what it must not have loaded is named with why (each costs
+start-up time that ``bench/render_cli.py`` measures; no wall-clock bound here)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+CHART = REPO_ROOT / "tests" / "assets" / "charts" / "podinfo"
+FLUX_EXAMPLE = REPO_ROOT / "tests" / "assets" / "flux2-kustomize-helm-example"
+
+# Runs the command as the console script does, then lists what it imported.
+_PROBE = """
+import contextlib, io, json, sys
+from fleetlet.cli import main
+with contextlib.redirect_stdout(io.StringIO()) as out:
+    code = main(sys.argv[1:])
+print(json.dumps({"code": code, "output": out.getvalue(), "modules": sorted(sys.modules)}))
+"""
+
+# Never needed by a render without a cluster, with why.
+NOT_LOADED = {
+    "agent.api.models._set": "the published set's types (only FormatOptions checks options)",
+    "agent.api.models._status": "the status types",
+    "agent.api.models._spec": "the BundleDeployment's types",
+    "agent.api.signatures": "Sigstore verification",
+    "hashlib": "no digest is taken (OpenSSL's library)",
+    "logging": "a render that is confined logs nothing",
+    "decimal": "only an integral float in a document needs it",
+    "platform": "the architecture comes from os.uname",
+    "hub": "the hub's code",
+    "kubernetes": "the Kubernetes client",
+    "cryptography": "no signature is checked",
+}
+
+
+def _render(*args: str) -> tuple[dict[str, object], set[str]]:
+    done = subprocess.run(
+        [sys.executable, "-c", _PROBE, "render", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO_ROOT,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.splitlines()[-1])
+    return result, set(result["modules"])
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        pytest.param([str(CHART), "--release-name", "podinfo"], id="helm chart"),
+        pytest.param([str(FLUX_EXAMPLE), "--path", "apps/production"], id="kustomize --path"),
+    ],
+)
+def test_a_render_loads_only_what_it_uses(args: list[str]) -> None:
+    result, modules = _render(*args)
+    assert result["code"] == 0
+    assert str(result["output"]).startswith("---\napiVersion: ")
+    from agent.render.confine import support
+
+    unused = dict(NOT_LOADED)
+    if not support().confined:
+        del unused["logging"]  # the render warns that it runs unconfined here
+    loaded = {
+        name: why
+        for name, why in unused.items()
+        if name in modules or any(m.startswith(name + ".") for m in modules)
+    }
+    assert loaded == {}, f"a render loaded modules it does not use: {loaded}"
+    # The C YAML parser reads helm's and kustomize's output.
+    assert "yaml._yaml" in modules
+
+
+# --- the head start: helm or kustomize started while the rest loads ----------------------------
+
+CHART_FILES = {
+    "Chart.yaml": "apiVersion: v2\nname: settings\nversion: 1.0.0\n",
+    "templates/cm.yaml": (
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{ .Release.Name }}-cm\n"
+        "data:\n  release: {{ .Release.Name | quote }}\n  namespace: {{ .Release.Namespace }}\n"
+    ),
+}
+
+
+def _chart(root: Path) -> Path:
+    for name, text in CHART_FILES.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    return root
+
+
+@pytest.mark.parametrize(
+    ("which", "path", "release"),
+    [
+        pytest.param("chart", None, None, id="chart, release name from Chart.yaml"),
+        pytest.param("chart", None, "shop", id="chart, --release-name"),
+        pytest.param("flux", "apps/production", None, id="kustomize --path"),
+    ],
+)
+def test_the_render_takes_over_its_head_start_and_prints_the_same(
+    which: str, path: str | None, release: str | None, tmp_path: Path
+) -> None:
+    from agent.render._process import discard_early
+    from agent.render.command import RenderOptions, run_render
+    from agent.render.headstart import head_start
+    from agent.render.tools import ToolSettings
+
+    bundle = str(_chart(tmp_path) if which == "chart" else FLUX_EXAMPLE)
+    tools = ToolSettings.from_env()
+    options = RenderOptions(path=path, release_name=release)
+    without = run_render(bundle_dir=bundle, options=options, tools=tools)
+    early = head_start(bundle_dir=bundle, format=None, path=path, namespace=None,
+                       release_name=release, kube_version=None, tools=tools)  # fmt: skip
+    try:
+        with_head_start = run_render(bundle_dir=bundle, options=options, tools=tools)
+    finally:
+        discard_early()
+    assert early is not None and early.adopted
+    assert with_head_start == without
+    if which == "chart":
+        assert f"release: {release or 'settings'}" in without
+
+
+def test_a_head_start_the_render_does_not_ask_for_is_killed_unread(tmp_path: Path) -> None:
+    from agent.render._process import discard_early
+    from agent.render.command import RenderOptions, run_render
+    from agent.render.headstart import head_start
+    from agent.render.tools import ToolSettings
+
+    bundle = str(_chart(tmp_path))
+    tools = ToolSettings.from_env()
+    # Started for another namespace than the render's: another helm process.
+    early = head_start(bundle_dir=bundle, format=None, path=None, namespace="elsewhere",
+                       release_name=None, kube_version=None, tools=tools)  # fmt: skip
+    try:
+        text = run_render(bundle_dir=bundle, options=RenderOptions(), tools=tools)
+    finally:
+        discard_early()
+    assert early is not None and not early.adopted
+    assert early.proc.returncode is not None  # killed and reaped
+    assert "namespace: default" in text and "elsewhere" not in text
+
+
+def test_no_head_start_for_a_path_outside_the_tree_or_another_format(tmp_path: Path) -> None:
+    from agent.render.headstart import head_start
+    from agent.render.tools import ToolSettings
+
+    _chart(tmp_path / "bundle")
+    _chart(tmp_path / "outside")
+    tools = ToolSettings.from_env()
+    common = {"namespace": None, "release_name": None, "kube_version": None, "tools": tools}
+    bundle = str(tmp_path / "bundle")
+    assert head_start(bundle_dir=bundle, format=None, path="../outside", **common) is None
+    assert head_start(bundle_dir=bundle, format="plain", path=None, **common) is None
+    assert head_start(bundle_dir=str(tmp_path / "none"), format=None, path=None, **common) is None
