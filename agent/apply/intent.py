@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import base64
 import json
+import threading
 import zlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -193,17 +194,55 @@ class GroupRecords:
     def __init__(self, kube: KubeClient, *, namespace: str) -> None:
         self.kube = kube
         self.namespace = namespace
+        self._lock = threading.Lock()
+        self._listed: dict[str, Mapping[str, Any]] = {}
 
     def _ref(self, group: str) -> ObjectRef:
         return ObjectRef("v1", "ConfigMap", NAME_PREFIX + group, self.namespace)
 
     def load(self, group: str) -> GroupRecord:
-        """The record of ``group`` (empty when there is none).
+        """The record of ``group`` (empty when there is none): the one :meth:`prefetch` listed,
+        the first time after it, else read by name.
 
         Raises IntentStoreError, ApiUnavailableError, KubeApiError.
         """
-        live = self.kube.get(self._ref(group))
+        with self._lock:
+            live = self._listed.pop(group, None)
+        if live is None:
+            live = self.kube.get(self._ref(group))
         return self._parse(group, live) if live is not None else GroupRecord()
+
+    def _list(self) -> dict[str, Mapping[str, Any]]:
+        """Every group record ConfigMap, by name (one LIST)."""
+        found = self.kube.list(
+            "v1", "ConfigMap", namespace=self.namespace, label_selector=GROUP_LABEL
+        )
+        return {str(o["metadata"]["name"]): o for o in found}
+
+    def prefetch(self, groups: Iterable[str]) -> None:
+        """List the records of ``groups`` at once (one LIST instead of a GET each): the next
+        :meth:`load` of each takes the listed one, once; later loads read by name again. A
+        record the LIST does not show (say, its label edited away) is read by name. Every
+        record is parsed and checked as a read by name is. Only this process writes the
+        records (the worker holds the lease), and :meth:`save` and :meth:`delete` drop what
+        was listed for their group. Raises ApiUnavailableError, KubeApiError."""
+        listed = self._list()
+        with self._lock:
+            self._listed = {g: listed[NAME_PREFIX + g] for g in groups if NAME_PREFIX + g in listed}
+
+    def forget_listed(self) -> None:
+        """Drop what :meth:`prefetch` listed and no load took (the end of a pass)."""
+        with self._lock:
+            self._listed = {}
+
+    def load_all(self, groups: Iterable[str]) -> list[GroupRecord]:
+        """The records of ``groups``, in order, read with one LIST (one the LIST does not show
+        is read by name). Raises IntentStoreError, ApiUnavailableError, KubeApiError."""
+        listed = self._list()
+        return [
+            self._parse(g, listed[NAME_PREFIX + g]) if NAME_PREFIX + g in listed else self.load(g)
+            for g in groups
+        ]
 
     def _parse(self, group: str, live: Mapping[str, Any]) -> GroupRecord:
         where = f"ConfigMap {self.namespace}/{NAME_PREFIX}{group}"
@@ -233,6 +272,8 @@ class GroupRecords:
 
     def delete(self, group: str) -> None:
         """Forget a group (removed from the set). Raises ApiUnavailableError, KubeApiError."""
+        with self._lock:
+            self._listed.pop(group, None)
         self.kube.delete(self._ref(group))
 
     def groups(self) -> list[str]:
@@ -245,6 +286,8 @@ class GroupRecords:
     def save(self, group: str, record: GroupRecord) -> None:
         """Store ``record`` (the whole record: what it leaves out is removed); an empty record
         deletes the ConfigMap. Raises ApiUnavailableError, KubeApiError."""
+        with self._lock:
+            self._listed.pop(group, None)
         if record.empty:
             self.kube.delete(self._ref(group))
             return

@@ -208,7 +208,12 @@ class Reconciler:
                 approvals=self.approvals,
             )
 
-        outcomes = self._run_groups(deployment_set, context)
+        # Each group's record as the pass starts, one LIST (each group's first read takes it).
+        self.records.prefetch(deployment_set.groups)
+        try:
+            outcomes = self._run_groups(deployment_set, context)
+        finally:
+            self.records.forget_listed()
         temporary = next((o.error for o in outcomes if o.error is not None), None)
         removed: list[str] = []
         try:

@@ -45,9 +45,10 @@ def remove_absent(
     present = set(store.bundles()) | set(views.bundles.names())
     gone = sorted(present - wanted)
     groups = set(deployment_set.groups)
-    recorded = (
-        {g: records.load(g) for g in records.groups()} if gone or _stale(records, groups) else {}
-    )
+    recorded: dict[str, GroupRecord] = {}
+    if gone or _stale(records, groups):
+        names = records.groups()
+        recorded = dict(zip(names, records.load_all(names), strict=True))
     # A failed first install has no stored revision: its record still knows what it wrote.
     for record in recorded.values():
         for name in _bundles_of(record):

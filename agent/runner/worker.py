@@ -412,7 +412,6 @@ def _wake_at(agent: Any) -> float | None:
     target of the accepted set retried by itself, or the running publication expiring (then
     every bundle says ``Expired``; once it has expired, that was said)."""
     from agent.api import parse_time
-    from agent.fanout import each
 
     accepted = agent.accepted
     if accepted is None:
@@ -421,7 +420,7 @@ def _wake_at(agent: Any) -> float | None:
     expires = accepted.expires_at + agent.pipeline.clock_skew
     if agent.clock() <= expires:
         times.append(expires + timedelta(seconds=1))  # past it, by the agent's clock too
-    for record in each(agent.reconciler.records.load, accepted.groups):
+    for record in agent.reconciler.records.load_all(accepted.groups):  # one LIST
         failure = record.failure
         when = parse_time(failure.retry_at) if failure is not None and failure.retry_at else None
         if when is not None:
