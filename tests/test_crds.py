@@ -396,3 +396,60 @@ def test_bundledeploymentrequest_pins_its_spec_and_one_decision(
         assert "status.decision" in json.loads(refused.value.body)["message"]
     finally:
         _delete(custom, "bundledeploymentrequests", name)
+
+
+def test_status_writes_after_one_list_see_the_spec_and_the_conditions_as_a_read_would(
+    crds: Cluster, custom: k8s_client.CustomObjectsApi
+) -> None:
+    """The agent's BundleDeployments read what one LIST showed (then what its own status
+    writes returned) instead of a GET before each status write."""
+    import itertools
+    from datetime import UTC, datetime, timedelta
+
+    from agent.kube import KubeClient
+    from agent.report.bundles import MANAGED_LABEL, BundleDeployments, ConditionSpec
+
+    owner = _name()
+    names = [_name() for _ in range(3)]
+    for name in names:
+        body = _object("BundleDeployment", name, _valid_spec())
+        body["metadata"]["labels"] = {MANAGED_LABEL: owner}
+        custom.create_cluster_custom_object(API_GROUP, API_VERSION, "bundledeployments", body)
+    try:
+        with KubeClient(kubeconfig=str(crds.kubeconfig)) as kube:
+            ticks = itertools.count()
+            start = datetime(2030, 1, 1, tzinfo=UTC)
+            bundles = BundleDeployments(
+                kube=kube, owner=owner, clock=lambda: start + timedelta(seconds=next(ticks))
+            )
+            first, second, third = names
+            # Listed; then a user edits the first one's spec (its generation moves) and
+            # deletes the third: the second is not shown by the LIST (label edited away).
+            custom.patch_cluster_custom_object(API_GROUP, API_VERSION, "bundledeployments", second, {"metadata": {"labels": {MANAGED_LABEL: None}}})  # fmt: skip
+            assert bundles.names() == sorted([first, third])
+            custom.delete_cluster_custom_object(API_GROUP, API_VERSION, "bundledeployments", third)
+            bundles.set_conditions(third, [ConditionSpec("Ready", "True", "Applied")])  # skipped
+            bundles.set_conditions(
+                second, [ConditionSpec("Ready", "True", "Applied")], phase="Ready"
+            )
+            assert bundles.status_of(second)["phase"] == "Ready"  # read by name, then written
+            bundles.set_conditions(first, [ConditionSpec("Ready", "True", "Applied")])
+            bundles.set_conditions(first, [ConditionSpec("Ready", "False", "Failed")])
+            bundles.set_conditions(first, [ConditionSpec("Ready", "False", "Failed", "again")])
+            live = custom.get_cluster_custom_object(API_GROUP, API_VERSION, "bundledeployments", first)  # fmt: skip
+            (ready,) = live["status"]["conditions"]
+            # The transition of the second write kept by the third (it read the second's answer).
+            assert (ready["status"], ready["message"], ready["lastTransitionTime"]) == ("False", "again", "2030-01-01T00:00:03Z")  # fmt: skip
+            assert live["status"]["observedGeneration"] == live["metadata"]["generation"] == 1
+            # A spec edited after the LIST: the next pass's LIST shows the new generation.
+            custom.patch_cluster_custom_object(API_GROUP, API_VERSION, "bundledeployments", first, {"spec": {"paused": True}})  # fmt: skip
+            bundles.annotations()
+            bundles.set_conditions(first, [ConditionSpec("Ready", "False", "Failed", "again")])
+            live = custom.get_cluster_custom_object(API_GROUP, API_VERSION, "bundledeployments", first)  # fmt: skip
+            assert live["status"]["observedGeneration"] == live["metadata"]["generation"] == 2
+            assert live["status"]["conditions"][0]["lastTransitionTime"] == "2030-01-01T00:00:03Z"
+            with pytest.raises(ApiException, match="Not Found"):
+                custom.get_cluster_custom_object(API_GROUP, API_VERSION, "bundledeployments", third)
+    finally:
+        for name in names:
+            _delete(custom, "bundledeployments", name)

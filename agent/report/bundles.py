@@ -8,6 +8,7 @@ talks back through two annotations: ``fleetlet.io/paused`` and ``fleetlet.io/ret
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
@@ -21,7 +22,7 @@ from agent.api import (
     to_dict,
 )
 from agent.fanout import each
-from agent.kube import STATE_FIELD_MANAGER, KubeClient
+from agent.kube import STATE_FIELD_MANAGER, KubeClient, NotFoundError
 from agent.report.events import EventRecorder
 
 MANAGED_LABEL = "fleetlet.io/managed-by"
@@ -63,6 +64,10 @@ class BundleDeployments:
         self._clock = clock or (lambda: datetime.now(UTC))
         self._events = events
         self._uids: dict[str, str] = {}
+        # The objects the last LIST showed, each replaced by what the server answered to this
+        # agent's status write: read instead of a GET before reading a status or writing one.
+        self._live: dict[str, dict[str, Any]] = {}
+        self._lock = threading.Lock()
 
     def _ref(self, name: str) -> dict[str, Any]:
         return {"apiVersion": GROUP_VERSION, "kind": KIND, "metadata": {"name": name}}
@@ -83,7 +88,7 @@ class BundleDeployments:
         def apply(entry: BundleDeploymentEntry) -> None:
             spec = dict(to_dict(entry.spec))
             spec["group"] = entry.group
-            self._kube.apply(
+            answered = self._kube.apply(
                 {
                     "apiVersion": GROUP_VERSION,
                     "kind": KIND,
@@ -97,6 +102,8 @@ class BundleDeployments:
                 field_manager=STATE_FIELD_MANAGER,
                 force=True,
             )
+            with self._lock:  # its new generation
+                self._live[entry.name] = dict(answered)
 
         each(apply, deployment_set.bundle_deployments)  # side by side: one object each
 
@@ -104,7 +111,17 @@ class BundleDeployments:
         found = self._kube.list(GROUP_VERSION, KIND, label_selector=f"{MANAGED_LABEL}={self.owner}")
         # Events name their object by UID too (kubectl describe looks them up by it).
         self._uids = {o["metadata"]["name"]: str(o["metadata"].get("uid") or "") for o in found}
+        with self._lock:
+            self._live = {str(o["metadata"]["name"]): o for o in found}
         return found
+
+    def _read(self, name: str) -> dict[str, Any] | None:
+        """The object as the last LIST showed it (or as the server answered this agent's last
+        status write to it, which is newer), else read by name: one the LIST did not show.
+        Only this agent writes the status; the spec is written before the LIST of a pass."""
+        with self._lock:
+            live = self._live.get(name)
+        return live if live is not None else self._kube.get(self._ref(name))
 
     def record(self, name: str, reason: str, message: str, *, warning: bool = False) -> None:
         """Record a Kubernetes Event about BundleDeployment ``name`` (rate-limited and
@@ -133,11 +150,13 @@ class BundleDeployments:
 
     def status_of(self, name: str) -> dict[str, Any]:
         """The live status of one BundleDeployment (empty when it has none or is missing)."""
-        live = self._kube.get(self._ref(name))
+        live = self._read(name)
         return dict((live or {}).get("status") or {})
 
     def delete(self, name: str) -> bool:
         """Delete one BundleDeployment; False when it was already gone."""
+        with self._lock:
+            self._live.pop(name, None)
         return self._kube.delete(self._ref(name))
 
     def set_conditions(
@@ -151,7 +170,7 @@ class BundleDeployments:
 
         Raises the KubeClient's errors.
         """
-        live = self._kube.get(self._ref(name))
+        live = self._read(name)
         if live is None:
             return
         generation = live["metadata"].get("generation", 0)
@@ -172,15 +191,23 @@ class BundleDeployments:
                     "lastTransitionTime": now if moved else old["lastTransitionTime"],  # type: ignore[index]
                 }
             )
-        self._kube.apply(
-            {
-                **self._ref(name),
-                "status": {**status, "observedGeneration": generation, "conditions": written},
-            },
-            field_manager=STATE_FIELD_MANAGER,
-            force=True,
-            subresource="status",
-        )
+        try:
+            answered = self._kube.apply(
+                {
+                    **self._ref(name),
+                    "status": {**status, "observedGeneration": generation, "conditions": written},
+                },
+                field_manager=STATE_FIELD_MANAGER,
+                force=True,
+                subresource="status",
+            )
+        except NotFoundError:
+            # Deleted since it was listed: skipped, as one found missing is.
+            with self._lock:
+                self._live.pop(name, None)
+            return
+        with self._lock:
+            self._live[name] = dict(answered)
 
     def report_refusal(self, *, reason: str, message: str, commit: str) -> list[str]:
         """Mark every managed BundleDeployment: the newest publication was refused (they keep
