@@ -509,10 +509,16 @@ def test_agent_install_carries_the_cluster_policy(
     assert stored["trustedRoot"] == "source-trusted-root.json"
     assert files["source-trusted-root.json"] == mini_sigstore.trusted_root_path.read_text()
     assert "BEGIN PUBLIC KEY" in stored["keys"][0]  # self-contained: the key inline
-    (deployment,) = [o for o in objects if o["kind"] == "Deployment"]
-    (container,) = deployment["spec"]["template"]["spec"]["containers"]
-    env = {e["name"]: e.get("value") for e in container["env"]}
-    assert env["FLEETLET_SOURCE_POLICY"] == "/etc/fleetlet/trust/source-policy.yaml"
+    # The agent's Deployment and the candidate an in-cluster upgrade runs both read the policy.
+    deployments = [o for o in objects if o["kind"] == "Deployment"]
+    assert [d["metadata"]["name"] for d in deployments] == [
+        "fleetlet-agent",
+        "fleetlet-agent-candidate",
+    ]
+    for deployment in deployments:
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert env["FLEETLET_SOURCE_POLICY"] == "/etc/fleetlet/trust/source-policy.yaml"
     # What the agent will read there is the same policy.
     mounted = tmp_path / "mounted"
     mounted.mkdir()
