@@ -206,7 +206,7 @@ def _section(args: argparse.Namespace, f: dict[str, float]) -> str:
     n = args.agents
     return f"""## Notification channel
 
-`python bench/channel.py --agents {n} --write-docs` on {platform.machine()}, {os.cpu_count()}
+`python bench/channel.py --agents {n} --rounds {args.rounds} --watch {args.watch} --write-docs` on {platform.machine()}, {os.cpu_count()}
 cores shared with other work (load average {f["load_start"]:.1f} at the start,
 {f["load_end"]:.1f} at the end), Python {platform.python_version()}: one `hub serve` process, a
 real `git daemon` with {n:,} cluster branches, {n:,} simulated agents in one asyncio process,

@@ -42,6 +42,7 @@ import contextlib
 import json
 import os
 import platform
+import random
 import statistics
 import subprocess
 import sys
@@ -67,6 +68,10 @@ CONVERGE_BUNDLE = "payments-config"
 BROKEN_BUNDLE = "shop-backend"
 SAMPLE = 0.05
 SETTLE = 5.0
+# Up to one poll interval more idle, drawn each time: publishes at a fixed cadence near the poll
+# period land at the same point of every agent's poll cycle and make polling look faster (or
+# slower) than it is.
+PHASE = 10.0
 
 
 class BenchError(RuntimeError):
@@ -191,7 +196,8 @@ def set_canary_backend(fleet: Fleet, version: str | None) -> None:
 def converge(fleet: Fleet, version: str) -> dict[str, float]:
     """One publish-to-Ready sample: seconds to each cluster and to all, and of the publish."""
     set_payments(fleet, version)
-    time.sleep(SETTLE)  # idle between publishes, as a fleet is (a standby worker is loaded)
+    # Idle between publishes, as a fleet is (a standby worker is loaded), then a random phase.
+    time.sleep(SETTLE + random.uniform(0.0, PHASE))
     began, began_wall = time.monotonic(), time.time()
     serials = fleet.publish()
     published = time.monotonic()
@@ -306,6 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     globals()["SETTLE"] = args.settle
+    globals()["PHASE"] = args.interval
     load_start = os.getloadavg()[0]
     workdir = args.keep or Path(tempfile.mkdtemp(prefix="fleetlet-e2e-"))
     workdir.mkdir(parents=True, exist_ok=True)
