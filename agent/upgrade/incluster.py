@@ -77,25 +77,7 @@ class InClusterUpgrades(Upgrades):
         super().start()
 
     def _try(self, desired: Desired, start: Record) -> None:
-        # Here, not at the top: the OCI client is no part of an idle agent run.
-        from agent.source.oci import OciFetcher, OciSettings
-        from agent.upgrade.artifact import pull
-
-        net = self.settings.network
-        fetcher = OciFetcher(
-            settings=OciSettings(
-                plain_http=self.settings.plain_http_registries,
-                connect_timeout=net.connect_timeout,
-                timeout=net.read_timeout,
-                attempts=net.attempts,
-            )
-        )
-        pulled = pull(
-            fetcher,
-            uri=desired.uri,
-            digest=desired.digest,
-            cache=self.settings.repo.cache_dir / "agent-images",
-        )
+        pulled = self._pull(desired)
         release = read_release(pulled.root, f"{desired.uri}@{desired.digest}")
         try:
             self.run_attempt(desired, start, release)

@@ -44,7 +44,7 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.errors import FleetletError
 from agent.upgrade.desired import (
@@ -55,6 +55,9 @@ from agent.upgrade.desired import (
     with_agent_report,
 )
 from agent.upgrade.lease import FAILED, IDENTITY, PROVEN, READY, AgentLease
+
+if TYPE_CHECKING:  # the artifact module brings the OCI client: loaded only for a pull
+    from agent.upgrade.artifact import AgentImage
 
 log = logging.getLogger(__name__)
 
@@ -400,7 +403,9 @@ class Upgrades:
                 return
             self._roll_back(desired, start, exc.reason, str(exc))
 
-    def _try(self, desired: Desired, start: Record) -> None:
+    def _pull(self, desired: Desired) -> AgentImage:
+        """The release ``desired`` names, pulled by digest into the agent's cache. Raises what
+        the OCI client and ``artifact.pull`` raise."""
         # Here, not at the top: the OCI client (oras) is no part of an idle agent run.
         from agent.source.oci import OciFetcher, OciSettings
         from agent.upgrade.artifact import pull
@@ -414,12 +419,15 @@ class Upgrades:
                 attempts=net.attempts,
             )
         )
-        image = pull(
+        return pull(
             fetcher,
             uri=desired.uri,
             digest=desired.digest,
             cache=self.settings.repo.cache_dir / "agent-images",
         )
+
+    def _try(self, desired: Desired, start: Record) -> None:
+        image = self._pull(desired)
         attempt = f"{desired.digest}/{desired.since}"
         env = {
             **os.environ,
