@@ -33,6 +33,7 @@ import hashlib
 import json
 import os
 import tempfile
+import threading
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -462,28 +463,35 @@ def _check_simple_signing(payload: bytes, digest: str) -> None:
 # --- keyless: sigstore-python -------------------------------------------------------------------
 
 _VERIFIERS: dict[bytes | None, Verifier] = {}
+_VERIFIERS_LOCK = threading.Lock()
 
 
-def _verifier(root: bytes | None) -> Verifier:
+class TrustedRootError(ValueError):
+    """A trusted root sigstore-python cannot read (its message says why, on one line)."""
+
+
+def sigstore_verifier(root: bytes | None) -> Verifier:
     """sigstore's Verifier for a trusted root's bytes (None: the public-good root shipped
-    with sigstore-python, read offline), built once per root."""
-    cached = _VERIFIERS.get(root)
-    if cached is not None:
-        return cached
-    from sigstore.models import ClientTrustConfig, TrustedRoot
-    from sigstore.verify import Verifier
-    from sigstore_models.trustroot import v1 as trustroot_v1
+    with sigstore-python, read offline), built once per root and shared by every check of
+    keyless signatures (cosign's here, gitsign's in the hub). Raises TrustedRootError."""
+    with _VERIFIERS_LOCK:
+        cached = _VERIFIERS.get(root)
+        if cached is not None:
+            return cached
+        from sigstore.models import ClientTrustConfig, TrustedRoot
+        from sigstore.verify import Verifier
+        from sigstore_models.trustroot import v1 as trustroot_v1
 
-    try:
-        if root is None:
-            trusted = ClientTrustConfig.production(offline=True).trusted_root
-        else:
-            trusted = TrustedRoot(trustroot_v1.TrustedRoot.from_json(root))
-        verifier = Verifier(trusted_root=trusted)
-    except Exception as exc:  # sigstore, pydantic and TUF errors alike: the root is unusable
-        raise _Rejected(f"the policy's trusted root is unusable: {_one_line(exc)}") from exc
-    _VERIFIERS[root] = verifier
-    return verifier
+        try:
+            if root is None:
+                trusted = ClientTrustConfig.production(offline=True).trusted_root
+            else:
+                trusted = TrustedRoot(trustroot_v1.TrustedRoot.from_json(root))
+            verifier = Verifier(trusted_root=trusted)
+        except Exception as exc:  # sigstore, pydantic and TUF errors alike
+            raise TrustedRootError(_one_line(exc)) from exc
+        _VERIFIERS[root] = verifier
+        return verifier
 
 
 class _IdentityCheck:
@@ -510,7 +518,10 @@ class _IdentityCheck:
 def _keyless(data: bytes, policy: SourcePolicy) -> tuple[str, bytes, str]:
     from sigstore.models import Bundle
 
-    verifier = _verifier(policy.trusted_root)
+    try:
+        verifier = sigstore_verifier(policy.trusted_root)
+    except TrustedRootError as exc:
+        raise _Rejected(f"the policy's trusted root is unusable: {exc}") from exc
     try:
         bundle = Bundle.from_json(data)
     except Exception as exc:  # InvalidBundle, JSON and model validation errors alike

@@ -37,16 +37,15 @@ import base64
 import binascii
 import hashlib
 import json
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from agent.verify.cosign import TrustedRootError, sigstore_verifier
 from agent.verify.sources import KeylessIdentity
 
 if TYPE_CHECKING:
     from cryptography import x509
-    from sigstore.verify import Verifier
 
 GITSIGN_SIGNATURE = b"-----BEGIN SIGNED MESSAGE-----"
 _END = b"-----END SIGNED MESSAGE-----"
@@ -407,34 +406,6 @@ def _body_v002(digest: bytes, sig_b64: str, cert: Any, certificate: bytes) -> by
 
 # --- sigstore-python --------------------------------------------------------------------------
 
-_VERIFIERS: dict[bytes | None, Verifier] = {}
-_VERIFIERS_LOCK = threading.Lock()
-
-
-def _verifier(root: bytes | None) -> Verifier:
-    """sigstore's Verifier for a trusted root's bytes (None: the shipped public-good root,
-    read offline), built once per root."""
-    with _VERIFIERS_LOCK:
-        cached = _VERIFIERS.get(root)
-        if cached is not None:
-            return cached
-        from sigstore.models import ClientTrustConfig, TrustedRoot
-        from sigstore.verify import Verifier
-        from sigstore_models.trustroot import v1 as trustroot_v1
-
-        try:
-            if root is None:
-                trusted = ClientTrustConfig.production(offline=True).trusted_root
-            else:
-                trusted = TrustedRoot(trustroot_v1.TrustedRoot.from_json(root))
-            verifier = Verifier(trusted_root=trusted)
-        except Exception as exc:  # sigstore, pydantic and TUF errors alike
-            raise GitsignRefusal(
-                f"the policy's trusted root is unusable ({_one_line(exc)})"
-            ) from exc
-        _VERIFIERS[root] = verifier
-        return verifier
-
 
 class _IdentityCheck:
     """A sigstore verification policy: the certificate's OIDC issuer and subjects against the
@@ -469,7 +440,10 @@ def _sigstore_verify(
     from sigstore.models import Bundle
     from sigstore_models.common.v1 import HashAlgorithm
 
-    verifier = _verifier(trusted_root)
+    try:
+        verifier = sigstore_verifier(trusted_root)
+    except TrustedRootError as exc:
+        raise GitsignRefusal(f"the policy's trusted root is unusable ({exc})") from exc
     try:
         bundle = Bundle.from_json(json.dumps(bundle_doc))
     except Exception as exc:  # InvalidBundle and model validation errors alike
