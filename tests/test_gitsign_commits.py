@@ -27,7 +27,6 @@ import pygit2
 import pytest
 import yaml
 
-from agent.verify import IdentityPolicy, TrustPolicy, verify_publication
 from hub.errors import FleetRepoError
 from hub.fleet.commits import CommitPolicy, load_commit_policy
 from hub.fleet.gitsign import _fields
@@ -36,10 +35,10 @@ from hub.publish.git import BranchStore
 from tests.realenv.gitserver import GitDaemon
 from tests.realenv.gitsign import Gitsign
 from tests.realenv.sigstore import MiniSigstore
-from tests.realenv.sigstore.mini import DEFAULT_IDENTITY
+from tests.signed_publish import publish_and_verify
 from tests.test_hub_fleet import write_fleet
-from tests.test_hub_publish import branch_files, server_refs
-from tests.test_signed_commits import BUNDLE, CLUSTERS, cli, git_show, make_key, signer
+from tests.test_hub_publish import server_refs
+from tests.test_signed_commits import BUNDLE, CLUSTERS, cli, git_show, make_key
 
 ALICE = "alice@example.com"
 
@@ -138,19 +137,13 @@ def test_a_gitsign_signed_commit_publishes_and_the_sets_name_the_signer(
     assert verdict is not None and verdict.ok, verdict
     assert verdict.format == "gitsign"
     assert verdict.signer == ALICE and verdict.issuer == mini_sigstore.issuer
-    with BranchStore(url=git_daemon.url_for(name)) as store:
-        report = publish(
-            prepare(fleet.dir, commit_policy=fleet.trusted()), store, signer=signer(mini_sigstore)
-        )
-    assert sorted(report.pushed) == ["eu-1", "us-1"]
-    trust = TrustPolicy(
-        trusted_root=mini_sigstore.trusted_root_path,
-        identity=IdentityPolicy(issuer=mini_sigstore.issuer, subject=DEFAULT_IDENTITY),
+    sets = publish_and_verify(
+        prepare(fleet.dir, commit_policy=fleet.trusted()),
+        url=git_daemon.url_for(name),
+        repo=repo,
+        sigstore=mini_sigstore,
     )
-    for cluster in ("eu-1", "us-1"):
-        verified = verify_publication(
-            files=branch_files(repo, cluster), cluster=cluster, last_serial=None, trust=trust
-        )
+    for verified in sets.values():
         source = verified.deployment_set.source
         assert source.commit == commit
         signed = source.signed_by

@@ -22,7 +22,6 @@ import pytest
 import requests
 from cryptography.hazmat.primitives import serialization
 
-from agent.verify import IdentityPolicy, TrustPolicy, verify_publication
 from hub.errors import FleetRepoError
 from hub.publish.flow import UnsignedSourceError, prepare, publish
 from hub.publish.git import BranchStore
@@ -31,10 +30,10 @@ from tests.realenv.helm import HelmCli
 from tests.realenv.notation import IssuingCA, Notation, make_ca
 from tests.realenv.registry import Registry
 from tests.realenv.sigstore import MiniSigstore
-from tests.realenv.sigstore.mini import DEFAULT_IDENTITY
 from tests.realenv.sigstore.server import TSA_PATH
-from tests.test_hub_publish import branch_files, server_refs
-from tests.test_source_signatures import Charts, signer, write_signed_fleet
+from tests.signed_publish import publish_and_verify
+from tests.test_hub_publish import server_refs
+from tests.test_source_signatures import Charts, write_signed_fleet
 
 RELEASE = "x509.subject: C=US, ST=WA, O=Acme, CN=release"
 SIGNER = "notation CN=release,O=Acme,ST=WA,C=US"
@@ -86,17 +85,10 @@ def test_a_notation_signed_chart_publishes_and_every_set_carries_the_proof(
     assert (verdict.check.signer, verdict.check.layout) == (SIGNER, "notation")
     name = f"notary-{tmp_path.name}.git"
     repo = git_daemon.create_bare(name)
-    with BranchStore(url=git_daemon.url_for(name)) as store:
-        report = publish(prepared, store, signer=signer(mini_sigstore))
-    assert sorted(report.pushed) == ["eu-1", "us-1"]
-    trust = TrustPolicy(
-        trusted_root=mini_sigstore.trusted_root_path,
-        identity=IdentityPolicy(issuer=mini_sigstore.issuer, subject=DEFAULT_IDENTITY),
+    sets = publish_and_verify(
+        prepared, url=git_daemon.url_for(name), repo=repo, sigstore=mini_sigstore
     )
-    for cluster in ("eu-1", "us-1"):
-        verified = verify_publication(
-            files=branch_files(repo, cluster), cluster=cluster, last_serial=None, trust=trust
-        )
+    for verified in sets.values():
         (entry,) = verified.deployment_set.bundle_deployments
         (source,) = entry.spec.sources
         assert source.digest == digest and source.signature is not None

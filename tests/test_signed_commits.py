@@ -27,20 +27,18 @@ import yaml
 from agent.api import load_set
 from agent.kube import KubeClient
 from agent.report.bundles import SIGNED_BY_ANNOTATION, BundleDeployments
-from agent.verify import IdentityPolicy, TrustPolicy, verify_publication
 from hub.errors import FleetRepoError
 from hub.fleet.commits import CommitPolicy, load_commit_policy
 from hub.publish.flow import UnsignedCommitError, prepare, publish, render
 from hub.publish.git import BranchStore
-from hub.publish.sign import PublicationSigner
 from tests.realenv.binaries import kubectl
 from tests.realenv.gitserver import GitDaemon
 from tests.realenv.kube import Cluster
 from tests.realenv.sigstore import MiniSigstore
-from tests.realenv.sigstore.mini import DEFAULT_IDENTITY
+from tests.signed_publish import publish_and_verify
 from tests.test_crds import crds as crds  # the fixture: the CRDs installed
 from tests.test_hub_fleet import write_fleet
-from tests.test_hub_publish import branch_files, server_refs
+from tests.test_hub_publish import server_refs
 
 ROOT = Path(__file__).resolve().parents[1]
 CLUSTERS = [{"name": "eu-1", "labels": {"region": "eu"}}, {"name": "us-1", "labels": {}}]
@@ -145,12 +143,6 @@ def sigstore(mini_sigstore: MiniSigstore) -> Iterator[MiniSigstore]:
     yield mini_sigstore
 
 
-def signer(sigstore: MiniSigstore) -> PublicationSigner:
-    return PublicationSigner.from_trust_config(
-        trust_config=sigstore.trust_config_path, token=sigstore.mint_token()
-    )
-
-
 def test_signed_commit_publishes_and_the_sets_name_the_signer(
     fleet: Fleet, git_daemon: GitDaemon, mini_sigstore: MiniSigstore, tmp_path: Path
 ) -> None:
@@ -159,17 +151,10 @@ def test_signed_commit_publishes_and_the_sets_name_the_signer(
     commit = fleet.commit("first", fleet.keys["alice"])
     prepared = prepare(fleet.dir, commit_policy=fleet.trusted())
     assert prepared.commit is not None and prepared.commit.ok
-    with BranchStore(url=git_daemon.url_for(name)) as store:
-        report = publish(prepared, store, signer=signer(mini_sigstore))
-    assert sorted(report.pushed) == ["eu-1", "us-1"]
-    trust = TrustPolicy(
-        trusted_root=mini_sigstore.trusted_root_path,
-        identity=IdentityPolicy(issuer=mini_sigstore.issuer, subject=DEFAULT_IDENTITY),
+    sets = publish_and_verify(
+        prepared, url=git_daemon.url_for(name), repo=repo, sigstore=mini_sigstore
     )
-    for cluster in ("eu-1", "us-1"):
-        verified = verify_publication(
-            files=branch_files(repo, cluster), cluster=cluster, last_serial=None, trust=trust
-        )
+    for verified in sets.values():
         source = verified.deployment_set.source
         assert source.commit == commit == verified.statement.source_commit
         assert source.signed_by is not None

@@ -40,7 +40,6 @@ from agent.source.signed import (
     load_cluster_policy,
     signed_sources,
 )
-from agent.verify import IdentityPolicy, TrustPolicy, verify_publication
 from agent.verify.sources import load_public_key
 from hub.errors import FleetRepoError
 from hub.publish.flow import UnsignedSourceError, prepare, publish, render
@@ -56,9 +55,10 @@ from tests.realenv.kube import Cluster
 from tests.realenv.registry import Registry
 from tests.realenv.sigstore import MiniSigstore
 from tests.realenv.sigstore.mini import DEFAULT_IDENTITY
+from tests.signed_publish import publish_and_verify
 from tests.test_crds import crds as crds  # the fixture: the CRDs installed
 from tests.test_hub_fleet import write_fleet
-from tests.test_hub_publish import branch_files, server_refs
+from tests.test_hub_publish import server_refs
 from tests.test_signed_commits import cli
 
 CLUSTERS = [{"name": "eu-1", "labels": {"region": "eu"}}, {"name": "us-1", "labels": {}}]
@@ -145,12 +145,6 @@ def write_signed_fleet(
     return root
 
 
-def signer(sigstore: MiniSigstore) -> PublicationSigner:
-    return PublicationSigner.from_trust_config(
-        trust_config=sigstore.trust_config_path, token=sigstore.mint_token()
-    )
-
-
 def test_a_key_signed_chart_publishes_and_every_set_carries_the_proof(
     charts: Charts,
     cosign: Cosign,
@@ -178,17 +172,10 @@ def test_a_key_signed_chart_publishes_and_every_set_carries_the_proof(
     assert verdict.check.layout == "bundle"
     name = f"signed-src-{tmp_path.name}.git"
     repo = git_daemon.create_bare(name)
-    with BranchStore(url=git_daemon.url_for(name)) as store:
-        report = publish(prepared, store, signer=signer(mini_sigstore))
-    assert sorted(report.pushed) == ["eu-1", "us-1"]
-    trust = TrustPolicy(
-        trusted_root=mini_sigstore.trusted_root_path,
-        identity=IdentityPolicy(issuer=mini_sigstore.issuer, subject=DEFAULT_IDENTITY),
+    sets = publish_and_verify(
+        prepared, url=git_daemon.url_for(name), repo=repo, sigstore=mini_sigstore
     )
-    for cluster in ("eu-1", "us-1"):
-        verified = verify_publication(
-            files=branch_files(repo, cluster), cluster=cluster, last_serial=None, trust=trust
-        )
+    for verified in sets.values():
         (entry,) = verified.deployment_set.bundle_deployments
         (source,) = entry.spec.sources
         assert source.digest == digest
