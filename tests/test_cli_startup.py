@@ -165,3 +165,39 @@ def test_no_head_start_for_a_path_outside_the_tree_or_another_format(tmp_path: P
     assert head_start(bundle_dir=bundle, format=None, path="../outside", **common) is None
     assert head_start(bundle_dir=bundle, format="plain", path=None, **common) is None
     assert head_start(bundle_dir=str(tmp_path / "none"), format=None, path=None, **common) is None
+
+
+def test_a_hostile_tree_is_refused_as_without_a_head_start_and_its_process_killed(
+    tmp_path: Path,
+) -> None:
+    """The head start runs kustomize before the render's checks: a remote reference behind a
+    local base is still refused by those checks, word for word as without a head start, and
+    the early process is killed, its output never read."""
+    from agent.render._process import discard_early
+    from agent.render.command import RenderOptions, run_render
+    from agent.render.headstart import head_start
+    from agent.render.kustomize import KustomizeError
+    from agent.render.tools import ToolSettings
+
+    (tmp_path / "app").mkdir()
+    (tmp_path / "remote").mkdir()
+    (tmp_path / "app" / "kustomization.yaml").write_text("resources: [../remote]\n")
+    (tmp_path / "remote" / "kustomization.yaml").write_text(
+        "resources:\n- https://github.com/kubernetes-sigs/kustomize//examples/multibases?ref=v3.3.1\n"
+    )
+    bundle = str(tmp_path)
+    tools = ToolSettings.from_env()
+    options = RenderOptions(path="app")
+    with pytest.raises(KustomizeError) as without:
+        run_render(bundle_dir=bundle, options=options, tools=tools)
+    early = head_start(bundle_dir=bundle, format=None, path="app", namespace=None,
+                       release_name=None, kube_version=None, tools=tools)  # fmt: skip
+    try:
+        with pytest.raises(KustomizeError) as refused:
+            run_render(bundle_dir=bundle, options=options, tools=tools)
+    finally:
+        discard_early()
+    assert refused.value.rule == "RemoteReference"
+    assert str(refused.value) == str(without.value)
+    assert early is not None and not early.adopted
+    assert early.proc.returncode is not None  # killed and reaped
