@@ -172,6 +172,15 @@ def for_python(
 
 
 _NOWHERE = "http://127.0.0.1:9"
+# Every proxy variable a Go or Python tool reads, at a closed local port.
+_NO_PROXY: Mapping[str, str] = {
+    "HTTP_PROXY": _NOWHERE,
+    "HTTPS_PROXY": _NOWHERE,
+    "http_proxy": _NOWHERE,
+    "https_proxy": _NOWHERE,
+    "NO_PROXY": "",
+    "no_proxy": "",
+}
 
 
 # helm's whole environment (here, beside the other renderers', so that `fleetlet render`'s
@@ -192,12 +201,7 @@ HELM_ENVIRONMENT: Mapping[str, str] = {
     "HELM_REPOSITORY_CONFIG": f"{_HELM_NO_STATE}/config/repositories.yaml",
     "HELM_REPOSITORY_CACHE": f"{_HELM_NO_STATE}/cache/repository",
     "KUBECONFIG": f"{_HELM_NO_STATE}/kubeconfig",
-    "HTTP_PROXY": _NOWHERE,
-    "HTTPS_PROXY": _NOWHERE,
-    "http_proxy": _NOWHERE,
-    "https_proxy": _NOWHERE,
-    "NO_PROXY": "",
-    "no_proxy": "",
+    **_NO_PROXY,
 }
 
 
@@ -209,12 +213,7 @@ def environment(*, scratch: Path | None, home: str = "/dev/null/fleetlet-render"
         "PATH": "/usr/bin:/bin",
         "HOME": home,
         "XDG_CONFIG_HOME": home,
-        "HTTP_PROXY": _NOWHERE,
-        "HTTPS_PROXY": _NOWHERE,
-        "http_proxy": _NOWHERE,
-        "https_proxy": _NOWHERE,
-        "NO_PROXY": "",
-        "no_proxy": "",
+        **_NO_PROXY,
     }
     if scratch is not None:
         env["TMPDIR"] = str(scratch)
