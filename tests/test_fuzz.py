@@ -290,6 +290,10 @@ class _Answering:
                 conn, _ = self.git.accept()
             except TimeoutError:
                 continue
+            except OSError:
+                if self._stop.is_set():  # the socket closed under accept() as the server stops
+                    return
+                raise
             with conn:
                 conn.settimeout(2)
                 with contextlib.suppress(OSError):
