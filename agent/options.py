@@ -54,7 +54,7 @@ def kubeconfig_of(args: argparse.Namespace) -> str | None:
 
 def add_logging_arguments(p: argparse.ArgumentParser, *, default_level: str) -> None:
     """``--log-level`` and ``--log-format`` (``$FLEETLET_LOG_LEVEL``, ``$FLEETLET_LOG_FORMAT``)."""
-    from agent.report.logs import FORMATS, LEVELS
+    from agent.report.loglevels import FORMATS, LEVELS
 
     p.add_argument(
         "--log-level",

@@ -196,9 +196,13 @@ def _register_import(sub: Any) -> None:
     fleet.set_defaults(handler=_import_fleet)
 
 
-def _register_demo(sub: Any) -> None:
-    from fleetlet.demo.scenarios import SCENARIOS  # the registry only: no component imported
+DEMO_SCENARIOS = ("install", "failed-upgrade", "approval", "rollout", "agent-upgrade")
+"""The names of :data:`fleetlet.demo.scenarios.SCENARIOS` (a test checks they are the same),
+offered to ``--scenario`` without importing the demo (its package loads PyYAML, its scenarios
+the agent's upgrade artifacts)."""
 
+
+def _register_demo(sub: Any) -> None:
     demo = sub.add_parser(
         "demo",
         help="run a local demo fleet: clusters, git server, registry, Sigstore, hub, agents",
@@ -209,7 +213,7 @@ def _register_demo(sub: Any) -> None:
     )
     demo.add_argument(
         "--scenario",
-        choices=list(SCENARIOS),
+        choices=list(DEMO_SCENARIOS),
         default="install",
         help="after the install: a broken upgrade rolled back on the canary (failed-upgrade), "
         "an upgrade that needs an approval, approved by the production stores' policy and "

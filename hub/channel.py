@@ -55,6 +55,7 @@ from agent.backoff import Backoff
 from agent.errors import FleetletError
 from agent.report import trace
 from hub.api.tokens import HubConfigError, new_token, token_digest
+from hub.serve_options import add_channel_arguments
 
 log = logging.getLogger(__name__)
 
@@ -426,39 +427,6 @@ class BranchWatcher:
 
 
 # --- hub serve -------------------------------------------------------------------------------
-
-
-def add_channel_arguments(parser: Any) -> None:
-    """The options of ``hub serve`` for the agents' notification channel."""
-    group = parser.add_argument_group(
-        "notification channel",
-        "agents hold GET /api/v1/clusters/NAME/events and poll when told (docs/operations.md)",
-    )
-    group.add_argument(
-        "--channel-tokens",
-        metavar="FILE",
-        help="serve the channel to the clusters of this file (one hashed token per cluster: "
-        "`fleetlet hub channel-token add FILE --cluster NAME`)",
-    )
-    group.add_argument(
-        "--channel-repo",
-        action="append",
-        metavar="GIT_URL",
-        help="the cluster-branch repository to watch (repeatable; a {shard} template stands "
-        "for every shard; default: --cluster-repo, else shards.repo of --fleet)",
-    )
-    group.add_argument(
-        "--channel-watch",
-        default="1s",
-        metavar="DURATION",
-        help="how often the cluster branches are listed (one ls-refs per repository) (1s)",
-    )
-    group.add_argument(
-        "--channel-keepalive",
-        default="15s",
-        metavar="DURATION",
-        help="a comment sent on an idle channel this often, so both ends see it alive (15s)",
-    )
 
 
 def channel_from_args(

@@ -11,9 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import urllib.error
-import urllib.parse
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,7 +20,8 @@ from agent.output import render
 from agent.output import table as columns
 
 # The status code (git, the aggregate, the hub's server helpers) is imported by the commands
-# that read a repository, when they run: ``fleetlet --help`` never loads it.
+# that read a repository, and urllib.request (http.client, email, ssl: about 20 ms) by those
+# that ask a hub, when they run: ``fleetlet --help`` never loads them.
 
 TOKEN_ENV = "FLEETLET_HUB_TOKEN"
 API_PREFIX = "/api/v1"  # hub.api.openapi.API_PREFIX, without importing the API modules
@@ -49,6 +47,10 @@ def _split(installation: str) -> tuple[str, str]:
 
 
 def _hub_fetch(args: argparse.Namespace) -> Fetch:
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+
     token = None
     token_file = getattr(args, "token_file", None)
     if token_file:

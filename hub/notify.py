@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any, Literal, cast
 
 from agent.errors import FleetletError, PermanentError
+from hub.serve_options import add_notify_arguments
 
 log = logging.getLogger(__name__)
 
@@ -550,45 +551,6 @@ def notifier_from_args(
 def _moving(rollouts: Any) -> dict[str, set[str]]:
     """Group -> the clusters its active rollout still moves (not final: halted included)."""
     return {r.group: set(r.members) for r in rollouts.state().active() if not r.final}
-
-
-def add_notify_arguments(parser: argparse.ArgumentParser) -> None:
-    """``hub serve``'s options for commit statuses and alerts."""
-    notify = parser.add_argument_group(
-        "commit statuses and alerts",
-        "where a commit landed, said where operators look (docs/operations.md)",
-    )
-    notify.add_argument(
-        "--commit-status",
-        action="append",
-        metavar="KIND:REPO",
-        help="post each rollout's progress as a commit status on the fleet repo's commit: "
-        "github:OWNER/NAME, gitea:OWNER/NAME or gitlab:GROUP/PROJECT (needs --fleet)",
-    )
-    notify.add_argument(
-        "--commit-status-api",
-        metavar="URL",
-        help="the forge's API (default: https://api.github.com, https://gitlab.com/api/v4; "
-        "Gitea: https://HOST/api/v1)",
-    )
-    notify.add_argument(
-        "--commit-status-token-file", metavar="FILE", help="the token that posts statuses"
-    )
-    notify.add_argument(
-        "--commit-status-url", metavar="URL", help="the link a status carries (the dashboard)"
-    )
-    notify.add_argument(
-        "--alert-webhook",
-        action="append",
-        metavar="FORMAT:URL",
-        help="send alerts (rollout halted, rolled back, approval requested, clusters stale) "
-        "to URL as json, slack or teams (repeatable; FORMAT:@FILE reads the URL from FILE)",
-    )
-    notify.add_argument(
-        "--alert-secret-file",
-        metavar="FILE",
-        help="sign json alerts with HMAC-SHA256 of this secret (header X-Fleetlet-Signature-256)",
-    )
 
 
 __all__ = [

@@ -35,8 +35,8 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any, Final, TextIO
 
-LEVELS: Final = ("debug", "info", "warning", "error")
-FORMATS: Final = ("text", "json")
+from agent.report.loglevels import FORMATS, LEVELS
+
 MASK: Final = "***"
 CONTEXT_FIELDS: Final = ("cluster", "bundle", "group", "serial", "run")
 _MIN_MASKED_LENGTH = 4  # shorter values would mask ordinary words and numbers

@@ -1,15 +1,14 @@
 """What every ``hub`` command starts from: the environment variables it reads, its usage error,
 its progress lines, the fleet prepared for publishing and the credentials of its git and
 registry servers. Called by the command bodies of :mod:`hub.cli` and by
-:mod:`hub.rollout.command` (through :mod:`hub.cli`).
+:mod:`hub.rollout.command` (through :mod:`hub.cli`). Cheap to import, as the command tree
+imports it: :mod:`logging` and :mod:`base64` are imported where they are used.
 """
 
 from __future__ import annotations
 
 import argparse
-import base64
 import json
-import logging
 import os
 import sys
 import time
@@ -44,6 +43,8 @@ class Progress:
             return
         elapsed = time.perf_counter() - self.started
         if self.json_logs:
+            import logging
+
             logging.getLogger("hub.progress").info(message, extra={"elapsed": round(elapsed, 3)})
         else:
             print(f"[{elapsed:6.1f}s] {message}", file=sys.stderr, flush=True)
@@ -110,6 +111,8 @@ def _check_formats(args: argparse.Namespace, progress: Progress, prepared: Any) 
 
 def _registry_credentials(path: str | None) -> dict[str, tuple[str, str]] | None:
     """host -> (user, password) from a docker config JSON. Raises UsageError."""
+    import base64
+
     from agent.report.logs import mask
 
     if not path:

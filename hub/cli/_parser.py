@@ -22,7 +22,7 @@ from hub.cli._context import (
 from hub.cli._diff import _diff
 from hub.cli._keys import _agent_key, _channel_token_add, _tokens_add, _tokens_migrate
 from hub.cli._publish import _publish, _render
-from hub.serve import add_serve_arguments
+from hub.serve_options import add_serve_arguments
 
 
 def register(sub: Any) -> Any:

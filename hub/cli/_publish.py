@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import argparse
 import time
-from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hub.cli._context import Progress, UsageError, _check_formats, _emit, _prepare, branch_stores
 from hub.cli._signing import agents_trust_policy, signer_from_args
+
+if TYPE_CHECKING:
+    from datetime import datetime
 
 
 def _render(args: argparse.Namespace) -> int:

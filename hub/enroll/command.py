@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import sys
 import urllib.parse
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +37,8 @@ def _create(args: argparse.Namespace) -> int:
 
 
 def _list(args: argparse.Namespace) -> int:
+    from datetime import UTC, datetime
+
     from hub.cli import _emit
     from hub.enroll.tokens import EnrollTokens
 

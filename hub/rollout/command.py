@@ -12,12 +12,9 @@ publish), for CI or cron when no ``hub serve`` runs the controller.
 from __future__ import annotations
 
 import argparse
-import getpass
 import json
 import os
-import urllib.error
 import urllib.parse
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +39,11 @@ class HubUnavailableError(TemporaryError):
 
 
 def _hub_call(args: argparse.Namespace, method: str, path: str, body: Any = None) -> Any:
+    # Here, not at the top: http.client, email and ssl (about 20 ms) are not loaded to build
+    # the command line's parser.
+    import urllib.error
+    import urllib.request
+
     token = None
     if getattr(args, "token_file", None):
         try:
@@ -169,6 +171,8 @@ def rollout_action(args: argparse.Namespace) -> int:
         path = f"/rollouts/{urllib.parse.quote(args.rollout)}/{action}"
         data = _hub_call(args, "POST", path, {"reason": args.reason or ""})
     else:
+        import getpass
+
         from hub.rollout.report import summary
 
         controller = _git_controller(args, judge=False)
