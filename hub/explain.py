@@ -34,11 +34,15 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from agent.errors import FleetletError
-from hub.rollout.state import Rollout, State
-from hub.status.queries import QueryError, StatusQueries
+
+if TYPE_CHECKING:
+    # The rollout state and the status queries (with the fleet loader and git: about 300 ms)
+    # are the server's and ``--repo``'s: ``fleetlet explain --hub`` prints with :func:`lines`.
+    from hub.rollout.state import Rollout, State
+    from hub.status.queries import StatusQueries
 
 Check = Literal[
     "agent", "publication", "rollout", "stale", "approval", "dependency", "failure", "paused"
@@ -74,6 +78,8 @@ def gather(
     """The cluster's summary (None: it never reported) and its installations' details (only
     ``bundle``'s when given). Raises QueryError (404) for a bundle the cluster does not
     report."""
+    from hub.status.queries import QueryError
+
     try:
         summary = queries.cluster(cluster)
     except QueryError:
@@ -95,6 +101,8 @@ def answer(
     """:func:`explain` over a status view, a rollout state reader and a reader of the
     cluster's branch (each None: not read), what the API and ``--repo`` both answer. Raises
     QueryError (404: a bundle not reported, a cluster known nowhere)."""
+    from hub.status.queries import QueryError
+
     summary, details = gather(queries, cluster, bundle)
     active, notes = None, []
     if rollouts is not None:

@@ -15,11 +15,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from agent.api.models import HealthCheck
 from agent.health.checks import evaluate
 from agent.health.kstatus import NOT_FOUND, Assessment, Status, assess
 
 if TYPE_CHECKING:
+    from agent.api.models import HealthCheck  # the API's validation: not for `health --offline`
     from agent.kube import KubeClient, ObjectRef, RefLike
 
 __all__ = [

@@ -11,10 +11,12 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from agent.api.models import HealthCheck
 from agent.health.kstatus import NOT_FOUND, Assessment, Status
+
+if TYPE_CHECKING:
+    from agent.api.models import HealthCheck
 
 _SEGMENT = re.compile(r"\.([A-Za-z0-9_-]+)|\[([0-9]+)\]|\['([^']+)'\]")
 

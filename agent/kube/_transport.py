@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import hashlib
 import json
-import tempfile
 import threading
 from pathlib import Path
 from types import TracebackType
@@ -70,6 +68,10 @@ class Transport:
         self.kubeconfig = str(kubeconfig) if kubeconfig is not None else None
         self.context = context
         self.impersonate = impersonate
+        # tempfile and hashlib are imported where used (about 4 ms): `fleetlet health
+        # --offline` imports this package for ObjectRef alone.
+        import tempfile
+
         self._cache_dir = Path(
             discovery_cache_dir or Path(tempfile.gettempdir()) / "fleetlet-discovery"
         )
@@ -168,6 +170,8 @@ class Transport:
     def _cache_file(self) -> Path:
         # Keyed by server and CA: test clusters reuse loopback ports, and a stale discovery of
         # another cluster would answer scope questions wrongly.
+        import hashlib
+
         digest = hashlib.sha256(str(self._configuration.host).encode())
         ca = self._configuration.ssl_ca_cert
         if ca:
