@@ -184,3 +184,34 @@ def test_explain_against_a_hub_loads_none_of_the_hubs_server_code() -> None:
         "sigstore": "no signature is checked",
     }
     assert _loaded(modules, unused) == {}
+
+
+def test_hub_shards_loads_the_fleet_without_git_or_sigstore() -> None:
+    """Loading a fleet repo parses its commit and source signing policies: the code that
+    checks a signature, reads a commit or fetches from a registry loads only when it does."""
+    result, modules, _ = _fleetlet("hub", "shards", str(REPO_ROOT / "fleet-examples"))
+    assert result["code"] == 0
+    assert "store-eu-1" in str(result["output"])
+    unused = {
+        "pygit2": "no commit is read (hub.fleet.commits.verify_commit imports it)",
+        "agent.verify.cosign": "no signature is checked (with Sigstore's verifier, oras, requests)",
+        "agent.verify.publication": "the publication's format (agent.verify exports on first use)",
+        "sigstore": "no signature is checked",
+        "cryptography": "no key or certificate is read",
+        "requests": "no registry is asked",
+        "kubernetes": "the Kubernetes client",
+    }
+    assert _loaded(modules, unused) == {}
+
+
+def test_agent_verify_exports_each_name_from_its_module() -> None:
+    """``agent.verify`` exports its names on first use: each from the module that defines it."""
+    import importlib
+
+    import agent.verify as verify
+
+    assert sorted(verify._FROM) == sorted(verify.__all__)
+    for name, module in verify._FROM.items():
+        assert getattr(verify, name) is getattr(importlib.import_module(module), name)
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        _ = verify.nothing  # type: ignore[attr-defined]

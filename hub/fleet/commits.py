@@ -41,7 +41,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import pygit2
 import yaml
 
 from agent.api.yamlio import SAFE_LOADER
@@ -347,6 +346,7 @@ def verify_commit(
     """Check ``commit`` of the git repository holding ``repo_dir`` against ``policy`` (the
     numbered steps of the module docstring, or :mod:`hub.fleet.gitsign`'s). Never raises for
     a commit that fails: the verdict says why."""
+    import pygit2  # here: loading a fleet (which parses the policy) reads no commit
 
     def refused(reason: str, key: str | None = None) -> CommitVerdict:
         return CommitVerdict(commit, False, None, key, reason, policy.digest(), policy.wanted())

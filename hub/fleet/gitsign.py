@@ -41,7 +41,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from agent.verify.cosign import TrustedRootError, sigstore_verifier
 from agent.verify.sources import KeylessIdentity
 
 if TYPE_CHECKING:
@@ -439,6 +438,8 @@ def _sigstore_verify(
     from sigstore.hashes import Hashed
     from sigstore.models import Bundle
     from sigstore_models.common.v1 import HashAlgorithm
+
+    from agent.verify.cosign import TrustedRootError, sigstore_verifier
 
     try:
         verifier = sigstore_verifier(trusted_root)
