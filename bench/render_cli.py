@@ -70,14 +70,14 @@ class Case:
     floor: str | None = None  # the case that is the least this one's Python start can take
 
 
-# What pip writes (distlib's template) when this Python has no console script to copy.
+# The console script pip writes (distlib's template, as in this Python's bin/fleetlet).
 _PIP_SCRIPT = """# -*- coding: utf-8 -*-
 import re
 import sys
-from fleetlet.cli import run
+from fleetlet.cli import {entry}
 if __name__ == '__main__':
     sys.argv[0] = re.sub(r'(-script\\.pyw|\\.exe)?$', '', sys.argv[0])
-    sys.exit(run())
+    sys.exit({entry}())
 """
 
 
@@ -93,8 +93,9 @@ def _dev_script() -> Path:
 
 def make_venv(where: Path, code: Path) -> Path:
     """A clean venv at ``where`` running ``code``'s fleetlet: its ``bin/fleetlet`` as pip
-    writes it, and one ``.pth`` of path lines (this checkout, the dependencies' directories:
-    no other ``.pth`` runs). Returns the console script."""
+    writes it (for the entry point that checkout declares), and one ``.pth`` of path lines
+    (the checkout, the dependencies' directories: no other ``.pth`` runs). Returns the
+    console script."""
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(where)], check=True)
     python = where / "bin" / "python"
     purelib = subprocess.run(
@@ -103,10 +104,9 @@ def make_venv(where: Path, code: Path) -> Path:
     ).stdout.strip()  # fmt: skip
     lines = [str(code), *_site_packages()]
     (Path(purelib) / "fleetlet-bench.pth").write_text("\n".join(lines) + "\n")
-    installed = _dev_script()
-    body = _PIP_SCRIPT
-    if installed.is_file():
-        body = installed.read_text().split("\n", 1)[1]
+    # The entry point that checkout declares (an older one's is main).
+    entry = "run" if "\ndef run(" in (code / "fleetlet" / "cli.py").read_text() else "main"
+    body = _PIP_SCRIPT.format(entry=entry)
     script = where / "bin" / "fleetlet"
     script.write_text(f"#!{python}\n{body}")
     script.chmod(0o755)

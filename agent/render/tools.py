@@ -12,6 +12,10 @@ from the Go module proxy into the cache by ``python -m tests.realenv.binaries`` 
 2. ``PATH``;
 3. the cache: ``$FLEETLET_CACHE`` (default ``~/.cache/fleetlet``) ``/tools/<name>-<version>/<name>``.
 
+The pins, the tools' memory bounds and that search live in ``_pins`` (re-exported here), which
+imports nothing but ``os``: ``fleetlet render``'s head start finds helm with it before the rest
+of fleetlet loads.
+
 Pins: Helm v4.3.1, because Helm 3's announced support ended in November 2026 (bug fixes until
 July, security fixes until November), Helm 4 renders the same ``apiVersion: v1/v2`` charts with
 the same ``helm template`` flags, and kustomize 5.8's ``helmCharts`` accepts Helm 3 or 4.
