@@ -319,10 +319,13 @@ def _run(args: argparse.Namespace) -> int:
     poll = settings.poll
     from agent.upgrade.incluster import InClusterUpgrades, in_cluster
     from agent.upgrade.process import Upgrades  # one agent acts; upgrades: agent/upgrade/
+    from agent.upgrade.rights import parse
 
     # In agent install's pod the candidate is a Deployment; elsewhere a process.
     kind = InClusterUpgrades if in_cluster() else Upgrades
-    upgrades = kind(settings=settings, supervisor=supervisor)
+    # What agent install granted it for upgrading itself (agent.upgrade.rights).
+    rights = parse(args.self_upgrade, "--self-upgrade ($FLEETLET_SELF_UPGRADE)")
+    upgrades = kind(settings=settings, supervisor=supervisor, rights=rights)
     scheduler = AgentScheduler(
         poll=upgrades.gate(supervisor.poll),
         drift=upgrades.gate(supervisor.drift),

@@ -7,6 +7,7 @@ objects and :mod:`agent.install.installer` applies or removes them.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -17,6 +18,7 @@ from agent.install.manifests import (
     InstallConfig,
     InstallConfigError,
     install_objects,
+    left_out_objects,
 )
 from agent.options import kubeconfig_of
 from agent.report.logs import mask
@@ -156,7 +158,28 @@ def config_from_args(args: argparse.Namespace) -> InstallConfig:
         poll_interval=args.interval,
         log_format=args.agent_log_format,
         service_monitor=args.service_monitor,
+        self_upgrade=_self_upgrade(args),
     )
+
+
+def _self_upgrade(args: argparse.Namespace) -> Any:
+    from agent.upgrade.rights import SelfUpgradeError, parse
+
+    try:
+        return parse(getattr(args, "self_upgrade", None))
+    except SelfUpgradeError as exc:
+        raise InstallConfigError(str(exc)) from exc
+
+
+def _left_out_note(config: InstallConfig) -> None:
+    """``--dry-run``: what ``agent install`` would delete, said on stderr (not a manifest)."""
+    for obj in left_out_objects(config):
+        meta = obj["metadata"]
+        print(
+            f"# --self-upgrade={config.self_upgrade}: {obj['kind']} {meta['namespace']}/"
+            f"{meta['name']} is left out; `agent install` deletes it (prune it in GitOps)",
+            file=sys.stderr,
+        )
 
 
 def run_install(args: argparse.Namespace) -> int:
@@ -168,12 +191,18 @@ def run_install(args: argparse.Namespace) -> int:
     objects = install_objects(config)
     if args.dry_run:
         sys.stdout.write(_dump(objects, args.output))
+        _left_out_note(config)
         return 0
     from agent.install.installer import install
     from agent.kube import KubeClient
 
     with KubeClient(kubeconfig=kubeconfig_of(args), context=args.context) as kube:
-        changes = install(kube, objects, report=None if args.output != "table" else _print)
+        changes = install(
+            kube,
+            objects,
+            report=None if args.output != "table" else _print,
+            left_out=left_out_objects(config),
+        )
     return _summary(args, config, changes)
 
 
@@ -199,6 +228,7 @@ def _run_enroll(args: argparse.Namespace) -> int:
         )
     from agent.install.enroll import parse_labels
 
+    rights = _self_upgrade(args)
     with KubeClient(kubeconfig=kubeconfig_of(args), context=args.context) as kube:
         config = enroll(
             kube,
@@ -216,8 +246,12 @@ def _run_enroll(args: argparse.Namespace) -> int:
             service_monitor=args.service_monitor,
             **_source_policy(args.verify_sources),
         )
+        config = dataclasses.replace(config, self_upgrade=rights)
         changes = install(
-            kube, install_objects(config), report=None if args.output != "table" else _print
+            kube,
+            install_objects(config),
+            report=None if args.output != "table" else _print,
+            left_out=left_out_objects(config),
         )
     return _summary(args, config, changes)
 
@@ -228,11 +262,14 @@ def _summary(args: argparse.Namespace, config: InstallConfig, changes: list[Any]
     else:
         counts = {
             a: sum(c.action == a for c in changes)
-            for a in ("created", "configured", "unchanged", "skipped")
+            for a in ("created", "configured", "unchanged", "skipped", "deleted")
         }
+        rights = "" if config.self_upgrade == "on" else f", self-upgrade {config.self_upgrade}"
         print(
             f"cluster {config.cluster} is in the fleet: agent {config.image} in namespace "
-            f"{config.namespace} (" + ", ".join(f"{n} {a}" for a, n in counts.items() if n) + ")"
+            f"{config.namespace}{rights} ("
+            + ", ".join(f"{n} {a}" for a, n in counts.items() if n)
+            + ")"
         )
     return 0
 

@@ -8,7 +8,9 @@ Kubernetes. Read top to bottom, an attempt (:meth:`InClusterUpgrades._try`):
 1. **pull** the release artifact by digest and read its release (:mod:`agent.upgrade.deployment`):
    the container image, by digest, and its CRDs and RBAC rules;
 2. **declare** them: the CRDs updated (added to only), the agent's own ClusterRole and Role
-   rules replaced (the old ones kept for a rollback);
+   rules replaced (the old ones kept for a rollback); installed ``--self-upgrade=no-new-rules``,
+   without ``escalate``, so a rule the agent does not hold is refused here
+   (:mod:`agent.upgrade.rights`; ``off``: no attempt at all);
 3. **start** the candidate: Deployment ``fleetlet-agent-candidate`` (made by ``agent install``
    with no replica) gets the agent's own pod spec, the new image, ``FLEETLET_AGENT_CANDIDATE``
    set, and one replica; the old agent goes on acting;
@@ -26,6 +28,7 @@ back, and the attempt reported ``RolledBack`` as in process mode.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -45,6 +48,7 @@ from agent.upgrade.deployment import (
 from agent.upgrade.desired import Desired, Record
 from agent.upgrade.lease import FAILED, IDENTITY, PROVEN, READY
 from agent.upgrade.process import ENV_CANDIDATE, ENV_IMAGE, ENV_VERSION, UpgradeFailed, Upgrades
+from agent.upgrade.rights import SelfUpgrade, fit_rules
 
 log = logging.getLogger(__name__)
 
@@ -57,15 +61,17 @@ def in_cluster() -> bool:
 class InClusterUpgrades(Upgrades):
     """:class:`Upgrades` whose candidate is a Deployment (see the module docstring)."""
 
-    def __init__(self, *, settings: Any, supervisor: Any) -> None:
-        super().__init__(settings=settings, supervisor=supervisor)
+    def __init__(
+        self, *, settings: Any, supervisor: Any, rights: SelfUpgrade = SelfUpgrade.ON
+    ) -> None:
+        super().__init__(settings=settings, supervisor=supervisor, rights=rights)
         self.deployment = AgentDeployment(
             self.kube, str(settings.namespace), os.environ.get(ENV_DEPLOYMENT) or NAME
         )
         self._declared: Declared | None = None
 
     def start(self) -> None:
-        if self.attempt_id is None:
+        if self.attempt_id is None and self.rights is not SelfUpgrade.OFF:
             # A candidate left running by an attempt this agent's predecessor did not finish
             # (its pod replaced mid-way), or by a hand-over: stopped before this one takes the
             # Lease; an unfinished attempt starts over.
@@ -79,6 +85,12 @@ class InClusterUpgrades(Upgrades):
     def _try(self, desired: Desired, start: Record) -> None:
         pulled = self._pull(desired)
         release = read_release(pulled.root, f"{desired.uri}@{desired.digest}")
+        # With --self-upgrade=no-new-rules the agent asks for no escalate (agent.upgrade.rights).
+        release = dataclasses.replace(
+            release,
+            cluster_rules=fit_rules(release.cluster_rules, self.rights),
+            role_rules=fit_rules(release.role_rules, self.rights),
+        )
         try:
             self.run_attempt(desired, start, release)
         except FleetletError:
