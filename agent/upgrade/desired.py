@@ -152,7 +152,9 @@ def agent_report(
     if record.running == desired.digest:
         said = f"agent {record.version or short} ({desired.digest}) acts in this cluster"
         history: tuple[Run, ...] = ()
-        if record.state == "Failed" and record.attempt != desired.digest:
+        if record.reason == UpgradeDisabledError.reason and record.attempt != desired.digest:
+            said += f"; the release declared before, {record.attempt}, was not tried"
+        elif record.state == "Failed" and record.attempt != desired.digest:
             # History, as a bundle's rolled back run is once a newer set is running.
             said += (
                 f"; the last upgrade, to {record.attempt}, was rolled back "
