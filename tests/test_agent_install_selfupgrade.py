@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -33,7 +34,14 @@ import yaml
 
 from agent.api import to_dict
 from agent.install.installer import install
-from agent.install.manifests import InstallConfig, install_objects, left_out_objects
+from agent.install.manifests import (
+    RELEASE_IMAGE,
+    InstallConfig,
+    deployment,
+    install_objects,
+    left_out_objects,
+    rbac_objects,
+)
 from agent.kube import ForbiddenError, KubeClient
 from agent.runner.reader import open_reader
 from agent.upgrade import AGENT_ENTRY
@@ -44,6 +52,7 @@ from agent.upgrade.deployment import (
     NAME,
     AgentDeployment,
     Release,
+    candidate_of,
     read_release,
     release_manifest,
 )
@@ -450,3 +459,38 @@ def test_no_new_rules_declares_a_release_with_the_installed_rules_and_refuses_on
         agent.declare(more)
     assert "attempting to grant RBAC permissions not currently held" in str(caught.value)
     assert (admin.get(_ref("ClusterRole", None)) or {})["rules"] == before
+
+
+@pytest.mark.parametrize("mode", [SelfUpgrade.NO_NEW_RULES, SelfUpgrade.OFF])
+def test_the_kustomize_components_build_what_install_applies(
+    mode: SelfUpgrade, kustomize_binary: Path, tmp_path: Path
+) -> None:
+    """``deploy/agent`` with the component ``self-upgrade-<mode>``, built by the real kustomize:
+    the agent's roles and Deployments are those ``agent install --self-upgrade=<mode>`` makes."""
+    shutil.copytree(REPO_ROOT / "deploy" / "agent", tmp_path / "agent")  # as a user vendors it
+    overlay = tmp_path / "cluster"
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text(
+        yaml.safe_dump({"resources": ["../agent"], "components": [f"../agent/self-upgrade-{mode}"]})
+    )
+    done = subprocess.run(
+        [str(kustomize_binary), "build", str(overlay)], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    built = {(o["kind"], o["metadata"]["name"]): o for o in _objects(done.stdout)}
+    ns = "fleetlet-system"
+    for role in rbac_objects(ns, mode):
+        assert built[(role["kind"], role["metadata"]["name"])] == role
+    agent = deployment(namespace=ns, image=RELEASE_IMAGE, self_upgrade=mode)
+    wanted = [agent] if mode is SelfUpgrade.OFF else [agent, candidate_of(agent)]
+    # The same objects; a strategic-merge patch puts the variable it sets first.
+    assert [_by_name(o) for o in built.values() if o["kind"] == "Deployment"] == [
+        _by_name(o) for o in wanted
+    ]
+
+
+def _by_name(deployment: dict[str, Any]) -> dict[str, Any]:
+    """``deployment`` with its container's variables in name order."""
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    container["env"] = sorted(container["env"], key=lambda e: e["name"])
+    return deployment

@@ -615,6 +615,8 @@ _HEADER = (
 
 def base_files() -> dict[str, bytes]:
     """``{path relative to the repository root: content}`` of the generated kustomize base."""
+    from agent.install.components import component_files
+
     ns = DEFAULT_NAMESPACE
 
     def file(note: str, objects: Sequence[Object]) -> bytes:
@@ -665,6 +667,7 @@ def base_files() -> dict[str, bytes]:
         "deploy/agent/monitoring/servicemonitor.yaml": file(
             "Optional: needs the Prometheus Operator's CRDs.", [service_monitor(ns)]
         ),
+        **component_files(dump_yaml, _HEADER),  # --self-upgrade's kustomize components
     }
 
 
