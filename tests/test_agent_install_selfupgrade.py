@@ -16,6 +16,7 @@ again with ``on``, the same declared release is tried.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -176,6 +177,18 @@ def test_help_and_dry_run_say_what_each_setting_grants(install_args: list[str]) 
     done = fleetlet("agent", "install", *install_args, "--self-upgrade", "none", "--dry-run")
     assert done.returncode == 2
     assert "argument --self-upgrade: invalid choice: 'none'" in done.stderr
+    # The agent reads it from its pod's environment; a value it does not know stops it at once.
+    done = subprocess.run(
+        [sys.executable, "-m", "fleetlet", "agent", "run", "--repo", "https://git.example.test/r.git",
+         "--cluster", "edge-9"],
+        capture_output=True, text=True, timeout=120, cwd=REPO_ROOT,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT), "FLEETLET_SELF_UPGRADE": "maybe"},
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert done.stderr.strip() == (
+        "fleetlet: --self-upgrade ($FLEETLET_SELF_UPGRADE) 'maybe': expected one of on, "
+        "no-new-rules, off"
+    )
 
 
 def _kubectl(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
@@ -405,6 +418,17 @@ def test_an_agent_installed_off_reports_a_declared_release_disabled_until_instal
     )
     # The hub's rollout: a failure of this cluster on that serial, not a wait.
     assert _verdict(desired, record) == f"failed: {AGENT_ENTRY}: Degraded on serial 7"
+    # An attempt left in progress (the install switched it off in the middle): refused too,
+    # rather than reported as progressing until the rollout's deadline.
+    store.save_record(dataclasses.replace(record, state="Progressing", reason="", message="x"))
+    upgrades = _upgrades(kubeconfig, namespace, tmp_path, monkeypatch, SelfUpgrade.OFF)
+    upgrades.start()
+    try:
+        again = _until(lambda: (r := store.read()[1]).state == "Failed" and r, "the refusal")
+    finally:
+        upgrades.stop()
+        upgrades.finish()
+    assert (again.reason, again.message) == ("UpgradeDisabled", record.message)
 
     # Installed again with on: the same declared release is tried (the candidate started);
     # nobody speaks for it here (no container runs), so it ends at the deadline, rolled back.

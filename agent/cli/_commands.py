@@ -308,7 +308,10 @@ def _run(args: argparse.Namespace) -> int:
 
     from agent.probe import ProbeServer
     from agent.schedule import AgentScheduler
+    from agent.upgrade.rights import parse
 
+    # What agent install granted it for upgrading itself (agent.upgrade.rights).
+    rights = parse(args.self_upgrade, "--self-upgrade ($FLEETLET_SELF_UPGRADE)")
     _setup_logging(args)
     # The scheduler logs every run; the agent reports outcomes itself.
     logging.getLogger("apscheduler").setLevel(logging.ERROR)
@@ -319,12 +322,9 @@ def _run(args: argparse.Namespace) -> int:
     poll = settings.poll
     from agent.upgrade.incluster import InClusterUpgrades, in_cluster
     from agent.upgrade.process import Upgrades  # one agent acts; upgrades: agent/upgrade/
-    from agent.upgrade.rights import parse
 
     # In agent install's pod the candidate is a Deployment; elsewhere a process.
     kind = InClusterUpgrades if in_cluster() else Upgrades
-    # What agent install granted it for upgrading itself (agent.upgrade.rights).
-    rights = parse(args.self_upgrade, "--self-upgrade ($FLEETLET_SELF_UPGRADE)")
     upgrades = kind(settings=settings, supervisor=supervisor, rights=rights)
     scheduler = AgentScheduler(
         poll=upgrades.gate(supervisor.poll),

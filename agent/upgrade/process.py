@@ -357,8 +357,11 @@ class Upgrades:
 
     def _tried(self, desired: Desired, record: Record) -> bool:
         """Whether the record is of an attempt at ``desired`` (made once per ``since``); one
-        refused for want of rights is not, once this agent has them (installed again)."""
+        refused for want of rights is not, once this agent has them (installed again), nor one
+        still in progress when the agent has none (installed ``off`` in the middle of it)."""
         if record.attempt != desired.digest or record.attempt_since != desired.since:
+            return False
+        if self.rights is SelfUpgrade.OFF and record.state == "Progressing":
             return False
         return not (
             record.reason == UpgradeDisabledError.reason and self.rights is not SelfUpgrade.OFF
