@@ -22,6 +22,7 @@ from agent.install.manifests import (
 )
 from agent.options import kubeconfig_of
 from agent.report.logs import mask
+from agent.upgrade.rights import SelfUpgrade, SelfUpgradeError, parse
 
 
 def _read(flag: str, path: str | None) -> str | None:
@@ -162,9 +163,8 @@ def config_from_args(args: argparse.Namespace) -> InstallConfig:
     )
 
 
-def _self_upgrade(args: argparse.Namespace) -> Any:
-    from agent.upgrade.rights import SelfUpgradeError, parse
-
+def _self_upgrade(args: argparse.Namespace) -> SelfUpgrade:
+    """``--self-upgrade`` (argparse checked it; a caller building ``args`` may not have)."""
     try:
         return parse(getattr(args, "self_upgrade", None))
     except SelfUpgradeError as exc:
