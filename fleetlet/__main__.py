@@ -1,3 +1,3 @@
-from fleetlet.cli import main
+from fleetlet.cli import run
 
-raise SystemExit(main())
+run()

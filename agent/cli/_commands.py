@@ -18,20 +18,13 @@ if TYPE_CHECKING:
 
 
 def _render(args: argparse.Namespace) -> int:
-    from agent.render._process import discard_early
-    from agent.render.headstart import head_start
+    # fleetlet.cli gave helm or kustomize a head start before this parser was built
+    # (agent.render.headstart); the render takes it over or it is killed here.
+    from agent.render._launch import discard_early
     from agent.render.tools import ToolSettings
 
-    tools = ToolSettings.from_env()
-    simple = not (args.values or args.set or args.set_string or args.set_json or args.set_file
-                  or args.install_namespace or args.watch_namespace)  # fmt: skip
-    if simple:
-        # helm or kustomize starts now, while the rest loads (agent.render.headstart).
-        head_start(bundle_dir=args.bundle_dir, format=args.format, path=args.path,
-                   namespace=args.namespace, release_name=args.release_name,
-                   kube_version=args.kube_version, tools=tools)  # fmt: skip
     try:
-        return _render_now(args, tools)
+        return _render_now(args, ToolSettings.from_env())
     finally:
         discard_early()
 

@@ -33,10 +33,7 @@ timeout or an out-of-memory would only burn the agent's CPU again (``reason`` sa
 
 from __future__ import annotations
 
-import atexit
-import contextlib
 import os
-import resource
 import select
 import selectors
 import signal
@@ -46,6 +43,15 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from agent.errors import PermanentError
+from agent.render._launch import (
+    HeadStart,
+    Launch,
+    bound,
+    discard_early,
+    kill_group,
+    start_early,
+    take_early,
+)
 from agent.render.confine import Confinement, explain_refusal, run_confined
 
 DEFAULT_MAX_OUTPUT = 64 * 1024 * 1024
@@ -115,14 +121,13 @@ def run_tool(
     """
     args = [os.fspath(a) for a in argv]
     tool = Path(args[0]).name
-    launch = _Launch(args, cwd=cwd, max_memory=max_memory, input=input, env=env,
-                     confine=confine, scratch=scratch)  # fmt: skip
+    launch = Launch(args, cwd=cwd, max_memory=max_memory, input=input, env=env,
+                    confine=confine, scratch=scratch)  # fmt: skip
     remaining = timeout
-    early = _HEAD_STARTS.pop(launch.key, None)
+    early = take_early(launch.key)
     if early is not None:
         # The very process this call would start, started earlier (:func:`start_early`):
         # bounded from its start, its time counted from its start.
-        early.adopted = True
         proc = early.proc
         remaining -= time.monotonic() - early.started
     else:
@@ -131,14 +136,14 @@ def run_tool(
         except OSError as exc:
             raise ToolFailedError(f"{tool}: cannot start {args[0]}: {exc}", tool=tool) from exc
         try:
-            _bound(proc.pid, max_memory)
+            bound(proc.pid, max_memory)
         except OSError as exc:
-            _kill_group(proc)
+            kill_group(proc)
             raise ToolFailedError(f"{tool}: cannot bound its memory: {exc}", tool=tool) from exc
     try:
         stdout, stderr, overflow = _communicate(proc, input, remaining, max_output)
     finally:
-        _kill_group(proc)
+        kill_group(proc)
     message = _tail(stderr)
     if confine is not None:
         message = explain_refusal(message) or message
@@ -162,116 +167,6 @@ def run_tool(
         )
         raise ToolFailedError(f"{tool} failed ({status}): {message or 'no message'}", tool=tool)
     return stdout
-
-
-class _Launch:
-    """One child process as :func:`run_tool` starts it, and its key: what makes two launches
-    the same process (argv, directory, environment, stdin, confinement, memory bound; a
-    render's fresh scratch directory stands for any other fresh one)."""
-
-    def __init__(self, args: list[str], *, cwd: Path, max_memory: int, input: bytes | None,
-                 env: Mapping[str, str] | None, confine: Confinement | None,
-                 scratch: Path | None) -> None:  # fmt: skip
-        self.args = args
-        self.cwd = cwd
-        self.input = input
-        path = os.environ.get("PATH", "/usr/bin:/bin")
-        self.env = dict(env) if env is not None else {"PATH": path}
-        # A soft limit below the hard one: the Go runtime collects harder instead of dying early.
-        self.env.setdefault("GOMEMLIMIT", str(max_memory * 3 // 4))
-        here = os.fspath(scratch) if scratch is not None else None
-
-        def same(text: str) -> str:
-            return text.replace(here, "<scratch>") if here else text
-
-        reach = None
-        if confine is not None:
-            groups = (confine.read, confine.write, confine.execute, confine.listable)
-            reach = tuple(tuple(same(os.fspath(p)) for p in group) for group in groups)
-        self.key: tuple[object, ...] = (
-            tuple(same(a) for a in args),
-            same(os.path.realpath(cwd)),
-            tuple(sorted((k, same(v)) for k, v in self.env.items())),
-            input,
-            reach,
-            max_memory,
-        )
-
-    def start(self) -> subprocess.Popen[bytes]:
-        return subprocess.Popen(
-            self.args,
-            cwd=self.cwd,
-            env=self.env,
-            stdin=subprocess.PIPE if self.input is not None else subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            process_group=0,  # its own process group: a timeout kills its children too
-        )
-
-
-class HeadStart:
-    """A child process started before the render that needs it (:func:`start_early`)."""
-
-    def __init__(self, proc: subprocess.Popen[bytes], started: float) -> None:
-        self.proc = proc
-        self.started = started
-        self.adopted = False
-        """Whether a :func:`run_tool` call took it over (else :func:`discard_early` kills it)."""
-
-
-_HEAD_STARTS: dict[tuple[object, ...], HeadStart] = {}
-
-
-def start_early(
-    argv: Sequence[str | os.PathLike[str]],
-    *,
-    cwd: Path,
-    max_memory: int,
-    input: bytes | None = None,
-    env: Mapping[str, str] | None = None,
-    confine: Confinement | None = None,
-    scratch: Path | None = None,
-) -> HeadStart:
-    """Start now the process that :func:`run_tool` with the same arguments would start, bounded
-    and confined as it would be. The ``run_tool`` call asking for that very process takes it
-    over (its time bound counted from now); any other call starts its own. What no call takes
-    over is killed by :func:`discard_early` (call it when the work is done; it also runs at
-    exit). Raises OSError, ConfinementError when it cannot be started."""
-    launch = _Launch(
-        [os.fspath(a) for a in argv], cwd=cwd, max_memory=max_memory, input=input, env=env,
-        confine=confine, scratch=scratch,
-    )  # fmt: skip
-    started = time.monotonic()
-    proc = run_confined(confine, launch.start)
-    try:
-        _bound(proc.pid, max_memory)
-    except OSError:
-        _kill_group(proc)
-        raise
-    if not _HEAD_STARTS:
-        atexit.register(discard_early)
-    early = HeadStart(proc, started)
-    previous = _HEAD_STARTS.pop(launch.key, None)
-    _HEAD_STARTS[launch.key] = early
-    if previous is not None:
-        _kill_group(previous.proc)
-    return early
-
-
-def discard_early() -> None:
-    """Kill and reap every head start that no render took over."""
-    while _HEAD_STARTS:
-        _, early = _HEAD_STARTS.popitem()
-        _kill_group(early.proc)
-
-
-def _bound(pid: int, max_memory: int) -> None:
-    """Limit the running child's writable memory and forbid core dumps (raises OSError)."""
-    try:
-        resource.prlimit(pid, resource.RLIMIT_DATA, (max_memory, max_memory))
-        resource.prlimit(pid, resource.RLIMIT_CORE, (0, 0))
-    except ProcessLookupError:
-        pass  # it has already exited (not yet reaped): nothing left to bound
 
 
 def _communicate(
@@ -353,18 +248,6 @@ def _wait_exit(proc: subprocess.Popen[bytes], timeout: float) -> bool:
         os.close(pidfd)
     proc.wait()
     return True
-
-
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    """Kill what is left of the tool's process group and reap the tool."""
-    # Also when the tool exited: a child it left behind (kustomize's helm) must not outlive it.
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    if proc.returncode is None:
-        proc.wait()
-    for stream in (proc.stdin, proc.stdout, proc.stderr):
-        if stream is not None and not stream.closed:
-            stream.close()
 
 
 def _out_of_memory(stderr: bytes, returncode: int) -> bool:

@@ -12,6 +12,10 @@ from the Go module proxy into the cache by ``python -m tests.realenv.binaries`` 
 2. ``PATH``;
 3. the cache: ``$FLEETLET_CACHE`` (default ``~/.cache/fleetlet``) ``/tools/<name>-<version>/<name>``.
 
+The pins, the tools' memory bounds and that search live in ``_pins`` (re-exported here), which
+imports nothing but ``os``: ``fleetlet render``'s head start finds helm with it before the rest
+of fleetlet loads.
+
 Pins: Helm v4.3.1, because Helm 3's announced support ended in November 2026 (bug fixes until
 July, security fixes until November), Helm 4 renders the same ``apiVersion: v1/v2`` charts with
 the same ``helm template`` flags, and kustomize 5.8's ``helmCharts`` accepts Helm 3 or 4.
@@ -22,22 +26,20 @@ for Go 1.27).
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
 
 from agent.errors import ConfigurationError, PermanentError
-
-PINNED_TOOLS: Final[Mapping[str, str]] = {"helm": "v4.3.1", "kustomize": "v5.8.2"}
-"""The release of each tool fleetlet is tested with (and builds into the cache)."""
-
-OVERRIDE_VARIABLES: Final[Mapping[str, str]] = {
-    "helm": "FLEETLET_HELM",
-    "kustomize": "FLEETLET_KUSTOMIZE",
-}
-"""The environment variable that names each tool's binary (read at the CLI edge)."""
+from agent.render import _pins
+from agent.render._pins import (
+    HELM_MAX_MEMORY,
+    KUSTOMIZE_MAX_MEMORY,
+    OVERRIDE_VARIABLES,
+    PINNED_TOOLS,
+    cache_path,
+    locate,
+)
 
 
 class ToolNotFoundError(PermanentError):
@@ -50,10 +52,7 @@ class ToolNotFoundError(PermanentError):
 def default_cache_root() -> Path:
     """``$FLEETLET_CACHE``, else ``~/.cache/fleetlet``: the tools' cache, shared with the test
     environment's binaries (a location convention, like ``PATH``)."""
-    configured = os.environ.get("FLEETLET_CACHE")
-    if configured:
-        return Path(configured).expanduser()
-    return Path.home() / ".cache" / "fleetlet"
+    return Path(_pins.default_cache_root())
 
 
 def cached_tool_path(name: str, *, cache_root: Path | None = None) -> Path:
@@ -62,8 +61,7 @@ def cached_tool_path(name: str, *, cache_root: Path | None = None) -> Path:
     Raises ToolNotFoundError for a tool fleetlet does not know.
     """
     version = _pin(name)
-    root = cache_root if cache_root is not None else default_cache_root()
-    return root / "tools" / f"{name}-{version}" / name
+    return Path(cache_path(name, version, os.fspath(cache_root) if cache_root else None))
 
 
 def find_tool(name: str, *, override: str | None = None, cache_root: Path | None = None) -> Path:
@@ -75,20 +73,16 @@ def find_tool(name: str, *, override: str | None = None, cache_root: Path | None
     """
     variable = OVERRIDE_VARIABLES.get(name)
     version = _pin(name)
-    if override:
-        found = shutil.which(override)
-        if found is None:
-            raise ToolNotFoundError(
-                f"{variable}={override}: not an executable file (set it to the path of a "
-                f"{name} binary, {version} is the release fleetlet is tested with)"
-            )
+    root = os.fspath(cache_root) if cache_root else None
+    found = locate(name, override=override, cache_root=root)
+    if found is not None:
         return Path(found)
-    on_path = shutil.which(name)
-    if on_path is not None:
-        return Path(on_path)
+    if override:
+        raise ToolNotFoundError(
+            f"{variable}={override}: not an executable file (set it to the path of a "
+            f"{name} binary, {version} is the release fleetlet is tested with)"
+        )
     cached = cached_tool_path(name, cache_root=cache_root)
-    if cached.is_file() and os.access(cached, os.X_OK):
-        return cached
     raise ToolNotFoundError(
         f"{name} is not installed: not on PATH and not in the cache ({cached}). Provide it by "
         f"setting {variable} to its path, by putting it on PATH, or by building the pinned "
@@ -97,10 +91,6 @@ def find_tool(name: str, *, override: str | None = None, cache_root: Path | None
     )
 
 
-HELM_MAX_MEMORY = 512 * 1024 * 1024
-"""Bytes of memory one ``helm template`` may write to (``RLIMIT_DATA``)."""
-KUSTOMIZE_MAX_MEMORY = 1 << 30
-"""Bytes of memory one ``kustomize build`` may write to (``RLIMIT_DATA``)."""
 DEFAULT_PLUGIN_TIMEOUT = 60.0
 """Seconds one render by a format plugin may take (its child process is then killed)."""
 DEFAULT_PLUGIN_MAX_MEMORY = 1 << 30
