@@ -267,14 +267,20 @@ def test_installing_again_with_another_setting_converges(
         agent.get(_ref("Role", ns))
     # Again, the same: nothing changes, nothing is deleted.
     assert _install(cluster, install_args, ns, "off") == []
+    items = json.loads(
+        fleetlet("agent", "install", *install_args, "--namespace", ns, "--self-upgrade", "off",
+                 "--kubeconfig", str(cluster.kubeconfig), "-o", "json").stdout
+    )["items"]  # fmt: skip
+    assert len({(i["kind"], i["name"]) for i in items}) == len(items)  # each object once
 
-    # no-new-rules: the upgrade's rights and the candidate, without escalate.
+    # no-new-rules: the upgrade's rights and the candidate, without escalate; both exist
+    # before the agent's Deployment says it may use them.
     changed = _install(cluster, install_args, ns, "no-new-rules")
     assert changed == [
         ("ClusterRole", NAME, "configured"),
         ("Role", NAME, "configured"),
-        ("Deployment", NAME, "configured"),
         ("Deployment", CANDIDATE, "created"),
+        ("Deployment", NAME, "configured"),
     ]
     assert _rights(cluster, ns) == {
         "patch deployment": True,
@@ -298,10 +304,27 @@ def test_installing_again_with_another_setting_converges(
     agent.patch(_ref("ClusterRole", None), {"rules": [*before, NEW_RULE]})
     assert NEW_RULE in rules()
 
-    # off again: the rule the agent gave itself, the upgrade's rights and the candidate go.
-    changed = _install(cluster, install_args, ns, "off")
-    assert ("Deployment", CANDIDATE, "deleted") in changed
-    assert ("ClusterRole", NAME, "configured") in changed
+    # off again: the rule the agent gave itself, the upgrade's rights and the candidate go,
+    # taken away only once the agent's pod runs with the new setting (table output: each
+    # object as it is done).
+    done = fleetlet("agent", "install", *install_args, "--namespace", ns, "--self-upgrade",
+                    "off", "--kubeconfig", str(cluster.kubeconfig))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    # Applied twice: with on's rules (the agent's own new rule goes) before its Deployment,
+    # with off's after it; then the candidate deleted.
+    first, second = [n for n, line in enumerate(lines) if line.startswith(f"clusterrole/{NAME} ")]
+    assert first < lines.index(f"deployment/{NAME} -n {ns} configured") < second, lines
+    assert lines[second] == f"clusterrole/{NAME} configured"
+    assert second < lines.index(f"deployment/{CANDIDATE} -n {ns} deleted"), lines
+    # The roles were narrowed once the agent's Deployment ran its new pod (the old one gone).
+    agent_deployment = admin.get(_ref("Deployment", ns)) or {}
+    status = agent_deployment["status"]
+    assert status["observedGeneration"] == agent_deployment["metadata"]["generation"]
+    assert status["updatedReplicas"] == status["replicas"] == 1
+    assert lines[-1].startswith(f"cluster edge-9 is in the fleet: agent {IMAGE} in namespace "
+                                f"{ns}, self-upgrade off (")  # fmt: skip
+    assert "1 deleted)" in lines[-1]
     assert NEW_RULE not in rules()
     assert not any(_rights(cluster, ns).values())
     assert admin.get(_ref("Deployment", ns, CANDIDATE)) is None

@@ -188,20 +188,16 @@ def run_install(args: argparse.Namespace) -> int:
     if getattr(args, "enroll", None):
         return _run_enroll(args)
     config = config_from_args(args)
-    objects = install_objects(config)
     if args.dry_run:
-        sys.stdout.write(_dump(objects, args.output))
+        sys.stdout.write(_dump(install_objects(config), args.output))
         _left_out_note(config)
         return 0
-    from agent.install.installer import install
+    from agent.install.narrowing import apply_installation
     from agent.kube import KubeClient
 
     with KubeClient(kubeconfig=kubeconfig_of(args), context=args.context) as kube:
-        changes = install(
-            kube,
-            objects,
-            report=None if args.output != "table" else _print,
-            left_out=left_out_objects(config),
+        changes = apply_installation(
+            kube, config, report=None if args.output != "table" else _print
         )
     return _summary(args, config, changes)
 
@@ -210,7 +206,7 @@ def _run_enroll(args: argparse.Namespace) -> int:
     """``agent install --enroll``: ask the hub (:mod:`agent.install.enroll`), then install
     what its acceptance says."""
     from agent.install.enroll import enroll
-    from agent.install.installer import install
+    from agent.install.narrowing import apply_installation
     from agent.kube import KubeClient
 
     given = [f"--{f.replace('_', '-')}" for f in ("repo", "identity", "issuer", "trusted_root",
@@ -247,11 +243,8 @@ def _run_enroll(args: argparse.Namespace) -> int:
             **_source_policy(args.verify_sources),
         )
         config = dataclasses.replace(config, self_upgrade=rights)
-        changes = install(
-            kube,
-            install_objects(config),
-            report=None if args.output != "table" else _print,
-            left_out=left_out_objects(config),
+        changes = apply_installation(
+            kube, config, report=None if args.output != "table" else _print
         )
     return _summary(args, config, changes)
 
