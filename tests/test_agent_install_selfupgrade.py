@@ -46,7 +46,7 @@ from agent.install.manifests import (
 from agent.kube import ForbiddenError, KubeClient
 from agent.runner.reader import open_reader
 from agent.upgrade import AGENT_ENTRY
-from agent.upgrade.artifact import pack
+from agent.upgrade.artifact import MANIFEST, pack
 from agent.upgrade.deployment import (
     CANDIDATE,
     ENV_DEPLOYMENT,
@@ -506,6 +506,60 @@ def test_no_new_rules_declares_a_release_with_the_installed_rules_and_refuses_on
         agent.declare(more)
     assert "attempting to grant RBAC permissions not currently held" in str(caught.value)
     assert (admin.get(_ref("ClusterRole", None)) or {})["rules"] == before
+
+
+def _pushed(registry: Registry, tmp: Path, version: str, *rules: dict[str, Any]) -> Desired:
+    """A release of this checkout with ``rules`` more in its ClusterRole, pushed; what a set
+    declaring it asks for (serial and since: its version's major)."""
+    tree = pack(REPO_ROOT, tmp / version, version=version, image=RELEASE)
+    manifest = json.loads((tree / MANIFEST).read_text())
+    manifest["rbac"]["clusterRole"] += list(rules)
+    (tree / MANIFEST).write_text(json.dumps(manifest))
+    pushed = push_bundle(OciClient(host=registry.host), "fleetlet/optout-release", tree)
+    serial = int(version.split(".")[0])
+    return Desired(uri=f"{registry.host}/fleetlet/optout-release", digest=pushed.digest,
+                   serial=serial, since=serial)  # fmt: skip
+
+
+def test_an_agent_installed_no_new_rules_upgrades_without_escalate(
+    kube_cluster: Cluster,
+    namespace: str,
+    registry: Registry,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The upgrade loop as the ServiceAccount of an agent installed ``no-new-rules``: a release
+    with the installed rules gets as far as its candidate (nobody speaks for it here, so it
+    ends at the deadline); one with a rule more is refused at the declare step, rolled back."""
+    admin = KubeClient(kubeconfig=str(kube_cluster.kubeconfig))
+    _install_objects(admin, namespace, SelfUpgrade.NO_NEW_RULES)
+    kubeconfig = _agent(kube_cluster, namespace)
+    store = UpgradeStore(admin, namespace)
+    before = (admin.get(_ref("ClusterRole", None)) or {})["rules"]
+
+    def attempt(desired: Desired) -> Record:
+        store.save_desired(desired)
+        upgrades = _upgrades(kubeconfig, namespace, tmp_path, monkeypatch, SelfUpgrade.NO_NEW_RULES)
+        upgrades.start()
+        try:
+            return _until(
+                lambda: (r := store.read()[1]).attempt == desired.digest
+                and r.state == "Failed" and r,
+                "the attempt's end",
+            )  # fmt: skip
+        finally:
+            upgrades.stop()
+            upgrades.finish()
+
+    same = attempt(_pushed(registry, tmp_path, "7.0.0-test"))
+    assert (same.state, same.reason) == ("Failed", "DeadlineExceeded")
+    assert "did not pass its self-check" in same.message  # the candidate was started
+    more = attempt(_pushed(registry, tmp_path, "8.0.0-test", NEW_RULE))
+    assert (more.state, more.reason) == ("Failed", "Forbidden")
+    assert "attempting to grant RBAC permissions not currently held" in more.message
+    assert (admin.get(_ref("ClusterRole", None)) or {})["rules"] == before
+    candidate = admin.get(_ref("Deployment", namespace, CANDIDATE)) or {}
+    assert candidate["spec"]["replicas"] == 0
 
 
 @pytest.mark.parametrize("mode", [SelfUpgrade.NO_NEW_RULES, SelfUpgrade.OFF])
