@@ -11,7 +11,10 @@ The agent's side runs its upgrade loop (:class:`agent.upgrade.incluster.InCluste
 ``agent run`` in the pod builds it) in this process as that ServiceAccount, on a real release
 pushed to the session's registry: with ``off`` it pulls nothing, starts nothing, and its entry
 reports ``UpgradeDisabled``, which the hub's rollout judges a failure of that cluster; installed
-again with ``on``, the same declared release is tried.
+again with ``on``, the same declared release is tried. With ``no-new-rules`` a release with the
+installed rules gets as far as its candidate, one with a rule more is refused and rolled back.
+kwok runs no container: no candidate ever speaks on the Lease here, so every attempt that gets
+that far ends at its deadline (tests/test_agent_upgrade_incluster.py shows the rest).
 """
 
 from __future__ import annotations
