@@ -41,12 +41,13 @@ from agent.install.installer import install
 from agent.install.manifests import (
     RELEASE_IMAGE,
     InstallConfig,
+    approval_policies,
     deployment,
     install_objects,
     left_out_objects,
     rbac_objects,
 )
-from agent.kube import ForbiddenError, KubeClient
+from agent.kube import ForbiddenError, KubeClient, ObjectRef
 from agent.runner.reader import open_reader
 from agent.upgrade import AGENT_ENTRY
 from agent.upgrade.artifact import MANIFEST, pack
@@ -104,10 +105,32 @@ def install_args(tmp_path: Path) -> list[str]:
     ]  # fmt: skip
 
 
+@pytest.fixture(scope="module")
+def shared_cluster(kube_cluster: Cluster) -> Iterator[Cluster]:
+    """The session's control plane, left as found: the cluster-wide objects ``agent install``
+    makes besides the CRDs (the agent's ClusterRole and binding, its Events Role in
+    ``default``, the approval policy and approver role) are deleted after this file, so that
+    no later file's ``kubectl apply --server-side`` of them meets ``fleetlet-install`` as their
+    owner (``deploy/agent/approvals`` in tests/test_approvals.py)."""
+    yield kube_cluster
+    rbac = f"{RBAC}/v1"
+    refs = [
+        ObjectRef(rbac, "ClusterRoleBinding", NAME, None),
+        ObjectRef(rbac, "ClusterRole", NAME, None),
+        ObjectRef(rbac, "RoleBinding", f"{NAME}-events", "default"),
+        ObjectRef(rbac, "Role", f"{NAME}-events", "default"),
+        *(ObjectRef.of(o) for o in approval_policies("unused") if not o["metadata"].get("namespace")),
+    ]  # fmt: skip
+    with KubeClient(kubeconfig=str(kube_cluster.kubeconfig)) as kube:
+        for ref in refs:
+            kube.delete(ref)
+
+
 @pytest.fixture
-def namespace(kube_cluster: Cluster) -> Iterator[str]:
+def namespace(shared_cluster: Cluster) -> Iterator[str]:
     """A fresh namespace with a short name: the ServiceAccount's user name, with it, is a
     client certificate's common name (64 characters at most)."""
+    kube_cluster = shared_cluster
     name = f"su-{uuid.uuid4().hex[:8]}"
     ref = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
     with KubeClient(kubeconfig=str(kube_cluster.kubeconfig)) as kube:
