@@ -9,9 +9,10 @@ name, which the API server refuses or accepts by the RBAC ``agent install`` wrot
 
 The agent's side runs its upgrade loop (:class:`agent.upgrade.incluster.InClusterUpgrades`, as
 ``agent run`` in the pod builds it) in this process as that ServiceAccount, on a real release
-pushed to the session's registry: with ``off`` it pulls nothing, starts nothing, and its entry
-reports ``UpgradeDisabled``, which the hub's rollout judges a failure of that cluster; installed
-again with ``on``, the same declared release is tried. With ``no-new-rules`` a release with the
+pushed to the session's registry: with ``off`` it starts nothing, and its entry reports
+``UpgradeDisabled``, which the hub's rollout judges a failure of that cluster, unless its pod
+runs the image the release names (then Ready, passed); installed again with ``on``, the same
+declared release is tried. With ``no-new-rules`` a release with the
 installed rules gets as far as its candidate, one with a rule more is refused and rolled back.
 kwok runs no container: no candidate ever speaks on the Lease here, so every attempt that gets
 that far ends at its deadline (tests/test_agent_upgrade_incluster.py shows the rest).
@@ -385,12 +386,18 @@ def _install_objects(kube: KubeClient, namespace: str, mode: SelfUpgrade) -> Non
 
 
 def _upgrades(
-    kubeconfig: str, namespace: str, tmp: Path, monkeypatch: pytest.MonkeyPatch, rights: SelfUpgrade
+    kubeconfig: str,
+    namespace: str,
+    tmp: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    rights: SelfUpgrade,
+    image: str = "",
 ) -> InClusterUpgrades:
-    """The acting agent's upgrade loop, as ``agent run`` in the agent's pod builds it."""
+    """The acting agent's upgrade loop, as ``agent run`` in the agent's pod builds it (running
+    the container ``image``: "", started from elsewhere)."""
     monkeypatch.setenv(ENV_DEPLOYMENT, NAME)
     monkeypatch.setenv("FLEETLET_AGENT_UPGRADE_DEADLINE", "4")
-    monkeypatch.delenv("FLEETLET_AGENT_IMAGE", raising=False)
+    monkeypatch.setenv("FLEETLET_AGENT_IMAGE", image.rpartition("@")[2])
     monkeypatch.delenv("FLEETLET_AGENT_CANDIDATE", raising=False)
     settings = SimpleNamespace(
         kubeconfig=kubeconfig,
@@ -440,7 +447,7 @@ def test_an_agent_installed_off_reports_a_declared_release_disabled_until_instal
     store = UpgradeStore(admin, namespace)
     store.save_desired(desired)
 
-    upgrades = _upgrades(kubeconfig, namespace, tmp_path, monkeypatch, SelfUpgrade.OFF)
+    upgrades = _upgrades(kubeconfig, namespace, tmp_path, monkeypatch, SelfUpgrade.OFF, IMAGE)
     upgrades.start()
     try:
         record = _until(lambda: (r := store.read()[1]).state == "Failed" and r, "the refusal")
@@ -454,7 +461,9 @@ def test_an_agent_installed_off_reports_a_declared_release_disabled_until_instal
     assert record.message == disabled_message(desired.digest)
     assert "--self-upgrade=off on this cluster" in record.message
     assert "run `fleetlet agent install --self-upgrade=on`" in record.message
-    assert not (tmp_path / "cache" / "agent-images").exists()  # nothing pulled
+    # Pulled by digest only to read which image it names (not the one this pod runs);
+    # nothing started.
+    assert (tmp_path / "cache" / "agent-images").is_dir()
     assert admin.get(_ref("Deployment", namespace, CANDIDATE)) is None
     report = agent_report(desired, record)
     assert report is not None
@@ -470,7 +479,7 @@ def test_an_agent_installed_off_reports_a_declared_release_disabled_until_instal
     # An attempt left in progress (the install switched it off in the middle): refused too,
     # rather than reported as progressing until the rollout's deadline.
     store.save_record(dataclasses.replace(record, state="Progressing", reason="", message="x"))
-    upgrades = _upgrades(kubeconfig, namespace, tmp_path, monkeypatch, SelfUpgrade.OFF)
+    upgrades = _upgrades(kubeconfig, namespace, tmp_path, monkeypatch, SelfUpgrade.OFF, IMAGE)
     upgrades.start()
     try:
         again = _until(lambda: (r := store.read()[1]).state == "Failed" and r, "the refusal")
@@ -478,6 +487,22 @@ def test_an_agent_installed_off_reports_a_declared_release_disabled_until_instal
         upgrades.stop()
         upgrades.finish()
     assert (again.reason, again.message) == ("UpgradeDisabled", record.message)
+
+    # An operator installs the release's image by hand (agent install --image): the agent
+    # reads the release (pulled, nothing started), finds it runs it, and says so: passed.
+    upgrades = _upgrades(kubeconfig, namespace, tmp_path, monkeypatch, SelfUpgrade.OFF, RELEASE)
+    upgrades.start()
+    try:
+        runs = _until(lambda: (r := store.read()[1]).running == desired.digest and r, "Ready")
+    finally:
+        upgrades.stop()
+        upgrades.finish()
+    assert (runs.version, runs.state, runs.attempt) == ("2.0.0-test", "", "")
+    assert admin.get(_ref("Deployment", namespace, CANDIDATE)) is None
+    ready = agent_report(desired, runs)
+    assert ready is not None and ready.conditions[0].status == "True"
+    assert _verdict(desired, runs) == "passed: Ready on serial 7 or later"
+    store.save_record(Record())  # the pod's image again: the test's agent runs from elsewhere
 
     # Installed again with on: the same declared release is tried (the candidate started);
     # nobody speaks for it here (no container runs), so it ends at the deadline, rolled back.

@@ -14,7 +14,8 @@ flag) and hands it to its upgrade loop (:mod:`agent.upgrade.process`,
   and rolled back (an operator's ``agent install`` of the new version grants it);
 - ``off``: no candidate Deployment and none of these rights. An agent release in a set is not
   tried: the agent entry reports ``UpgradeDisabled`` (the hub's rollout counts that cluster as
-  failed), until ``agent install`` runs again with another setting.
+  failed), until ``agent install`` runs again with another setting, or with the image the
+  release names (the agent then runs that release: :mod:`agent.upgrade.incluster`).
 """
 
 from __future__ import annotations
@@ -76,7 +77,8 @@ def disabled_message(digest: str) -> str:
     return (
         f"agent install {FLAG}={SelfUpgrade.OFF} on this cluster: the agent does not upgrade "
         f"itself to {digest}; run `fleetlet agent install {FLAG}={SelfUpgrade.ON}` (or "
-        f"{SelfUpgrade.NO_NEW_RULES}) again to allow it, or install that release with it"
+        f"{SelfUpgrade.NO_NEW_RULES}) again to allow it, or `agent install --image` the image "
+        "that release names"
     )
 
 
