@@ -244,7 +244,9 @@ def test_a_token_enrolls_a_cluster_accepted_by_policy_and_its_agent_converges(
     )  # fmt: skip
     assert token.read_text() not in (hub.dir / "tokens.yaml").read_text()  # stored hashed
 
-    done = install_enroll(hub, fresh_cluster, token, "--labels", "region=eu-1")
+    # Enrolled without self-upgrade's rights (agent.upgrade.rights): as any install.
+    done = install_enroll(hub, fresh_cluster, token, "--labels", "region=eu-1",
+                          "--self-upgrade", "off")  # fmt: skip
     assert done.returncode == 0, done.stderr
     with KubeClient(kubeconfig=fresh_cluster.kubeconfig) as kube:
         uid = kube.get(
@@ -253,6 +255,10 @@ def test_a_token_enrolls_a_cluster_accepted_by_policy_and_its_agent_converges(
         assert uid is not None
         name = "c-" + uid["metadata"]["uid"].replace("-", "")[:12]
         assert f"cluster {name} is in the fleet" in done.stdout
+        assert ", self-upgrade off (" in done.stdout
+        candidate = {"apiVersion": "apps/v1", "kind": "Deployment",
+                     "metadata": {"name": "fleetlet-agent-candidate", "namespace": "fleetlet-system"}}  # fmt: skip
+        assert kube.get(candidate) is None
         # The cluster is in the inventory the hub owns, with the token's label and its claim.
         assert hub.inventory() == {name: {"tier": "edge", "region": "eu-1"}}
         shown = fleetlet(

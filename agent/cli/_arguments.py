@@ -324,6 +324,14 @@ def _register_agent(sub: Any) -> None:
         help="keep the next worker started and loaded while idle: a move starts 1-2 s sooner, "
         "for about 90 MB more at rest ($FLEETLET_WARM_WORKER)",
     )
+    run.add_argument(
+        "--self-upgrade",
+        choices=["on", "no-new-rules", "off"],
+        default=env.get("FLEETLET_SELF_UPGRADE") or "on",
+        help="what `agent install --self-upgrade` granted this agent for upgrading itself: "
+        "on, no-new-rules (no rule a release adds), off (a release the set declares is "
+        "reported UpgradeDisabled, not tried) ($FLEETLET_SELF_UPGRADE)",
+    )
     add_logging_arguments(run, default_level="info")
     run.set_defaults(handler=_run)
     sync = agent_sub.add_parser(

@@ -301,7 +301,10 @@ def _run(args: argparse.Namespace) -> int:
 
     from agent.probe import ProbeServer
     from agent.schedule import AgentScheduler
+    from agent.upgrade.rights import parse
 
+    # What agent install granted it for upgrading itself (agent.upgrade.rights).
+    rights = parse(args.self_upgrade, "--self-upgrade ($FLEETLET_SELF_UPGRADE)")
     _setup_logging(args)
     # The scheduler logs every run; the agent reports outcomes itself.
     logging.getLogger("apscheduler").setLevel(logging.ERROR)
@@ -315,7 +318,7 @@ def _run(args: argparse.Namespace) -> int:
 
     # In agent install's pod the candidate is a Deployment; elsewhere a process.
     kind = InClusterUpgrades if in_cluster() else Upgrades
-    upgrades = kind(settings=settings, supervisor=supervisor)
+    upgrades = kind(settings=settings, supervisor=supervisor, rights=rights)
     scheduler = AgentScheduler(
         poll=upgrades.gate(supervisor.poll),
         drift=upgrades.gate(supervisor.drift),

@@ -7,6 +7,7 @@ objects and :mod:`agent.install.installer` applies or removes them.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -17,9 +18,11 @@ from agent.install.manifests import (
     InstallConfig,
     InstallConfigError,
     install_objects,
+    left_out_objects,
 )
 from agent.options import kubeconfig_of
 from agent.report.logs import mask
+from agent.upgrade.rights import SelfUpgrade, SelfUpgradeError, parse
 
 
 def _read(flag: str, path: str | None) -> str | None:
@@ -156,7 +159,27 @@ def config_from_args(args: argparse.Namespace) -> InstallConfig:
         poll_interval=args.interval,
         log_format=args.agent_log_format,
         service_monitor=args.service_monitor,
+        self_upgrade=_self_upgrade(args),
     )
+
+
+def _self_upgrade(args: argparse.Namespace) -> SelfUpgrade:
+    """``--self-upgrade`` (argparse checked it; a caller building ``args`` may not have)."""
+    try:
+        return parse(getattr(args, "self_upgrade", None))
+    except SelfUpgradeError as exc:
+        raise InstallConfigError(str(exc)) from exc
+
+
+def _left_out_note(config: InstallConfig) -> None:
+    """``--dry-run``: what ``agent install`` would delete, said on stderr (not a manifest)."""
+    for obj in left_out_objects(config):
+        meta = obj["metadata"]
+        print(
+            f"# --self-upgrade={config.self_upgrade}: {obj['kind']} {meta['namespace']}/"
+            f"{meta['name']} is left out; `agent install` deletes it (prune it in GitOps)",
+            file=sys.stderr,
+        )
 
 
 def run_install(args: argparse.Namespace) -> int:
@@ -165,15 +188,17 @@ def run_install(args: argparse.Namespace) -> int:
     if getattr(args, "enroll", None):
         return _run_enroll(args)
     config = config_from_args(args)
-    objects = install_objects(config)
     if args.dry_run:
-        sys.stdout.write(_dump(objects, args.output))
+        sys.stdout.write(_dump(install_objects(config), args.output))
+        _left_out_note(config)
         return 0
-    from agent.install.installer import install
+    from agent.install.narrowing import apply_installation
     from agent.kube import KubeClient
 
     with KubeClient(kubeconfig=kubeconfig_of(args), context=args.context) as kube:
-        changes = install(kube, objects, report=None if args.output != "table" else _print)
+        changes = apply_installation(
+            kube, config, report=None if args.output != "table" else _print
+        )
     return _summary(args, config, changes)
 
 
@@ -181,7 +206,7 @@ def _run_enroll(args: argparse.Namespace) -> int:
     """``agent install --enroll``: ask the hub (:mod:`agent.install.enroll`), then install
     what its acceptance says."""
     from agent.install.enroll import enroll
-    from agent.install.installer import install
+    from agent.install.narrowing import apply_installation
     from agent.kube import KubeClient
 
     given = [f"--{f.replace('_', '-')}" for f in ("repo", "identity", "issuer", "trusted_root",
@@ -199,6 +224,7 @@ def _run_enroll(args: argparse.Namespace) -> int:
         )
     from agent.install.enroll import parse_labels
 
+    rights = _self_upgrade(args)
     with KubeClient(kubeconfig=kubeconfig_of(args), context=args.context) as kube:
         config = enroll(
             kube,
@@ -216,8 +242,9 @@ def _run_enroll(args: argparse.Namespace) -> int:
             service_monitor=args.service_monitor,
             **_source_policy(args.verify_sources),
         )
-        changes = install(
-            kube, install_objects(config), report=None if args.output != "table" else _print
+        config = dataclasses.replace(config, self_upgrade=rights)
+        changes = apply_installation(
+            kube, config, report=None if args.output != "table" else _print
         )
     return _summary(args, config, changes)
 
@@ -228,11 +255,14 @@ def _summary(args: argparse.Namespace, config: InstallConfig, changes: list[Any]
     else:
         counts = {
             a: sum(c.action == a for c in changes)
-            for a in ("created", "configured", "unchanged", "skipped")
+            for a in ("created", "configured", "unchanged", "skipped", "deleted")
         }
+        rights = "" if config.self_upgrade == "on" else f", self-upgrade {config.self_upgrade}"
         print(
             f"cluster {config.cluster} is in the fleet: agent {config.image} in namespace "
-            f"{config.namespace} (" + ", ".join(f"{n} {a}" for a, n in counts.items() if n) + ")"
+            f"{config.namespace}{rights} ("
+            + ", ".join(f"{n} {a}" for a, n in counts.items() if n)
+            + ")"
         )
     return 0
 

@@ -9,6 +9,7 @@ import argparse
 
 from agent.install.names import DEFAULT_NAMESPACE
 from agent.options import add_cluster_options, add_output_option
+from agent.upgrade.rights import HELP, SelfUpgrade
 
 
 def run_install(args: argparse.Namespace) -> int:
@@ -123,6 +124,15 @@ def add_install_arguments(p: argparse.ArgumentParser) -> None:
         "--service-monitor",
         action="store_true",
         help="also a Prometheus Operator ServiceMonitor (skipped if its API is not served)",
+    )
+    p.add_argument(
+        "--self-upgrade",
+        choices=[m.value for m in SelfUpgrade],
+        default=SelfUpgrade.ON.value,
+        help="what the agent may do to upgrade itself to a release a signed set declares "
+        "(docs/operations.md, 'Agent upgrades'): "
+        + "; ".join(f"{m.value}: {HELP[m]}" for m in SelfUpgrade)
+        + ". Run install again with another value to change it (on)",
     )
     p.add_argument(
         "--dry-run",

@@ -4,7 +4,9 @@ Install is server-side apply of :func:`agent.install.manifests.install_objects`,
 field manager ``fleetlet-install`` (taking over fields another manager set, so a cluster first
 set up by hand converges). It is idempotent: applying the same configuration again changes no
 object (the API server keeps every ``resourceVersion``), and each object is reported as
-``created``, ``configured`` or ``unchanged``. The CRDs are waited for (``Established``) before
+``created``, ``configured`` or ``unchanged``; what the configuration leaves out that another
+would make (the upgrade candidate with ``--self-upgrade=off``) is deleted last, so a second
+install with another setting converges. The CRDs are waited for (``Established``) before
 anything else; an optional object whose API is not served (a ServiceMonitor without the
 Prometheus Operator) is ``skipped`` and said so.
 
@@ -68,8 +70,11 @@ def install(
     *,
     crd_timeout: float = 60.0,
     report: Callable[[Change], None] | None = None,
+    left_out: Iterable[Object] = (),
 ) -> list[Change]:
-    """Apply ``objects`` in order; returns what happened to each.
+    """Apply ``objects`` in order, then delete those of ``left_out`` that exist (what another
+    setting installs and this one does not: ``deleted``, and not reported when already
+    absent); returns what happened to each.
 
     Raises CrdsNotEstablishedError, and what :meth:`KubeClient.apply` raises (ForbiddenError
     when the caller may not create an object: installing needs cluster-admin rights).
@@ -106,6 +111,13 @@ def install(
             report(change)
     if waiting_crds:
         _wait_established(kube, waiting_crds, crd_timeout)
+    for obj in left_out:
+        ref = ObjectRef.of(obj)
+        if kube.delete(ref):
+            change = Change(ref, "deleted")
+            changes.append(change)
+            if report is not None:
+                report(change)
     return changes
 
 

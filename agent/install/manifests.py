@@ -42,7 +42,8 @@ from agent.api.generated import write_or_check
 from agent.approve.admission import approver_objects, auto_approver_objects, policy_objects
 from agent.errors import PermanentError
 from agent.install.names import DEFAULT_NAMESPACE
-from agent.upgrade.deployment import CANDIDATE, CRD_NAMES, ENV_DEPLOYMENT, candidate_of
+from agent.upgrade.deployment import ENV_DEPLOYMENT, candidate_of
+from agent.upgrade.rights import ENV_SELF_UPGRADE, SelfUpgrade, cluster_rules, role_rules
 
 Object = dict[str, Any]
 
@@ -120,6 +121,8 @@ class InstallConfig:
     poll_interval: float | None = None
     log_format: str = "json"
     service_monitor: bool = False
+    self_upgrade: SelfUpgrade = SelfUpgrade.ON
+    """``--self-upgrade``: the rights and the candidate Deployment of the agent's own upgrades."""
     extra_env: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -177,10 +180,11 @@ def namespace_objects(namespace: str) -> list[Object]:
     return [ns, sa]
 
 
-def rbac_objects(namespace: str) -> list[Object]:
+def rbac_objects(namespace: str, self_upgrade: SelfUpgrade = SelfUpgrade.ON) -> list[Object]:
     """Least privilege (docs/operations.md, "The RBAC model"): the agent's own API objects
     cluster-wide; Secrets, ConfigMaps, Events and ServiceAccount impersonation in its
-    namespace; Events only in ``default``. No wildcard, no built-in admin role."""
+    namespace; Events only in ``default``; the rights ``self_upgrade`` grants
+    (:mod:`agent.upgrade.rights`). No wildcard, no built-in admin role."""
     subject = [{"kind": "ServiceAccount", "name": NAME, "namespace": namespace}]
     all_verbs = ["get", "list", "watch", "create", "update", "patch", "delete"]
     cluster_role: Object = {
@@ -217,11 +221,8 @@ def rbac_objects(namespace: str) -> list[Object]:
                 "resources": ["approvalpolicies"],
                 "verbs": ["get", "list", "watch"],
             },
-            # Upgrading itself (agent.upgrade.incluster): the release's rules into its own
-            # ClusterRole (escalate: rules it does not hold yet; docs/operations.md, "The
-            # RBAC model") and fleetlet's existing CRDs updated, each by name only.
-            {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["clusterroles"], "resourceNames": [NAME], "verbs": ["get", "patch", "escalate"]},
-            {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "resourceNames": list(CRD_NAMES), "verbs": ["get", "patch"]},
+            # Upgrading itself (agent.upgrade.rights; none with --self-upgrade=off).
+            *cluster_rules(self_upgrade),
         ],
     }  # fmt: skip
     role: Object = {
@@ -245,10 +246,8 @@ def rbac_objects(namespace: str) -> list[Object]:
                 "resources": ["leases"],
                 "verbs": ["get", "create", "update", "patch"],
             },
-            # Upgrading itself: the candidate (made here with no replica: no create needed)
-            # started and stopped, its own moved to the proved image, its own Role's rules.
-            {"apiGroups": ["apps"], "resources": ["deployments"], "resourceNames": [NAME, CANDIDATE], "verbs": ["get", "patch"]},
-            {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["roles"], "resourceNames": [NAME], "verbs": ["get", "patch", "escalate"]},
+            # Upgrading itself (agent.upgrade.rights; none with --self-upgrade=off).
+            *role_rules(self_upgrade),
         ],
     }  # fmt: skip
     events_role: Object = {
@@ -328,6 +327,7 @@ def deployment(
     source_policy: tuple[str, ...] = (),
     poll_interval: float | None = None,
     log_format: str = "json",
+    self_upgrade: SelfUpgrade = SelfUpgrade.ON,
     extra_env: Mapping[str, str] | None = None,
 ) -> Object:
     """The agent: one replica, ``Recreate`` (never two agents at once), probes and metrics on
@@ -363,6 +363,8 @@ def deployment(
         # image it runs (an upgrade sets the release's digest; a new install sets this back).
         {"name": ENV_DEPLOYMENT, "value": NAME},
         {"name": "FLEETLET_AGENT_IMAGE", "value": image.rpartition("@")[2]},
+        # What it may do to upgrade itself: what its RBAC grants (agent.upgrade.rights).
+        {"name": ENV_SELF_UPGRADE, "value": self_upgrade.value},
         # libgit2 reads $HOME/.ssh/known_hosts for ssh:// repositories.
         {"name": "HOME", "value": "/home/fleetlet"},
     ]
@@ -570,7 +572,7 @@ def install_objects(config: InstallConfig) -> list[Object]:
     objects = [
         *crds(),
         *namespace_objects(config.namespace),
-        *rbac_objects(config.namespace),
+        *rbac_objects(config.namespace, config.self_upgrade),
         *configuration,
         *approval_policies(config.namespace),
         service(config.namespace),
@@ -585,10 +587,22 @@ def install_objects(config: InstallConfig) -> list[Object]:
         source_policy=tuple(source_policy_files(config)),
         poll_interval=config.poll_interval,
         log_format=config.log_format,
+        self_upgrade=config.self_upgrade,
         extra_env=config.extra_env,
     )
+    if config.self_upgrade is SelfUpgrade.OFF:
+        return [*objects, agent]  # and the candidate deleted: left_out_objects
     # The candidate of an in-cluster upgrade, with no replica until one (agent.upgrade).
     return [*objects, agent, candidate_of(agent)]
+
+
+def left_out_objects(config: InstallConfig) -> list[Object]:
+    """What another setting of the same installation has and this one has not: ``agent
+    install`` deletes them (the candidate Deployment with ``--self-upgrade=off``)."""
+    if config.self_upgrade is not SelfUpgrade.OFF:
+        return []
+    candidate = candidate_of(deployment(namespace=config.namespace, image=config.image))
+    return [{k: candidate[k] for k in ("apiVersion", "kind", "metadata")}]
 
 
 # --- the kustomize base in deploy/ ---------------------------------------------------------------
@@ -601,6 +615,8 @@ _HEADER = (
 
 def base_files() -> dict[str, bytes]:
     """``{path relative to the repository root: content}`` of the generated kustomize base."""
+    from agent.install.components import component_files
+
     ns = DEFAULT_NAMESPACE
 
     def file(note: str, objects: Sequence[Object]) -> bytes:
@@ -651,6 +667,7 @@ def base_files() -> dict[str, bytes]:
         "deploy/agent/monitoring/servicemonitor.yaml": file(
             "Optional: needs the Prometheus Operator's CRDs.", [service_monitor(ns)]
         ),
+        **component_files(dump_yaml, _HEADER),  # --self-upgrade's kustomize components
     }
 
 

@@ -9,7 +9,9 @@ and what it pins is kept in the cluster as :class:`Desired`, in the ConfigMap
 :func:`agent_report` turns both into the entry's report in the status document, in the words
 the hub's rollout verdicts read (:mod:`hub.rollout.evaluate`): Ready on serial S once the
 wanted image runs; Progressing while a candidate proves itself; RolledBack, with a run of the
-serial that asked for it, when the candidate did not prove itself and the previous agent went on.
+serial that asked for it, when the candidate did not prove itself and the previous agent went on;
+``UpgradeDisabled`` (Ready False, a failed run of that serial) when the agent was installed
+without the rights to upgrade itself (:mod:`agent.upgrade.rights`).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from agent.api.status import BundleStatusReport, ClusterStatus, Run
 from agent.kube import NotFoundError
 from agent.upgrade import AGENT_ENTRY
 from agent.upgrade.lease import ObjectClient
+from agent.upgrade.rights import UpgradeDisabledError
 
 CONFIGMAP = "fleetlet-agent-upgrade"
 AttemptState = Literal["", "Progressing", "Failed", "Succeeded"]
@@ -149,7 +152,9 @@ def agent_report(
     if record.running == desired.digest:
         said = f"agent {record.version or short} ({desired.digest}) acts in this cluster"
         history: tuple[Run, ...] = ()
-        if record.state == "Failed" and record.attempt != desired.digest:
+        if record.reason == UpgradeDisabledError.reason and record.attempt != desired.digest:
+            said += f"; the release declared before, {record.attempt}, was not tried"
+        elif record.state == "Failed" and record.attempt != desired.digest:
             # History, as a bundle's rolled back run is once a newer set is running.
             said += (
                 f"; the last upgrade, to {record.attempt}, was rolled back "
@@ -170,6 +175,19 @@ def agent_report(
         else None
     )
     mine = record.attempt == desired.digest and record.attempt_since == desired.since
+    if mine and record.state == "Failed" and record.reason == UpgradeDisabledError.reason:
+        # Not tried (agent install --self-upgrade=off): a failure of this cluster for the
+        # hub's rollout, in one line; nothing was rolled back.
+        return BundleStatusReport(
+            name=AGENT_ENTRY,
+            group=AGENT_ENTRY,
+            conditions=(
+                condition("Ready", "False", record.reason, record.message),
+                condition("Degraded", "True", record.reason, record.message),
+            ),
+            applied_revision=applied,
+            runs=(dataclasses.replace(_rolled_back(record, at), result="Failed"),),
+        )
     if mine and record.state == "Failed":
         run = _rolled_back(record, at)
         message = (

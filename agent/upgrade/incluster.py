@@ -8,7 +8,9 @@ Kubernetes. Read top to bottom, an attempt (:meth:`InClusterUpgrades._try`):
 1. **pull** the release artifact by digest and read its release (:mod:`agent.upgrade.deployment`):
    the container image, by digest, and its CRDs and RBAC rules;
 2. **declare** them: the CRDs updated (added to only), the agent's own ClusterRole and Role
-   rules replaced (the old ones kept for a rollback);
+   rules replaced (the old ones kept for a rollback); installed ``--self-upgrade=no-new-rules``,
+   without ``escalate``, so a rule the agent does not hold is refused here
+   (:mod:`agent.upgrade.rights`; ``off``: no attempt at all);
 3. **start** the candidate: Deployment ``fleetlet-agent-candidate`` (made by ``agent install``
    with no replica) gets the agent's own pod spec, the new image, ``FLEETLET_AGENT_CANDIDATE``
    set, and one replica; the old agent goes on acting;
@@ -22,10 +24,15 @@ Kubernetes. Read top to bottom, an attempt (:meth:`InClusterUpgrades._try`):
 A candidate that does not get there by ``FLEETLET_AGENT_UPGRADE_DEADLINE`` (a refused replica
 or a stalled rollout ends the wait at once) is stopped, the rules put back, the Lease taken
 back, and the attempt reported ``RolledBack`` as in process mode.
+
+Installed ``--self-upgrade=off`` (:mod:`agent.upgrade.rights`) there is no attempt: the release
+is pulled only to read the image it names; when that is the pod's own (an operator installed
+it), the agent runs that release and says so, otherwise it reports ``UpgradeDisabled``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -42,9 +49,17 @@ from agent.upgrade.deployment import (
     UpgradeStepError,
     read_release,
 )
-from agent.upgrade.desired import Desired, Record
+from agent.upgrade.desired import Desired, Record, agent_report
 from agent.upgrade.lease import FAILED, IDENTITY, PROVEN, READY
-from agent.upgrade.process import ENV_CANDIDATE, ENV_IMAGE, ENV_VERSION, UpgradeFailed, Upgrades
+from agent.upgrade.process import (
+    ENV_CANDIDATE,
+    ENV_IMAGE,
+    ENV_VERSION,
+    UpgradeFailed,
+    Upgrades,
+    _now,
+)
+from agent.upgrade.rights import SelfUpgrade, fit_rules
 
 log = logging.getLogger(__name__)
 
@@ -57,15 +72,20 @@ def in_cluster() -> bool:
 class InClusterUpgrades(Upgrades):
     """:class:`Upgrades` whose candidate is a Deployment (see the module docstring)."""
 
-    def __init__(self, *, settings: Any, supervisor: Any) -> None:
-        super().__init__(settings=settings, supervisor=supervisor)
+    def __init__(
+        self, *, settings: Any, supervisor: Any, rights: SelfUpgrade = SelfUpgrade.ON
+    ) -> None:
+        super().__init__(settings=settings, supervisor=supervisor, rights=rights)
         self.deployment = AgentDeployment(
             self.kube, str(settings.namespace), os.environ.get(ENV_DEPLOYMENT) or NAME
         )
         self._declared: Declared | None = None
+        self.container = self.image
+        """The digest of this pod's container image, as ``agent install`` wrote it (an agent
+        installed ``off`` is never promoted, so it stays that)."""
 
     def start(self) -> None:
-        if self.attempt_id is None:
+        if self.attempt_id is None and self.rights is not SelfUpgrade.OFF:
             # A candidate left running by an attempt this agent's predecessor did not finish
             # (its pod replaced mid-way), or by a hand-over: stopped before this one takes the
             # Lease; an unfinished attempt starts over.
@@ -79,12 +99,38 @@ class InClusterUpgrades(Upgrades):
     def _try(self, desired: Desired, start: Record) -> None:
         pulled = self._pull(desired)
         release = read_release(pulled.root, f"{desired.uri}@{desired.digest}")
+        # With --self-upgrade=no-new-rules the agent asks for no escalate (agent.upgrade.rights).
+        release = dataclasses.replace(
+            release,
+            cluster_rules=fit_rules(release.cluster_rules, self.rights),
+            role_rules=fit_rules(release.role_rules, self.rights),
+        )
         try:
             self.run_attempt(desired, start, release)
         except FleetletError:
             raise
         except Exception as exc:  # an answer of an unexpected shape: rolled back all the same
             raise UpgradeFailed("UpgradeError", f"{type(exc).__name__}: {exc}") from exc
+
+    def _refuse(self, desired: Desired, record: Record) -> None:
+        """Installed ``--self-upgrade=off``: refused, unless this pod already runs the release's
+        image (an operator's ``agent install --image``): then it runs that release. The release
+        is pulled to be read, nothing more (a pull that fails: refused)."""
+        if not self.container:  # started from elsewhere: it cannot run the release's image
+            super()._refuse(desired, record)
+            return
+        try:
+            release = read_release(self._pull(desired).root, f"{desired.uri}@{desired.digest}")
+        except Exception as exc:  # read to compare only: refused all the same
+            log.warning("agent release %s not read (%s): refused", desired.digest, exc)
+        else:
+            if release.image.rpartition("@")[2] == self.container:
+                # As a promoted agent knows itself: by the release's digest and version.
+                self.image, self.version = desired.digest, release.version
+                self._save(Record(running=self.image, version=self.version, at=_now()))
+                self._show(agent_report(desired, self._record))
+                return
+        super()._refuse(desired, record)
 
     def run_attempt(self, desired: Desired, start: Record, release: Release) -> None:
         """Steps 2 to 6 of the module docstring. Raises UpgradeFailed, the door's errors (the

@@ -23,6 +23,8 @@ Any step that fails, or a candidate that exits or has not proved itself within t
 stops the candidate, takes the Lease back, goes on acting, and records the failure, which the
 agent entry's report says (RolledBack, with the serial that asked for it): the hub's rollout
 halts there and reverts. The same image is not tried again until a newer set asks for it.
+An agent installed with ``--self-upgrade=off`` tries nothing: the entry reports
+``UpgradeDisabled`` (:mod:`agent.upgrade.rights`) until it runs with the rights.
 
 While nothing happens the loop costs the supervisor little: it talks to the API server through
 the supervisor's small door (:mod:`agent.runner.objects`, never the ``kubernetes`` package),
@@ -55,6 +57,7 @@ from agent.upgrade.desired import (
     with_agent_report,
 )
 from agent.upgrade.lease import FAILED, IDENTITY, PROVEN, READY, AgentLease
+from agent.upgrade.rights import SelfUpgrade, UpgradeDisabledError, disabled_message
 
 if TYPE_CHECKING:  # the artifact module brings the OCI client: loaded only for a pull
     from agent.upgrade.artifact import AgentImage
@@ -84,9 +87,13 @@ def _now() -> str:
 class Upgrades:
     """The upgrade half of one ``agent run`` process (see the module docstring)."""
 
-    def __init__(self, *, settings: Any, supervisor: Any) -> None:
+    def __init__(
+        self, *, settings: Any, supervisor: Any, rights: SelfUpgrade = SelfUpgrade.ON
+    ) -> None:
         self.settings = settings
         self.supervisor = supervisor
+        self.rights = rights
+        """What ``agent install --self-upgrade`` granted (:mod:`agent.upgrade.rights`)."""
         self.kube = _client(settings, supervisor)
         namespace = settings.namespace
         self.store = UpgradeStore(self.kube, namespace)
@@ -340,13 +347,25 @@ class Upgrades:
             desired is not None
             and desired.digest
             and desired.digest != self.image
-            and not (record.attempt == desired.digest and record.attempt_since == desired.since)
+            and not self._tried(desired, record)
         ):
             self.attempt(desired, record)
             if self.handed_over:
                 return  # the successor reports from now on
             desired, record = self._read_store()
         self._show(agent_report(desired, record))
+
+    def _tried(self, desired: Desired, record: Record) -> bool:
+        """Whether the record is of an attempt at ``desired`` (made once per ``since``); one
+        refused for want of rights is not, once this agent has them (installed again), nor one
+        still in progress when the agent has none (installed ``off`` in the middle of it)."""
+        if record.attempt != desired.digest or record.attempt_since != desired.since:
+            return False
+        if self.rights is SelfUpgrade.OFF and record.state == "Progressing":
+            return False
+        return not (
+            record.reason == UpgradeDisabledError.reason and self.rights is not SelfUpgrade.OFF
+        )
 
     def _read_due(self, now: float) -> bool:
         last = self.supervisor.last
@@ -379,7 +398,11 @@ class Upgrades:
                 pusher.tick()
 
     def attempt(self, desired: Desired, record: Record) -> None:
-        """One upgrade to ``desired`` (see the module docstring); rolled back on failure."""
+        """One upgrade to ``desired`` (see the module docstring); rolled back on failure. With
+        ``--self-upgrade=off`` none: the attempt is recorded refused (UpgradeDisabled)."""
+        if self.rights is SelfUpgrade.OFF:
+            self._refuse(desired, record)
+            return
         start = Record(
             running=self.image,
             version=self.version,
@@ -402,6 +425,25 @@ class Upgrades:
                 self._roll_back(desired, Record(running=self.image, version=self.version), "", "")
                 return
             self._roll_back(desired, start, exc.reason, str(exc))
+
+    def _refuse(self, desired: Desired, record: Record) -> None:
+        """The agent was installed without the rights to upgrade itself: nothing is pulled or
+        started; the record says so in one line, reported as a failure of this cluster."""
+        refused = Record(
+            running=self.image,
+            version=self.version,
+            previous=record.previous,
+            attempt=desired.digest,
+            attempt_since=desired.since,
+            attempt_serial=desired.serial,
+            state="Failed",
+            reason=UpgradeDisabledError.reason,
+            message=disabled_message(desired.digest),
+            at=_now(),
+        )
+        self._save(refused)
+        log.error("agent upgrade to %s: %s", desired.digest, refused.message)
+        self._show(agent_report(desired, refused))
 
     def _pull(self, desired: Desired) -> AgentImage:
         """The release ``desired`` names, pulled by digest into the agent's cache. Raises what
