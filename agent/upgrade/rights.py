@@ -25,7 +25,6 @@ from enum import StrEnum
 from typing import Any
 
 from agent.errors import ConfigurationError, PermanentError
-from agent.upgrade.deployment import CANDIDATE, CRD_NAMES, NAME
 
 ENV_SELF_UPGRADE = "FLEETLET_SELF_UPGRADE"
 """Set in the agent's pod by ``agent install``: the :class:`SelfUpgrade` it was given."""
@@ -90,6 +89,9 @@ _RBAC = "rbac.authorization.k8s.io"
 def cluster_rules(mode: SelfUpgrade) -> list[dict[str, Any]]:
     """The ClusterRole rules of self-upgrade: its own ClusterRole's rules (``escalate``: rules
     it does not hold yet) and fleetlet's existing CRDs updated, each by name only."""
+    # Here, not at the top: the flags of agent install (its --help) name the settings only.
+    from agent.upgrade.deployment import CRD_NAMES, NAME
+
     if mode is SelfUpgrade.OFF:
         return []
     return [
@@ -102,6 +104,8 @@ def role_rules(mode: SelfUpgrade) -> list[dict[str, Any]]:
     """The Role rules of self-upgrade: the candidate (made by ``agent install`` with no
     replica: no create needed) started and stopped, its own Deployment moved to the proved
     image, its own Role's rules."""
+    from agent.upgrade.deployment import CANDIDATE, NAME
+
     if mode is SelfUpgrade.OFF:
         return []
     return [
