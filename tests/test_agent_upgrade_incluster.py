@@ -412,6 +412,29 @@ def test_a_release_that_stops_serving_a_crd_version_is_refused_before_any_change
     assert all(v["served"] for v in live["spec"]["versions"])
 
 
+def _until_authorizer_says(admin: KubeClient, *, escalate: bool) -> None:
+    """Wait until the API server's RBAC authorizer, which reads roles from its own cache, says
+    the agent may (or may not) ``escalate`` its ClusterRole: a patch of that role is seen there
+    a moment after it is written, and the escalation check asks the same cache."""
+    review = {
+        "apiVersion": "authorization.k8s.io/v1",
+        "kind": "SubjectAccessReview",
+        "spec": {
+            "user": f"system:serviceaccount:{NAMESPACE}:{NAME}",
+            "groups": ["system:serviceaccounts", f"system:serviceaccounts:{NAMESPACE}"],
+            "resourceAttributes": {"group": "rbac.authorization.k8s.io", "resource": "clusterroles",
+                                   "verb": "escalate", "name": NAME},
+        },
+    }  # fmt: skip
+    deadline = time.monotonic() + 60
+    while True:
+        answer = admin.create(review).get("status") or {}
+        if bool(answer.get("allowed")) == escalate:
+            return
+        assert time.monotonic() < deadline, f"the authorizer never saw escalate={escalate}"
+        time.sleep(0.05)
+
+
 def test_without_escalate_the_agent_cannot_give_its_role_a_new_rule(
     cluster: Cluster, agent_kubeconfig: str
 ) -> None:
@@ -434,11 +457,13 @@ def test_without_escalate_the_agent_cannot_give_its_role_a_new_rule(
     ]
     admin.patch(ref, {"rules": without})
     try:
+        _until_authorizer_says(admin, escalate=False)
         with pytest.raises(ForbiddenError) as caught:
             agent.patch(ref, {"rules": [*without, granted[-1]]})
         assert "attempting to grant RBAC permissions not currently held" in str(caught.value)
     finally:
         admin.patch(ref, {"rules": rules})
+    _until_authorizer_says(admin, escalate=True)
     agent.patch(ref, {"rules": granted})  # with it, as installed
     assert granted[-1] in _rules(admin, "ClusterRole")
     agent.patch(ref, {"rules": rules})
