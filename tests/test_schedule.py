@@ -298,8 +298,11 @@ def test_the_poll_job_recovers_by_itself_when_the_git_server_is_back(
         assert settled == [first]
 
         private_daemon.kill()
+        # Counted from the outcomes reported, not the backoff's counter: a failure is counted
+        # a moment before its outcome is reported.
         wait_for(
-            lambda: jobs.backoff.failures >= 3, what="three failed polls while the server is down"
+            lambda: sum(o.error is not None for o in outcomes) >= 3,
+            what="three failed polls while the server is down",
         )
         errors = [o.error for o in outcomes if o.error is not None]
         assert all(isinstance(e, GitUnavailableError) for e in errors)
