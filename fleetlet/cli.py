@@ -259,10 +259,10 @@ def _fail(message: str) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["render"]:
+    if argv[:1] == ["render"] and not {"-h", "--help"} & set(argv):
         # helm or kustomize starts now, confined, and renders while the parser and the render
         # code load; the render takes it over if it asks for that very process
-        # (agent.render.headstart).
+        # (agent.render.headstart). Not for a help, which loads none of it.
         from agent.render.headstart import start_for_command_line
 
         start_for_command_line(argv[1:], os.environ)

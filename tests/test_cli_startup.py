@@ -343,3 +343,29 @@ def test_the_console_script_renders_exits_and_cleans_up_like_main(tmp_path: Path
     )  # fmt: skip
     assert missing.returncode == 1
     assert "nowhere: no such directory" in missing.stderr
+
+
+def test_render_help_starts_no_renderer_and_loads_none_of_its_code() -> None:
+    probe = """
+import sys
+at_start = set(sys.modules)
+import contextlib, io, json
+from fleetlet.cli import main
+with contextlib.redirect_stdout(io.StringIO()) as out:
+    try:
+        main(["render", "--help"])
+    except SystemExit:
+        pass
+print(json.dumps({"help": out.getvalue(), "modules": sorted(set(sys.modules) - at_start)}))
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
+        cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.splitlines()[-1])
+    assert "usage: fleetlet render" in report["help"]
+    loaded = set(report["modules"])
+    # The head start's modules, and what they load to start a confined process.
+    assert not loaded & {"agent.render.headstart", "agent.render._launch",
+                         "agent.render._sandbox", "ctypes"}  # fmt: skip
