@@ -403,16 +403,9 @@ class Upgrades:
         if self.rights is SelfUpgrade.OFF:
             self._refuse(desired, record)
             return
+        begun = _fields(self._attempt(desired, record))
         start = Record(
-            running=self.image,
-            version=self.version,
-            previous=record.previous,
-            attempt=desired.digest,
-            attempt_since=desired.since,
-            attempt_serial=desired.serial,
-            state="Progressing",
-            message="pulling the new agent image",
-            at=_now(),
+            **{**begun, "state": "Progressing", "message": "pulling the new agent image"}
         )
         self._save(start)
         self._show(agent_report(desired, start))
@@ -426,21 +419,25 @@ class Upgrades:
                 return
             self._roll_back(desired, start, exc.reason, str(exc))
 
-    def _refuse(self, desired: Desired, record: Record) -> None:
-        """The agent was installed without the rights to upgrade itself: nothing is pulled or
-        started; the record says so in one line, reported as a failure of this cluster."""
-        refused = Record(
+    def _attempt(self, desired: Desired, record: Record) -> Record:
+        """The record of an attempt at ``desired`` begun now, by this agent (its state, reason
+        and message still to say)."""
+        return Record(
             running=self.image,
             version=self.version,
             previous=record.previous,
             attempt=desired.digest,
             attempt_since=desired.since,
             attempt_serial=desired.serial,
-            state="Failed",
-            reason=UpgradeDisabledError.reason,
-            message=disabled_message(desired.digest),
             at=_now(),
         )
+
+    def _refuse(self, desired: Desired, record: Record) -> None:
+        """The agent was installed without the rights to upgrade itself: nothing is pulled or
+        started; the record says so in one line, reported as a failure of this cluster."""
+        begun = _fields(self._attempt(desired, record))
+        refused = Record(**{**begun, "state": "Failed", "reason": UpgradeDisabledError.reason,
+                            "message": disabled_message(desired.digest)})  # fmt: skip
         self._save(refused)
         log.error("agent upgrade to %s: %s", desired.digest, refused.message)
         self._show(agent_report(desired, refused))
